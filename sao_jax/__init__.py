@@ -1,0 +1,3 @@
+"""sao_jax: JAX/TPU-native Single-Rollout Asynchronous Optimization (SAO)."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,148 @@
+"""Skip-observation token-level GAE (SAO.md §3).
+
+GAE over action tokens only, as if observation tokens were absent. With
+`t_1 < ... < t_K` the positions where `action_mask == 1`:
+
+    delta_k = r_{t_k} + gamma * V_{t_{k+1}} - V_{t_k}      (V_{t_{K+1}} = 0, terminal)
+    A_k     = delta_k + gamma * lam * A_{k+1}               (A_{K+1} = 0)
+    G_k     = A_k + V_{t_k}                                 (the value target)
+
+Across an observation gap the bootstrap jumps from the last action token of a
+turn to the first action token of the next; the gap costs no discount. On padded
+`[B, T]` arrays an observation (or padding) token passes "next value" and
+"running advantage" through unchanged, and every output is 0 off the mask. Plain
+GAE is the all-ones-mask case, and skip-observation GAE equals plain GAE on the
+compacted action-only sequence.
+
+Rewards on tokens outside `action_mask` are not seen (SAO.md puts the outcome on
+the last action token); the trajectory validator rejects such trajectories.
+
+Two implementations with identical semantics:
+- `"scan"`: `lax.scan` over time, O(T) sequential depth; the reference.
+- `"associative"`: both reverse recurrences (next action value, advantage) are
+  affine, so `lax.associative_scan` evaluates them with O(log T) depth.
+- `"auto"` (default) picks per backend: on CPU a sequential loop is the cheapest
+  (no parallel hardware to fill; `benchmarks/gae.py` measured scan ~3x faster
+  than the associative form at 4 x 65536), on TPU/GPU the O(log T) depth wins.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+METHODS = ("auto", "associative", "scan")
+
+
+def length_adaptive_lam(action_mask_BxT: jax.Array, alpha: float) -> jax.Array:
+  """Per-trajectory `lam = 1 - 1 / (alpha * l)`, `l` = number of action tokens.
+
+  Rows without action tokens get `lam = 0` (their advantages are 0 anyway).
+  """
+  length_B = jnp.sum(action_mask_BxT.astype(jnp.float32), axis=-1)
+  return jnp.where(length_B > 0, 1.0 - 1.0 / (alpha * jnp.maximum(length_B, 1.0)), 0.0)
+
+
+def gae(rewards: jax.Array, values: jax.Array, action_mask: jax.Array, *,
+        gamma: float | jax.Array, lam: float | jax.Array,
+        method: str = "auto") -> tuple[jax.Array, jax.Array]:
+  """Skip-observation GAE on `[B, T]` arrays.
+
+  Args:
+    rewards: `[B, T]` per-token rewards (read on action tokens only).
+    values: `[B, T]` critic estimates V(state before token t).
+    action_mask: `[B, T]` 1 where the policy generated the token (bool or number).
+    gamma: discount per action token.
+    lam: GAE lambda, a scalar or a per-trajectory `[B]` array.
+    method: "associative" (O(log T) depth), "scan" (reference) or "auto"
+      (default: scan on CPU, associative on accelerators).
+
+  Returns:
+    `(advantages, returns)`, both `[B, T]` float32, 0 off the action mask;
+    `returns = advantages + values` on action tokens (the value targets when `lam`
+    is the critic's lambda).
+  """
+  if method not in METHODS:
+    raise ValueError(f"gae method={method!r} is invalid: allowed values are "
+                     f"{', '.join(map(repr, METHODS))}.")
+  if rewards.ndim != 2 or rewards.shape != values.shape or rewards.shape != action_mask.shape:
+    raise ValueError(
+        f"gae expects rewards, values and action_mask of one shape [B, T]; got "
+        f"{rewards.shape}, {values.shape}, {action_mask.shape}.")
+  batch = rewards.shape[0]
+  lam = jnp.asarray(lam, jnp.float32)
+  if lam.ndim not in (0, 1) or (lam.ndim == 1 and lam.shape[0] != batch):
+    raise ValueError(f"gae lam has shape {lam.shape}; expected a scalar or [B]=[{batch}].")
+  lam_B = jnp.broadcast_to(lam, (batch,))
+  gamma = jnp.asarray(gamma, jnp.float32)
+  mask = action_mask.astype(bool)
+  rewards = jnp.where(mask, rewards.astype(jnp.float32), 0.0)
+  values = jnp.where(mask, values.astype(jnp.float32), 0.0)
+  if method == "auto":
+    method = "scan" if jax.default_backend() == "cpu" else "associative"
+  if method == "scan":
+    advantages = _gae_scan(rewards, values, mask, gamma, lam_B)
+  else:
+    advantages = _gae_associative(rewards, values, mask, gamma, lam_B)
+  returns = jnp.where(mask, advantages + values, 0.0)
+  return advantages, returns
+
+
+def _gae_scan(rewards, values, mask, gamma, lam_B):
+  """Reverse `lax.scan`; the carry is (value of next action token, its advantage)."""
+
+  def step(carry, inputs):
+    next_value_B, next_adv_B = carry
+    reward_B, value_B, mask_B = inputs
+    delta_B = reward_B + gamma * next_value_B - value_B
+    adv_B = delta_B + gamma * lam_B * next_adv_B
+    carry = (jnp.where(mask_B, value_B, next_value_B), jnp.where(mask_B, adv_B, next_adv_B))
+    return carry, jnp.where(mask_B, adv_B, 0.0)
+
+  zeros_B = jnp.zeros(rewards.shape[:1], jnp.float32)
+  _, adv_TxB = jax.lax.scan(step, (zeros_B, zeros_B), (rewards.T, values.T, mask.T),
+                            reverse=True)
+  return adv_TxB.T
+
+
+def _reverse_affine_scan(compose, elements):
+  _, x_BxT = jax.lax.associative_scan(compose, elements, reverse=True, axis=1)
+  return x_BxT
+
+
+def _gae_associative(rewards, values, mask, gamma, lam_B):
+  """Two reverse affine recurrences `x_t = b_t + c_t x_{t+1}` (`x_T = 0`), each
+  solved with `lax.associative_scan` in O(log T) depth.
+
+  Position t is the map f_t(x) = b_t + c_t x and x_t = (f_t o ... o f_{T-1})(0);
+  in reverse scan order `later` is the composition of the positions after
+  `earlier`'s, and f_earlier o f_later = (c_e c_l, b_e + c_e b_l).
+  """
+
+  # Pass 1: value of the first action token strictly after t. An action token
+  # resets the carried value to its own (c = 0, b = V_t); others pass it on
+  # (c = 1, b = 0). The c's are 0 or 1, so their products are exact.
+  def compose_exact(later, earlier):
+    c_l, b_l = later
+    c_e, b_e = earlier
+    return c_e * c_l, b_e + c_e * b_l
+
+  carried_BxT = _reverse_affine_scan(compose_exact, (jnp.where(mask, 0.0, 1.0), values))
+  next_value_BxT = jnp.pad(carried_BxT[:, 1:], ((0, 0), (0, 1)))
+  delta_BxT = jnp.where(mask, rewards + gamma * next_value_BxT - values, 0.0)
+
+  # Pass 2: A_t = delta_t + a A_next with a = gamma * lam on action tokens and
+  # the identity elsewhere, so a segment's factor is a^n for its n action tokens.
+  # Carry n and take a^n = exp(n log a) rather than multiplying the factors: a
+  # float32 product of ~10^4 factors like 0.99993 (lam near 1 on long traces)
+  # drifts by ~1e-5 relative, which cancellation between the terms amplifies.
+  log_a_Bx1 = jnp.log(gamma * lam_B)[:, None]  # -inf for a = 0: a^0 = 1 is guarded
+
+  def compose_counted(later, earlier):
+    n_l, b_l = later
+    n_e, b_e = earlier
+    power = jnp.where(n_e == 0, 1.0, jnp.exp(n_e.astype(jnp.float32) * log_a_Bx1))
+    return n_e + n_l, b_e + power * b_l
+
+  advantages = _reverse_affine_scan(compose_counted, (mask.astype(jnp.int32), delta_BxT))
+  return jnp.where(mask, advantages, 0.0)

@@ -1,0 +1,73 @@
+"""Critic loss and diagnostics (SAO.md §4).
+
+    loss_t = 0.5 * max((V_t - G_t)^2, (clip(V_t, V_old_t - eps_v, V_old_t + eps_v) - G_t)^2)
+
+over action tokens; `clip_eps=None` gives the unclipped `0.5 * (V - G)^2`.
+`V_old` is the critic's estimate when the batch's advantages were computed (the
+same values the GAE used), so repeated value updates on one batch (K = 2) are
+kept near it.
+
+Explained variance `1 - Var(G - V) / Var(G)` over action tokens: 1 is perfect,
+0 is no better than a constant, negative is worse.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from sao_jax.losses import aggregate as agg
+
+
+def explained_variance(values: jax.Array, returns: jax.Array, action_mask: jax.Array) -> jax.Array:
+  """`1 - Var(G - V) / Var(G)` over masked tokens (0 when `Var(G) == 0`)."""
+  mask = action_mask.astype(bool)
+
+  def var(x):
+    mean = agg.masked_mean(x, mask)
+    return agg.masked_mean(jnp.square(x - mean), mask)
+
+  var_returns = var(returns.astype(jnp.float32))
+  var_residual = var(returns.astype(jnp.float32) - values.astype(jnp.float32))
+  return jnp.where(var_returns > 0, 1.0 - var_residual / jnp.maximum(var_returns, 1e-12), 0.0)
+
+
+def value_loss(values: jax.Array, old_values: jax.Array, returns: jax.Array,
+               action_mask: jax.Array, *, clip_eps: float | None = 0.2,
+               loss_agg: str = "token_mean",
+               denominator: jax.Array | None = None) -> tuple[jax.Array, dict]:
+  """Clipped value regression on `[B, T]` arrays.
+
+  Args:
+    values: `[B, T]` current critic outputs (differentiable).
+    old_values: `[B, T]` critic outputs when the targets were computed.
+    returns: `[B, T]` value targets G (constants).
+    action_mask: `[B, T]` 1 on action tokens.
+    clip_eps: `eps_v`, or None for the unclipped loss.
+    loss_agg, denominator: as in `aggregate.aggregate`.
+
+  Returns:
+    `(loss, metrics)` with `value_clip_frac`, `value_mean`, `return_mean`,
+    `explained_variance`.
+  """
+  mask = action_mask.astype(bool)
+  values = values.astype(jnp.float32)
+  returns = jax.lax.stop_gradient(returns.astype(jnp.float32))
+  error = jnp.square(values - returns)
+  if clip_eps is None:
+    per_token = 0.5 * error
+    clipped_used = jnp.zeros_like(mask)
+  else:
+    old = jax.lax.stop_gradient(old_values.astype(jnp.float32))
+    clipped_error = jnp.square(jnp.clip(values, old - clip_eps, old + clip_eps) - returns)
+    per_token = 0.5 * jnp.maximum(error, clipped_error)
+    clipped_used = mask & (clipped_error > error)
+  per_token = jnp.where(mask, per_token, 0.0)
+  loss = agg.aggregate(per_token, mask, loss_agg, denominator=denominator)
+  metrics = {
+      "value_clip_frac": agg.masked_mean(clipped_used.astype(jnp.float32), mask),
+      "value_mean": agg.masked_mean(values, mask),
+      "return_mean": agg.masked_mean(returns, mask),
+      "explained_variance": explained_variance(jax.lax.stop_gradient(values), returns, mask),
+  }
+  return loss, metrics

@@ -1,0 +1,40 @@
+"""BUILD stays consistent with the tree: every module and every test file is covered."""
+
+import pathlib
+import re
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+BUILD = (ROOT / "BUILD").read_text()
+
+
+def _library_srcs():
+  block = re.search(r'py_library\(\s*name = "sao_jax",.*?srcs = \[(.*?)\]', BUILD, re.S)
+  assert block, "BUILD has no py_library named sao_jax with a srcs list"
+  return set(re.findall(r'"([^"]+\.py)"', block.group(1)))
+
+
+def _pytest_targets():
+  return re.findall(r'pytest_test\(\s*name = "([^"]+)",\s*src = "([^"]+)"', BUILD)
+
+
+def test_every_module_is_in_the_library():
+  on_disk = {p.relative_to(ROOT).as_posix() for p in (ROOT / "sao_jax").rglob("*.py")}
+  listed = _library_srcs()
+  assert not on_disk - listed, f"add to BUILD py_library srcs: {sorted(on_disk - listed)}"
+  assert not listed - on_disk, f"BUILD lists missing files: {sorted(listed - on_disk)}"
+
+
+def test_every_test_file_has_one_target():
+  on_disk = {p.relative_to(ROOT).as_posix() for p in (ROOT / "tests").rglob("test_*.py")}
+  srcs = [src for _, src in _pytest_targets()]
+  missing = on_disk - set(srcs)
+  assert not missing, f"add a pytest_test to BUILD for: {sorted(missing)}"
+  stale = set(srcs) - on_disk
+  assert not stale, f"BUILD has pytest_test for missing files: {sorted(stale)}"
+  duplicated = {s for s in srcs if srcs.count(s) > 1}
+  assert not duplicated, f"more than one pytest_test for: {sorted(duplicated)}"
+
+
+def test_target_names_are_unique():
+  names = [name for name, _ in _pytest_targets()]
+  assert len(names) == len(set(names)), f"duplicate pytest_test names in BUILD: {names}"

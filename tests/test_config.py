@@ -1,0 +1,132 @@
+"""Config dataclasses, validation errors, `--set` overrides and config files."""
+
+import dataclasses
+import pathlib
+
+import pytest
+
+from sao_jax import config as cfg
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("**/*.py")), ids=lambda p: p.name)
+def test_every_config_file_loads_and_validates(path):
+  config = cfg.load_config(path)
+  assert isinstance(config, cfg.Config)
+
+
+def test_sections_are_frozen_and_keyword_only():
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    cfg.Config().seed = 3  # type: ignore[misc]
+  with pytest.raises(TypeError):
+    cfg.ModelConfig(512)  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("variant", cfg.VARIANTS)
+def test_variant_presets_validate(variant):
+  algorithm = cfg.AlgorithmConfig.for_variant(variant)
+  algorithm.validate()
+  assert algorithm.variant == variant
+
+
+def test_variant_presets_follow_the_paper():
+  assert cfg.AlgorithmConfig.for_variant("sao").value_updates_per_step == 2
+  assert cfg.AlgorithmConfig.for_variant("sao").frozen_attention
+  dis_only = cfg.AlgorithmConfig.for_variant("sao_dis_only")
+  assert dis_only.value_updates_per_step == 1 and not dis_only.frozen_attention
+  grpo = cfg.AlgorithmConfig.for_variant("grpo")
+  assert (grpo.group_size, grpo.eps_low, grpo.eps_high, grpo.policy_loss) == (8, 0.2, 0.28,
+                                                                              "ppo_clip")
+  assert cfg.AlgorithmConfig.for_variant("grpo_dis").policy_loss == "dis"
+
+
+@pytest.mark.parametrize("section,changes,message", [
+    ("algorithm", {"variant": "reinforce"}, r"algorithm.variant='reinforce'.*'sao'"),
+    ("algorithm", {"loss_agg": "sum"}, r"algorithm.loss_agg='sum'.*token_mean"),
+    ("algorithm", {"eps_low": 1.5}, r"algorithm.eps_low=1.5.*0 < eps_low <= 1"),
+    ("algorithm", {"gamma": 0.0}, r"algorithm.gamma=0.0"),
+    ("algorithm", {"value_updates_per_step": 0}, r"algorithm.value_updates_per_step=0"),
+    ("algorithm", {"group_size": 4}, r"algorithm.group_size=4.*single-rollout"),
+    ("algorithm", {"value_clip": -1.0}, r"algorithm.value_clip=-1.0"),
+    ("model", {"num_key_value_heads": 3}, r"model.num_key_value_heads=3.*divide"),
+    ("model", {"hidden_size": 0}, r"model.hidden_size=0.*positive"),
+    ("model", {"param_dtype": "float16"}, r"model.param_dtype='float16'.*bfloat16"),
+    ("model", {"mlp_only_layers": (5,)}, r"model.mlp_only_layers=\(5,\)"),
+    ("mesh", {"fsdp": -1, "tensor": -1}, r"mesh.tensor=-1.*only one axis"),
+    ("mesh", {"data": 0}, r"mesh.data=0"),
+])
+def test_bad_values_are_named(section, changes, message):
+  base = cfg.Config()
+  bad = dataclasses.replace(base, **{section: dataclasses.replace(getattr(base, section),
+                                                                  **changes)})
+  with pytest.raises(ValueError, match=message):
+    bad.validate()
+
+
+def test_grpo_needs_a_group():
+  with pytest.raises(ValueError, match=r"group_size=1.*'grpo'"):
+    cfg.AlgorithmConfig.for_variant("grpo", group_size=1).validate()
+
+
+def test_mesh_fills_the_free_axis():
+  assert cfg.MeshConfig(data=2, fsdp=-1, tensor=2).shape(8) == {
+      "data": 2, "fsdp": 2, "tensor": 2, "expert": 1}
+  with pytest.raises(ValueError, match="cannot be split"):
+    cfg.MeshConfig(data=3, fsdp=-1).shape(8)
+  with pytest.raises(ValueError, match="use 4 devices but 8"):
+    cfg.MeshConfig(data=2, fsdp=2).shape(8)
+
+
+def test_overrides_parse_by_field_type():
+  config = cfg.apply_overrides(cfg.Config(), [
+      "algorithm.eps_low=0.2", "algorithm.eps_high=3", "model.tie_word_embeddings=False",
+      "algorithm.value_clip=None", "model.mlp_only_layers=(0, 1)", "model.param_dtype=bfloat16",
+      "seed=7", "name=my run",
+  ])
+  assert config.algorithm.eps_low == 0.2
+  assert config.algorithm.eps_high == 3.0 and isinstance(config.algorithm.eps_high, float)
+  assert config.model.tie_word_embeddings is False
+  assert config.algorithm.value_clip is None
+  assert config.model.mlp_only_layers == (0, 1)
+  assert config.model.param_dtype == "bfloat16"
+  assert (config.seed, config.name) == (7, "my run")
+
+
+@pytest.mark.parametrize("override,message", [
+    ("algorithm.eps_lo=0.2", r"AlgorithmConfig has no field 'eps_lo'"),
+    ("algorithm", r"not of the form section.field=value"),
+    ("model=3", r"names a whole section"),
+    ("seed.x=1", r"'seed' is not a section"),
+    ("model.hidden_size=big", r"model.hidden_size='big': cannot parse"),
+    ("model.hidden_size=1.5", r"cannot parse"),
+])
+def test_bad_overrides_are_named(override, message):
+  with pytest.raises(ValueError, match=message):
+    cfg.apply_overrides(cfg.Config(), [override])
+
+
+def test_load_config_errors(tmp_path):
+  with pytest.raises(FileNotFoundError, match="nope.py"):
+    cfg.load_config(tmp_path / "nope.py")
+  (tmp_path / "empty.py").write_text("x = 1\n")
+  with pytest.raises(ValueError, match="must define get_config"):
+    cfg.load_config(tmp_path / "empty.py")
+  (tmp_path / "wrong.py").write_text("def get_config():\n  return {}\n")
+  with pytest.raises(ValueError, match="returned dict"):
+    cfg.load_config(tmp_path / "wrong.py")
+
+
+def test_load_config_applies_overrides_then_validates():
+  path = ROOT / "configs" / "tiny_cpu.py"
+  assert cfg.load_config(path, ["algorithm.eps_low=0.5"]).algorithm.eps_low == 0.5
+  with pytest.raises(ValueError, match="algorithm.eps_low=2.0"):
+    cfg.load_config(path, ["algorithm.eps_low=2.0"])
+
+
+def test_cli_prints_resolved_config(capsys):
+  cfg.main([str(ROOT / "configs" / "tiny_cpu.py"), "--set", "seed=3"])
+  assert '"seed": 3' in capsys.readouterr().out
+  with pytest.raises(SystemExit) as exit_info:
+    cfg.main([str(ROOT / "configs" / "tiny_cpu.py"), "--set", "seed=x"])
+  assert exit_info.value.code == 2
