@@ -1,0 +1,54 @@
+"""`sao-convert`: Hugging Face Qwen3 directory <-> sao_jax params directory.
+
+  sao-convert hf-to-sao --hf_dir ./Qwen3-0.6B --out ./params
+  sao-convert sao-to-hf --params ./params --out ./exported [--tokenizer_dir ./Qwen3-0.6B]
+
+The sao_jax format is described in `sao_jax.models.params_io` (model_config.json
+plus params.safetensors keyed by param path). `sao-to-hf` writes a directory
+that `transformers.AutoModelForCausalLM.from_pretrained` loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from sao_jax.models import hf, params_io
+
+
+def run(args: argparse.Namespace) -> None:
+  if args.command == "hf-to-sao":
+    cfg, params = hf.load_hf(args.hf_dir)
+    params_io.save_params(args.out, params, cfg)
+    print(f"wrote sao_jax params ({cfg.num_hidden_layers} layers) to {args.out}")
+  else:
+    cfg, head, params = params_io.load_params(args.params)
+    if head != "lm":
+      raise ValueError(f"{args.params!r} holds {head!r} params; only policy ('lm') params export to HF")
+    hf.export_hf(params, cfg, args.out, max_shard_bytes=args.max_shard_mb * 2**20,
+                 tokenizer_dir=args.tokenizer_dir)
+    print(f"wrote Hugging Face checkpoint to {args.out}")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+  parser = argparse.ArgumentParser(prog="sao-convert", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  sub = parser.add_subparsers(dest="command", required=True)
+  to_sao = sub.add_parser("hf-to-sao", help="HF directory -> sao_jax params directory")
+  to_sao.add_argument("--hf_dir", required=True)
+  to_sao.add_argument("--out", required=True)
+  to_hf = sub.add_parser("sao-to-hf", help="sao_jax params directory -> HF directory")
+  to_hf.add_argument("--params", required=True)
+  to_hf.add_argument("--out", required=True)
+  to_hf.add_argument("--tokenizer_dir", default=None, help="copy tokenizer files from here")
+  to_hf.add_argument("--max_shard_mb", type=int, default=5120)
+  args = parser.parse_args(argv)
+  try:
+    run(args)
+  except (ValueError, FileNotFoundError) as err:
+    sys.exit(f"sao-convert: {err}")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,117 @@
+"""The RL objective: variant, advantages, policy loss, critic, baselines (SAO.md §2-§5)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+from sao_jax.config.checks import check_choice, check_positive, fail
+
+VARIANTS = ("sao", "sao_dis_only", "grpo", "grpo_dis", "running_mean", "ppo")
+LOSS_AGGS = ("token_mean", "token_mean_kept", "seq_mean_token_mean")
+GAE_METHODS = ("auto", "associative", "scan")
+# The value model's attention: q/k/v/o projections and q/k norms of every layer
+# (identical in dense and MoE Qwen3), frozen during critic training (SAO.md §4).
+FROZEN_ATTENTION_PATTERNS = (
+    r"^layers/\d+/attn/(q_proj|k_proj|v_proj|o_proj|q_norm|k_norm)(/|$)",)
+
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AlgorithmConfig:
+  """The RL objective (SAO.md §2-§5). `variant` picks the advantage estimator and
+  policy loss; use `AlgorithmConfig.for_variant(name)` for the paper's settings
+  of each variant, then override individual fields.
+  """
+
+  variant: str = "sao"
+  # Advantages (SAO.md §3): lam_policy = 1 - 1 / (lam_alpha * l) per trajectory,
+  # unless `lam_policy` is set to a fixed value.
+  gamma: float = 1.0
+  lam_alpha: float = 1.5
+  lam_policy: float | None = None
+  lam_critic: float = 1.0
+  gae_method: str = "auto"
+  # Policy loss (SAO.md §2): DIS band (1 - eps_low, 1 + eps_high), PPO clip for grpo/ppo.
+  eps_low: float = 0.3
+  eps_high: float = 5.0
+  loss_agg: str = "token_mean"
+  # Critic (SAO.md §4).
+  value_updates_per_step: int = 2
+  value_clip: float | None = 0.2
+  frozen_attention: bool = True
+  # Regexes over "/"-joined value-model param paths; matching leaves are frozen
+  # (no gradient, no optimizer state) when `frozen_attention` is on.
+  frozen_patterns: tuple[str, ...] = FROZEN_ATTENTION_PATTERNS
+  # Baselines (SAO.md §5).
+  group_size: int = 1
+  running_mean_window: int = 8
+  running_mean_scope: str = "prompt"
+  running_mean_slots: int = 4096  # prompt ids must lie in [0, slots) for scope "prompt"
+
+  @classmethod
+  def for_variant(cls, variant: str, **overrides: Any) -> "AlgorithmConfig":
+    """The paper's settings for `variant` (SAO.md §5), with `overrides` on top."""
+    presets: dict[str, dict[str, Any]] = {
+        "sao": {},
+        "sao_dis_only": {"value_updates_per_step": 1, "frozen_attention": False},
+        "grpo": {"group_size": 8, "eps_low": 0.2, "eps_high": 0.28,
+                 "value_updates_per_step": 0},
+        "grpo_dis": {"group_size": 8, "value_updates_per_step": 0},
+        "running_mean": {"value_updates_per_step": 0},
+        "ppo": {"value_updates_per_step": 1, "eps_low": 0.2, "eps_high": 0.2,
+                "frozen_attention": False},
+    }
+    if variant not in presets:
+      fail("algorithm", "variant", variant, f"allowed values are {', '.join(VARIANTS)}")
+    return cls(variant=variant, **{**presets[variant], **overrides})
+
+  @property
+  def uses_critic(self) -> bool:
+    return self.variant in ("sao", "sao_dis_only", "ppo")
+
+  @property
+  def policy_loss(self) -> str:
+    """'ppo_clip' for grpo and ppo, else 'dis'."""
+    return "ppo_clip" if self.variant in ("grpo", "ppo") else "dis"
+
+  def validate(self) -> None:
+    check_choice("algorithm", self, "variant", VARIANTS)
+    check_choice("algorithm", self, "loss_agg", LOSS_AGGS)
+    check_choice("algorithm", self, "gae_method", GAE_METHODS)
+    check_choice("algorithm", self, "running_mean_scope", ("prompt", "global"))
+    if not 0.0 < self.gamma <= 1.0:
+      fail("algorithm", "gamma", self.gamma, "expected 0 < gamma <= 1")
+    if self.lam_alpha <= 0:
+      fail("algorithm", "lam_alpha", self.lam_alpha, "expected a positive number")
+    if self.lam_policy is not None and not 0.0 <= self.lam_policy <= 1.0:
+      fail("algorithm", "lam_policy", self.lam_policy, "expected None or 0 <= lam_policy <= 1")
+    if not 0.0 <= self.lam_critic <= 1.0:
+      fail("algorithm", "lam_critic", self.lam_critic, "expected 0 <= lam_critic <= 1")
+    if self.policy_loss == "dis" and not 0.0 < self.eps_low <= 1.0:
+      fail("algorithm", "eps_low", self.eps_low,
+            "DIS keeps ratios above 1 - eps_low >= 0, so expected 0 < eps_low <= 1")
+    if self.policy_loss == "ppo_clip" and not 0.0 < self.eps_low < 1.0:
+      fail("algorithm", "eps_low", self.eps_low, "expected 0 < eps_low < 1")
+    if self.eps_high <= 0:
+      fail("algorithm", "eps_high", self.eps_high, "expected a positive number")
+    if self.value_clip is not None and self.value_clip <= 0:
+      fail("algorithm", "value_clip", self.value_clip, "expected None (unclipped) or > 0")
+    if self.uses_critic:
+      check_positive("algorithm", self, "value_updates_per_step")
+    elif self.value_updates_per_step != 0:
+      fail("algorithm", "value_updates_per_step", self.value_updates_per_step,
+            f"variant {self.variant!r} has no critic; set it to 0")
+    check_positive("algorithm", self, "group_size", "running_mean_window", "running_mean_slots")
+    for pattern in self.frozen_patterns:
+      try:
+        re.compile(pattern)
+      except re.error as error:
+        fail("algorithm", "frozen_patterns", pattern, f"not a valid regex ({error})")
+    if self.variant in ("grpo", "grpo_dis") and self.group_size < 2:
+      fail("algorithm", "group_size", self.group_size,
+            f"variant {self.variant!r} needs >= 2 rollouts per prompt (paper: 8)")
+    if self.variant not in ("grpo", "grpo_dis") and self.group_size != 1:
+      fail("algorithm", "group_size", self.group_size,
+            f"variant {self.variant!r} is single-rollout; set it to 1")

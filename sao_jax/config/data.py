@@ -1,0 +1,43 @@
+"""The learner's data pipeline: transport, staleness, padding buckets."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from sao_jax.config.checks import check_choice, check_positive, fail
+
+TRANSPORTS = ("queue", "directory")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DataConfig:
+  """How finished trajectories reach the learner (SAO.md §1).
+
+  A trajectory whose `lag = current policy version - first policy version`
+  (policy updates since its first token was sampled) exceeds `max_lag` is
+  dropped and counted. Batches are right-padded to the smallest
+  of `length_buckets` that fits their longest trajectory (one compiled step per
+  bucket); a trajectory longer than the largest bucket is dropped and counted.
+  """
+
+  transport: str = "queue"
+  transport_dir: str = ""  # for transport="directory": a directory all hosts share
+  transport_capacity: int = 256  # unread trajectories before samplers block
+  max_lag: int = 4
+  length_buckets: tuple[int, ...] = (256, 512, 1024, 2048, 4096)
+  pad_id: int = 0
+
+  def validate(self) -> None:
+    check_choice("data", self, "transport", TRANSPORTS)
+    if self.transport == "directory" and not self.transport_dir:
+      fail("data", "transport_dir", self.transport_dir,
+           "transport='directory' needs a directory shared by learner and samplers")
+    check_positive("data", self, "transport_capacity")
+    if isinstance(self.max_lag, bool) or not isinstance(self.max_lag, int) or self.max_lag < 0:
+      fail("data", "max_lag", self.max_lag, "expected an integer >= 0")
+    buckets = self.length_buckets
+    if not buckets or any(isinstance(b, bool) or not isinstance(b, int) or b < 2 for b in buckets) \
+        or list(buckets) != sorted(set(buckets)):
+      fail("data", "length_buckets", buckets, "expected strictly increasing integers >= 2")
+    if isinstance(self.pad_id, bool) or not isinstance(self.pad_id, int) or self.pad_id < 0:
+      fail("data", "pad_id", self.pad_id, "expected a token id >= 0")

@@ -1,0 +1,121 @@
+"""Environments: which one, which task source, their limits."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from sao_jax.config.checks import fail
+
+# Task sources each environment accepts; the first is the default.
+ENV_TASK_SOURCES = {"math_tool": ("generator", "jsonl"), "style": ("builtin", "jsonl"),
+                    "coding": ("generator", "dir", "jsonl")}
+ENV_JUDGES = ("rule", "http")
+ENV_PROBLEM_KINDS = ("arithmetic", "word", "mixed")
+ENV_CODING_BUG_KINDS = ("off_by_one", "wrong_operator", "missing_edge_case", "wrong_value", "mixed")
+ENV_STYLES = ("academic", "cute", "chuunibyou", "classical")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EnvConfig:
+  """Which environment and task source, and their limits (semantics: `sao_jax.envs`).
+
+  The names accepted for `name` and `task_source` are the keys of
+  `sao_jax.envs.registry`; tests/envs check the two stay in step.
+  """
+
+  name: str = "math_tool"
+  task_source: str = ""  # "" = the environment's default (first in ENV_TASK_SOURCES).
+  jsonl_path: str = ""  # task_source="jsonl" (coding: rows pointing at task dirs/archives).
+  seed: int = 0
+  max_turns: int = 8  # Assistant turns per episode (style is always single-turn).
+  max_observation_chars: int = 4096
+  # Generated tasks (math_tool and coding).
+  difficulty: int = 2  # 1..5
+  problem_kind: str = "mixed"  # math_tool
+  coding_bug_kind: str = "mixed"  # coding
+  # Coding: a directory of task dirs/archives (task_source="dir"), and the reward
+  # shape (False: 1 iff every hidden test passes; True: the fraction that pass).
+  coding_task_dir: str = ""
+  coding_partial_reward: bool = False
+  # Python tool sandbox (math_tool; coding's run_tests, python and grading).
+  tool_wall_time_s: float = 10.0
+  tool_cpu_time_s: int = 5
+  tool_memory_mb: int = 1024
+  tool_file_size_mb: int = 16
+  tool_max_output_bytes: int = 16384
+  tool_site_packages: bool = False
+  # Style environment: (first learner step, style) phases, and the judge.
+  style_schedule: tuple[tuple[int, str], ...] = ((0, "academic"), (200, "cute"),
+                                                 (400, "chuunibyou"))
+  judge: str = "rule"
+  judge_base_url: str = ""
+  judge_model: str = ""
+  judge_api_key_env: str = ""  # Name of the variable holding the key; "" = no auth.
+  judge_timeout_s: float = 30.0
+  judge_retries: int = 2
+
+  @property
+  def resolved_task_source(self) -> str:
+    """`task_source`, or the environment's default when it is empty."""
+    return self.task_source or ENV_TASK_SOURCES.get(self.name, ("",))[0]
+
+  def validate(self) -> None:
+    if self.name not in ENV_TASK_SOURCES:
+      fail("env", "name", self.name, f"known environments are {', '.join(map(repr, ENV_TASK_SOURCES))}")
+    sources = ENV_TASK_SOURCES[self.name]
+    if self.task_source and self.task_source not in sources:
+      fail("env", "task_source", self.task_source,
+            f"{self.name!r} accepts {', '.join(map(repr, sources))}")
+    if self.resolved_task_source == "jsonl" and not os.path.isfile(self.jsonl_path):
+      fail("env", "jsonl_path", self.jsonl_path, "task_source='jsonl' needs an existing JSONL file")
+    if self.resolved_task_source == "dir" and not os.path.isdir(self.coding_task_dir):
+      fail("env", "coding_task_dir", self.coding_task_dir,
+           "task_source='dir' needs an existing directory of task directories or archives")
+    for field in ("max_turns", "max_observation_chars", "tool_cpu_time_s", "tool_memory_mb",
+                  "tool_file_size_mb", "tool_max_output_bytes"):
+      value = getattr(self, field)
+      if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        fail("env", field, value, "expected a positive integer")
+    if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+      fail("env", "seed", self.seed, "expected an integer")
+    if isinstance(self.difficulty, bool) or self.difficulty not in range(1, 6):
+      fail("env", "difficulty", self.difficulty, "expected an integer in 1..5")
+    if self.problem_kind not in ENV_PROBLEM_KINDS:
+      fail("env", "problem_kind", self.problem_kind,
+            f"allowed values are {', '.join(map(repr, ENV_PROBLEM_KINDS))}")
+    if self.coding_bug_kind not in ENV_CODING_BUG_KINDS:
+      fail("env", "coding_bug_kind", self.coding_bug_kind,
+           f"allowed values are {', '.join(map(repr, ENV_CODING_BUG_KINDS))}")
+    if not isinstance(self.coding_partial_reward, bool):
+      fail("env", "coding_partial_reward", self.coding_partial_reward, "expected True or False")
+    for field in ("tool_wall_time_s", "judge_timeout_s"):
+      value = getattr(self, field)
+      if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        fail("env", field, value, "expected a number of seconds > 0")
+    if isinstance(self.judge_retries, bool) or not isinstance(self.judge_retries, int) or (
+        self.judge_retries < 0):
+      fail("env", "judge_retries", self.judge_retries, "expected an integer >= 0")
+    self._validate_style()
+
+  def _validate_style(self) -> None:
+    schedule = self.style_schedule
+    if (not schedule or not all(isinstance(p, tuple) and len(p) == 2 for p in schedule)
+        or schedule[0][0] != 0):
+      fail("env", "style_schedule", schedule, "expected ((0, style), (step, style), ...) starting at 0")
+    steps = [step for step, _ in schedule]
+    if any(isinstance(s, bool) or not isinstance(s, int) for s in steps) or (
+        steps != sorted(set(steps))):
+      fail("env", "style_schedule", schedule, "steps must be integers in strictly increasing order")
+    for _, style in schedule:
+      if style not in ENV_STYLES:
+        fail("env", "style_schedule", schedule,
+              f"unknown style {style!r}; styles are {', '.join(map(repr, ENV_STYLES))}")
+    if self.judge not in ENV_JUDGES:
+      fail("env", "judge", self.judge, f"allowed values are {', '.join(map(repr, ENV_JUDGES))}")
+    if self.judge == "http":
+      if not self.judge_base_url.startswith(("http://", "https://")):
+        fail("env", "judge_base_url", self.judge_base_url,
+              "judge='http' needs an http(s) URL such as 'http://127.0.0.1:8000/v1'")
+      if not self.judge_model:
+        fail("env", "judge_model", self.judge_model, "judge='http' needs the model name to request")

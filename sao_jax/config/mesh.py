@@ -1,0 +1,54 @@
+"""Device mesh shape."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from sao_jax.config.checks import fail
+
+MESH_AXES = ("data", "fsdp", "tensor", "expert")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MeshConfig:
+  """Device mesh shape. Exactly one axis may be -1: it takes the remaining devices.
+
+  Axis order is (data, fsdp, tensor, expert); `sao_jax.sharding` maps logical axis
+  names onto these.
+  """
+
+  data: int = 1
+  fsdp: int = -1
+  tensor: int = 1
+  expert: int = 1
+
+  def shape(self, num_devices: int) -> dict[str, int]:
+    """Axis sizes with the -1 axis filled in for `num_devices` devices."""
+    self.validate()
+    sizes = {axis: getattr(self, axis) for axis in MESH_AXES}
+    known = 1
+    for size in sizes.values():
+      if size != -1:
+        known *= size
+    free = [axis for axis, size in sizes.items() if size == -1]
+    if free:
+      if num_devices % known:
+        raise ValueError(
+            f"mesh: {num_devices} devices cannot be split with fixed axes "
+            f"{ {a: s for a, s in sizes.items() if s != -1} } (product {known}); "
+            f"choose axis sizes whose product divides {num_devices}.")
+      sizes[free[0]] = num_devices // known
+    elif known != num_devices:
+      raise ValueError(
+          f"mesh: axis sizes {sizes} use {known} devices but {num_devices} are "
+          "available; set one axis to -1 or make the product match.")
+    return sizes
+
+  def validate(self) -> None:
+    free = [axis for axis in MESH_AXES if getattr(self, axis) == -1]
+    if len(free) > 1:
+      fail("mesh", free[1], -1, f"only one axis may be -1 (already {free[0]})")
+    for axis in MESH_AXES:
+      value = getattr(self, axis)
+      if isinstance(value, bool) or not isinstance(value, int) or (value < 1 and value != -1):
+        fail("mesh", axis, value, "expected a positive integer or -1")

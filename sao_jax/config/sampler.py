@@ -1,0 +1,78 @@
+"""The rollout sampler: slots, static shapes, sampling and stop conditions."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from sao_jax.config.checks import check_positive, fail
+
+# Ends a turn at the fence that closes a ```python tool-call block (sao_jax.envs.math_tool),
+# not at the opening fence.
+PYTHON_TOOL_CALL = r"```(?:python|py)[ \t]*\n.*?```"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SamplerConfig:
+  """Generation engine settings (semantics: `sao_jax.sampler.engine`).
+
+  The engine decodes `slots` sequences at once; each slot holds one episode's KV
+  cache of `max_seq_len` tokens (prompt, every turn and every observation). New
+  tokens are prefilled in chunks padded to the smallest of `prefill_buckets`
+  that fits (longer inputs are split into chunks of the largest bucket), so the
+  engine compiles once per bucket plus once for the decode step. Each engine
+  call decodes `steps_per_call` tokens per slot before the host checks stop
+  patterns and refills slots.
+
+  Sampling: softmax(logits / temperature), restricted to the `top_k` most likely
+  tokens (0 = no limit) and to the smallest set whose probability reaches `top_p`
+  (1.0 = no limit). The token for trajectory position t of an episode with seed
+  s is drawn with the key fold_in(key(s), t); an episode's seed is
+  `seed` + its index, chosen by the caller. A turn ends on one of
+  `stop_tokens` (sampled and kept as the turn's last action token), when its
+  text matches one of `stop_patterns` (Python regular expressions, searched
+  with re.DOTALL; the turn ends at the token that completes the match), after
+  `max_new_tokens`, or when the episode reaches `max_seq_len`.
+  """
+
+  slots: int = 8
+  max_seq_len: int = 2048
+  prefill_buckets: tuple[int, ...] = (32, 128, 512)
+  steps_per_call: int = 8
+  max_new_tokens: int = 512  # Per turn.
+  temperature: float = 1.0
+  top_p: float = 1.0
+  top_k: int = 0
+  seed: int = 0
+  stop_tokens: tuple[str, ...] = ("<|im_end|>", "<|endoftext|>")
+  stop_patterns: tuple[str, ...] = (PYTHON_TOOL_CALL,)
+
+  def validate(self) -> None:
+    check_positive("sampler", self, "slots", "max_seq_len", "steps_per_call", "max_new_tokens")
+    buckets = self.prefill_buckets
+    if (not buckets or any(isinstance(b, bool) or not isinstance(b, int) or b <= 0 for b in buckets)
+        or list(buckets) != sorted(set(buckets))):
+      fail("sampler", "prefill_buckets", buckets,
+           "expected positive integers in strictly increasing order, e.g. (32, 128, 512)")
+    if buckets[-1] > self.max_seq_len:
+      fail("sampler", "prefill_buckets", buckets,
+           f"the largest bucket must be <= max_seq_len={self.max_seq_len}")
+    if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) or (
+        not self.temperature > 0):
+      fail("sampler", "temperature", self.temperature,
+           "expected a number > 0 (for greedy decoding use top_k=1)")
+    if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or (
+        not 0 < self.top_p <= 1):
+      fail("sampler", "top_p", self.top_p, "expected a number in (0, 1]; 1.0 disables top-p")
+    if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+      fail("sampler", "top_k", self.top_k, "expected an integer >= 0; 0 disables top-k")
+    if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:
+      fail("sampler", "seed", self.seed, "expected an integer in [0, 2**32)")
+    if not all(isinstance(t, str) and t for t in self.stop_tokens):
+      fail("sampler", "stop_tokens", self.stop_tokens, "expected non-empty token strings")
+    for pattern in self.stop_patterns:
+      try:
+        re.compile(pattern)
+      except (re.error, TypeError) as err:
+        fail("sampler", "stop_patterns", self.stop_patterns,
+             f"{pattern!r} is not a regular expression ({err})")

@@ -1,0 +1,238 @@
+"""The attention core softmax(q k^T / sqrt(H) + mask) v: dense reference and blocked.
+
+  CausalMask(key_valid_BxS)                        causal + key padding, never materialised
+  visible_mask(mask, t)                            -> visible_BxTxS bool (materialised)
+  dense_attention(q, k, v, visible_BxTxS)          -> out_BxTxNxH   (reference; decode path)
+  blocked_attention(q, k, v, key_valid_BxS, block) -> out_BxTxNxH   (training path, O(T) memory)
+  attend(q, k, v, mask, impl, block)               -> out_BxTxNxH   (dispatch on impl and mask)
+
+Shapes: q_BxTxNxH, k/v_BxSxKxH with N = K * G (query head n reads kv head n // G).
+`CausalMask` says query t may read key s iff s <= t and key_valid[b, s]; it
+requires T == S (a whole sequence attending to itself).
+
+`blocked_attention` is flash attention in pure JAX: queries and keys are split
+into blocks of `block` positions; for query block i it scans the key blocks j
+keeping, per query row, the running max m, normaliser l and unnormalised output
+acc (online softmax):
+
+    s_ij = q_i k_j^T / sqrt(H)   (float32; -inf where not visible)
+    m'   = max(m, rowmax(s_ij))
+    l'   = exp(m - m') l + rowsum(exp(s_ij - m'))
+    acc' = exp(m - m') acc + exp(s_ij - m') v_j
+    out  = acc / l,  lse = m + log(l)
+
+Blocks entirely above the causal diagonal are skipped. A `jax.custom_vjp`
+recomputes p_ij = exp(s_ij - lse_i) in the backward pass (FlashAttention-2):
+
+    D_i   = rowsum(dout_i * out_i)
+    dv_j += p_ij^T dout_i,  ds_ij = p_ij * (dout_i v_j^T - D_i)
+    dq_i += ds_ij k_j / sqrt(H),  dk_j += ds_ij^T q_i / sqrt(H)
+
+so only out and lse ([B, T, N] float32) are saved: memory is O(T * block) per
+head instead of the dense O(T * S) float32 scores.
+
+Fully masked query rows (left padding): dense gives a uniform average over all
+S keys (a finite mask value, see `_MASKED`), blocked gives 0. Such rows are
+padding; their outputs only feed padding positions, which every consumer masks.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from sao_jax.config.model import ATTENTION_IMPLS
+
+# Finite instead of -inf so that a fully masked query row (a padding position)
+# softmaxes to a uniform distribution instead of NaN.
+_MASKED = -1e30
+
+
+class CausalMask(NamedTuple):
+  """Query t may read key s iff s <= t and key_valid_BxS[b, s] (requires T == S)."""
+
+  key_valid_BxS: jax.Array
+
+
+def visible_mask(mask: jax.Array | CausalMask, t: int) -> jax.Array:
+  """visible_BxTxS: `mask` itself if already materialised, else causal & key_valid."""
+  if not isinstance(mask, CausalMask):
+    return mask
+  key_valid_BxS = mask.key_valid_BxS.astype(bool)
+  causal_TxS = jnp.tril(jnp.ones((t, key_valid_BxS.shape[1]), bool))
+  return causal_TxS[None, :, :] & key_valid_BxS[:, None, :]
+
+
+def dense_attention(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax.Array,
+                    visible_BxTxS: jax.Array) -> jax.Array:
+  """softmax(q k^T / sqrt(H), masked) v with float32 scores [B, K, G, T, S]."""
+  b, t, n, h = q_BxTxNxH.shape
+  kv = k_BxSxKxH.shape[2]
+  dt = q_BxTxNxH.dtype
+  q_BxTxKxGxH = q_BxTxNxH.reshape(b, t, kv, n // kv, h)
+  scores_BxKxGxTxS = jnp.einsum("btkgh,bskh->bkgts", q_BxTxKxGxH, k_BxSxKxH.astype(dt),
+                                preferred_element_type=jnp.float32) * (h ** -0.5)
+  scores_BxKxGxTxS = jnp.where(visible_BxTxS[:, None, None, :, :], scores_BxKxGxTxS, _MASKED)
+  probs_BxKxGxTxS = jax.nn.softmax(scores_BxKxGxTxS, axis=-1).astype(dt)
+  out_BxTxKxGxH = jnp.einsum("bkgts,bskh->btkgh", probs_BxKxGxTxS, v_BxSxKxH.astype(dt))
+  return out_BxTxKxGxH.reshape(b, t, n, h)
+
+
+def _blocks(x: jax.Array, nb: int, block: int) -> jax.Array:
+  """[B, T, ...] -> [nb, B, block, ...], zero-padding T up to nb * block."""
+  pad = nb * block - x.shape[1]
+  x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
+  return x.reshape(x.shape[0], nb, block, *x.shape[2:]).swapaxes(0, 1)
+
+
+def _unblock(x: jax.Array, t: int) -> jax.Array:
+  """[nb, B, block, ...] -> [B, t, ...]."""
+  x = x.swapaxes(0, 1)
+  return x.reshape(x.shape[0], -1, *x.shape[3:])[:, :t]
+
+
+def _scores(q_BxCxKxGxH, k_BxCxKxH, valid_BxC, i, j, block):
+  """Masked float32 scores s_ij [B, K, G, C, C] and visibility for blocks (i, j)."""
+  h = q_BxCxKxGxH.shape[-1]
+  s = jnp.einsum("bqkgh,bskh->bkgqs", q_BxCxKxGxH, k_BxCxKxH,
+                 preferred_element_type=jnp.float32) * (h ** -0.5)
+  q_pos_C = i * block + jnp.arange(block)
+  k_pos_C = j * block + jnp.arange(block)
+  visible_BxCxC = (k_pos_C[None, :] <= q_pos_C[:, None])[None] & valid_BxC[:, None, :]
+  visible = visible_BxCxC[:, None, None]
+  return jnp.where(visible, s, -jnp.inf), visible
+
+
+def _needed(i, j):
+  """Block (i, j) has at least one causal pair (key block not after query block)."""
+  return j <= i
+
+
+def _forward(q_N, k_N, v_N, valid_N, block):
+  """Blocked forward; returns out [nb, B, C, K, G, H] (q dtype) and lse [nb, B, K, G, C]."""
+  nb = q_N.shape[0]
+  dt = q_N.dtype
+
+  def query_block(args):
+    q_BxCxKxGxH, i = args
+    b, c, kv, g, h = q_BxCxKxGxH.shape
+    init = (jnp.full((b, kv, g, c), -jnp.inf, jnp.float32), jnp.zeros((b, kv, g, c), jnp.float32),
+            jnp.zeros((b, kv, g, c, h), jnp.float32))
+
+    def key_block(carry, xs):
+      k_BxCxKxH, v_BxCxKxH, valid_BxC, j = xs
+
+      def update(carry):
+        m, l, acc = carry
+        s, _ = _scores(q_BxCxKxGxH, k_BxCxKxH, valid_BxC, i, j, block)
+        m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+        # A row with nothing visible yet keeps m = -inf; shift by 0 there to avoid inf - inf.
+        m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
+        p = jnp.exp(s - m_safe[..., None])
+        alpha = jnp.exp(m - m_safe)
+        l_new = alpha * l + jnp.sum(p, axis=-1)
+        pv = jnp.einsum("bkgqs,bskh->bkgqh", p.astype(dt), v_BxCxKxH,
+                        preferred_element_type=jnp.float32)
+        return m_new, l_new, alpha[..., None] * acc + pv
+
+      return jax.lax.cond(_needed(i, j), update, lambda c: c, carry), None
+
+    (m, l, acc), _ = jax.lax.scan(key_block, init, (k_N, v_N, valid_N, jnp.arange(nb)))
+    has_key = l > 0
+    out = acc / jnp.where(has_key, l, 1.0)[..., None]
+    lse = jnp.where(has_key, m + jnp.log(jnp.where(has_key, l, 1.0)), 0.0)
+    return jnp.einsum("bkgqh->bqkgh", out).astype(dt), lse
+
+  return jax.lax.map(query_block, (q_N, jnp.arange(nb)))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _flash(q_N, k_N, v_N, valid_N, block):
+  return _forward(q_N, k_N, v_N, valid_N, block)[0]
+
+
+def _flash_fwd(q_N, k_N, v_N, valid_N, block):
+  out_N, lse_N = _forward(q_N, k_N, v_N, valid_N, block)
+  return out_N, (q_N, k_N, v_N, valid_N, out_N, lse_N)
+
+
+def _flash_bwd(block, residuals, dout_N):
+  q_N, k_N, v_N, valid_N, out_N, lse_N = residuals
+  nb = q_N.shape[0]
+  h = q_N.shape[-1]
+  dt = q_N.dtype
+  # D_i = rowsum(dout_i * out_i), laid out like lse: [nb, B, K, G, C].
+  delta_N = jnp.einsum("nbqkgh,nbqkgh->nbkgq", dout_N.astype(jnp.float32),
+                       out_N.astype(jnp.float32))
+
+  def key_block(dq_N, xs):
+    k_BxCxKxH, v_BxCxKxH, valid_BxC, j = xs
+    zeros_kv = jnp.zeros(k_BxCxKxH.shape, jnp.float32)
+
+    def query_block(carry, ys):
+      q_BxCxKxGxH, dout_BxCxKxGxH, lse, delta, i = ys
+
+      def grads(carry):
+        dk, dv = carry
+        s, visible = _scores(q_BxCxKxGxH, k_BxCxKxH, valid_BxC, i, j, block)
+        p = jnp.where(visible, jnp.exp(s - lse[..., None]), 0.0)
+        dv = dv + jnp.einsum("bkgqs,bqkgh->bskh", p.astype(dt), dout_BxCxKxGxH,
+                             preferred_element_type=jnp.float32)
+        dp = jnp.einsum("bqkgh,bskh->bkgqs", dout_BxCxKxGxH, v_BxCxKxH,
+                        preferred_element_type=jnp.float32)
+        ds = (p * (dp - delta[..., None]) * (h ** -0.5)).astype(dt)
+        dq = jnp.einsum("bkgqs,bskh->bqkgh", ds, k_BxCxKxH, preferred_element_type=jnp.float32)
+        dk = dk + jnp.einsum("bkgqs,bqkgh->bskh", ds, q_BxCxKxGxH,
+                             preferred_element_type=jnp.float32)
+        return (dk, dv), dq
+
+      def skip(carry):
+        return carry, jnp.zeros(q_BxCxKxGxH.shape, jnp.float32)
+
+      return jax.lax.cond(_needed(i, j), grads, skip, carry)
+
+    (dk, dv), dq_parts_N = jax.lax.scan(
+        query_block, (zeros_kv, zeros_kv), (q_N, dout_N, lse_N, delta_N, jnp.arange(nb)))
+    return dq_N + dq_parts_N, (dk, dv)
+
+  dq_N, (dk_N, dv_N) = jax.lax.scan(key_block, jnp.zeros(q_N.shape, jnp.float32),
+                                    (k_N, v_N, valid_N, jnp.arange(nb)))
+  return (dq_N.astype(dt), dk_N.astype(k_N.dtype), dv_N.astype(v_N.dtype), None)
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+def blocked_attention(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax.Array,
+                      key_valid_BxS: jax.Array, block: int) -> jax.Array:
+  """Causal flash attention (module docstring); T == S, any T (padded to blocks)."""
+  b, t, n, h = q_BxTxNxH.shape
+  if k_BxSxKxH.shape[1] != t:
+    raise ValueError(f"blocked_attention: key length {k_BxSxKxH.shape[1]} != query length {t}; "
+                     "the causal mask needs a sequence attending to itself (use dense_attention)")
+  if block <= 0:
+    raise ValueError(f"blocked_attention: block={block} must be a positive number of positions")
+  kv = k_BxSxKxH.shape[2]
+  dt = q_BxTxNxH.dtype
+  block = min(block, t)
+  nb = -(-t // block)
+  q_N = _blocks(q_BxTxNxH.reshape(b, t, kv, n // kv, h), nb, block)
+  k_N = _blocks(k_BxSxKxH.astype(dt), nb, block)
+  v_N = _blocks(v_BxSxKxH.astype(dt), nb, block)
+  valid_N = _blocks(key_valid_BxS.astype(bool), nb, block)
+  out_N = _flash(q_N, k_N, v_N, valid_N, block)
+  return _unblock(out_N, t).reshape(b, t, n, h)
+
+
+def attend(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax.Array,
+           mask: jax.Array | CausalMask, impl: str, block: int) -> jax.Array:
+  """`blocked_attention` for a `CausalMask` when impl == "blocked"; otherwise the dense
+  reference on the materialised mask (always for an explicit [B, T, S] mask: decode)."""
+  if impl not in ATTENTION_IMPLS:
+    raise ValueError(f"attention impl={impl!r} is invalid: allowed values are {ATTENTION_IMPLS}")
+  if impl == "blocked" and isinstance(mask, CausalMask):
+    return blocked_attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask.key_valid_BxS, block)
+  return dense_attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, visible_mask(mask, q_BxTxNxH.shape[1]))

@@ -1,0 +1,160 @@
+"""The forward pass: the only bridge from params to what the losses need.
+
+  policy_forward(params, cfg, tokens_BxT, mask_BxT, temperature=1.0)
+                                                    -> PolicyOutput(logp_BxT, entropy_BxT, router_logits)
+  value_forward(params, cfg, tokens_BxT, mask_BxT)  -> values_BxT
+  logits_forward(params, cfg, tokens_BxT, mask_BxT) -> logits_BxTxV (float32; tests, evaluation)
+  router_balance(router_logits, mask_BxT, cfg)      -> Switch-style load-balance metric
+
+Alignment (all [B, T] outputs). Token t is scored by the distribution the model
+produced after reading tokens[:, :t]:
+  logp_BxT[b, t]    = log p(tokens[b, t] | tokens[b, :t])
+  entropy_BxT[b, t] = H(p(. | tokens[b, :t]))
+  values_BxT[b, t]  = V(tokens[b, :t]), the critic's estimate of the state before
+                      token t is emitted (SAO.md §1)
+With `temperature` T the policy distribution is p = softmax(logits / T), the
+full distribution the sampler records `behavior_logp` from
+(`sao_jax.sampler.sampling`); logp and entropy are both of that p.
+so index t of every output belongs to token t, exactly like `action_mask`,
+`behavior_logp` and `rewards`. Entries are 0 where the score is undefined: t = 0
+(no prefix), and wherever mask[t] == 0 or mask[t - 1] == 0 (padding, or the first
+real token of a left-padded row, whose "prefix" is padding).
+
+Padding: `mask_BxT` is 1 on real tokens. Rows may be left- or right-padded; the
+position of a real token is its index among the real tokens of its row, so a
+padded row gives the same scores as the unpadded sequence.
+
+Memory: the LM head runs over T in chunks of `cfg.logits_chunk` positions with
+`lax.map`, each chunk under `jax.checkpoint`, so only one chunk's float32
+[B, chunk, V] logits (and their softmax) are live at a time, in the forward
+pass and again in the backward pass (recomputed from the chunk's hidden states
+instead of stored); [B, T, V] is never materialised.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from sao_jax.config import ModelConfig
+from sao_jax.models.attention import CausalMask
+from sao_jax.models.transformer import Params, model
+
+
+class PolicyOutput(NamedTuple):
+  logp_BxT: jax.Array
+  entropy_BxT: jax.Array
+  router_logits: tuple[jax.Array, ...]  # one [B, T, E] float32 per MoE layer; () if dense
+
+
+def positions(mask_BxT: jax.Array) -> jax.Array:
+  """Index of each token among the real tokens of its row (0 on leading padding)."""
+  return jnp.maximum(jnp.cumsum(mask_BxT.astype(jnp.int32), axis=1) - 1, 0)
+
+
+def _trunk(params, cfg, head, tokens_BxT, mask_BxT):
+  # Causal structure + key padding, never a [B, T, T] array unless attention is dense.
+  mask_BxT = mask_BxT.astype(bool)
+  h_BxTxD, _, router_logits = model(params, cfg, head).trunk(
+      tokens_BxT, positions(mask_BxT), CausalMask(mask_BxT))
+  return h_BxTxD, router_logits
+
+
+def _scored(mask_BxT: jax.Array) -> jax.Array:
+  """[B, T-1] bool: token t+1 has a real predecessor and is real itself."""
+  mask_BxT = mask_BxT.astype(bool)
+  return mask_BxT[:, 1:] & mask_BxT[:, :-1]
+
+
+def _shift_in(pred_BxT1: jax.Array, mask_BxT: jax.Array) -> jax.Array:
+  """Places predictions for tokens 1..T-1 at their token's index, zeros elsewhere."""
+  pred_BxT1 = jnp.where(_scored(mask_BxT), pred_BxT1, 0.0)
+  return jnp.concatenate([jnp.zeros_like(pred_BxT1[:, :1]), pred_BxT1], axis=1)
+
+
+def _chunked_logp_entropy(h_BxLxD, targets_BxL, kernel_DxV, chunk, temperature):
+  """log p(target) and entropy of p = softmax(logits / temperature) per position,
+  chunk positions at a time (float32)."""
+  b, length, d = h_BxLxD.shape
+  chunk = min(chunk, length)
+  n = -(-length // chunk)
+  pad = n * chunk - length
+  h_NxBxCxD = jnp.pad(h_BxLxD, ((0, 0), (0, pad), (0, 0))).reshape(b, n, chunk, d).swapaxes(0, 1)
+  tgt_NxBxC = jnp.pad(targets_BxL, ((0, 0), (0, pad))).reshape(b, n, chunk).swapaxes(0, 1)
+
+  @jax.checkpoint
+  def one_chunk(args):
+    h_BxCxD, tgt_BxC = args
+    logits_BxCxV = jnp.einsum("bcd,dv->bcv", h_BxCxD, kernel_DxV,
+                              preferred_element_type=jnp.float32) / temperature
+    lse_BxC = jax.nn.logsumexp(logits_BxCxV, axis=-1)
+    picked_BxC = jnp.take_along_axis(logits_BxCxV, tgt_BxC[:, :, None], axis=-1)[:, :, 0]
+    probs_BxCxV = jnp.exp(logits_BxCxV - lse_BxC[:, :, None])
+    entropy_BxC = lse_BxC - jnp.sum(probs_BxCxV * logits_BxCxV, axis=-1)
+    return picked_BxC - lse_BxC, entropy_BxC
+
+  logp_NxBxC, entropy_NxBxC = jax.lax.map(one_chunk, (h_NxBxCxD, tgt_NxBxC))
+  unchunk = lambda x: x.swapaxes(0, 1).reshape(b, n * chunk)[:, :length]
+  return unchunk(logp_NxBxC), unchunk(entropy_NxBxC)
+
+
+def policy_forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array,
+                   mask_BxT: jax.Array, temperature: float = 1.0) -> PolicyOutput:
+  """Per-token log-probs and entropies of softmax(logits / temperature) at
+  `tokens_BxT` (alignment: module docstring)."""
+  h_BxTxD, router_logits = _trunk(params, cfg, "lm", tokens_BxT, mask_BxT)
+  if tokens_BxT.shape[1] < 2:
+    zeros_BxT = jnp.zeros(tokens_BxT.shape, jnp.float32)
+    return PolicyOutput(zeros_BxT, zeros_BxT, router_logits)
+  kernel_DxV = model(params, cfg, "lm").lm_kernel_DxV()
+  logp_BxT1, entropy_BxT1 = _chunked_logp_entropy(
+      h_BxTxD[:, :-1], tokens_BxT[:, 1:], kernel_DxV, cfg.logits_chunk, temperature)
+  return PolicyOutput(_shift_in(logp_BxT1, mask_BxT), _shift_in(entropy_BxT1, mask_BxT),
+                      router_logits)
+
+
+def value_forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array,
+                  mask_BxT: jax.Array) -> jax.Array:
+  """values_BxT[b, t] = V(tokens[b, :t]) in float32 (alignment: module docstring)."""
+  h_BxTxD, _ = _trunk(params, cfg, "value", tokens_BxT, mask_BxT)
+  head = params["value_head"]
+  values_BxT = (jnp.einsum("btd,d->bt", h_BxTxD, head["kernel"].astype(h_BxTxD.dtype),
+                           preferred_element_type=jnp.float32)
+                + head["bias"].astype(jnp.float32))
+  return _shift_in(values_BxT[:, :-1], mask_BxT)
+
+
+def logits_forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array,
+                   mask_BxT: jax.Array) -> jax.Array:
+  """Full float32 logits_BxTxV at every position (logits[:, t] predicts token t+1).
+
+  Materialises [B, T, V]: for tests and evaluation, not for training.
+  """
+  h_BxTxD, _ = _trunk(params, cfg, "lm", tokens_BxT, mask_BxT)
+  kernel_DxV = model(params, cfg, "lm").lm_kernel_DxV()
+  return jnp.einsum("btd,dv->btv", h_BxTxD, kernel_DxV, preferred_element_type=jnp.float32)
+
+
+def router_balance(router_logits: tuple[jax.Array, ...], mask_BxT: jax.Array,
+                   cfg: ModelConfig) -> jax.Array:
+  """Mean over MoE layers of E * sum_e f_e * P_e (1.0 when perfectly balanced).
+
+  f_e: fraction of real tokens' top-k slots routed to expert e; P_e: mean router
+  probability of expert e over real tokens. 0.0 for a dense model.
+  """
+  if not router_logits:
+    return jnp.zeros((), jnp.float32)
+  w_BxT = mask_BxT.astype(jnp.float32)
+  n = jnp.maximum(jnp.sum(w_BxT), 1.0)
+  e, k = cfg.num_experts, cfg.num_experts_per_tok
+  per_layer = []
+  for logits_BxTxE in router_logits:
+    probs_BxTxE = jax.nn.softmax(logits_BxTxE, axis=-1)
+    _, expert_BxTxk = jax.lax.top_k(probs_BxTxE, k)
+    counts_BxTxE = jnp.sum(jax.nn.one_hot(expert_BxTxk, e), axis=2)
+    f_E = jnp.einsum("bte,bt->e", counts_BxTxE, w_BxT) / (n * k)
+    p_E = jnp.einsum("bte,bt->e", probs_BxTxE, w_BxT) / n
+    per_layer.append(e * jnp.sum(f_E * p_E))
+  return jnp.mean(jnp.stack(per_layer))

@@ -1,0 +1,248 @@
+"""Hugging Face Qwen3 / Qwen3-MoE checkpoints in and out.
+
+  config_from_hf(hf_dir_or_dict, **overrides) -> ModelConfig
+  load_hf(hf_dir, mesh=None, **overrides)     -> (cfg, params)
+  export_hf(params, cfg, out_dir, max_shard_bytes=5 GiB, tokenizer_dir=None)
+
+Supported: `Qwen3ForCausalLM` and `Qwen3MoeForCausalLM` with the default RoPE,
+no attention bias and no sliding window; anything else is rejected with the
+offending config entry named. Weights are read from `model.safetensors` or a
+sharded `model.safetensors.index.json`, one tensor at a time, converted to our
+layout (HF `nn.Linear` weights are [out, in]; our kernels are [in, out] with
+heads split out, e.g. q_proj [D, N, H]; MoE experts stacked into [E, D, F]) and
+put on their sharding before the next tensor is read. Exported directories use
+the Hub layout (per-expert tensors, `lm_head.weight` only when untied), which
+`transformers.AutoModelForCausalLM.from_pretrained` loads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import pathlib
+import shutil
+from typing import Any, Callable
+
+import jax
+import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from sao_jax.config import ModelConfig
+from sao_jax.models.params_io import place
+from sao_jax.models.transformer import Params, abstract_params, is_moe_layer, param_path, param_shardings
+
+ARCHITECTURES = {"Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe"}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "vocab.json", "merges.txt", "generation_config.json")
+_COMMON_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                  "num_attention_heads", "num_key_value_heads", "rms_norm_eps",
+                  "max_position_embeddings")
+_MOE_FIELDS = ("num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
+               "decoder_sparse_step")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+  """One param and the HF tensors it is made of."""
+  path: str
+  hf_names: tuple[str, ...]
+  to_ours: Callable[[list[np.ndarray]], np.ndarray]
+  to_hf: Callable[[np.ndarray], list[np.ndarray]]
+
+
+def _read_config(source: str | pathlib.Path | dict[str, Any]) -> dict[str, Any]:
+  if isinstance(source, dict):
+    return source
+  path = pathlib.Path(source) / "config.json"
+  if not path.is_file():
+    raise FileNotFoundError(f"{str(path)!r} not found; pass a Hugging Face model directory")
+  return json.loads(path.read_text())
+
+
+def config_from_hf(source: str | pathlib.Path | dict[str, Any], **overrides: Any) -> ModelConfig:
+  """Maps an HF `config.json` (directory or parsed dict) onto `ModelConfig`."""
+  hf = _read_config(source)
+  archs = hf.get("architectures") or []
+  if len(archs) != 1 or archs[0] not in ARCHITECTURES:
+    raise ValueError(f"unsupported architecture {archs!r} in config.json; sao_jax loads "
+                     f"{' or '.join(ARCHITECTURES)}")
+  rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+  problems = {
+      "hidden_act": hf.get("hidden_act", "silu") != "silu",
+      "attention_bias": bool(hf.get("attention_bias", False)),
+      "use_sliding_window": bool(hf.get("use_sliding_window", False)),
+      "rope_type": rope.get("rope_type", rope.get("type", "default")) != "default",
+  }
+  bad = [name for name, is_bad in problems.items() if is_bad]
+  if bad:
+    raise ValueError(f"unsupported config.json settings {', '.join(f'{n}={hf.get(n, rope.get(n))!r}' for n in bad)}; "
+                     "sao_jax implements silu, no attention bias, full attention and default RoPE")
+  fields: dict[str, Any] = {name: hf[name] for name in _COMMON_FIELDS if name in hf}
+  fields["head_dim"] = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
+  fields["rope_theta"] = float(rope.get("rope_theta", hf.get("rope_theta", 10_000.0)))
+  fields["tie_word_embeddings"] = bool(hf.get("tie_word_embeddings", False))
+  if archs[0] == "Qwen3MoeForCausalLM":
+    fields.update({name: hf[name] for name in _MOE_FIELDS if name in hf})
+    fields["num_experts"] = hf.get("num_experts", hf.get("num_local_experts"))
+    fields["mlp_only_layers"] = tuple(hf.get("mlp_only_layers") or ())
+  dtype = hf.get("dtype", hf.get("torch_dtype"))
+  if dtype in ("float32", "bfloat16"):
+    fields["param_dtype"] = fields["compute_dtype"] = dtype
+  cfg = ModelConfig(**{**fields, **overrides})
+  cfg.validate()
+  return cfg
+
+
+def _transposed(w: list[np.ndarray]) -> np.ndarray:
+  return w[0].T
+
+
+def _entries(cfg: ModelConfig) -> list[_Entry]:
+  """The param <-> HF tensor correspondence for `cfg` (policy head)."""
+  d, n, k, h = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+  same = lambda path, name: _Entry(path, (name,), lambda w: w[0], lambda x: [x])
+  linear = lambda path, name: _Entry(path, (name,), _transposed, lambda x: [x.T])
+  entries = [same("embed", "model.embed_tokens.weight"), same("final_norm/scale", "model.norm.weight")]
+  if not cfg.tie_word_embeddings:
+    entries.append(linear("lm_head", "lm_head.weight"))
+  for i in range(cfg.num_hidden_layers):
+    ours, hf = f"layers/{i}", f"model.layers.{i}"
+    entries += [same(f"{ours}/input_norm/scale", f"{hf}.input_layernorm.weight"),
+                same(f"{ours}/post_attn_norm/scale", f"{hf}.post_attention_layernorm.weight"),
+                same(f"{ours}/attn/q_norm/scale", f"{hf}.self_attn.q_norm.weight"),
+                same(f"{ours}/attn/k_norm/scale", f"{hf}.self_attn.k_norm.weight")]
+    for name, heads in (("q_proj", n), ("k_proj", k), ("v_proj", k)):
+      entries.append(_Entry(f"{ours}/attn/{name}", (f"{hf}.self_attn.{name}.weight",),
+                            lambda w, heads=heads: w[0].T.reshape(d, heads, h),
+                            lambda x, heads=heads: [x.reshape(d, heads * h).T]))
+    entries.append(_Entry(f"{ours}/attn/o_proj", (f"{hf}.self_attn.o_proj.weight",),
+                          lambda w: w[0].T.reshape(n, h, d), lambda x: [x.reshape(n * h, d).T]))
+    if is_moe_layer(cfg, i):
+      entries.append(linear(f"{ours}/mlp/router", f"{hf}.mlp.gate.weight"))
+      for name in ("gate_proj", "up_proj", "down_proj"):
+        names = tuple(f"{hf}.mlp.experts.{e}.{name}.weight" for e in range(cfg.num_experts))
+        entries.append(_Entry(f"{ours}/mlp/{name}", names,
+                              lambda w: np.stack([x.T for x in w]),
+                              lambda x: [np.ascontiguousarray(x[e].T) for e in range(x.shape[0])]))
+    else:
+      for name in ("gate_proj", "up_proj", "down_proj"):
+        entries.append(linear(f"{ours}/mlp/{name}", f"{hf}.mlp.{name}.weight"))
+  return entries
+
+
+def _tensor_files(hf_dir: pathlib.Path) -> dict[str, pathlib.Path]:
+  """HF tensor name -> safetensors file holding it."""
+  index = hf_dir / "model.safetensors.index.json"
+  if index.is_file():
+    weight_map = json.loads(index.read_text())["weight_map"]
+    return {name: hf_dir / file for name, file in weight_map.items()}
+  files = sorted(hf_dir.glob("*.safetensors"))
+  if not files:
+    raise FileNotFoundError(f"no *.safetensors files in {str(hf_dir)!r}; sao_jax reads "
+                            "safetensors checkpoints only")
+  where = {}
+  for file in files:
+    with safe_open(file, framework="numpy") as f:
+      where.update({name: file for name in f.keys()})
+  return where
+
+
+def load_hf(hf_dir: str | pathlib.Path, mesh: jax.sharding.Mesh | None = None,
+            **overrides: Any) -> tuple[ModelConfig, Params]:
+  """Loads an HF Qwen3 directory into policy params (sharded over `mesh` if given)."""
+  hf_dir = pathlib.Path(hf_dir)
+  cfg = config_from_hf(hf_dir, **overrides)
+  entries = _entries(cfg)
+  where = _tensor_files(hf_dir)
+  needed = {name for entry in entries for name in entry.hf_names}
+  # A tied checkpoint may still carry a copy of the embedding as lm_head.
+  ignorable = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
+  missing = sorted(needed - set(where))
+  unexpected = sorted(name for name in set(where) - needed - ignorable
+                      if not name.endswith("rotary_emb.inv_freq"))
+  if missing or unexpected:
+    raise ValueError(f"{str(hf_dir)!r} does not match its config.json: missing tensors "
+                     f"{missing or 'none'}; unexpected tensors {unexpected or 'none'}")
+  abstract = {param_path(kp): leaf for kp, leaf in jax.tree_util.tree_flatten_with_path(
+      abstract_params(cfg))[0]}
+  shardings = ({param_path(kp): s for kp, s in jax.tree_util.tree_flatten_with_path(
+      param_shardings(cfg, mesh))[0]} if mesh is not None else {})
+  flat = {}
+  with contextlib.ExitStack() as stack:
+    handles = {file: stack.enter_context(safe_open(file, framework="numpy"))
+               for file in sorted(set(where[name] for name in needed))}
+    for entry in entries:
+      tensors = [handles[where[name]].get_tensor(name) for name in entry.hf_names]
+      flat[entry.path] = place(entry.to_ours(tensors), entry.path, abstract[entry.path],
+                               shardings.get(entry.path))
+  return cfg, _unflatten(flat, abstract_params(cfg))
+
+
+def _unflatten(flat: dict[str, jax.Array], template: Params) -> Params:
+  return jax.tree_util.tree_map_with_path(lambda kp, _: flat[param_path(kp)], template)
+
+
+def hf_config(cfg: ModelConfig) -> dict[str, Any]:
+  """The `config.json` contents for `cfg`."""
+  arch = "Qwen3MoeForCausalLM" if cfg.num_experts else "Qwen3ForCausalLM"
+  out: dict[str, Any] = {name: getattr(cfg, name) for name in _COMMON_FIELDS}
+  out.update(architectures=[arch], model_type=ARCHITECTURES[arch], head_dim=cfg.head_dim,
+             hidden_act="silu", attention_bias=False, use_sliding_window=False,
+             tie_word_embeddings=cfg.tie_word_embeddings, dtype=cfg.param_dtype,
+             rope_theta=cfg.rope_theta,
+             rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta})
+  if cfg.num_experts:
+    out.update({name: getattr(cfg, name) for name in _MOE_FIELDS},
+               num_experts=cfg.num_experts, mlp_only_layers=list(cfg.mlp_only_layers))
+  return out
+
+
+def export_hf(params: Params, cfg: ModelConfig, out_dir: str | pathlib.Path,
+              max_shard_bytes: int = 5 * 2**30,
+              tokenizer_dir: str | pathlib.Path | None = None) -> None:
+  """Writes policy `params` as an HF directory (config.json + safetensors shards).
+
+  More than `max_shard_bytes` of tensors are split into
+  `model-0000i-of-0000n.safetensors` with a `model.safetensors.index.json`.
+  Tokenizer files found in `tokenizer_dir` are copied alongside.
+  """
+  out_dir = pathlib.Path(out_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  (out_dir / "config.json").write_text(json.dumps(hf_config(cfg), indent=2))
+  flat = {param_path(kp): leaf for kp, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
+  # Each shard is written as soon as it is full, so the host holds at most one.
+  shard_names: list[list[str]] = []
+  shard: dict[str, np.ndarray] = {}
+  total = 0
+
+  def flush():
+    save_file(shard, out_dir / f"shard-{len(shard_names)}.tmp", metadata={"format": "pt"})
+    shard_names.append(list(shard))
+    shard.clear()
+
+  for entry in _entries(cfg):
+    if entry.path not in flat:
+      raise ValueError(f"export_hf: params lack {entry.path!r}; pass policy params for this config")
+    for name, tensor in zip(entry.hf_names, entry.to_hf(np.asarray(jax.device_get(flat[entry.path])))):
+      size = sum(t.nbytes for t in shard.values())
+      if shard and size + tensor.nbytes > max_shard_bytes:
+        flush()
+      shard[name] = np.ascontiguousarray(tensor)
+      total += tensor.nbytes
+  flush()
+  if len(shard_names) == 1:
+    (out_dir / "shard-0.tmp").rename(out_dir / "model.safetensors")
+  else:
+    weight_map = {}
+    for i, names in enumerate(shard_names):
+      file = f"model-{i + 1:05d}-of-{len(shard_names):05d}.safetensors"
+      (out_dir / f"shard-{i}.tmp").rename(out_dir / file)
+      weight_map.update({name: file for name in names})
+    (out_dir / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+  if tokenizer_dir is not None:
+    for name in TOKENIZER_FILES:
+      if (pathlib.Path(tokenizer_dir) / name).is_file():
+        shutil.copy(pathlib.Path(tokenizer_dir) / name, out_dir / name)

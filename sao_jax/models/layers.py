@@ -1,0 +1,176 @@
+"""Qwen3 building blocks in flax nnx: RMSNorm, RoPE, GQA attention, SwiGLU MLP, MoE.
+
+Every parameter is an `nnx.Param` whose `logical_axes` metadata names its
+dimensions; `sao_jax.sharding.rules` turns those names into mesh shardings.
+Parameters are stored in `param_dtype` and cast to `compute_dtype` where used;
+normalisation, softmax and RoPE run in float32 (as Hugging Face does).
+
+Shape letters: B batch, T query length, S key length, D hidden, N query heads,
+K kv heads, G = N // K query heads per kv head, H head_dim, F MLP width,
+E experts, M routed (token, expert) pairs.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from sao_jax.config import ModelConfig
+from sao_jax.models import attention
+from sao_jax.sharding.rules import constrain
+
+BTD = ("activation_batch", "activation_length", "activation_embed")
+
+
+def param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str, ...], cfg: ModelConfig,
+           init: str = "normal") -> nnx.Param:
+  """A parameter initialised like HF Qwen3: N(0, 0.02) kernels, ones for norm scales."""
+  dtype = jnp.dtype(cfg.param_dtype)
+  if init == "ones":
+    value = jnp.ones(shape, dtype)
+  elif init == "zeros":
+    value = jnp.zeros(shape, dtype)
+  else:
+    value = (0.02 * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
+  return nnx.Param(value, logical_axes=axes)
+
+
+class RMSNorm(nnx.Module):
+  """y = x / sqrt(mean(x^2, -1) + eps) * scale, computed in float32."""
+
+  def __init__(self, size: int, cfg: ModelConfig, rngs: nnx.Rngs, axis_name: str = "norm"):
+    self.scale = param(rngs, (size,), (axis_name,), cfg, init="ones")
+    self.eps = cfg.rms_norm_eps
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    scale = self.scale[...].astype(x.dtype).reshape((1,) * (x.ndim - 1) + (-1,))
+    return scale * normed.astype(x.dtype)
+
+
+def rope(x_BxTxNxH: jax.Array, pos_BxT: jax.Array, theta: float) -> jax.Array:
+  """Rotary embedding, HF "rotate half" layout: with f_i = pos * theta^(-2i/H),
+  x -> x * cos(f) + rotate_half(x) * sin(f), where rotate_half([a, b]) = [-b, a]."""
+  half = x_BxTxNxH.shape[-1] // 2
+  inv_freq_h = 1.0 / theta ** (jnp.arange(half, dtype=jnp.float32) * 2.0 / (2 * half))
+  freqs_BxTxh = pos_BxT.astype(jnp.float32)[:, :, None] * inv_freq_h[None, None, :]
+  cos_BxTx1xH = jnp.cos(jnp.concatenate([freqs_BxTxh, freqs_BxTxh], -1))[:, :, None, :]
+  sin_BxTx1xH = jnp.sin(jnp.concatenate([freqs_BxTxh, freqs_BxTxh], -1))[:, :, None, :]
+  x = x_BxTxNxH.astype(jnp.float32)
+  rotated = jnp.concatenate([-x[..., half:], x[..., :half]], -1)
+  return (x * cos_BxTx1xH + rotated * sin_BxTx1xH).astype(x_BxTxNxH.dtype)
+
+
+class Attention(nnx.Module):
+  """Grouped-query attention with per-head RMSNorm on q and k (Qwen3), then RoPE.
+
+  softmax(q k^T / sqrt(H) + mask) v, where query head n reads kv head n // G.
+  """
+
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    d, n, k, h = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    self.q_proj = param(rngs, (d, n, h), ("embed", "heads", "head_dim"), cfg)
+    self.k_proj = param(rngs, (d, k, h), ("embed", "kv_heads", "head_dim"), cfg)
+    self.v_proj = param(rngs, (d, k, h), ("embed", "kv_heads", "head_dim"), cfg)
+    self.o_proj = param(rngs, (n, h, d), ("heads", "head_dim", "embed"), cfg)
+    self.q_norm = RMSNorm(h, cfg, rngs, axis_name="head_dim")
+    self.k_norm = RMSNorm(h, cfg, rngs, axis_name="head_dim")
+    self.cfg = cfg
+
+  def __call__(self, x_BxTxD: jax.Array, pos_BxT: jax.Array, visible_BxTxS: jax.Array,
+               kv_cache: tuple[jax.Array, jax.Array, jax.Array] | None
+               ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+    """Attends from the T new positions to S keys.
+
+    Without a cache S == T (the new positions themselves). With
+    `kv_cache = (k_BxSxKxH, v_BxSxKxH, slot_BxT)` the new key/value of token t
+    of row b is written at cache slot slot_BxT[b, t] first (an index >= S, used
+    for padding, writes nothing) and the updated cache is returned.
+    `visible_BxTxS[b, t, s]` says whether query t may read key s; it is either
+    that [B, T, S] bool array or an `attention.CausalMask` (no cache, S == T).
+    """
+    cfg, dt = self.cfg, x_BxTxD.dtype
+    q_BxTxNxH = jnp.einsum("btd,dnh->btnh", x_BxTxD, self.q_proj[...].astype(dt))
+    k_BxTxKxH = jnp.einsum("btd,dkh->btkh", x_BxTxD, self.k_proj[...].astype(dt))
+    v_BxTxKxH = jnp.einsum("btd,dkh->btkh", x_BxTxD, self.v_proj[...].astype(dt))
+    q_BxTxNxH = rope(self.q_norm(q_BxTxNxH), pos_BxT, cfg.rope_theta)
+    k_BxTxKxH = rope(self.k_norm(k_BxTxKxH), pos_BxT, cfg.rope_theta)
+    q_BxTxNxH = constrain(q_BxTxNxH, ("activation_batch", "activation_length",
+                                      "activation_heads", "head_dim"))
+    new_cache = None
+    if kv_cache is not None:
+      k_cache, v_cache, slot_BxT = kv_cache
+      row_Bx1 = jnp.arange(slot_BxT.shape[0])[:, None]
+      k_BxSxKxH = k_cache.at[row_Bx1, slot_BxT].set(k_BxTxKxH.astype(k_cache.dtype), mode="drop")
+      v_BxSxKxH = v_cache.at[row_Bx1, slot_BxT].set(v_BxTxKxH.astype(v_cache.dtype), mode="drop")
+      new_cache = (k_BxSxKxH, v_BxSxKxH)
+    else:
+      k_BxSxKxH, v_BxSxKxH = k_BxTxKxH, v_BxTxKxH
+    # Decoding passes an explicit [B, T, S] mask and always runs dense (S is the
+    # short cache); a CausalMask runs cfg.attention_impl (sao_jax.models.attention).
+    out_BxTxNxH = attention.attend(q_BxTxNxH, k_BxSxKxH.astype(dt), v_BxSxKxH.astype(dt),
+                                   visible_BxTxS, cfg.attention_impl, cfg.attention_block)
+    out_BxTxD = jnp.einsum("btnh,nhd->btd", out_BxTxNxH, self.o_proj[...].astype(dt))
+    return constrain(out_BxTxD, BTD), new_cache
+
+
+class MLP(nnx.Module):
+  """SwiGLU: down(silu(x W_gate) * (x W_up))."""
+
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    d, f = cfg.hidden_size, cfg.intermediate_size
+    self.gate_proj = param(rngs, (d, f), ("embed", "mlp"), cfg)
+    self.up_proj = param(rngs, (d, f), ("embed", "mlp"), cfg)
+    self.down_proj = param(rngs, (f, d), ("mlp", "embed"), cfg)
+
+  def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
+    dt = x_BxTxD.dtype
+    gate_BxTxF = x_BxTxD @ self.gate_proj[...].astype(dt)
+    up_BxTxF = x_BxTxD @ self.up_proj[...].astype(dt)
+    h_BxTxF = constrain(jax.nn.silu(gate_BxTxF) * up_BxTxF,
+                        ("activation_batch", "activation_length", "activation_mlp"))
+    return constrain(h_BxTxF @ self.down_proj[...].astype(dt), BTD)
+
+
+class MoE(nnx.Module):
+  """Top-k routed SwiGLU experts (Qwen3-MoE), dropless.
+
+  p = softmax(x W_router) over E experts; the k largest p_e are kept and, with
+  `norm_topk_prob`, renormalised to sum to one. y = sum_{e in topk} p_e * MLP_e(x).
+  Tokens are sorted by expert and run through `jax.lax.ragged_dot`, so compute is
+  proportional to k, not E.
+  """
+
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    d, f, e = cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts
+    self.router = param(rngs, (d, e), ("embed", "expert"), cfg)
+    self.gate_proj = param(rngs, (e, d, f), ("expert", "embed", "mlp"), cfg)
+    self.up_proj = param(rngs, (e, d, f), ("expert", "embed", "mlp"), cfg)
+    self.down_proj = param(rngs, (e, f, d), ("expert", "mlp", "embed"), cfg)
+    self.cfg = cfg
+
+  def __call__(self, x_BxTxD: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Returns (y_BxTxD, router_logits_BxTxE in float32)."""
+    cfg, dt = self.cfg, x_BxTxD.dtype
+    b, t, d = x_BxTxD.shape
+    k, e = cfg.num_experts_per_tok, cfg.num_experts
+    logits_BxTxE = (x_BxTxD @ self.router[...].astype(dt)).astype(jnp.float32)
+    probs_BxTxE = jax.nn.softmax(logits_BxTxE, axis=-1)
+    weight_BxTxk, expert_BxTxk = jax.lax.top_k(probs_BxTxE, k)
+    if cfg.norm_topk_prob:
+      weight_BxTxk = weight_BxTxk / jnp.sum(weight_BxTxk, axis=-1, keepdims=True)
+    x_NxD = x_BxTxD.reshape(b * t, d)
+    expert_M = expert_BxTxk.reshape(-1)
+    order_M = jnp.argsort(expert_M, stable=True)
+    token_M = order_M // k
+    group_sizes_E = jnp.bincount(expert_M, length=e).astype(jnp.int32)
+    xs_MxD = x_NxD[token_M]
+    gate_MxF = jax.lax.ragged_dot(xs_MxD, self.gate_proj[...].astype(dt), group_sizes_E)
+    up_MxF = jax.lax.ragged_dot(xs_MxD, self.up_proj[...].astype(dt), group_sizes_E)
+    out_MxD = jax.lax.ragged_dot(jax.nn.silu(gate_MxF) * up_MxF, self.down_proj[...].astype(dt),
+                                 group_sizes_E)
+    weight_Mx1 = weight_BxTxk.reshape(-1)[order_M][:, None].astype(dt)
+    y_NxD = jnp.zeros_like(x_NxD).at[token_M].add(out_MxD * weight_Mx1)
+    return constrain(y_NxD.reshape(b, t, d), BTD), logits_BxTxE

@@ -1,0 +1,97 @@
+"""sao_jax's on-disk param format, and tensor-by-tensor placement on devices.
+
+A params directory holds two files:
+  model_config.json   the `ModelConfig` fields plus "head" ("lm" or "value")
+  params.safetensors  one tensor per param, named by its "/"-joined path
+                      (e.g. "layers/0/attn/q_proj"), in the param dtype
+
+  save_params(directory, params, cfg, head="lm")
+  load_params(directory, mesh=None)          -> (cfg, head, params)
+  place(array, path, cfg, mesh, head)        -> jax.Array on its sharding
+
+Loading goes one tensor at a time (safetensors `safe_open` reads a single
+tensor, which is cast and put on its devices before the next is read), so host
+memory never holds the whole model. Saving gathers one host copy of the params
+for the safetensors writer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+
+import jax
+import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from sao_jax.config import ModelConfig
+from sao_jax.models.transformer import Params, abstract_params, param_path, param_shardings
+
+CONFIG_FILE = "model_config.json"
+PARAMS_FILE = "params.safetensors"
+
+
+def place(array: np.ndarray, path: str, expected: jax.ShapeDtypeStruct,
+          sharding: jax.sharding.Sharding | None) -> jax.Array:
+  """Checks shape, casts to the param dtype and puts one tensor on its devices."""
+  if tuple(array.shape) != tuple(expected.shape):
+    raise ValueError(f"tensor for param {path!r} has shape {tuple(array.shape)}, expected "
+                     f"{tuple(expected.shape)}; the checkpoint does not match the model config")
+  array = np.asarray(array).astype(expected.dtype, copy=False)
+  return jax.device_put(array, sharding) if sharding is not None else jax.device_put(array)
+
+
+def save_params(directory: str | pathlib.Path, params: Params, cfg: ModelConfig,
+                head: str = "lm") -> None:
+  """Writes `params` (any sharding) and `cfg` to `directory`."""
+  directory = pathlib.Path(directory)
+  directory.mkdir(parents=True, exist_ok=True)
+  fields = dataclasses.asdict(cfg)
+  fields["mlp_only_layers"] = list(cfg.mlp_only_layers)
+  (directory / CONFIG_FILE).write_text(json.dumps({**fields, "head": head}, indent=2))
+  tensors = {}
+  for keypath, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    tensors[param_path(keypath)] = np.asarray(jax.device_get(leaf))
+  save_file(tensors, directory / PARAMS_FILE)
+
+
+def load_config(directory: str | pathlib.Path) -> tuple[ModelConfig, str]:
+  """The `ModelConfig` and head kind stored in a params directory."""
+  path = pathlib.Path(directory) / CONFIG_FILE
+  if not path.is_file():
+    raise FileNotFoundError(f"{str(path)!r} not found; a sao_jax params directory is written by "
+                            "save_params or `sao-convert hf-to-sao`")
+  fields = json.loads(path.read_text())
+  head = fields.pop("head", "lm")
+  fields["mlp_only_layers"] = tuple(fields.get("mlp_only_layers", ()))
+  cfg = ModelConfig(**fields)
+  cfg.validate()
+  return cfg, head
+
+
+def load_params(directory: str | pathlib.Path,
+                mesh: jax.sharding.Mesh | None = None) -> tuple[ModelConfig, str, Params]:
+  """Reads a params directory, placing each tensor on its sharding when `mesh` is given."""
+  cfg, head = load_config(directory)
+  abstract = abstract_params(cfg, head)
+  shardings = param_shardings(cfg, mesh, head) if mesh is not None else None
+  paths = [param_path(kp) for kp, _ in jax.tree_util.tree_flatten_with_path(abstract)[0]]
+  with safe_open(pathlib.Path(directory) / PARAMS_FILE, framework="numpy") as f:
+    stored = set(f.keys())
+    missing = sorted(set(paths) - stored)
+    unexpected = sorted(stored - set(paths))
+    if missing or unexpected:
+      raise ValueError(f"{directory}: params file does not match its config: missing "
+                       f"{missing or 'none'}, unexpected {unexpected or 'none'}")
+
+    def one(keypath, expected, sharding=None):
+      path = param_path(keypath)
+      return place(f.get_tensor(path), path, expected, sharding)
+
+    if shardings is None:
+      params = jax.tree_util.tree_map_with_path(one, abstract)
+    else:
+      params = jax.tree_util.tree_map_with_path(one, abstract, shardings)
+  return cfg, head, params

@@ -1,0 +1,95 @@
+"""Tokenizer (Hugging Face `tokenizers`) and the Qwen chat template.
+
+  load_tokenizer(path)                                   -> tokenizers.Tokenizer
+  train_tokenizer(texts, vocab_size)                     -> tokenizers.Tokenizer (tiny, local)
+  encode_chat(tokenizer, messages, add_generation_prompt=False)
+                                                         -> (tokens_T, action_mask_T)
+
+Qwen's ChatML template renders each message as
+  <|im_start|>{role}\n{content}<|im_end|>\n
+and a generation prompt as `<|im_start|>assistant\n`. The plain template is
+used: no system-prompt injection, tool schemas or `<think>` handling.
+
+Action mask: 1 on tokens the policy emits, 0 on observations. The policy emits
+an assistant message's content and the `<|im_end|>` that closes it (sampling
+stops on that token, so the sampler records it as an action and the policy must
+be credited for ending its turn). Everything else - system and user messages,
+tool outputs, and the template glue `<|im_start|>assistant\n` and the newline
+after `<|im_end|>` - is observation. Each piece is encoded separately, so the
+mask boundaries are exact and the ids equal what the sampler appends turn by
+turn.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Iterable, Sequence
+
+import numpy as np
+import tokenizers
+
+IM_START, IM_END, END_OF_TEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
+ROLES = ("system", "user", "assistant", "tool")
+
+
+def load_tokenizer(path: str | pathlib.Path) -> tokenizers.Tokenizer:
+  """Loads `tokenizer.json` from a file or a model directory; checks the chat tokens."""
+  path = pathlib.Path(path)
+  file = path / "tokenizer.json" if path.is_dir() else path
+  if not file.is_file():
+    raise FileNotFoundError(f"{str(file)!r} not found; pass a tokenizer.json or a directory holding one")
+  tokenizer = tokenizers.Tokenizer.from_file(str(file))
+  missing = [tok for tok in (IM_START, IM_END) if tokenizer.token_to_id(tok) is None]
+  if missing:
+    raise ValueError(f"{str(file)!r} lacks the chat special tokens {missing}; a Qwen tokenizer "
+                     "defines them as added tokens")
+  return tokenizer
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int) -> tokenizers.Tokenizer:
+  """A byte-level BPE tokenizer trained on `texts`, with Qwen's chat special tokens.
+
+  For runs that start from scratch without a hub (the CPU demo, tests): every
+  byte is in the base alphabet, so any text encodes.
+  """
+  tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE())
+  tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tokenizer.decoder = tokenizers.decoders.ByteLevel()
+  trainer = tokenizers.trainers.BpeTrainer(
+      vocab_size=vocab_size, special_tokens=[END_OF_TEXT, IM_START, IM_END],
+      initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+  tokenizer.train_from_iterator(texts, trainer)
+  return tokenizer
+
+
+def _ids(tokenizer: tokenizers.Tokenizer, text: str) -> list[int]:
+  return tokenizer.encode(text, add_special_tokens=False).ids if text else []
+
+
+def encode_chat(tokenizer: tokenizers.Tokenizer, messages: Sequence[dict[str, str]],
+                add_generation_prompt: bool = False) -> tuple[np.ndarray, np.ndarray]:
+  """Token ids (int32 [T]) and action mask (int32 [T]) of a rendered conversation.
+
+  `messages` are `{"role": ..., "content": ...}` dicts with role in ROLES.
+  """
+  tokens: list[int] = []
+  mask: list[int] = []
+
+  def add(text: str, is_action: bool) -> None:
+    ids = _ids(tokenizer, text)
+    tokens.extend(ids)
+    mask.extend([int(is_action)] * len(ids))
+
+  for i, message in enumerate(messages):
+    role, content = message.get("role"), message.get("content")
+    if role not in ROLES or not isinstance(content, str):
+      raise ValueError(f"messages[{i}]={message!r} is invalid: expected role in {ROLES} and "
+                       "a string content")
+    is_assistant = role == "assistant"
+    add(f"{IM_START}{role}\n", False)
+    add(content, is_assistant)
+    add(IM_END, is_assistant)
+    add("\n", False)
+  if add_generation_prompt:
+    add(f"{IM_START}assistant\n", False)
+  return np.asarray(tokens, np.int32), np.asarray(mask, np.int32)

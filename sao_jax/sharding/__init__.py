@@ -1,0 +1,1 @@
+"""Device mesh construction and the one logical-axis -> mesh-axis rules table."""

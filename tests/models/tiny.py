@@ -1,0 +1,70 @@
+"""Shared tiny configs, jitted entry points and in-process random HF checkpoints."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import torch
+import transformers
+
+from sao_jax.config import ModelConfig
+from sao_jax.models import decode, forward
+
+VOCAB = 256
+DENSE = ModelConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, head_dim=8,
+                    num_attention_heads=4, num_key_value_heads=2, logits_chunk=4)
+MOE = dataclasses.replace(DENSE, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+                          mlp_only_layers=(1,), tie_word_embeddings=False)
+
+# Jitted once per config (cfg is static); eager op-by-op runs are several times slower.
+policy_forward = jax.jit(forward.policy_forward, static_argnums=1)
+value_forward = jax.jit(forward.value_forward, static_argnums=1)
+logits_forward = jax.jit(forward.logits_forward, static_argnums=1)
+extend = jax.jit(decode.extend, static_argnums=1)
+decode_step = jax.jit(decode.decode_step, static_argnums=1)
+
+
+def _randomize(model: torch.nn.Module, seed: int) -> None:
+  """HF init is N(0, 0.02) with unit norms and a zero router, which makes logits
+  nearly uniform and top-k routing ties; larger random weights make the parity
+  tests sensitive to every tensor."""
+  gen = torch.Generator().manual_seed(seed)
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      noise = torch.randn(p.shape, generator=gen)
+      p.copy_(1.0 + 0.1 * noise if "norm" in name else 0.2 * noise)
+
+
+def build_hf(kind: str, seed: int = 0) -> transformers.PreTrainedModel:
+  common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=8, rope_theta=5000.0,
+                max_position_embeddings=128)
+  if kind == "dense":
+    config = transformers.Qwen3Config(**common, tie_word_embeddings=True)
+    model = transformers.Qwen3ForCausalLM(config)
+  else:
+    config = transformers.Qwen3MoeConfig(**common, tie_word_embeddings=False, num_experts=4,
+                                         num_experts_per_tok=2, moe_intermediate_size=16,
+                                         norm_topk_prob=(kind == "moe"), mlp_only_layers=[1])
+    model = transformers.Qwen3MoeForCausalLM(config)
+  _randomize(model, seed)
+  return model.eval()
+
+
+def hf_logits(model: transformers.PreTrainedModel, tokens: np.ndarray, mask: np.ndarray) -> np.ndarray:
+  """HF logits with positions counted over real tokens (our padding convention)."""
+  positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+  with torch.no_grad():
+    out = model(input_ids=torch.tensor(tokens), attention_mask=torch.tensor(mask),
+                position_ids=torch.tensor(positions))
+  return out.logits.float().numpy()
+
+
+def padded_batch(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+  """Row 0 left-padded by 3, row 1 right-padded by 2, row 2 unpadded; T = 11."""
+  rng = np.random.default_rng(seed)
+  tokens = rng.integers(0, VOCAB, (3, 11))
+  mask = np.ones((3, 11), np.int64)
+  mask[0, :3] = 0
+  mask[1, -2:] = 0
+  return tokens, mask
