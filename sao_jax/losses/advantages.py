@@ -81,7 +81,8 @@ def running_mean_advantages(rewards: jax.Array, action_mask: jax.Array, prompt_i
   Args:
     rewards, action_mask: `[B, T]`.
     prompt_ids: `[B]` int slot per trajectory in `[0, num_slots)` (ignored for
-      `scope="global"`, which uses slot 0).
+      `scope="global"`, which uses slot 0). Rows without action tokens (batch
+      padding) are ignored.
     state: from `init_running_mean` (num_slots 1 for the global scope).
     scope: "prompt" or "global".
 
@@ -92,7 +93,9 @@ def running_mean_advantages(rewards: jax.Array, action_mask: jax.Array, prompt_i
     raise ValueError(f"running-mean scope={scope!r} is invalid: allowed values are "
                      "'prompt', 'global'.")
   outcome_B = _outcomes(rewards, action_mask)
-  slot_B = (jnp.zeros_like(prompt_ids) if scope == "global" else prompt_ids).astype(jnp.int32)
+  # Rows without action tokens (batch padding) neither read nor feed a window.
+  has_action_B = jnp.any(action_mask.astype(bool), axis=-1)
+  slot_B = jnp.where(has_action_B & (scope == "prompt"), prompt_ids, 0).astype(jnp.int32)
   window = state.window_PxW.shape[1]
   filled_P = jnp.minimum(state.count_P, window)
   mean_P = jnp.sum(state.window_PxW, axis=1) / jnp.maximum(filled_P, 1)
@@ -101,11 +104,12 @@ def running_mean_advantages(rewards: jax.Array, action_mask: jax.Array, prompt_i
   # Push in batch order; a scan keeps the order exact when a slot repeats in a batch.
   def push(carry, item):
     window_PxW, count_P = carry
-    slot, outcome = item
-    window_PxW = window_PxW.at[slot, count_P[slot] % window].set(outcome)
-    return (window_PxW, count_P.at[slot].add(1)), None
+    slot, outcome, has_action = item
+    pushed = window_PxW.at[slot, count_P[slot] % window].set(outcome)
+    return (jnp.where(has_action, pushed, window_PxW),
+            count_P.at[slot].add(has_action.astype(jnp.int32))), None
 
   (window_PxW, count_P), _ = jax.lax.scan(push, (state.window_PxW, state.count_P),
-                                          (slot_B, outcome_B))
+                                          (slot_B, outcome_B, has_action_B))
   return _broadcast(outcome_B - baseline_B, action_mask), RunningMeanState(window_PxW, count_P)
 

@@ -54,3 +54,12 @@ def test_running_mean_global_window_wraps():
   rewards, mask = outcome_batch([0])
   adv, _ = losses.running_mean_advantages(rewards, mask, np.array([0]), state, scope="global")
   np.testing.assert_allclose(np.asarray(adv)[0, 1], -3.0)
+
+
+def test_running_mean_ignores_padding_rows():
+  state = losses.init_running_mean(num_slots=2, window=4)
+  rewards, mask = outcome_batch([1, 0])
+  mask[1] = False  # an empty padding row, with a negative id as the pipeline writes it
+  adv, state = losses.running_mean_advantages(rewards, mask, np.array([1, -2]), state)
+  np.testing.assert_array_equal(state.count_P, [0, 1])
+  assert np.all(np.asarray(adv)[1] == 0)

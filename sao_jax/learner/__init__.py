@@ -1,0 +1,1 @@
+"""The SAO learner: train state, the pure train step, its compilation."""

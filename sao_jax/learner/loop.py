@@ -1,0 +1,129 @@
+"""The learner loop: batches in, steps, checkpoints, resumption, preemption.
+
+    result = run_learner(cfg, batches, on_metrics=print_fn, after_step=publish_fn)
+
+`batches` is any iterator of host `Batch`es of shape `[batch_trajectories, T]`,
+or of `(Batch, host_metrics)` pairs whose dict joins that step's metrics (the
+data pipeline's staleness and drop counts). T may vary between batches (length
+buckets): the step is compiled once per distinct T. If the iterator has
+`get_state() -> dict` / `set_state(dict)` (grain iterators do), its state is
+checkpointed with the train state, so a resumed run sees exactly the batches an
+uninterrupted run would. Step N's metrics are fetched after step N+1 has been
+dispatched, so the host never stalls the device waiting for them.
+
+On SIGTERM the loop finishes the step in flight, writes a checkpoint and
+returns with `stopped_by="preemption"`; rerunning the same command resumes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Iterator, Protocol
+
+import jax
+
+from sao_jax.checkpoint import Checkpointer, PreemptionWatcher
+from sao_jax.config import Config
+from sao_jax.learner import compile as compile_lib
+from sao_jax.learner.state import TrainState, abstract_state
+from sao_jax.learner.step import update_policy_at
+from sao_jax.sharding.mesh import make_mesh
+from sao_jax.types import Batch
+
+
+class BatchIterator(Protocol):
+  def __next__(self) -> Batch: ...
+
+
+@dataclasses.dataclass
+class LearnerResult:
+  state: TrainState
+  steps_done: int
+  stopped_by: str  # "steps" | "preemption" | "data_exhausted"
+
+
+def _data_state(batches: Any) -> dict:
+  return batches.get_state() if hasattr(batches, "get_state") else {}
+
+
+def run_learner(cfg: Config, batches: Iterator[Batch | tuple[Batch, dict]], *,
+                on_metrics: Callable[[int, dict[str, float]], None] = lambda step, m: None,
+                after_step: Callable[[int, TrainState], None] = lambda step, state: None,
+                on_start: Callable[[TrainState, bool], None] = lambda state, resumed: None,
+                mesh: jax.sharding.Mesh | None = None, resume: bool = True,
+                initial_state: Callable[[jax.sharding.Mesh], TrainState] | None = None
+                ) -> LearnerResult:
+  """Trains until `cfg.learner.steps` steps are done, the data ends, or SIGTERM.
+
+  `initial_state(mesh)` builds the state of a fresh run (default: random init
+  from `cfg.seed`); it is not called when resuming from a checkpoint.
+  `on_start(state, resumed)` runs once before the first step (e.g. to publish
+  the first weights and start samplers); `after_step(steps_done, state)` after
+  each dispatched step (e.g. to publish weights or evaluate).
+  """
+  mesh = make_mesh(cfg.mesh) if mesh is None else mesh
+  compiled: dict[int, tuple[Callable, Batch]] = {}  # per padded length T
+
+  def step_for(length: int):
+    if length not in compiled:
+      compiled[length] = (compile_lib.compile_train_step(cfg, mesh, length),
+                          compile_lib.batch_shardings(cfg, mesh, length))
+    return compiled[length]
+
+  checkpointer = Checkpointer(cfg) if cfg.checkpoint.directory else None
+
+  resumed = bool(checkpointer and resume and checkpointer.latest_step() is not None)
+  if resumed:
+    state_sh = compile_lib.state_shardings(cfg, mesh)
+    abstract = jax.tree.map(
+        lambda leaf, sh: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sh),
+        abstract_state(cfg), state_sh)
+    state, data_state, _ = checkpointer.restore(abstract)
+    if data_state:
+      if not hasattr(batches, "set_state"):
+        raise ValueError("the checkpoint holds a data-pipeline position but the batch iterator "
+                         "has no set_state(); resume with the same kind of pipeline")
+      batches.set_state(data_state)
+  elif initial_state is not None:
+    state = initial_state(mesh)
+  else:
+    state = compile_lib.init_sharded_state(cfg, mesh, jax.random.key(cfg.seed))
+
+  def report(step, metrics, host_metrics):
+    on_metrics(step, {**jax.tree.map(float, jax.device_get(metrics)), **host_metrics})
+
+  start = int(jax.device_get(state.step))
+  on_start(state, resumed)
+  watcher = PreemptionWatcher()
+  stopped_by, pending = "steps", None
+  step = start
+  try:
+    while step < cfg.learner.steps:
+      try:
+        item = next(batches)
+      except StopIteration:
+        stopped_by = "data_exhausted"
+        break
+      batch, host_metrics = (item, {}) if isinstance(item, Batch) else item
+      step_fn, batch_sh = step_for(batch.shape[1])
+      state, metrics = step_fn(state, compile_lib.put_batch(batch, batch_sh),
+                               update_policy_at(cfg, step))
+      if pending is not None:  # the previous step's metrics; this step is already queued
+        report(*pending)
+      pending = (step, metrics, host_metrics)
+      step += 1
+      after_step(step, state)
+      if checkpointer:
+        checkpointer.save(step, state, _data_state(batches), force=watcher.requested)
+      if watcher.requested:
+        stopped_by = "preemption"
+        break
+    if pending is not None:
+      report(*pending)
+    if checkpointer and stopped_by != "preemption" and step > start:
+      checkpointer.save(step, state, _data_state(batches), force=True)
+  finally:
+    watcher.close()
+    if checkpointer:
+      checkpointer.close()
+  return LearnerResult(state=state, steps_done=step, stopped_by=stopped_by)

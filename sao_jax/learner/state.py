@@ -1,0 +1,106 @@
+"""Train state and optimisers.
+
+`TrainState` holds everything a step reads and writes: policy and value params,
+their optax states, the step counter, the policy version (bumped by every policy
+update), the running-mean baseline windows and the count of updates skipped for
+non-finite loss or gradients.
+
+The value optimiser is an `optax.partition` of a trainable branch and
+`optax.set_to_zero()` for the frozen attention leaves (SAO.md §4), so frozen
+leaves carry no optimizer state and never move.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from sao_jax.config import Config, LearnerConfig
+from sao_jax.losses import RunningMeanState, init_running_mean
+from sao_jax.models import value as value_model
+from sao_jax.models.transformer import Params, init_params
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array  # int32: train steps taken (value-only steps included)
+  policy_version: jax.Array  # int32: policy updates applied; published with the weights
+  policy_params: Params
+  value_params: Params
+  policy_opt_state: optax.OptState
+  value_opt_state: optax.OptState
+  baseline: RunningMeanState
+  nonfinite_skips: jax.Array  # int32: updates skipped because loss or grads were not finite
+
+
+def _schedule(cfg: LearnerConfig, peak_lr: float) -> optax.Schedule:
+  decay_steps = max(cfg.steps - cfg.lr_warmup_steps, 1)
+  if cfg.lr_schedule == "cosine":
+    decay = optax.cosine_decay_schedule(peak_lr, decay_steps, alpha=0.1)
+  else:
+    decay = optax.constant_schedule(peak_lr)
+  if not cfg.lr_warmup_steps:
+    return decay
+  warmup = optax.linear_schedule(0.0, peak_lr, cfg.lr_warmup_steps)
+  return optax.join_schedules([warmup, decay], [cfg.lr_warmup_steps])
+
+
+def _adamw(cfg: LearnerConfig, peak_lr: float) -> optax.GradientTransformation:
+  clip = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip is not None else []
+  return optax.chain(*clip, optax.adamw(_schedule(cfg, peak_lr), b1=cfg.adam_b1, b2=cfg.adam_b2,
+                                        eps=cfg.adam_eps, weight_decay=cfg.weight_decay))
+
+
+def frozen_value_mask(cfg: Config, value_params: Params) -> Params:
+  """Bool pytree, True on value-model leaves that must not train."""
+  if not cfg.algorithm.frozen_attention:
+    return jax.tree.map(lambda _: False, value_params)
+  return value_model.frozen_mask(value_params, cfg.algorithm.frozen_patterns)
+
+
+def policy_optimizer(cfg: Config) -> optax.GradientTransformation:
+  return _adamw(cfg.learner, cfg.learner.policy_lr)
+
+
+def value_optimizer(cfg: Config, frozen: Params) -> optax.GradientTransformation:
+  labels = jax.tree.map(lambda is_frozen: "frozen" if is_frozen else "train", frozen)
+  return optax.partition({"train": _adamw(cfg.learner, cfg.learner.value_lr),
+                          "frozen": optax.set_to_zero()}, labels)
+
+
+def _baseline_slots(cfg: Config) -> int:
+  return 1 if cfg.algorithm.running_mean_scope == "global" else cfg.algorithm.running_mean_slots
+
+
+def state_from_params(cfg: Config, policy_params: Params, value_params: Params) -> TrainState:
+  """A step-0 state around given params (e.g. loaded from Hugging Face)."""
+  # The step donates the state, so no two leaves may share a buffer; a critic made
+  # by `value_params_from_policy` shares the policy's trunk arrays until copied.
+  value_params = jax.tree.map(jnp.copy, value_params)
+  frozen = frozen_value_mask(cfg, value_params)
+  return TrainState(
+      step=jnp.zeros((), jnp.int32),
+      policy_version=jnp.zeros((), jnp.int32),
+      policy_params=policy_params,
+      value_params=value_params,
+      policy_opt_state=policy_optimizer(cfg).init(policy_params),
+      value_opt_state=value_optimizer(cfg, frozen).init(value_params),
+      baseline=init_running_mean(_baseline_slots(cfg), cfg.algorithm.running_mean_window),
+      nonfinite_skips=jnp.zeros((), jnp.int32),
+  )
+
+
+def init_state(cfg: Config, rng: jax.Array) -> TrainState:
+  """Random policy; the critic copies its trunk with a fresh head (SAO.md §4)."""
+  policy_params = init_params(cfg.model, rng)
+  return state_from_params(cfg, policy_params,
+                           value_model.value_params_from_policy(policy_params, cfg.model))
+
+
+def abstract_state(cfg: Config) -> TrainState:
+  """Shapes and dtypes of the train state, allocating nothing."""
+  return jax.eval_shape(functools.partial(init_state, cfg), jax.random.key(0))

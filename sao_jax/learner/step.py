@@ -1,0 +1,241 @@
+"""The pure SAO train step: one batch in, one updated state and its metrics out.
+
+    V_old      = value_forward(value_params)                     (critic variants)
+    advantages = skip-obs GAE(lam_policy)   sao, sao_dis_only    (SAO.md §3)
+                 plain GAE over the response ppo
+                 group-normalised outcome   grpo, grpo_dis       (§5)
+                 outcome - running mean     running_mean         (§5)
+    returns    = GAE(lam_critic) + V_old                          value targets
+    policy     <- one DIS or PPO-clip update                      (skipped on value-only steps)
+    critic     <- K clipped value updates on the same batch       (§4)
+
+`advantage_values="after_critic_update"` runs the K value updates first and
+computes the advantages from the updated critic (targets still from V_old).
+
+Every update is guarded: if its loss or gradient norm is not finite, params
+and optimizer state keep their old values and `nonfinite_skips` counts it.
+Micro-batching splits the batch into `micro_batches` strided slices (each
+draws rows from every data shard), accumulates gradients with `lax.scan` and
+normalises by the full batch's denominator, so the result equals one big batch.
+
+The step is a plain function; `sao_jax.learner.compile` jits it with shardings.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from sao_jax import losses
+from sao_jax.config import Config
+from sao_jax.learner import state as state_lib
+from sao_jax.models.forward import policy_forward, value_forward
+from sao_jax.types import Batch
+
+Metrics = dict[str, jax.Array]
+
+
+def _split(tree: Any, num: int) -> Any:
+  """[B, ...] -> [num, B / num, ...]; micro-batch m takes rows m, m + num, ..."""
+  return jax.tree.map(lambda x: x.reshape(x.shape[0] // num, num, *x.shape[1:]).swapaxes(0, 1),
+                      tree)
+
+
+def _merge(x: jax.Array) -> jax.Array:
+  """Inverse of `_split` for one array."""
+  return x.swapaxes(0, 1).reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+
+
+def _response_mask(action_mask: jax.Array) -> jax.Array:
+  """Every token from a trajectory's first to its last action token (plain GAE's span)."""
+  mask = action_mask.astype(jnp.int32)
+  return (jax.lax.cummax(mask, axis=1) & jax.lax.cummax(mask, axis=1, reverse=True)).astype(bool)
+
+
+def _values(cfg: Config, params, batch: Batch) -> jax.Array:
+  def one(_, mb):
+    return None, value_forward(params, cfg.model, mb.tokens, mb.attention_mask)
+
+  _, values = jax.lax.scan(one, None, _split(batch, cfg.learner.micro_batches))
+  return jax.lax.stop_gradient(_merge(values))
+
+
+def _gae_inputs(cfg: Config, batch: Batch):
+  """The GAE mask and policy lambda of the variant."""
+  alg = cfg.algorithm
+  mask = _response_mask(batch.action_mask) if alg.variant == "ppo" else batch.action_mask
+  lam = alg.lam_policy if alg.lam_policy is not None else losses.length_adaptive_lam(
+      mask, alg.lam_alpha)
+  return mask, lam
+
+
+def value_targets(cfg: Config, batch: Batch, values: jax.Array) -> jax.Array:
+  mask, _ = _gae_inputs(cfg, batch)
+  alg = cfg.algorithm
+  _, returns = losses.gae(batch.rewards, values, mask, gamma=alg.gamma, lam=alg.lam_critic,
+                          method=alg.gae_method)
+  return returns
+
+
+def advantages(cfg: Config, batch: Batch, values: jax.Array | None,
+               baseline: losses.RunningMeanState):
+  """Per-token advantages of the variant (0 off the action mask) and the new baseline."""
+  alg = cfg.algorithm
+  if alg.variant in ("grpo", "grpo_dis"):
+    # Dense group ids in [0, B) for the segment sums.
+    _, group_ids = jnp.unique(batch.prompt_ids, return_inverse=True,
+                              size=batch.prompt_ids.shape[0])
+    return losses.grpo_advantages(batch.rewards, batch.action_mask, group_ids.reshape(-1)), baseline
+  if alg.variant == "running_mean":
+    return losses.running_mean_advantages(batch.rewards, batch.action_mask, batch.prompt_ids,
+                                          baseline, scope=alg.running_mean_scope)
+  mask, lam = _gae_inputs(cfg, batch)
+  adv, _ = losses.gae(batch.rewards, values, mask, gamma=alg.gamma, lam=lam, method=alg.gae_method)
+  return jnp.where(batch.action_mask.astype(bool), adv, 0.0), baseline
+
+
+def _accumulate(cfg: Config, loss_fn: Callable, params, batch: Batch, per_token: tuple):
+  """Sum of micro-batch gradients of `loss_fn(params, mb, *per_token_mb)`, plus metrics
+  combined over micro-batches (action-token-weighted means; maxima for `*_max`)."""
+  num = cfg.learner.micro_batches
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+  def one(grad_sum, inputs):
+    mb, extra = inputs
+    (loss, metrics), grads = grad_fn(params, mb, *extra)
+    count = jnp.sum(mb.action_mask.astype(jnp.float32))
+    return jax.tree.map(jnp.add, grad_sum, grads), (loss, count, metrics)
+
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  grads, (loss_M, count_M, metrics_M) = jax.lax.scan(
+      one, zeros, (_split(batch, num), _split(per_token, num)))
+  weight_M = count_M / jnp.maximum(jnp.sum(count_M), 1.0)
+  metrics = {name: jnp.max(v) if name.endswith("_max") else jnp.sum(v * weight_M)
+             for name, v in metrics_M.items()}
+  return jnp.sum(loss_M), grads, metrics
+
+
+def _guarded_update(optimizer: optax.GradientTransformation, params, opt_state, grads, loss):
+  """Applies the update only if loss and gradients are finite; returns (params, state, ok)."""
+  grad_norm = optax.tree.norm(grads)
+  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+  updates, new_opt_state = optimizer.update(grads, opt_state, params)
+  new_params = optax.apply_updates(params, updates)
+  keep = lambda new, old: jnp.where(finite, new, old)
+  return (jax.tree.map(keep, new_params, params), jax.tree.map(keep, new_opt_state, opt_state),
+          finite, grad_norm)
+
+
+def _policy_update(cfg: Config, state: state_lib.TrainState, batch: Batch, adv: jax.Array):
+  alg = cfg.algorithm
+  loss_impl = losses.dis_policy_loss if alg.policy_loss == "dis" else losses.ppo_clip_loss
+  denominator = (losses.loss_denominator(batch.action_mask, alg.loss_agg)
+                 if cfg.learner.micro_batches > 1 else None)
+
+  def loss_fn(params, mb: Batch, adv_mb):
+    # The sampler's temperature: behavior_logp is log softmax(logits / T) (sampler/engine.py).
+    out = policy_forward(params, cfg.model, mb.tokens, mb.attention_mask,
+                         temperature=cfg.sampler.temperature)
+    loss, metrics = loss_impl(out.logp_BxT, mb.behavior_logp, adv_mb, mb.action_mask,
+                              eps_low=alg.eps_low, eps_high=alg.eps_high,
+                              loss_agg=alg.loss_agg, denominator=denominator)
+    metrics["entropy"] = losses.aggregate.masked_mean(out.entropy_BxT, mb.action_mask)
+    return loss, metrics
+
+  loss, grads, metrics = _accumulate(cfg, loss_fn, state.policy_params, batch, (adv,))
+  params, opt_state, finite, grad_norm = _guarded_update(
+      state_lib.policy_optimizer(cfg), state.policy_params, state.policy_opt_state, grads, loss)
+  metrics = {f"policy/{k}": v for k, v in metrics.items()}
+  metrics.update({"policy/loss": loss, "policy/grad_norm": grad_norm,
+                  "policy/updated": finite.astype(jnp.float32)})
+  return state.replace(policy_params=params, policy_opt_state=opt_state,
+                       policy_version=state.policy_version + finite.astype(jnp.int32),
+                       nonfinite_skips=state.nonfinite_skips + (~finite).astype(jnp.int32)), metrics
+
+
+def _value_updates(cfg: Config, state: state_lib.TrainState, batch: Batch, old_values: jax.Array,
+                   returns: jax.Array):
+  """K clipped value updates on one batch; frozen leaves get no gradient at all."""
+  alg = cfg.algorithm
+  frozen = state_lib.frozen_value_mask(cfg, state.value_params)
+  optimizer = state_lib.value_optimizer(cfg, frozen)
+  denominator = (losses.loss_denominator(batch.action_mask, alg.loss_agg)
+                 if cfg.learner.micro_batches > 1 else None)
+
+  def loss_fn(params, mb: Batch, old_mb, returns_mb):
+    # stop_gradient on frozen leaves: XLA then skips their weight gradients.
+    params = jax.tree.map(lambda p, f: jax.lax.stop_gradient(p) if f else p, params, frozen)
+    values = value_forward(params, cfg.model, mb.tokens, mb.attention_mask)
+    return losses.value_loss(values, old_mb, returns_mb, mb.action_mask, clip_eps=alg.value_clip,
+                             loss_agg=alg.loss_agg, denominator=denominator)
+
+  history = []
+  for _ in range(alg.value_updates_per_step):
+    loss, grads, metrics = _accumulate(cfg, loss_fn, state.value_params, batch,
+                                       (old_values, returns))
+    params, opt_state, finite, grad_norm = _guarded_update(
+        optimizer, state.value_params, state.value_opt_state, grads, loss)
+    state = state.replace(value_params=params, value_opt_state=opt_state,
+                          nonfinite_skips=state.nonfinite_skips + (~finite).astype(jnp.int32))
+    history.append({"value/loss": loss, "value/grad_norm": grad_norm,
+                    "value/clip_frac": metrics["value_clip_frac"]})
+  # Report the mean over the K updates.
+  return state, jax.tree.map(lambda *xs: jnp.mean(jnp.stack(xs)), *history)
+
+
+def update_policy_at(cfg: Config, step: int) -> jax.Array:
+  """The `update_policy` flag for learner step `step`: False during value
+  pretraining and critic warm-up (SAO.md §4) of critic variants, else True."""
+  value_only = cfg.learner.value_pretrain_steps + cfg.learner.critic_warmup_steps
+  return jnp.asarray(not cfg.algorithm.uses_critic or step >= value_only)
+
+
+def train_step(state: state_lib.TrainState, batch: Batch, update_policy: jax.Array, *,
+               cfg: Config) -> tuple[state_lib.TrainState, Metrics]:
+  """One learner step. `update_policy` (bool scalar) is False on value-only steps
+  (critic warm-up, value pretraining)."""
+  alg = cfg.algorithm
+  action = batch.action_mask.astype(bool)
+  outcome_B = jnp.sum(jnp.where(action, batch.rewards, 0.0), axis=1)
+  metrics: Metrics = {"reward/mean": jnp.mean(outcome_B),
+                      "tokens/action": jnp.sum(action.astype(jnp.float32)),
+                      "tokens/total": jnp.sum(batch.attention_mask.astype(jnp.float32))}
+
+  old_values = returns = None
+  if alg.uses_critic:
+    old_values = _values(cfg, state.value_params, batch)
+    returns = value_targets(cfg, batch, old_values)
+    metrics["value/explained_variance"] = losses.explained_variance(old_values, returns, action)
+    metrics["value/mean"] = losses.aggregate.masked_mean(old_values, action)
+
+  advantage_values = old_values
+  if alg.uses_critic and cfg.learner.advantage_values == "after_critic_update":
+    state, value_metrics = _value_updates(cfg, state, batch, old_values, returns)
+    metrics.update(value_metrics)
+    advantage_values = _values(cfg, state.value_params, batch)
+
+  adv, baseline = advantages(cfg, batch, advantage_values, state.baseline)
+  state = state.replace(baseline=baseline)
+  metrics["advantage/mean"] = losses.aggregate.masked_mean(adv, action)
+  metrics["advantage/std"] = jnp.sqrt(losses.aggregate.masked_mean(
+      jnp.square(adv - metrics["advantage/mean"]), action))
+
+  def skip(state):
+    shapes = jax.eval_shape(lambda s: _policy_update(cfg, s, batch, adv)[1], state)
+    return state, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+  state, policy_metrics = jax.lax.cond(
+      update_policy, lambda s: _policy_update(cfg, s, batch, adv), skip, state)
+  metrics.update(policy_metrics)
+
+  if alg.uses_critic and cfg.learner.advantage_values == "before_critic_update":
+    state, value_metrics = _value_updates(cfg, state, batch, old_values, returns)
+    metrics.update(value_metrics)
+
+  state = state.replace(step=state.step + 1)
+  metrics["nonfinite_skips"] = state.nonfinite_skips.astype(jnp.float32)
+  metrics["policy_version"] = state.policy_version.astype(jnp.float32)
+  return state, metrics

@@ -1,0 +1,59 @@
+"""Tiny configs and batches shared by the learner and checkpoint tests."""
+
+import dataclasses
+
+import jax
+import numpy as np
+
+from sao_jax import config as C
+from sao_jax.types import Batch
+
+MODEL = C.ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, logits_chunk=8)
+BATCH, LENGTH = 8, 16
+
+
+def make_config(variant: str = "sao", **learner) -> C.Config:
+  algorithm = C.AlgorithmConfig.for_variant(variant, **(
+      {"group_size": 2} if variant in ("grpo", "grpo_dis") else {}))
+  learner = {"batch_trajectories": BATCH, "critic_warmup_steps": 0, "policy_lr": 1e-3,
+             "value_lr": 1e-3, **learner}
+  return C.Config(model=MODEL, algorithm=algorithm,
+                  learner=C.LearnerConfig(**learner)).validate()
+
+
+def make_batch(seed: int = 0, behavior_shift: float = 0.0) -> Batch:
+  """Prompt of 3, two action turns around an observation, right padding; outcome 0/1.
+
+  `behavior_logp` is a plausible log-prob near the tiny model's uniform
+  -log(64) ~ -4.16, shifted so some ratios leave the DIS band.
+  """
+  rng = np.random.default_rng(seed)
+  tokens = rng.integers(0, MODEL.vocab_size, (BATCH, LENGTH)).astype(np.int32)
+  attention = np.ones((BATCH, LENGTH), np.int32)
+  action = np.zeros((BATCH, LENGTH), np.int32)
+  rewards = np.zeros((BATCH, LENGTH), np.float32)
+  for b in range(BATCH):
+    end = LENGTH - (b % 3)
+    attention[b, end:] = 0
+    action[b, 3:7] = 1
+    action[b, 9:end] = 1
+    rewards[b, end - 1] = float(rng.integers(0, 2))
+  behavior = rng.normal(-4.16 + behavior_shift, 0.3, (BATCH, LENGTH)).astype(np.float32)
+  return Batch(tokens, attention, action, np.where(action, behavior, 0.0).astype(np.float32),
+               rewards, (np.arange(BATCH) // 2).astype(np.int32))
+
+
+def adam_counts(opt_state) -> list[int]:
+  """The step counters of every Adam state inside an optax state."""
+  counts = []
+  def visit(node):
+    if hasattr(node, "count") and hasattr(node, "mu"):
+      counts.append(int(node.count))
+    return node
+  jax.tree.map(visit, opt_state, is_leaf=lambda n: hasattr(n, "mu"))
+  return counts
+
+
+def replace_model(cfg: C.Config, **changes) -> C.Config:
+  return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **changes))

@@ -1,0 +1,153 @@
+"""Checkpoints: resume equals an uninterrupted run, SIGTERM, other meshes, bad checkpoints."""
+
+import dataclasses
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from learner_fixtures import make_batch, make_config
+from sao_jax import config as C
+from sao_jax.checkpoint import Checkpointer, CheckpointError
+from sao_jax.learner import compile as compile_lib
+from sao_jax.learner.loop import run_learner
+from sao_jax.learner.state import abstract_state
+from sao_jax.sharding.mesh import make_mesh
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+class Batches:
+  """A deterministic, resumable batch iterator (what a grain iterator provides)."""
+
+  def __init__(self, limit=None, delay=0.0):
+    self.position, self.limit, self.delay = 0, limit, delay
+
+  def __next__(self):
+    if self.limit is not None and self.position >= self.limit:
+      raise StopIteration
+    time.sleep(self.delay)
+    self.position += 1
+    return make_batch(100 + self.position, behavior_shift=0.2)
+
+  def get_state(self):
+    return {"position": self.position}
+
+  def set_state(self, state):
+    self.position = state["position"]
+
+
+def config(directory, steps, **checkpoint):
+  cfg = make_config(steps=steps, critic_warmup_steps=1)
+  return dataclasses.replace(cfg, checkpoint=C.CheckpointConfig(
+      directory=str(directory), **{"save_every_steps": 2, "keep": 2, **checkpoint}))
+
+
+def host_leaves(state):
+  return [np.asarray(jax.device_get(x)) for x in jax.tree.leaves(state)]
+
+
+def assert_bitwise_equal(a, b):
+  for x, y in zip(host_leaves(a), host_leaves(b)):
+    np.testing.assert_array_equal(x, y)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+  cfg = config(tmp_path_factory.mktemp("full"), steps=5)
+  return run_learner(cfg, Batches())
+
+
+def test_resume_equals_uninterrupted_run(tmp_path, uninterrupted):
+  first = run_learner(config(tmp_path, steps=3), Batches())
+  assert first.steps_done == 3 and first.stopped_by == "steps"
+  assert Checkpointer(config(tmp_path, steps=5)).all_steps() == [2, 3]  # keep = 2
+  resumed = run_learner(config(tmp_path, steps=5), Batches())
+  assert resumed.steps_done == 5
+  assert_bitwise_equal(resumed.state, uninterrupted.state)
+
+
+def test_sigterm_saves_and_the_run_resumes(tmp_path, uninterrupted):
+  script = f"""
+import sys
+sys.path.insert(0, {str(HERE)!r})
+import jax
+jax.config.update("jax_num_cpu_devices", 8)
+from test_checkpoint_resume import Batches, config
+from sao_jax.learner.loop import run_learner
+result = run_learner(config({str(tmp_path)!r}, steps=5, save_every_steps=100), Batches(delay=0.5),
+                     on_metrics=lambda step, m: print("step", step, flush=True))
+print("stopped", result.stopped_by, result.steps_done, flush=True)
+"""
+  proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  lines = []
+  for line in proc.stdout:
+    lines.append(line.strip())
+    if line.startswith("step 0"):
+      proc.send_signal(signal.SIGTERM)
+  assert proc.wait(timeout=120) == 0, lines
+  stopped = [l for l in lines if l.startswith("stopped")]
+  assert stopped and stopped[0].split()[1] == "preemption", lines
+  steps_done = int(stopped[0].split()[2])
+  assert steps_done < 5
+  assert Checkpointer(config(tmp_path, steps=5)).latest_step() == steps_done
+  resumed = run_learner(config(tmp_path, steps=5), Batches())
+  assert_bitwise_equal(resumed.state, uninterrupted.state)
+
+
+def test_restore_onto_a_different_mesh(tmp_path):
+  cfg = config(tmp_path, steps=2)
+  saved = run_learner(cfg, Batches(),
+                      mesh=make_mesh(C.MeshConfig(fsdp=8), jax.devices()))
+  other = make_mesh(C.MeshConfig(data=2, fsdp=2, tensor=2), jax.devices())
+  shardings = compile_lib.state_shardings(cfg, other)
+  abstract = jax.tree.map(lambda leaf, sh: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype,
+                                                                sharding=sh),
+                          abstract_state(cfg), shardings)
+  restored, data_state, meta = Checkpointer(cfg).restore(abstract)
+  assert data_state == {"position": 2} and meta["step"] == 2
+  assert_bitwise_equal(restored, saved.state)
+  for leaf, sharding in zip(jax.tree.leaves(restored), jax.tree.leaves(shardings)):
+    assert leaf.sharding == sharding
+
+
+def test_half_written_checkpoint_is_never_picked_up(tmp_path):
+  cfg = config(tmp_path, steps=2)
+  run_learner(cfg, Batches())
+  # What a crash mid-save leaves behind: orbax's temporary directory for step 4.
+  partial = tmp_path / "4.orbax-checkpoint-tmp-1234"
+  (partial / "state").mkdir(parents=True)
+  (partial / "state" / "garbage").write_bytes(b"\x00" * 10)
+  assert Checkpointer(cfg).latest_step() == 2
+
+
+def test_checkpoint_of_another_model_shape_is_named(tmp_path):
+  cfg = config(tmp_path, steps=2)
+  run_learner(cfg, Batches())
+  bigger = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, hidden_size=64))
+  with pytest.raises(CheckpointError, match=r"model.hidden_size: checkpoint 32 vs config 64"):
+    run_learner(dataclasses.replace(bigger, learner=dataclasses.replace(bigger.learner, steps=3)),
+                Batches())
+
+
+def test_corrupt_checkpoint_is_named(tmp_path):
+  cfg = config(tmp_path, steps=2)
+  run_learner(cfg, Batches())
+  state_dir = tmp_path / "2" / "state"
+  for path in state_dir.rglob("*"):
+    if path.is_file() and "manifest" in path.name or path.name.endswith(".zarray"):
+      path.unlink()
+  for path in list(state_dir.rglob("*")):
+    if path.is_file():
+      path.write_bytes(b"corrupt")
+  with pytest.raises(CheckpointError, match=str(tmp_path / "2")):
+    run_learner(dataclasses.replace(cfg, learner=dataclasses.replace(cfg.learner, steps=3)),
+                Batches())

@@ -1,0 +1,183 @@
+"""The SAO train step: golden values, critic schedule, guards, micro-batching, variants."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from learner_fixtures import adam_counts, make_batch, make_config
+from sao_jax import config as C
+from sao_jax.learner import state as state_lib
+from sao_jax.learner.step import train_step, update_policy_at
+
+
+@functools.lru_cache(maxsize=None)
+def jitted_step(cfg):
+  return jax.jit(functools.partial(train_step, cfg=cfg))
+
+
+def run(cfg, batch, steps=1, update_policy=True, state=None):
+  state = state_lib.init_state(cfg, jax.random.key(0)) if state is None else state
+  metrics = None
+  for _ in range(steps):
+    state, metrics = jitted_step(cfg)(state, batch, jnp.asarray(update_policy))
+  return state, jax.tree.map(float, metrics)
+
+
+def leaves(tree):
+  return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+
+def test_golden_one_step():
+  """Golden values of one SAO step on a fixed tiny model and batch.
+
+  Update these numbers only for an intended change of the step's math or of the
+  model's initialisation (say which in the commit message); a change anywhere
+  else that moves them is a bug.
+  """
+  cfg = make_config()
+  state, metrics = run(cfg, make_batch(0, behavior_shift=0.2))
+  golden = {
+      "policy/loss": GOLDEN_POLICY_LOSS, "value/loss": GOLDEN_VALUE_LOSS,
+      "policy/grad_norm": GOLDEN_POLICY_GRAD_NORM, "advantage/mean": GOLDEN_ADV_MEAN,
+      "policy/kept_frac": GOLDEN_KEPT_FRAC,
+  }
+  for name, value in golden.items():
+    np.testing.assert_allclose(metrics[name], value, rtol=1e-4, err_msg=name)
+  checksum = sum(float(np.sum(np.abs(x))) for x in leaves(state.policy_params))
+  np.testing.assert_allclose(checksum, GOLDEN_POLICY_ABS_SUM, rtol=1e-5)
+
+
+GOLDEN_POLICY_LOSS = 1.565770149230957
+GOLDEN_VALUE_LOSS = 0.379570335149765
+GOLDEN_POLICY_GRAD_NORM = 0.5715476274490356
+GOLDEN_ADV_MEAN = 0.5717740654945374
+GOLDEN_KEPT_FRAC = 0.654321014881134  # 53 of 81 action tokens inside the DIS band
+GOLDEN_POLICY_ABS_SUM = 520.187912940979
+
+
+@pytest.mark.parametrize("variant,value_updates", [("sao", 2), ("sao_dis_only", 1), ("ppo", 1),
+                                                   ("grpo", 0)])
+def test_one_policy_update_and_k_value_updates(variant, value_updates):
+  cfg = make_config(variant)
+  state, metrics = run(cfg, make_batch(1))
+  assert adam_counts(state.policy_opt_state) == [1]
+  if value_updates:
+    assert adam_counts(state.value_opt_state) == [value_updates]
+  else:  # critic-free variants leave the critic untouched
+    assert adam_counts(state.value_opt_state) == [0]
+  assert int(state.policy_version) == 1 and int(state.step) == 1
+  assert metrics["policy/updated"] == 1.0
+
+
+def test_frozen_attention_leaves_are_bit_identical_after_training():
+  cfg = make_config()
+  initial = state_lib.init_state(cfg, jax.random.key(0))
+  frozen = state_lib.frozen_value_mask(cfg, initial.value_params)
+  state, _ = run(cfg, make_batch(2), steps=3, state=initial)
+  moved = jax.tree.map(lambda a, b: bool(np.any(np.asarray(a) != np.asarray(b))),
+                       initial.value_params, state.value_params)
+  for is_frozen, did_move in zip(jax.tree.leaves(frozen), jax.tree.leaves(moved)):
+    assert did_move != is_frozen
+  assert sum(jax.tree.leaves(frozen)) == 2 * 6  # q/k/v/o + q/k norms in each of 2 layers
+
+
+def test_without_frozen_attention_everything_trains():
+  cfg = make_config("sao_dis_only")
+  initial = state_lib.init_state(cfg, jax.random.key(0))
+  # Two steps: the fresh value head is zero, so the trunk gets gradient from the second on.
+  state, _ = run(cfg, make_batch(2), steps=2, state=initial)
+  attn_before = initial.value_params["layers"][0]["attn"]["q_proj"]
+  assert np.any(np.asarray(state.value_params["layers"][0]["attn"]["q_proj"]) != attn_before)
+
+
+def test_value_only_step_leaves_policy_untouched():
+  cfg = make_config()
+  initial = state_lib.init_state(cfg, jax.random.key(0))
+  policy_before = leaves(initial.policy_params)
+  state, metrics = run(cfg, make_batch(3), update_policy=False, state=initial)
+  for before, after in zip(policy_before, leaves(state.policy_params)):
+    np.testing.assert_array_equal(before, after)
+  assert int(state.policy_version) == 0 and metrics["policy/updated"] == 0.0
+  assert adam_counts(state.value_opt_state) == [2]
+
+
+def test_update_policy_schedule():
+  cfg = make_config(critic_warmup_steps=10, value_pretrain_steps=5)
+  assert not update_policy_at(cfg, 14) and update_policy_at(cfg, 15)
+  assert update_policy_at(make_config("grpo", critic_warmup_steps=10), 0)
+
+
+@pytest.mark.parametrize("poison", ["behavior_logp", "rewards"])
+def test_nonfinite_update_is_skipped_and_counted(poison):
+  cfg = make_config()
+  initial = state_lib.init_state(cfg, jax.random.key(0))
+  before = leaves((initial.policy_params, initial.value_params))
+  batch = make_batch(4)
+  bad = np.array(getattr(batch, poison))
+  bad[0, 4] = np.nan
+  state, metrics = run(cfg, batch._replace(**{poison: bad}), state=initial)
+  after = (state.policy_params, state.value_params)
+  assert all(np.all(np.isfinite(x)) for x in leaves(after))
+  if poison == "behavior_logp":  # only the policy loss sees it
+    expected_skips = 1
+    for b, a in zip(before[:len(jax.tree.leaves(initial.policy_params))],
+                    leaves(state.policy_params)):
+      np.testing.assert_array_equal(b, a)
+    assert adam_counts(state.value_opt_state) == [2]
+  else:  # NaN returns and advantages: the policy and both value updates are skipped
+    expected_skips = 3
+    for b, a in zip(before, leaves(after)):
+      np.testing.assert_array_equal(b, a)
+  assert int(state.nonfinite_skips) == expected_skips == metrics["nonfinite_skips"]
+  assert int(state.policy_version) == 0
+
+
+@pytest.mark.parametrize("loss_agg", ["token_mean", "seq_mean_token_mean"])
+def test_micro_batches_equal_the_full_batch(loss_agg):
+  # Adam's first step is ~lr * sign(g): a gradient entry at round-off level could
+  # flip sign between summation orders and move by a whole lr. A large eps makes
+  # the update ~linear in g, so equal gradients show as equal params.
+  cfgs = [make_config(micro_batches=m, adam_eps=1e-2) for m in (1, 4)]
+  cfgs = [C.Config(model=c.model, learner=c.learner, algorithm=C.AlgorithmConfig.for_variant(
+      "sao", loss_agg=loss_agg)) for c in cfgs]
+  (full, m_full), (micro, m_micro) = [run(c, make_batch(5, behavior_shift=0.2)) for c in cfgs]
+  for a, b in zip(leaves((full.policy_params, full.value_params)),
+                  leaves((micro.policy_params, micro.value_params))):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  for name in ("policy/loss", "value/loss", "policy/kl_k3", "policy/ratio_max", "policy/entropy"):
+    np.testing.assert_allclose(m_full[name], m_micro[name], rtol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("variant", C.VARIANTS)
+def test_every_variant_trains_through_the_same_step(variant):
+  cfg = make_config(variant)
+  state, metrics = run(cfg, make_batch(6, behavior_shift=0.1), steps=2)
+  assert all(np.isfinite(v) for v in metrics.values()), metrics
+  assert int(state.policy_version) == 2
+  assert metrics["policy/grad_norm"] > 0
+
+
+def test_advantages_after_critic_update_is_a_different_order():
+  before = make_config()
+  after = make_config(advantage_values="after_critic_update")
+  _, m_before = run(before, make_batch(7))
+  _, m_after = run(after, make_batch(7))
+  assert m_before["value/loss"] == pytest.approx(m_after["value/loss"], rel=1e-6)
+  assert m_before["advantage/mean"] != pytest.approx(m_after["advantage/mean"], rel=1e-3)
+
+
+def test_state_from_shared_trunk_can_be_donated():
+  """Regression: a critic built from the policy shares its trunk buffers; the
+  jitted step donates the state and must not see one buffer twice."""
+  from sao_jax.models.transformer import init_params
+  from sao_jax.models.value import value_params_from_policy
+
+  cfg = make_config()
+  policy = init_params(cfg.model, jax.random.key(0))
+  state = state_lib.state_from_params(cfg, policy, value_params_from_policy(policy, cfg.model))
+  step = jax.jit(functools.partial(train_step, cfg=cfg), donate_argnums=0)
+  state, metrics = step(state, make_batch(8), jnp.asarray(True))
+  assert np.isfinite(float(metrics["policy/loss"]))
