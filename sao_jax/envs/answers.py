@@ -1,0 +1,94 @@
+r"""Final-answer extraction and checking for math environments.
+
+Format: the final answer is the content of the *last* `\boxed{...}` in the
+assistant turn (braces balanced, so `\boxed{\frac{1}{2}}` works).
+
+`verify_answer(predicted, gold)` decides correctness, in this order:
+
+1. Equal after normalisation (surrounding `$` and whitespace, a trailing
+   period, repeated spaces) -> correct.
+2. A plain-text gold answer (letters, spaces, `'` and `-` only, e.g. "Paris")
+   is matched case-insensitively and nothing else: math parsers would read
+   "Paris" as the product p*a*r*i*s and accept any anagram.
+3. Predictions that could make the symbolic check explode (over
+   `MAX_ANSWER_CHARS`, a power inside an exponent, an exponent or factorial
+   argument of 5+ digits) -> incorrect.
+4. `math-verify` (Hugging Face's `math_verify.parse` / `verify`, both sides
+   wrapped in `\boxed{}`) when it can parse both: handles 1/2 vs 0.5,
+   `\frac12`, `3\sqrt2` vs `\sqrt{18}`, `x+1` vs `1+x`, sets, thousands
+   separators.
+5. Fallback when math-verify cannot parse one side: exact rational comparison
+   of plain numbers (integers, decimals, `a/b`, `,` thousands separators);
+   anything else is incorrect.
+
+math-verify bounds its own work with `signal.alarm`, which only works on the
+main thread; elsewhere its timeouts are off and step 3 is the only guard.
+"""
+
+from __future__ import annotations
+
+import fractions
+import re
+import threading
+
+import math_verify
+
+MAX_ANSWER_CHARS = 512
+_TIMEOUT_S = 5
+_PLAIN_TEXT = re.compile(r"[A-Za-z][A-Za-z '\-]*")
+_EXPLOSIVE = re.compile(r"(\^|\*\*)\s*[{(]?[^})]*(\^|\*\*)"  # power in an exponent
+                        r"|(\^|\*\*)\s*[{(]?\s*\d{5,}"  # 5+ digit exponent
+                        r"|\d{5,}\s*!")  # 5+ digit factorial
+_NUMBER = re.compile(r"[+-]?(\d{1,3}(,\d{3})+|\d+)(\.\d+)?(/\d+)?|[+-]?\.\d+")
+
+
+def extract_boxed(text: str) -> str | None:
+  r"""Content of the last `\boxed{...}`, or None if there is no complete one."""
+  start = text.rfind("\\boxed{")
+  while start != -1:
+    depth = 0
+    for i in range(start + len("\\boxed"), len(text)):
+      depth += {"{": 1, "}": -1}.get(text[i], 0)
+      if depth == 0:
+        return text[start + len("\\boxed{"):i].strip()
+    start = text.rfind("\\boxed{", 0, start)  # Unclosed: try an earlier one.
+  return None
+
+
+def _normalize(answer: str) -> str:
+  answer = answer.strip().strip("$").strip().rstrip(".").strip()
+  return " ".join(answer.split())
+
+
+def _as_number(answer: str) -> fractions.Fraction | None:
+  if not _NUMBER.fullmatch(answer):
+    return None
+  return fractions.Fraction(answer.replace(",", ""))
+
+
+def _math_verify(predicted: str, gold: str) -> bool | None:
+  """math-verify's verdict, or None when it cannot parse one side."""
+  timeout = _TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+  gold_parsed = math_verify.parse(f"\\boxed{{{gold}}}", parsing_timeout=timeout)
+  predicted_parsed = math_verify.parse(f"\\boxed{{{predicted}}}", parsing_timeout=timeout)
+  if not gold_parsed or not predicted_parsed:
+    return None
+  return bool(math_verify.verify(gold_parsed, predicted_parsed, timeout_seconds=timeout))
+
+
+def verify_answer(predicted: str, gold: str) -> bool:
+  """Whether `predicted` matches the reference `gold` (rules in the module docstring)."""
+  predicted, gold = _normalize(predicted), _normalize(gold)
+  if not predicted:
+    return False
+  if predicted == gold:
+    return True
+  if _PLAIN_TEXT.fullmatch(gold):
+    return predicted.casefold() == gold.casefold()
+  if len(predicted) > MAX_ANSWER_CHARS or _EXPLOSIVE.search(predicted):
+    return False
+  verdict = _math_verify(predicted, gold)
+  if verdict is not None:
+    return verdict
+  predicted_number, gold_number = _as_number(predicted), _as_number(gold)
+  return predicted_number is not None and predicted_number == gold_number

@@ -1,0 +1,166 @@
+"""The text-level multi-turn environment protocol.
+
+The sampler drives an `Environment` with chat messages, never tokens:
+
+    messages = env.reset(task)                 # [{"role": ..., "content": ...}, ...]
+    while True:
+      action = generate(messages)              # one assistant turn, as text
+      messages.append({"role": "assistant", "content": action})
+      result = env.step(action)
+      if result.done:
+        break
+      messages.append({"role": env.observation_role, "content": result.observation})
+
+`step` returns a `StepResult` that is exactly one of: an observation (the
+episode continues), a reward (done), or an environment failure (done, no
+reward). A failure means the environment could not judge the episode (tool
+harness crashed, judge unreachable); it is not reward 0, and the trainer should
+drop and count such episodes instead of learning from them.
+
+`Environment` enforces two limits for every environment: at most `max_turns`
+assistant turns (an action on the last turn that would continue the episode
+ends it with reward 0 and reason "max_turns" instead), and observations longer
+than `max_observation_chars` are cut with a note saying how much was dropped.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import types
+from typing import Any, Mapping, Sequence
+
+Message = dict[str, str]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Task:
+  """One problem: `answer` is the reference the environment checks against."""
+
+  id: str
+  prompt: str
+  answer: str
+  metadata: Mapping[str, Any] = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StepResult:
+  """The outcome of one action. Build it with `next`, `finish` or `fail`.
+
+  `reason` says why the episode ended ("answer", "max_turns", ...); `info`
+  carries per-episode diagnostics for logging.
+  """
+
+  observation: str | None = None
+  done: bool = False
+  reward: float = 0.0
+  failure: str | None = None
+  reason: str | None = None
+  info: Mapping[str, Any] = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
+
+  def __post_init__(self):
+    if self.done == (self.observation is not None):
+      raise ValueError("StepResult needs an observation (episode continues) or done=True, "
+                       f"not both or neither; got done={self.done}, observation={self.observation!r}.")
+    if self.failure is not None and (not self.done or self.reward != 0.0):
+      raise ValueError(f"a failed step ends the episode without reward; got done={self.done}, "
+                       f"reward={self.reward}.")
+
+  @classmethod
+  def next(cls, observation: str, **info: Any) -> StepResult:
+    """The episode continues; `observation` goes back to the model."""
+    return cls(observation=observation, info=types.MappingProxyType(info))
+
+  @classmethod
+  def finish(cls, reward: float, reason: str, **info: Any) -> StepResult:
+    """The episode ends with `reward`."""
+    return cls(done=True, reward=float(reward), reason=reason, info=types.MappingProxyType(info))
+
+  @classmethod
+  def fail(cls, failure: str, **info: Any) -> StepResult:
+    """The environment could not score the episode (not the model's fault)."""
+    return cls(done=True, failure=failure, reason="env_failure", info=types.MappingProxyType(info))
+
+
+class Environment(abc.ABC):
+  """One episode at a time: `reset(task)`, then `step(action)` until done.
+
+  Subclasses implement `_reset` and `_step`; the turn budget and observation cap
+  are applied here. Not thread-safe: use one instance per concurrent episode.
+  """
+
+  observation_role: str = "user"
+
+  def __init__(self, *, max_turns: int, max_observation_chars: int):
+    if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
+      raise ValueError(f"max_turns={max_turns!r} is invalid: expected a positive integer.")
+    if (isinstance(max_observation_chars, bool) or not isinstance(max_observation_chars, int)
+        or max_observation_chars < 1):
+      raise ValueError(f"max_observation_chars={max_observation_chars!r} is invalid: expected "
+                       "a positive integer.")
+    self.max_turns = max_turns
+    self.max_observation_chars = max_observation_chars
+    self.task: Task | None = None
+    self.turn = 0
+    self.done = True
+
+  def reset(self, task: Task) -> list[Message]:
+    """Starts an episode; returns the initial chat messages (system and/or user)."""
+    self.task, self.turn, self.done = task, 0, False
+    return self._reset(task)
+
+  def step(self, action: str) -> StepResult:
+    """Consumes one assistant turn and returns what happened."""
+    if self.task is None or self.done:
+      raise RuntimeError("step() called without an active episode; call reset(task) first.")
+    self.turn += 1
+    result = self._step(action)
+    if not result.done:
+      if self.turn >= self.max_turns:
+        result = StepResult.finish(0.0, "max_turns", turns=self.turn)
+      else:
+        result = dataclasses.replace(result, observation=self._cap(result.observation))
+    self.done = result.done
+    return result
+
+  def _cap(self, observation: str) -> str:
+    limit = self.max_observation_chars
+    if len(observation) <= limit:
+      return observation
+    return (observation[:limit]
+            + f"\n[observation truncated: showing {limit} of {len(observation)} characters]")
+
+  @abc.abstractmethod
+  def _reset(self, task: Task) -> list[Message]:
+    """The initial messages for `task`."""
+
+  @abc.abstractmethod
+  def _step(self, action: str) -> StepResult:
+    """Scores or answers `action`; limits are applied by the caller."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Transcript:
+  """A played episode: every message, the assistant's included, and the end."""
+
+  messages: list[Message]
+  result: StepResult
+
+
+def play(env: Environment, task: Task, actions: Sequence[str]) -> Transcript:
+  """Feeds scripted assistant turns to `env` (e.g. a demonstration).
+
+  Raises ValueError if the actions run out before the episode ends or if the
+  episode ends before all actions are used.
+  """
+  messages = env.reset(task)
+  for i, action in enumerate(actions):
+    messages.append({"role": "assistant", "content": action})
+    result = env.step(action)
+    if result.done:
+      if i != len(actions) - 1:
+        raise ValueError(f"task {task.id!r}: the episode ended at action {i + 1} of "
+                         f"{len(actions)} ({result.reason}).")
+      return Transcript(messages, result)
+    messages.append({"role": env.observation_role, "content": result.observation})
+  raise ValueError(f"task {task.id!r}: {len(actions)} actions did not finish the episode.")

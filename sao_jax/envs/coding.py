@@ -1,0 +1,211 @@
+r"""Coding agent environment (SWE-style, SAO.md §6): fix a repository with tools.
+
+An episode works on a fresh copy of the task's repository with the visible
+tests at `<tests_dir>/` (task formats: `coding_tasks`, generated tasks:
+`coding_generator`). Each assistant turn may hold one tool call, a fenced block
+
+    ```tool
+    {"name": "edit", "args": {"path": "mathutil.py", "old": "b + 1", "new": "b"}}
+    ```
+
+(format and parsing rules: `coding_tools`; only the first block of a turn
+runs). Tools, with their arguments (`?` = optional):
+
+- `list {path?="."}`: files and directories under `path`.
+- `view {path, start?, end?}`: numbered lines `start`..`end` of a file.
+- `search {text, path?="."}`: lines containing `text` (literal, case-sensitive).
+- `edit {path, old, new}`: replace the one occurrence of `old` in a file.
+- `create {path, content}`: create a new file (not overwrite one).
+- `run_tests {path?}`: run one test file, or every visible test file
+  (`coding_runner`), and report each test.
+- `python {code}`: run Python in the sandbox (`sao_jax.envs.sandbox`) with the
+  repository copy as working directory and first `sys.path` entry.
+- `submit {}`: end the episode and grade it.
+
+Observations have role "tool". A turn without a tool block gets a reminder of
+the format; a malformed call, unknown tool, bad argument, missing or ambiguous
+edit text, out-of-range view, escaping path, ... gets an `error: ...`
+observation. Either way the episode goes on and the turn counts.
+
+Reward, at `submit` or when the turn budget runs out (the last turn's tool runs
+first): each hidden test file runs on its own fresh grading copy made of the
+agent's files minus its `<tests_dir>/`, plus the hidden tests at
+`<tests_dir>/`; test names come from the task's pristine copy. So editing or
+deleting tests never changes the reward, nor does code that rewrites test files
+while one of them runs. Reward 1 if every hidden test passes, else 0; with
+`partial_reward=True` the fraction that pass. A harness failure (the sandbox or
+test runner cannot start, e.g. killed by the time limit before it came up; the
+grading copy cannot be made; the task has no hidden tests) is
+`StepResult.fail`, not reward 0. So is a sandbox harness failure during
+`run_tests` or `python`.
+
+Containment: file tools are confined to the copy (`coding_tools.Workspace`);
+`run_tests` and `python` run under the sandbox's limits (time, memory, output,
+no network, no writes outside the copy); the episode's directory is deleted when
+the episode ends, on the next `reset`, on `close()` or when the environment is
+garbage-collected.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import weakref
+
+from sao_jax.envs import coding_runner, coding_tasks, math_tool, sandbox
+from sao_jax.envs.base import Environment, Message, StepResult, Task
+from sao_jax.envs.coding_tools import ToolCall, ToolError, Workspace, parse_tool_call
+
+SYSTEM_PROMPT = """\
+You are fixing a bug in a Python repository. Use tools: a message may contain one tool call, \
+a block that starts with ```tool on its own line, holds one JSON object \
+{"name": <tool>, "args": {...}} and ends with ``` on its own line. Only the first tool block \
+of a message runs and its result is sent back to you. Paths are relative to the repository \
+root; inside JSON strings write newlines as \\n.
+
+Tools:
+- list {"path": "."}: files under a directory (path optional)
+- view {"path": "a.py", "start": 1, "end": 40}: numbered lines of a file (start, end optional)
+- search {"text": "def f", "path": "."}: lines containing the exact text (path optional)
+- edit {"path": "a.py", "old": "exact old text", "new": "new text"}: replace text that occurs \
+exactly once in the file
+- create {"path": "b.py", "content": "..."}: create a new file
+- run_tests {"path": "tests/test_a.py"}: run the visible tests (path optional: all of them)
+- python {"code": "print(1)"}: run Python in the repository (fresh interpreter, time-limited, \
+no network)
+- submit {}: finish; hidden tests then decide whether the fix is accepted
+
+Example:
+```tool
+{"name": "view", "args": {"path": "a.py", "start": 1, "end": 20}}
+```"""
+NO_ACTION = ("No tool call found. Call a tool with a block that starts with ```tool on its own "
+             'line, holds {"name": ..., "args": {...}} and ends with ```; use submit when done.')
+
+
+class CodingEnv(Environment):
+  """Fix a repository through tool calls; hidden tests give the reward (see module docstring)."""
+
+  observation_role = "tool"
+
+  def __init__(self, *, max_turns: int = 50, max_observation_chars: int = 8192,
+               sandbox_limits: sandbox.SandboxLimits = sandbox.SandboxLimits(),
+               partial_reward: bool = False):
+    super().__init__(max_turns=max_turns, max_observation_chars=max_observation_chars)
+    sandbox_limits.validate()
+    self.sandbox_limits = sandbox_limits
+    self.partial_reward = partial_reward
+    self.episode_dir: str | None = None
+    self.tests_dir = ""
+    self.workspace: Workspace | None = None
+    self.tool_calls = 0
+    self.tool_errors = 0
+    self._cleanup = None
+
+  def _reset(self, task: Task) -> list[Message]:
+    self.close()
+    self.episode_dir = os.path.realpath(tempfile.mkdtemp(prefix="sao_coding_"))
+    self._cleanup = weakref.finalize(self, shutil.rmtree, self.episode_dir, True)
+    self.tests_dir = task.metadata["tests_dir"]
+    task_files = os.path.join(self.episode_dir, "task")
+    coding_tasks.materialize(task, task_files)
+    root = os.path.join(self.episode_dir, "work")
+    os.rename(os.path.join(task_files, "repo"), root)
+    os.rename(os.path.join(task_files, "tests_visible"), os.path.join(root, self.tests_dir))
+    self.workspace = Workspace(root)
+    self.tool_calls = self.tool_errors = 0
+    return [{"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": (
+                f"{task.prompt}\n\nThe repository is checked out in your working directory. "
+                f"The visible tests are in {self.tests_dir}/; run them with run_tests, and "
+                "call submit when you are done.")}]
+
+  def close(self) -> None:
+    """Deletes the current episode's files (also done when an episode ends)."""
+    if self._cleanup is not None:
+      self._cleanup()
+    self._cleanup = self.episode_dir = self.workspace = None
+
+  def _step(self, action: str) -> StepResult:
+    call = None
+    try:
+      call = parse_tool_call(action)
+      if call is not None and call.name == "submit":
+        self.tool_calls += 1
+        return self._grade("submit")
+      observation = NO_ACTION if call is None else self._run_tool(call)
+    except ToolError as e:
+      self.tool_errors += 1
+      observation = f"error: {e}"
+    except sandbox.SandboxError as e:
+      self.close()
+      return StepResult.fail(f"tool sandbox failed: {e}", tool_calls=self.tool_calls)
+    if self.turn >= self.max_turns:
+      return self._grade("max_turns")
+    return StepResult.next(observation, tool=None if call is None else call.name)
+
+  def _run_tool(self, call: ToolCall) -> str:
+    self.tool_calls += 1
+    if call.name == "run_tests":
+      return self._run_visible_tests(call.args["path"])
+    if call.name == "python":
+      result = sandbox.run_python(call.args["code"], self.sandbox_limits,
+                                  workdir=self.workspace.root)
+      return self._relative(math_tool.format_tool_output(result, self.sandbox_limits))
+    tool = {"list": self.workspace.list, "view": self.workspace.view,
+            "search": self.workspace.search, "edit": self.workspace.edit,
+            "create": self.workspace.create}[call.name]
+    return tool(**call.args)
+
+  def _run_visible_tests(self, path: str | None) -> str:
+    root = self.workspace.root
+    paths = coding_runner.discover(root, self.tests_dir) if path is None else [path]
+    if not paths:
+      raise ToolError(f"no test*.py files in {self.tests_dir}/; pass a test file as path.")
+    results = []
+    for rel in paths:
+      source = self.workspace.read_text(rel)
+      results.append(coding_runner.run_test_file(
+          root, os.path.relpath(self.workspace.resolve(rel), root), source, self.sandbox_limits))
+    passed = sum(len(r.passed) for r in results)
+    total = sum(len(r.names) for r in results)
+    return self._relative("\n\n".join([r.report for r in results]
+                                        + [f"{passed} of {total} tests passed."]))
+
+  def _relative(self, text: str) -> str:
+    """`text` with the copy's absolute path dropped from paths (as in tracebacks)."""
+    return text.replace(self.workspace.root + os.sep, "")
+
+  def _grade(self, reason: str) -> StepResult:
+    """Scores the episode with the hidden tests and ends it either way."""
+    info = {"tool_calls": self.tool_calls, "tool_errors": self.tool_errors, "turns": self.turn}
+    try:
+      passed, total = self._run_hidden_tests()
+    except (sandbox.SandboxError, OSError) as e:
+      return StepResult.fail(f"grading failed: {e}", **info)
+    finally:
+      self.close()
+    if total == 0:
+      return StepResult.fail(f"task {self.task.id!r} has no hidden tests", **info)
+    reward = passed / total if self.partial_reward else float(passed == total)
+    return StepResult.finish(reward, reason, hidden_passed=passed, hidden_total=total, **info)
+
+  def _run_hidden_tests(self) -> tuple[int, int]:
+    """(passed, total) over the hidden test files, each on its own fresh grading copy
+    (code that rewrites the next file's tests while one runs gains nothing)."""
+    task_files = os.path.join(self.episode_dir, "task")
+    grading = os.path.join(self.episode_dir, "grade")
+    passed = total = 0
+    for rel in coding_runner.discover(task_files, "tests_hidden"):
+      coding_tasks.copy_tree(self.workspace.root, grading, skip=(self.tests_dir,))
+      coding_tasks.copy_tree(os.path.join(task_files, "tests_hidden"),
+                             os.path.join(grading, self.tests_dir))
+      with open(os.path.join(task_files, rel), encoding="utf-8") as f:
+        source = f.read()
+      result = coding_runner.run_test_file(
+          grading, os.path.join(self.tests_dir, os.path.basename(rel)), source,
+          self.sandbox_limits)
+      shutil.rmtree(grading)
+      passed, total = passed + len(result.passed), total + len(result.names)
+    return passed, total

@@ -1,0 +1,177 @@
+"""Run Python test files in the sandbox and read back one verdict per test.
+
+What a test is: in a test file (`test*.py`), every top-level `def test...()`
+is a test, found by parsing the file (`collect_tests`); it passes if calling it
+with no arguments returns without raising. A file without such functions is
+one test, named by its path, that passes if the file runs to the end (a plain
+script with asserts). No pytest is needed inside the sandbox.
+
+How a file runs: in its own interpreter via `sandbox.run_python(...,
+workdir=root)`, so every sandbox limit applies, with the repository root and
+the file's own directory on `sys.path`. Output printed by a test is captured
+and shown only when it fails; failure details are cut to the sandbox's output
+limit, and the verdict lines get room beyond it, so that chatty failures never
+cost a passing test its verdict (only code writing to the raw stdout
+descriptor can crowd verdicts out, and then its tests fail).
+
+How verdicts are read: the runner writes `<mark> START` before it imports
+anything from the repository, then `<mark> PASS <name>` or `<mark> FAIL <name>`
+after each test returns or raises, where `<mark>` is a fresh random token per
+run. A test without a verdict failed (the process crashed, exited early or hit a
+limit), so `sys.exit(0)` or `os._exit(0)` in the code under test cannot pass
+anything. No START line means the runner itself never came up: that raises
+`SandboxError` (an environment failure, not a failed test).
+
+Not enforced: the code under test shares the runner's interpreter, so code
+written to inspect the runner's frames could read the mark and forge verdicts.
+As with pytest-based graders, a test is only as strong as in-process isolation.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import os
+import secrets
+
+from sao_jax.envs import math_tool, sandbox
+
+# Failure details (captured output, traceback) kept per test, from the end.
+_DETAIL_CHARS = 2000
+
+_RUNNER = r'''
+import os, sys
+_out = os.dup(1)
+
+def _emit(text):
+  data = text.encode("utf-8", "replace")
+  while data:
+    data = data[os.write(_out, data):]
+
+_emit(_MARK + " START\n")
+# The runner's own imports skip the repository, which may shadow stdlib names.
+_root = sys.path.pop(0)
+import contextlib, importlib.util, io, traceback
+sys.path[:0] = [_root, os.path.dirname(os.path.abspath(_PATH))]
+
+def _tail(text):
+  return text if len(text) <= _DETAIL_CHARS else "[...]" + text[-_DETAIL_CHARS:]
+
+def _call(fn):
+  """None if fn() returns, else what it printed and its traceback."""
+  printed = io.StringIO()
+  try:
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+      fn()
+    return None
+  except BaseException as e:
+    error = "".join(traceback.format_exception(type(e), e, e.__traceback__.tb_next))
+  output = printed.getvalue()
+  return (f"captured output:\n{_tail(output)}\n" if output else "") + _tail(error)
+
+_left = _DETAIL_BYTES
+
+def _report(name, failure):
+  global _left
+  details = b"" if failure is None else (failure.rstrip("\n") + "\n").encode("utf-8", "replace")
+  if len(details) > _left:
+    cut = b"\n[details cut: output limit]\n"
+    details = details[:_left - len(cut)] + cut if _left > len(cut) else b""
+  _left -= len(details)
+  verdict = "PASS" if failure is None else "FAIL"
+  _emit(f"{_MARK} {verdict} {name}\n" + details.decode("utf-8", "ignore"))
+
+_modules = []
+
+def _load():
+  name = os.path.splitext(os.path.basename(_PATH))[0]
+  spec = importlib.util.spec_from_file_location(name, _PATH)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[name] = module
+  spec.loader.exec_module(module)
+  _modules.append(module)
+
+_load_failure = _call(_load)
+if not _NAMES:
+  _report(_PATH, _load_failure)
+for _index, _name in enumerate(_NAMES):
+  if _load_failure is not None:
+    _report(_name, "the test file failed to load" + (":\n" + _load_failure if _index == 0 else ""))
+    continue
+  _test = getattr(_modules[0], _name, None)
+  _report(_name, _call(_test) if callable(_test) else f"{_name} is not a function")
+'''
+
+
+@dataclasses.dataclass(frozen=True)
+class FileResult:
+  """One test file's run: its tests, those that passed, and a report for the model."""
+
+  path: str
+  names: tuple[str, ...]
+  passed: frozenset[str]
+  report: str
+
+
+def collect_tests(source: str) -> list[str]:
+  """The top-level `def test*` functions of `source`, in order; [] if there are none
+  or the file does not parse (it then counts as one whole-file test)."""
+  try:
+    tree = ast.parse(source)
+  except (SyntaxError, ValueError, RecursionError, MemoryError):
+    return []
+  names = [node.name for node in tree.body
+           if isinstance(node, ast.FunctionDef) and node.name.startswith("test")]
+  return list(dict.fromkeys(names))
+
+
+def discover(root: str, tests_dir: str) -> list[str]:
+  """Paths (relative to `root`) of the regular `test*.py` files directly in `tests_dir`."""
+  top = os.path.join(root, tests_dir)
+  if not os.path.isdir(top):
+    return []
+  with os.scandir(top) as entries:
+    return sorted(os.path.join(tests_dir, e.name) for e in entries
+                  if e.name.startswith("test") and e.name.endswith(".py")
+                  and e.is_file(follow_symlinks=False))
+
+
+def run_test_file(root: str, path: str, source: str,
+                  limits: sandbox.SandboxLimits) -> FileResult:
+  """Runs the test file `path` (relative to `root`, whose text is `source`).
+
+  Raises `sandbox.SandboxError` if the runner did not start.
+  """
+  names = collect_tests(source)
+  expected = tuple(names) or (path,)
+  mark = secrets.token_hex(16)
+  prelude = (f"_MARK = {mark!r}\n_PATH = {path!r}\n_NAMES = {json.dumps(names)}\n"
+             f"_DETAIL_CHARS = {_DETAIL_CHARS}\n_DETAIL_BYTES = {limits.max_output_bytes}\n")
+  # Room for every verdict line on top of the output limit, so that failure
+  # details (which the runner keeps within the limit) never push verdicts out.
+  verdict_bytes = sum(len(f"{mark} FAIL {name}\n".encode()) for name in ("START",) + expected)
+  limits = dataclasses.replace(limits, max_output_bytes=limits.max_output_bytes + verdict_bytes)
+  result = sandbox.run_python(prelude + _RUNNER, limits, workdir=root)
+  lines = result.stdout.split("\n")
+  if f"{mark} START" not in lines:
+    raise sandbox.SandboxError(
+        f"the test runner did not start for {path} (exit {result.exit_code}, killed: "
+        f"{result.killed_reason}): {result.stderr[-2000:]}")
+  verdicts: dict[str, str] = {}
+  report = []
+  for line in lines:
+    if not line.startswith(mark + " "):
+      report.append(line)
+      continue
+    verdict, _, name = line[len(mark) + 1:].partition(" ")
+    if verdict in ("PASS", "FAIL") and name in expected and name not in verdicts:
+      verdicts[name] = verdict
+      report.append(f"{verdict} {name}")
+  report += [f"FAIL {name} (no result: the test process ended before this test finished)"
+             for name in expected if name not in verdicts]
+  passed = frozenset(name for name, verdict in verdicts.items() if verdict == "PASS")
+  body = math_tool.format_tool_output(
+      dataclasses.replace(result, stdout="\n".join(report).strip("\n")), limits)
+  header = f"{path}: {len(passed)} of {len(expected)} tests passed"
+  return FileResult(path=path, names=expected, passed=passed, report=f"{header}\n{body}")

@@ -1,0 +1,289 @@
+"""The coding agent's tool-call format and its file tools, confined to one directory.
+
+Tool-call format: a fenced block whose opening line is ```` ```tool ```` and
+whose closing line starts with ```` ``` ````, holding one JSON object
+`{"name": <tool>, "args": {<argument>: <value>, ...}}` (`args` may be omitted
+when empty). JSON strings cannot hold a raw newline, so the first line starting
+with ```` ``` ```` after the opening is always the closing fence, even when an
+argument contains backticks. Only the first block of a turn is used.
+
+`parse_tool_call` checks the block against `TOOLS` (tool names, argument names,
+types, required arguments) and raises `ToolError` with a message for the model
+on any mismatch. `Workspace` implements the tools that only touch files
+(`list`, `view`, `search`, `edit`, `create`); `run_tests`, `python` and
+`submit` need the sandbox and live in `sao_jax.envs.coding`.
+
+What `Workspace` enforces, and why:
+
+- Every path is relative to the workspace root and must resolve (symlinks
+  followed, `..` collapsed) inside it; absolute paths, `..` escapes and
+  symlinks pointing out are refused. The tools run in the environment's own
+  process, so this check is the only thing between the model and the host.
+- Only regular files are read or written (a FIFO left behind by sandboxed code
+  would otherwise block the environment), and files over `MAX_FILE_BYTES` are
+  not read.
+- `search` matches a literal string, not a regex: a pathological regex would
+  stall this process, which has no time limit.
+- `edit` replaces text that occurs exactly once; zero or several occurrences
+  are errors that say which, so the model never edits the wrong spot.
+- Listings and search results are capped (`MAX_LIST_ENTRIES`, `MAX_MATCHES`)
+  with a note saying how many were left out.
+
+Every failure is a `ToolError` whose message is the observation; none escapes
+as a crash (OS errors are converted too).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import stat
+from typing import Any
+
+MAX_FILE_BYTES = 1 << 22
+MAX_LIST_ENTRIES = 500
+MAX_MATCHES = 100
+_MATCH_LINE_CHARS = 200
+_EDIT_CONTEXT_LINES = 2
+_REQUIRED = object()
+_TYPE_NAMES = {str: "a string", int: "an integer"}
+
+# name -> {argument: (type, default or _REQUIRED)}.
+TOOLS: dict[str, dict[str, tuple[type, Any]]] = {
+    "list": {"path": (str, ".")},
+    "view": {"path": (str, _REQUIRED), "start": (int, None), "end": (int, None)},
+    "search": {"text": (str, _REQUIRED), "path": (str, ".")},
+    "edit": {"path": (str, _REQUIRED), "old": (str, _REQUIRED), "new": (str, _REQUIRED)},
+    "create": {"path": (str, _REQUIRED), "content": (str, _REQUIRED)},
+    "run_tests": {"path": (str, None)},
+    "python": {"code": (str, _REQUIRED)},
+    "submit": {},
+}
+_TOOL_BLOCK = re.compile(r"```tool[ \t]*\n(.*?)^[ \t]*```", re.DOTALL | re.MULTILINE)
+
+
+class ToolError(Exception):
+  """A tool call that cannot be carried out; the message goes back to the model."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolCall:
+  name: str
+  args: dict[str, Any]
+
+
+def format_tool_call(name: str, **args: Any) -> str:
+  """The fenced block that calls `name` with `args` (for prompts and scripted agents)."""
+  return "```tool\n" + json.dumps({"name": name, "args": args}) + "\n```"
+
+
+def parse_tool_call(text: str) -> ToolCall | None:
+  """The first tool block of `text` with defaults filled in, or None if there is none."""
+  match = _TOOL_BLOCK.search(text)
+  if match is None:
+    return None
+  try:
+    call = json.loads(match.group(1))
+  except json.JSONDecodeError as e:
+    raise ToolError(f"the tool call is not valid JSON ({e.msg} at line {e.lineno} column "
+                    f"{e.colno}); write one object like {{\"name\": \"view\", \"args\": "
+                    f"{{\"path\": \"a.py\"}}}}.") from None
+  if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+    raise ToolError('the tool call must be a JSON object with a string "name" and an '
+                    f'"args" object, got {match.group(1).strip()[:200]!r}.')
+  unknown_keys = set(call) - {"name", "args"}
+  if unknown_keys:
+    raise ToolError(f"unexpected keys {sorted(unknown_keys)} in the tool call; put arguments "
+                    'inside "args".')
+  name, args = call["name"], call.get("args", {})
+  if name not in TOOLS:
+    raise ToolError(f"unknown tool {name!r}; tools: {', '.join(TOOLS)}.")
+  if not isinstance(args, dict):
+    raise ToolError(f'"args" of {name} must be a JSON object, got {args!r}.')
+  spec = TOOLS[name]
+  if set(args) - set(spec):
+    raise ToolError(f"{name} got unknown arguments {sorted(set(args) - set(spec))}; it takes "
+                    f"{', '.join(spec) or 'no arguments'}.")
+  filled = {}
+  for arg, (kind, default) in spec.items():
+    if arg not in args:
+      if default is _REQUIRED:
+        raise ToolError(f"{name} needs the argument {arg!r}.")
+      filled[arg] = default
+      continue
+    value = args[arg]
+    if isinstance(value, bool) or not isinstance(value, kind):
+      raise ToolError(f"{name} argument {arg!r} must be {_TYPE_NAMES[kind]}, got {value!r}.")
+    filled[arg] = value
+  return ToolCall(name, filled)
+
+
+def _lines(text: str) -> list[str]:
+  """Lines split on "\\n" only, so numbers match what `edit` counts."""
+  lines = text.split("\n")
+  return lines[:-1] if lines[-1] == "" else lines
+
+
+def _numbered(lines: list[str], first: int) -> str:
+  return "\n".join(f"{first + i:>6}  {line}" for i, line in enumerate(lines))
+
+
+class Workspace:
+  """The file tools over the directory `root` (see the module docstring)."""
+
+  def __init__(self, root: str | os.PathLike):
+    self.root = os.path.realpath(root)
+
+  def resolve(self, path: str) -> str:
+    """The absolute path of `path`, which must stay inside the root."""
+    if not path.strip() or "\x00" in path:
+      raise ToolError(f"invalid path {path!r}.")
+    if os.path.isabs(path):
+      raise ToolError(f"{path!r} is an absolute path; use a path relative to the repository "
+                      "root.")
+    full = os.path.realpath(os.path.join(self.root, path))
+    if full != self.root and not full.startswith(self.root + os.sep):
+      raise ToolError(f"{path!r} is outside the repository; paths must stay inside it.")
+    return full
+
+  def _relative(self, full: str) -> str:
+    return os.path.relpath(full, self.root)
+
+  def _read(self, path: str) -> tuple[str, bytes]:
+    full = self.resolve(path)
+    try:
+      info = os.stat(full)
+      if stat.S_ISDIR(info.st_mode):
+        raise ToolError(f"{path!r} is a directory; use list to see its files.")
+      if not stat.S_ISREG(info.st_mode):
+        raise ToolError(f"{path!r} is not a regular file.")
+      if info.st_size > MAX_FILE_BYTES:
+        raise ToolError(f"{path!r} has {info.st_size} bytes; files over {MAX_FILE_BYTES} bytes "
+                        "are not read.")
+      with open(full, "rb") as f:
+        return full, f.read()
+    except FileNotFoundError:
+      raise ToolError(f"{path!r} does not exist.") from None
+    except OSError as e:
+      raise ToolError(f"cannot read {path!r}: {e.strerror}.") from None
+
+  def read_text(self, path: str) -> str:
+    """The UTF-8 text of the regular file `path`."""
+    _, data = self._read(path)
+    try:
+      return data.decode("utf-8")
+    except UnicodeDecodeError:
+      raise ToolError(f"{path!r} is not UTF-8 text.") from None
+
+  def _write(self, full: str, text: str) -> None:
+    try:
+      os.makedirs(os.path.dirname(full), exist_ok=True)
+      with open(full, "w", encoding="utf-8", newline="") as f:
+        f.write(text)
+    except OSError as e:
+      raise ToolError(f"cannot write {self._relative(full)!r}: {e.strerror}.") from None
+
+  def list(self, path: str = ".") -> str:
+    """Every file and directory under `path` (directories end with "/")."""
+    top = self.resolve(path)
+    if not os.path.isdir(top):
+      raise ToolError(f"{path!r} is not a directory.")
+    entries = []
+    for parent, dirs, files in os.walk(top):
+      dirs.sort()
+      entries += [self._relative(os.path.join(parent, d)) + "/" for d in dirs]
+      entries += [self._relative(os.path.join(parent, f)) for f in files]
+    entries.sort()
+    if not entries:
+      return f"{path!r} is empty."
+    shown = entries[:MAX_LIST_ENTRIES]
+    if len(entries) > len(shown):
+      shown.append(f"[{len(entries) - len(shown)} more entries not shown]")
+    return "\n".join(shown)
+
+  def view(self, path: str, start: int | None = None, end: int | None = None) -> str:
+    """Lines `start`..`end` (1-based, inclusive; `end` past the file is clamped)."""
+    text = self.read_text(path)
+    lines = _lines(text)
+    if not lines:
+      return f"{path} is empty."
+    first = 1 if start is None else start
+    last = len(lines) if end is None else min(end, len(lines))
+    if not 1 <= first <= len(lines) or last < first:
+      raise ToolError(f"lines {first}-{end if end is not None else len(lines)} are out of range: "
+                      f"{path} has {len(lines)} lines (start must be 1..{len(lines)}, "
+                      "end >= start).")
+    return (f"{path} (lines {first}-{last} of {len(lines)}):\n"
+            + _numbered(lines[first - 1:last], first))
+
+  def search(self, text: str, path: str = ".") -> str:
+    """`file:line: content` for every line containing `text` (literal, case-sensitive)."""
+    if not text:
+      raise ToolError("search text must not be empty.")
+    top = self.resolve(path)
+    if os.path.isdir(top):
+      files = sorted(os.path.join(parent, name) for parent, _, names in os.walk(top)
+                     for name in names)
+    elif os.path.isfile(top):
+      files = [top]
+    else:
+      raise ToolError(f"{path!r} is not a file or directory.")
+    matches = []
+    for full in files:
+      try:
+        info = os.lstat(full)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_FILE_BYTES:
+          continue
+        with open(full, "rb") as f:
+          data = f.read()
+      except OSError:
+        continue
+      if b"\x00" in data:
+        continue
+      for number, line in enumerate(_lines(data.decode("utf-8", "replace")), start=1):
+        if text in line:
+          matches.append(f"{self._relative(full)}:{number}: {line[:_MATCH_LINE_CHARS]}")
+    if not matches:
+      return f"no matches for {text!r} under {path!r}."
+    shown = matches[:MAX_MATCHES]
+    if len(matches) > len(shown):
+      shown.append(f"[{len(matches) - len(shown)} more matches not shown]")
+    return "\n".join(shown)
+
+  def edit(self, path: str, old: str, new: str) -> str:
+    """Replaces the one occurrence of `old` in `path` with `new`."""
+    if not old:
+      raise ToolError("old must not be empty; use create for a new file.")
+    full, text = self.resolve(path), self.read_text(path)
+    count = text.count(old)
+    if count == 0:
+      raise ToolError(f"the old text was not found in {path}; copy it exactly (whitespace and "
+                      "indentation included) from view.")
+    if count > 1:
+      starts, at = [], text.find(old)
+      while at >= 0:
+        starts.append(text.count("\n", 0, at) + 1)
+        at = text.find(old, at + 1)
+      raise ToolError(f"the old text occurs {count} times in {path} (starting on lines "
+                      f"{', '.join(map(str, starts))}); include more surrounding lines so that "
+                      "it occurs once.")
+    at = text.index(old)
+    updated = text[:at] + new + text[at + len(old):]
+    self._write(full, updated)
+    first = text.count("\n", 0, at) + 1
+    last = first + new.count("\n")
+    lines = _lines(updated)
+    lo, hi = max(first - _EDIT_CONTEXT_LINES, 1), min(last + _EDIT_CONTEXT_LINES, len(lines))
+    return f"edited {path}; lines {lo}-{hi} now read:\n" + _numbered(lines[lo - 1:hi], lo)
+
+  def create(self, path: str, content: str) -> str:
+    """Writes a new file (parent directories are created); existing paths are refused."""
+    full = self.resolve(path)
+    if os.path.lexists(full):
+      raise ToolError(f"{path} already exists; use edit to change it.")
+    if len(content.encode("utf-8")) > MAX_FILE_BYTES:
+      raise ToolError(f"content has more than {MAX_FILE_BYTES} bytes.")
+    self._write(full, content)
+    return f"created {path} ({len(_lines(content))} lines)."

@@ -1,0 +1,91 @@
+r"""Tool-integrated math reasoning (SAO.md §6): Python tool calls, verified answer.
+
+Formats (also stated to the model in `SYSTEM_PROMPT`):
+
+- Tool call: a fenced block opened by ```` ```python ```` (or ```` ```py ````)
+  and closed by ```` ``` ````. Only the first block of a turn runs; the sampler
+  can stop generation at the closing fence. Each call runs in a fresh sandbox
+  (`sao_jax.envs.sandbox`): no state carries over between calls.
+- Final answer: `\boxed{...}`; the last one in the turn counts.
+
+Per assistant turn: a final answer ends the episode with reward 1 if
+`answers.verify_answer` accepts it, else 0 (any tool call in the same turn is
+ignored). Otherwise a tool call runs and its output is the observation (role
+"tool"). A turn with neither gets a reminder of the format and uses up a turn.
+A sandbox harness failure is an environment failure, not reward 0.
+"""
+
+from __future__ import annotations
+
+import re
+
+from sao_jax.envs import answers
+from sao_jax.envs import sandbox
+from sao_jax.envs.base import Environment, Message, StepResult, Task
+
+SYSTEM_PROMPT = (
+    "Solve the math problem. You may run Python to help: write a code block that starts "
+    "with ```python on its own line and ends with ```; its printed output will be sent "
+    "back to you. Only the first code block of a message runs, and each run starts from "
+    "a fresh interpreter. When you are done, give the final answer as \\boxed{answer}.")
+NO_ACTION = ("No Python code block and no final answer found. Run code in a ```python block, "
+             "or give the final answer as \\boxed{answer}.")
+_CODE_BLOCK = re.compile(r"```(?:python|py)[ \t]*\n(.*?)```", re.DOTALL)
+
+
+def extract_code(text: str) -> str | None:
+  """The first fenced Python block of `text`, or None."""
+  match = _CODE_BLOCK.search(text)
+  return match.group(1) if match else None
+
+
+def format_tool_output(result: sandbox.SandboxResult, limits: sandbox.SandboxLimits) -> str:
+  """stdout, then stderr, then notes on truncation, limits and the exit status."""
+  parts = [text.rstrip("\n") for text in (result.stdout, result.stderr) if text]
+  if result.stdout_truncated:
+    parts.append(f"[stdout truncated to {limits.max_output_bytes} bytes]")
+  if result.stderr_truncated:
+    parts.append(f"[stderr truncated to {limits.max_output_bytes} bytes]")
+  if result.killed_reason == "wall_time":
+    parts.append(f"[killed: exceeded the {limits.wall_time_s:g} s time limit]")
+  elif result.killed_reason == "cpu_time":
+    parts.append(f"[killed: exceeded the {limits.cpu_time_s} s CPU time limit]")
+  elif result.killed_reason is not None:
+    parts.append(f"[killed: {result.killed_reason}]")
+  elif result.exit_code != 0:
+    parts.append(f"[exit status {result.exit_code}]")
+  return "\n".join(parts) if parts else "[no output]"
+
+
+class MathToolEnv(Environment):
+  """Reward 1 for a verified `\\boxed{}` answer, 0 otherwise; Python tool calls between."""
+
+  observation_role = "tool"
+
+  def __init__(self, *, max_turns: int = 8, max_observation_chars: int = 4096,
+               sandbox_limits: sandbox.SandboxLimits = sandbox.SandboxLimits()):
+    super().__init__(max_turns=max_turns, max_observation_chars=max_observation_chars)
+    sandbox_limits.validate()
+    self.sandbox_limits = sandbox_limits
+    self.tool_calls = 0
+
+  def _reset(self, task: Task) -> list[Message]:
+    self.tool_calls = 0
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": task.prompt}]
+
+  def _step(self, action: str) -> StepResult:
+    predicted = answers.extract_boxed(action)
+    if predicted is not None:
+      correct = answers.verify_answer(predicted, self.task.answer)
+      return StepResult.finish(1.0 if correct else 0.0, "answer", predicted=predicted,
+                               correct=correct, tool_calls=self.tool_calls, turns=self.turn)
+    code = extract_code(action)
+    if code is None:
+      return StepResult.next(NO_ACTION)
+    try:
+      result = sandbox.run_python(code, self.sandbox_limits)
+    except sandbox.SandboxError as e:
+      return StepResult.fail(f"python sandbox failed: {e}", tool_calls=self.tool_calls)
+    self.tool_calls += 1
+    return StepResult.next(format_tool_output(result, self.sandbox_limits),
+                           tool_exit_code=result.exit_code, tool_killed=result.killed_reason)

@@ -1,0 +1,405 @@
+"""Run untrusted, model-written Python in a separate, limited process.
+
+`run_python(code, limits)` writes `code` to `main.py` in a fresh temporary
+directory, runs it in a *new* interpreter (`python -I -S -B`: isolated mode, no
+`site`, no bytecode writes; never a fork of the caller) and returns a
+`SandboxResult`. The code runs like a script in its working directory: that
+directory is the cwd and the first entry of `sys.path`. With
+`run_python(code, limits, workdir=path)` the working directory is the caller's
+existing directory `path` instead (e.g. a copy of a repository to test):
+everything below applies with `path` in place of the temporary directory,
+`main.py` stays in a private directory outside it (read before the limits
+apply), and `path` is left in place afterwards, handed to uid nobody when
+namespaces are used (below).
+
+Model misbehaviour (crashes, timeouts, bombs, forbidden calls) is always
+reported in the result, never raised; only a harness failure (the interpreter
+cannot be started, the bootstrap did not come up) raises `SandboxError`, which
+environments turn into an environment failure.
+
+What is enforced, and by what:
+
+- Kernel, always (set by the bootstrap with `resource.setrlimit` before the
+  code runs, soft = hard): CPU time (`RLIMIT_CPU`), address space
+  (`RLIMIT_AS`, so memory bombs get `MemoryError`), written file size
+  (`RLIMIT_FSIZE`), open files, no core dumps, and `RLIMIT_NPROC = 0` (no new
+  processes or threads; the kernel ignores this limit for uid 0, hence the
+  uid drop below).
+- Parent side, always: a wall-clock limit after which the child's whole process
+  group (it runs in its own session) is SIGKILLed; stdout and stderr are read
+  incrementally and capped at `max_output_bytes` each (the rest is discarded and
+  the result says so); an environment holding only `_CHILD_ENV` (none of the
+  caller's variables); stdin is /dev/null; the temporary directory is deleted
+  afterwards.
+- Kernel isolation, when the caller is root and `unshare` + `setpriv` work
+  (`namespaces_available()`): own network namespace (only a down loopback),
+  own PID namespace (the caller and the rest of the host cannot be seen or
+  signalled), and uid/gid nobody with every capability dropped except
+  reading files. So `RLIMIT_NPROC` applies, `setrlimit` cannot raise limits,
+  and writes outside the (chowned) temporary directory fail in the kernel.
+- Audit hook (PEP 578), installed before the code runs: `open`, `os.listdir`
+  and `os.scandir` only inside the temporary directory, or read-only inside the
+  Python stdlib (plus site-packages with `site_packages=True`) and
+  /dev/null, /dev/zero, /dev/urandom; file mutations (remove, rename, mkdir,
+  chmod, ...) only inside the temporary directory; no symlinks or hard links; no
+  sockets or name resolution; no fork, exec, spawn, `subprocess`, `os.system`;
+  no `os.kill`, `os.killpg`, `signal.pthread_kill` (and `pidfd_open` /
+  `pidfd_send_signal` are removed); no `resource.setrlimit`; `ctypes` imports
+  (numpy and sympy need its types) but cannot look up symbols, call foreign
+  functions or map raw addresses; no sub-interpreters or `_sqlite3`; no
+  `gc.get_objects` / `get_referrers` / `get_referents` and no assignment to a
+  function's `__code__` (ways to reach and rewrite the hook). A blocked call
+  raises `PermissionError` inside the child.
+
+What is NOT enforced: audit hooks are not a security boundary (PEP 578 says so);
+a determined attacker with arbitrary Python may find a way around them. File
+*metadata* (`os.stat`) outside the allowed roots stays visible. Without
+namespaces (non-root), network blocking and the protection of the caller from
+signals rest on the audit hook alone (a direct `_posixsubprocess.fork_exec` is
+then stopped only by `RLIMIT_NPROC`, which root ignores). Reads are decided by
+the audit hook alone in every mode. For hostile code at scale use a VM or container
+boundary (gVisor, nsjail) around this.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+
+# The bootstrap writes this to stderr right before running the code; its absence
+# means the harness, not the model, failed.
+_READY = "\x00sao-sandbox-ready\n"
+_CHILD_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
+              "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+_NOBODY = 65534
+# Root only: own network and PID namespaces, then drop to uid/gid nobody with no
+# capabilities except reading files (the stdlib may live under a 0700 /root;
+# the audit hook still decides which files may be opened).
+_ISOLATE = ("unshare", "--net", "--pid", "--fork", "--kill-child",
+            "setpriv", f"--reuid={_NOBODY}", f"--regid={_NOBODY}", "--clear-groups",
+            "--inh-caps=-all,+dac_read_search", "--ambient-caps=-all,+dac_read_search",
+            "--bounding-set=-all,+dac_read_search", "--no-new-privs")
+_READ_CHUNK = 65536
+_DRAIN_S = 5.0  # After a kill, how long to wait for the pipes to close.
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SandboxLimits:
+  """Resource limits for one run. Sizes in MiB / bytes, times in seconds."""
+
+  wall_time_s: float = 10.0
+  cpu_time_s: int = 5
+  memory_mb: int = 1024
+  file_size_mb: int = 16
+  max_open_files: int = 64
+  max_output_bytes: int = 16384
+  # Let the code import the caller's installed packages (e.g. sympy, numpy),
+  # read-only. Off by default: the stdlib alone is the smaller surface.
+  site_packages: bool = False
+
+  def validate(self) -> None:
+    if not self.wall_time_s > 0:
+      raise ValueError(f"sandbox.wall_time_s={self.wall_time_s!r} is invalid: expected seconds > 0.")
+    for name in ("cpu_time_s", "memory_mb", "file_size_mb", "max_open_files", "max_output_bytes"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"sandbox.{name}={value!r} is invalid: expected a positive integer.")
+    if self.max_open_files < 16:
+      raise ValueError(f"sandbox.max_open_files={self.max_open_files!r} is invalid: the "
+                       "interpreter needs at least 16.")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SandboxResult:
+  """What happened. `exit_code` is the process status (negative: killed by that
+  signal); `killed_reason` is "wall_time", "cpu_time" or "signal <NAME>" when the
+  process did not exit by itself."""
+
+  stdout: str
+  stderr: str
+  exit_code: int
+  timed_out: bool
+  killed_reason: str | None
+  stdout_truncated: bool
+  stderr_truncated: bool
+  wall_time_s: float
+
+  @property
+  def ok(self) -> bool:
+    return self.exit_code == 0 and self.killed_reason is None
+
+
+class SandboxError(RuntimeError):
+  """The sandbox harness itself failed (not the model's code)."""
+
+
+@functools.cache
+def namespaces_available() -> bool:
+  """Whether the `unshare` + `setpriv` isolation works here (needs root)."""
+  if os.geteuid() != 0 or not (shutil.which("unshare") and shutil.which("setpriv")):
+    return False
+  try:
+    return subprocess.run([*_ISOLATE, "true"], stdin=subprocess.DEVNULL, capture_output=True,
+                          timeout=10, env=_CHILD_ENV).returncode == 0
+  except (OSError, subprocess.TimeoutExpired):
+    return False
+
+
+def _read_roots(site_packages: bool) -> list[str]:
+  """Directories the code may read: where this interpreter's stdlib lives."""
+  roots = {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"],
+           os.path.dirname(os.__file__)}
+  roots.update(p for p in sys.path if p.endswith(("lib-dynload", ".zip")))
+  if site_packages:
+    roots.update((sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]))
+  return sorted(os.path.realpath(r) for r in roots)
+
+
+def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
+               workdir: str | os.PathLike | None = None) -> SandboxResult:
+  """Runs `code` under `limits` in a fresh temporary directory, or in `workdir`
+  (see the module docstring for what is enforced)."""
+  limits.validate()
+  if workdir is not None and not os.path.isdir(workdir):
+    raise ValueError(f"workdir={os.fspath(workdir)!r} is not an existing directory.")
+  scratch = os.path.realpath(tempfile.mkdtemp(prefix="sao_sandbox_"))
+  root = scratch if workdir is None else os.path.realpath(workdir)
+  try:
+    script = os.path.join(scratch, "main.py")
+    with open(script, "w", encoding="utf-8") as f:
+      f.write(code)
+    settings = {
+        "workdir": root,
+        "script": script,
+        "read_roots": _read_roots(limits.site_packages),
+        "sys_path": (sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+                     if limits.site_packages else []),
+        "cpu_time_s": limits.cpu_time_s,
+        "memory_bytes": limits.memory_mb << 20,
+        "file_size_bytes": limits.file_size_mb << 20,
+        "max_open_files": limits.max_open_files,
+    }
+    command = [sys.executable, "-I", "-S", "-B", "-c", _BOOTSTRAP, json.dumps(settings)]
+    if namespaces_available():
+      _give_to_nobody(scratch)
+      if root != scratch:
+        _give_to_nobody(root)
+      command = [*_ISOLATE, *command]
+    return _supervise(command, root, limits)
+  finally:
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _give_to_nobody(root: str) -> None:
+  """chown -R to nobody (links not followed), so the dropped child can write there."""
+  os.lchown(root, _NOBODY, _NOBODY)
+  for parent, dirs, files in os.walk(root):
+    for name in dirs + files:
+      os.lchown(os.path.join(parent, name), _NOBODY, _NOBODY)
+
+
+def _supervise(command: list[str], workdir: str, limits: SandboxLimits) -> SandboxResult:
+  """Starts the child, collects capped output, enforces the wall-clock limit."""
+  start = time.monotonic()
+  try:
+    proc = subprocess.Popen(command, cwd=workdir, env=_CHILD_ENV, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True, close_fds=True)
+  except OSError as e:
+    raise SandboxError(f"could not start the sandbox interpreter {command[0]!r}: {e}") from e
+  cap = limits.max_output_bytes + len(_READY)
+  kept = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
+  dropped = dict.fromkeys(kept, 0)
+  deadline = start + limits.wall_time_s
+  timed_out = False
+  with selectors.DefaultSelector() as selector:
+    for stream in (proc.stdout, proc.stderr):
+      os.set_blocking(stream.fileno(), False)
+      selector.register(stream.fileno(), selectors.EVENT_READ)
+    while selector.get_map():
+      now = time.monotonic()
+      if now >= deadline and not timed_out:
+        timed_out = True
+        _kill_group(proc.pid)
+      if now >= deadline + _DRAIN_S:
+        break  # Killed, yet something still holds the pipes open: stop reading.
+      for key, _ in selector.select(timeout=max(deadline - now, 0.05)):
+        chunk = os.read(key.fd, _READ_CHUNK)
+        if not chunk:
+          selector.unregister(key.fd)
+          continue
+        room = cap - len(kept[key.fd])
+        kept[key.fd] += chunk[:room]
+        dropped[key.fd] += max(len(chunk) - room, 0)
+  try:  # The code may have closed its pipes and kept running.
+    exit_code = proc.wait(timeout=max(deadline - time.monotonic(), 0.01))
+  except subprocess.TimeoutExpired:
+    timed_out = True
+    _kill_group(proc.pid)
+    exit_code = proc.wait()
+  _kill_group(proc.pid)  # Nothing should be left; make sure.
+  out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
+  proc.stdout.close()
+  proc.stderr.close()
+  out, err = kept[out_fd], kept[err_fd]
+  if not err.startswith(_READY.encode()):
+    if timed_out:  # Killed while the interpreter was still starting.
+      err = _READY.encode() + err
+    else:
+      raise SandboxError(f"the sandbox bootstrap did not start (exit {exit_code}): "
+                         f"{err.decode('utf-8', 'replace')[-2000:]}")
+  err = err[len(_READY):]
+  return SandboxResult(
+      stdout=out[:limits.max_output_bytes].decode("utf-8", "replace"),
+      stderr=err[:limits.max_output_bytes].decode("utf-8", "replace"),
+      exit_code=exit_code, timed_out=timed_out,
+      killed_reason=_killed_reason(exit_code, timed_out),
+      stdout_truncated=dropped[out_fd] > 0 or len(out) > limits.max_output_bytes,
+      stderr_truncated=dropped[err_fd] > 0 or len(err) > limits.max_output_bytes,
+      wall_time_s=time.monotonic() - start)
+
+
+def _kill_group(pid: int) -> None:
+  try:
+    os.killpg(pid, signal.SIGKILL)
+  except (ProcessLookupError, PermissionError):
+    pass
+
+
+def _killed_reason(exit_code: int, timed_out: bool) -> str | None:
+  if timed_out:
+    return "wall_time"
+  if exit_code == _CPU_EXIT or exit_code == -signal.SIGXCPU:
+    return "cpu_time"
+  if exit_code < 0:
+    return f"signal {signal.Signals(-exit_code).name}"
+  # `unshare --fork` reports a child killed by signal N as exit status 128 + N.
+  if namespaces_available() and exit_code > 128 and exit_code - 128 in signal.valid_signals():
+    return f"signal {signal.Signals(exit_code - 128).name}"
+  return None
+
+
+# Exit status the bootstrap uses when the CPU limit's SIGXCPU arrives. In a PID
+# namespace the child is init, which the kernel spares from default-action
+# signals, so the bootstrap handles SIGXCPU itself.
+_CPU_EXIT = 152
+
+# Runs inside the child as `python -I -S -B -c _BOOTSTRAP settings_json`. It
+# keeps no reference to the audit hook or its state in any reachable namespace:
+# everything the hook needs is bound in its closure at creation.
+_BOOTSTRAP = r'''
+import json, os, resource, signal, sys, traceback
+
+def _make_hook(workdir, read_roots, read_files):
+  realpath, sep, type_, str_, bytes_, int_, fsdecode = (
+      os.path.realpath, os.sep, type, str, bytes, int, os.fsdecode)
+  write_flags = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+  function_type = type(_make_hook)
+  denied_events = frozenset((
+      "os.fork", "os.forkpty", "os.exec", "os.spawn", "os.posix_spawn", "os.system",
+      "subprocess.Popen", "os.kill", "os.killpg", "signal.pthread_kill",
+      "socket.__new__", "socket.getaddrinfo", "socket.gethostbyname",
+      "socket.gethostbyname_ex", "socket.gethostbyaddr", "socket.getnameinfo",
+      "os.symlink", "os.link", "resource.setrlimit", "resource.prlimit",
+      "gc.get_objects", "gc.get_referrers", "gc.get_referents",
+      "ctypes.dlsym", "ctypes.dlsym/handle", "ctypes.call_function", "ctypes.cdata"))
+  denied_modules = frozenset(("_xxsubinterpreters", "_xxinterpchannels", "_sqlite3"))
+  mutations = frozenset(("os.remove", "os.rmdir", "os.mkdir", "os.rename", "os.truncate",
+                         "os.utime", "os.chmod", "os.chown"))
+
+  def resolve(path):
+    if type_(path) is not str_ and type_(path) is not bytes_:
+      return None
+    return realpath(fsdecode(path))
+
+  def inside(path, roots):
+    return path is not None and any(path == r or path.startswith(r + sep) for r in roots)
+
+  def readable(path):
+    return inside(path, (workdir,) + read_roots) or path in read_files
+
+  def hook(event, args):
+    if event in denied_events:
+      raise PermissionError(f"sandbox: {event} is not allowed")
+    if event == "import":
+      if args[0] in denied_modules or args[0].startswith("_test"):
+        raise PermissionError(f"sandbox: importing {args[0]} is not allowed")
+    elif event == "open":
+      path, flags = args[0], args[2]
+      if type_(path) is int_:
+        return
+      path = resolve(path)
+      writes = type_(flags) is not int_ or flags & write_flags
+      if not (inside(path, (workdir,)) or (not writes and readable(path))):
+        raise PermissionError(f"sandbox: opening {args[0]!r} is not allowed")
+    elif event in ("os.listdir", "os.scandir"):
+      if args[0] is not None and type_(args[0]) is not int_ and not readable(resolve(args[0])):
+        raise PermissionError(f"sandbox: listing {args[0]!r} is not allowed")
+    elif event in mutations:
+      for arg in args:
+        if type_(arg) is not int_ and not inside(resolve(arg), (workdir,)):
+          raise PermissionError(f"sandbox: {event} on {arg!r} is not allowed")
+    elif event == "object.__setattr__" and type_(args[0]) is function_type and args[1] == "__code__":
+      raise PermissionError("sandbox: replacing a function's __code__ is not allowed")
+
+  return hook
+
+def _cpu_exceeded(signum, frame):
+  try:
+    os.write(2, b"\nsandbox: CPU time limit exceeded\n")
+  finally:
+    os._exit(%(cpu_exit)d)
+
+def _setup():
+  settings = json.loads(sys.argv[1])
+  sys.argv = ["main.py"]
+  sys.path.insert(0, settings["workdir"])
+  sys.path.extend(settings["sys_path"])
+  with open(settings["script"], encoding="utf-8") as f:
+    source = f.read()
+  try:
+    code = compile(source, "main.py", "exec")
+  except (SyntaxError, ValueError) as error:  # the model's mistake: report it after READY
+    code = error
+  cpu = settings["cpu_time_s"]
+  for limit, value in ((resource.RLIMIT_CPU, (cpu, cpu + 1)),
+                       (resource.RLIMIT_AS, settings["memory_bytes"]),
+                       (resource.RLIMIT_FSIZE, settings["file_size_bytes"]),
+                       (resource.RLIMIT_NOFILE, settings["max_open_files"]),
+                       (resource.RLIMIT_CORE, 0), (resource.RLIMIT_NPROC, 0)):
+    resource.setrlimit(limit, value if isinstance(value, tuple) else (value, value))
+  signal.signal(signal.SIGXCPU, _cpu_exceeded)
+  for module in (os, sys.modules["posix"], signal, sys.modules["_signal"]):
+    for name in ("pidfd_open", "pidfd_send_signal"):
+      if hasattr(module, name):
+        delattr(module, name)
+  sys.addaudithook(_make_hook(settings["workdir"], tuple(settings["read_roots"]),
+                              frozenset(("/dev/null", "/dev/zero", "/dev/urandom"))))
+  return code
+
+def _run(code):
+  sys.stderr.write(%(ready)r)
+  sys.stderr.flush()
+  if isinstance(code, BaseException):
+    traceback.print_exception(type(code), code, None)
+    sys.exit(1)
+  try:
+    exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
+  except SystemExit:
+    raise
+  except BaseException as e:
+    traceback.print_exception(type(e), e, e.__traceback__.tb_next)
+    sys.exit(1)
+
+_run(_setup())
+''' % {"ready": _READY, "cpu_exit": _CPU_EXIT}

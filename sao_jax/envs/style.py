@@ -1,0 +1,158 @@
+"""Online learning with a drifting preference (SAO.md §6): reward = quality x style.
+
+One turn per episode: the model answers a writing request, the judge returns
+two 0/1 verdicts, and the reward is their product. The *preferred style* is not
+in the prompt; it follows a schedule over learner steps, e.g.
+`((0, "academic"), (200, "cute"), (400, "chuunibyou"))`, and the trainer calls
+`env.set_step(step)` so the policy has to re-discover it after every switch.
+
+Default judge, `rule_judge` (deterministic):
+- quality = the task's keyword (`Task.answer`) appears as a whole word, case
+  insensitive, and the word count is within the task's `min_words..max_words`.
+- style = at least two distinct markers of the preferred style appear
+  (`STYLE_MARKERS`; alphabetic markers match whole words, case insensitive,
+  symbols match as substrings) and more distinct markers of it than of any
+  other style.
+Optional judge: `judge.HttpJudge`, an OpenAI-compatible endpoint. A judge that
+cannot answer is an environment failure, never reward 0.
+
+Built-in tasks (`builtin_task`) ask to explain a topic in a word range and to
+mention a keyword; JSONL tasks (`tasks.load_jsonl`) work too: `answer` is the
+keyword, optional `min_words` / `max_words` keys (defaults 20 and 200).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import random
+import re
+import types
+from typing import Callable, Iterator, Sequence
+
+from sao_jax.envs import judge as judge_lib
+from sao_jax.envs.base import Environment, Message, StepResult, Task
+
+STYLE_MARKERS = types.MappingProxyType({
+    "academic": ("furthermore", "moreover", "consequently", "therefore", "thus", "in conclusion",
+                 "in summary", "notably", "empirical", "hypothesis", "evidence suggests"),
+    "cute": ("nya", "uwu", "owo", "hehe", "teehee", "kawaii", "~", "♡", "✨", ":3", "(◕‿◕)"),
+    "chuunibyou": ("dark flame", "my right arm", "sealed", "the abyss", "forbidden", "awaken",
+                   "mortal", "kukuku", "destiny", "ancient power", "bow before"),
+    "classical": ("thee", "thou", "thy", "hath", "doth", "verily", "'tis", "whence", "henceforth",
+                  "forsooth", "wherefore"),
+})
+STYLES = tuple(STYLE_MARKERS)
+DEFAULT_MIN_WORDS, DEFAULT_MAX_WORDS = 20, 200
+SYSTEM_PROMPT = "You are a helpful writer. Answer the request directly."
+
+_TOPICS = (("why the sky is blue", "scattering"), ("how vaccines work", "immune"),
+           ("what a black hole is", "gravity"), ("how bread rises", "yeast"),
+           ("why leaves change color", "chlorophyll"), ("how a compass works", "magnetic"),
+           ("what causes tides", "moon"), ("how bees make honey", "nectar"),
+           ("how volcanoes erupt", "magma"), ("how a rainbow forms", "refraction"),
+           ("what photosynthesis is", "sunlight"), ("how a bicycle stays upright", "balance"))
+
+Judge = Callable[[Task, str, str], tuple[bool, bool]]
+
+
+def _marker_pattern(marker: str) -> re.Pattern:
+  escaped = re.escape(marker)
+  return re.compile(rf"\b{escaped}\b" if marker[0].isalnum() else escaped, re.IGNORECASE)
+
+
+_PATTERNS = {style: tuple(map(_marker_pattern, markers)) for style, markers in STYLE_MARKERS.items()}
+
+
+def style_marker_counts(text: str) -> dict[str, int]:
+  """Distinct markers of each style present in `text`."""
+  return {style: sum(bool(p.search(text)) for p in patterns) for style, patterns in _PATTERNS.items()}
+
+
+def rule_judge(task: Task, response: str, style: str) -> tuple[bool, bool]:
+  """(quality, style) by the deterministic rules in the module docstring."""
+  words = len(response.split())
+  low = task.metadata.get("min_words", DEFAULT_MIN_WORDS)
+  high = task.metadata.get("max_words", DEFAULT_MAX_WORDS)
+  keyword = re.search(rf"\b{re.escape(task.answer)}\b", response, re.IGNORECASE)
+  quality = bool(keyword) and low <= words <= high
+  counts = style_marker_counts(response)
+  target = counts[style]
+  styled = target >= 2 and all(target > n for other, n in counts.items() if other != style)
+  return quality, styled
+
+
+class StyleSchedule:
+  """Preferred style by learner step: `[(first_step, style), ...]`, first step 0."""
+
+  def __init__(self, phases: Sequence[tuple[int, str]]):
+    phases = [tuple(p) for p in phases]
+    if not phases or phases[0][0] != 0:
+      raise ValueError(f"style schedule {phases!r} is invalid: expected [(0, style), "
+                       "(step, style), ...] starting at step 0.")
+    steps = [step for step, _ in phases]
+    if any(not isinstance(s, int) or isinstance(s, bool) for s in steps) or steps != sorted(
+        set(steps)):
+      raise ValueError(f"style schedule {phases!r} is invalid: steps must be integers in "
+                       "strictly increasing order.")
+    unknown = [style for _, style in phases if style not in STYLES]
+    if unknown:
+      raise ValueError(f"style schedule {phases!r}: unknown style(s) {unknown}; allowed "
+                       f"styles are {', '.join(map(repr, STYLES))}.")
+    self.phases = tuple(phases)
+    self._steps = steps
+
+  def style_at(self, step: int) -> str:
+    if step < 0:
+      raise ValueError(f"step={step!r} is invalid: learner steps start at 0.")
+    return self.phases[bisect.bisect_right(self._steps, step) - 1][1]
+
+
+class StyleEnv(Environment):
+  """Single-turn writing task; reward = quality x style under the current phase."""
+
+  def __init__(self, *, schedule: StyleSchedule, judge: Judge = rule_judge,
+               max_observation_chars: int = 4096):
+    super().__init__(max_turns=1, max_observation_chars=max_observation_chars)
+    self.schedule, self.judge = schedule, judge
+    self.step_count = 0
+
+  @property
+  def style(self) -> str:
+    """The style rewarded now."""
+    return self.schedule.style_at(self.step_count)
+
+  def set_step(self, step: int) -> None:
+    """Tells the environment the learner's current step (selects the style)."""
+    self.schedule.style_at(step)  # Validates.
+    self.step_count = step
+
+  def _reset(self, task: Task) -> list[Message]:
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": task.prompt}]
+
+  def _step(self, action: str) -> StepResult:
+    style = self.style
+    try:
+      quality, styled = self.judge(self.task, action, style)
+    except judge_lib.JudgeError as e:
+      return StepResult.fail(str(e), style=style)
+    return StepResult.finish(float(quality and styled), "judged", quality=quality,
+                             style_ok=styled, style=style)
+
+
+def builtin_task(index: int, *, seed: int = 0) -> Task:
+  """A deterministic 'explain X in N..M words, mention K' request."""
+  rng = random.Random(f"sao-style/{seed}/{index}")
+  topic, keyword = rng.choice(_TOPICS)
+  low = rng.choice((20, 30, 40))
+  high = low + rng.choice((60, 100))
+  prompt = (f"Explain {topic} in {low} to {high} words. "
+            f"Your answer must use the word \"{keyword}\".")
+  return Task(id=f"style-s{seed}-{index}", prompt=prompt, answer=keyword,
+              metadata=types.MappingProxyType({"min_words": low, "max_words": high}))
+
+
+def iterate_builtin(*, seed: int = 0) -> Iterator[Task]:
+  """Built-in style tasks 0, 1, 2, ... without end."""
+  for index in itertools.count():
+    yield builtin_task(index, seed=seed)

@@ -1,0 +1,82 @@
+"""Task files: JSONL loading and endless shuffled iteration.
+
+`load_jsonl(path)` reads one JSON object per line with a non-empty string
+`"prompt"`, an `"answer"` (string, or an integer/float written as text) and
+optionally `"id"` (string, unique across the file) and `"program"` (Python that
+prints the answer, used by `math_tasks.demonstration`); any other keys go into
+`Task.metadata`. Any bad line, blank lines included, raises ValueError naming
+the file, the line number and the problem: nothing is skipped silently.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import random
+import types
+from typing import Iterator
+
+from sao_jax.envs.base import Task
+
+
+def load_jsonl(path: str | os.PathLike) -> list[Task]:
+  """Tasks from a JSONL file (format in the module docstring)."""
+  tasks, seen = [], {}
+  with open(path, encoding="utf-8") as f:
+    for line_no, line in enumerate(f, start=1):
+      where = f"{os.fspath(path)}:{line_no}"
+      task = _parse_row(line, where, default_id=f"{os.path.basename(path)}:{line_no}")
+      if task.id in seen:
+        raise ValueError(f"{where}: id {task.id!r} already used on line {seen[task.id]}; "
+                         "ids must be unique.")
+      seen[task.id] = line_no
+      tasks.append(task)
+  if not tasks:
+    raise ValueError(f"{os.fspath(path)}: no tasks; expected one JSON object per line.")
+  return tasks
+
+
+def _parse_row(line: str, where: str, default_id: str) -> Task:
+  if not line.strip():
+    raise ValueError(f"{where}: blank line; remove it (every line must be a JSON object).")
+  try:
+    row = json.loads(line)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{where}: invalid JSON ({e.msg} at column {e.colno}).") from None
+  if not isinstance(row, dict):
+    raise ValueError(f"{where}: expected a JSON object with 'prompt' and 'answer', "
+                     f"got {type(row).__name__}.")
+  prompt, answer = row.pop("prompt", None), row.pop("answer", None)
+  if not isinstance(prompt, str) or not prompt.strip():
+    raise ValueError(f"{where}: 'prompt' must be a non-empty string, got {prompt!r}.")
+  if isinstance(answer, (int, float)) and not isinstance(answer, bool):
+    answer = str(answer)
+  if not isinstance(answer, str) or not answer.strip():
+    raise ValueError(f"{where}: 'answer' must be a non-empty string or a number, got {answer!r}.")
+  task_id = row.pop("id", default_id)
+  if not isinstance(task_id, str) or not task_id:
+    raise ValueError(f"{where}: 'id' must be a non-empty string, got {task_id!r}.")
+  if not isinstance(row.get("program", ""), str):
+    raise ValueError(f"{where}: 'program' must be a string of Python code, "
+                     f"got {row['program']!r}.")
+  return Task(id=task_id, prompt=prompt, answer=answer.strip(),
+              metadata=types.MappingProxyType(row))
+
+
+def iterate_shuffled(tasks: list[Task], *, seed: int = 0) -> Iterator[Task]:
+  """`tasks` in a fresh seeded order each epoch, without end."""
+  for epoch in itertools.count():
+    order = list(tasks)
+    random.Random(f"sao-epoch/{seed}/{epoch}").shuffle(order)
+    yield from order
+
+
+def check_generator_args(difficulty: int, kind: str, *, max_difficulty: int,
+                         kinds: tuple[str, ...]) -> None:
+  """ValueError naming a task generator's bad `difficulty` or `kind`."""
+  if isinstance(difficulty, bool) or difficulty not in range(1, max_difficulty + 1):
+    raise ValueError(f"difficulty={difficulty!r} is invalid: expected an integer in "
+                     f"1..{max_difficulty}.")
+  if kind not in kinds:
+    raise ValueError(f"kind={kind!r} is invalid: allowed values are {', '.join(map(repr, kinds))}.")

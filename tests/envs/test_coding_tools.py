@@ -1,0 +1,165 @@
+"""Coding tools: the tool-call format and the confined file tools (no sandbox needed)."""
+
+import os
+
+import pytest
+
+from sao_jax.envs import coding_tools
+from sao_jax.envs.coding_tools import ToolCall, ToolError, Workspace, format_tool_call
+
+SOURCE = "def f(x):\n    return x + 1\n\n\ndef g(x):\n    return x + 1\n"
+
+
+@pytest.fixture
+def workspace(tmp_path):
+  root = tmp_path / "work"
+  (root / "pkg").mkdir(parents=True)
+  (root / "pkg" / "mod.py").write_text(SOURCE)
+  (root / "notes.txt").write_text("alpha\nbeta x + 1\n")
+  return Workspace(root)
+
+
+def test_format_and_parse_round_trip():
+  text = "Let me look.\n\n" + format_tool_call("view", path="a.py", start=2)
+  assert parse_first(text) == ToolCall("view", {"path": "a.py", "start": 2, "end": None})
+  assert parse_first(format_tool_call("submit")) == ToolCall("submit", {})
+  assert parse_first('```tool\n{"name": "list"}\n```') == ToolCall("list", {"path": "."})
+  assert parse_first("no tool call here ```python\nprint(1)\n```") is None
+
+
+def parse_first(text):
+  return coding_tools.parse_tool_call(text)
+
+
+def test_only_the_first_block_counts_and_backticks_inside_strings_are_fine():
+  edit = format_tool_call("edit", path="README.md", old="```\ncode\n```", new="")
+  text = edit + "\n" + format_tool_call("submit")
+  call = parse_first(text)
+  assert call.name == "edit" and call.args["old"] == "```\ncode\n```"
+  pretty = '```tool\n{\n  "name": "view",\n  "args": {"path": "a.py"}\n}\n```'
+  assert parse_first(pretty).args["path"] == "a.py"
+
+
+@pytest.mark.parametrize("block, message", [
+    ("{bad json", "not valid JSON"),
+    ("[1, 2]", 'must be a JSON object with a string "name"'),
+    ('{"name": "view", "path": "a.py"}', "unexpected keys ['path']"),
+    ('{"name": "rm", "args": {}}', "unknown tool 'rm'; tools: list, view,"),
+    ('{"name": "view", "args": []}', '"args" of view must be a JSON object'),
+    ('{"name": "view", "args": {}}', "view needs the argument 'path'"),
+    ('{"name": "view", "args": {"path": "a", "line": 3}}', "unknown arguments ['line']"),
+    ('{"name": "view", "args": {"path": "a", "start": "3"}}', "'start' must be an integer"),
+    ('{"name": "view", "args": {"path": "a", "start": true}}', "'start' must be an integer"),
+    ('{"name": "edit", "args": {"path": 1, "old": "a", "new": "b"}}', "'path' must be a string"),
+])
+def test_malformed_calls_are_tool_errors(block, message):
+  with pytest.raises(ToolError, match=message.replace("[", r"\[").replace("]", r"\]")):
+    parse_first(f"```tool\n{block}\n```")
+
+
+def test_list_view_search(workspace):
+  assert workspace.list() == "notes.txt\npkg/\npkg/mod.py"
+  assert workspace.list("pkg") == "pkg/mod.py"
+  view = workspace.view("pkg/mod.py", start=2, end=99)
+  assert view.splitlines() == ["pkg/mod.py (lines 2-6 of 6):", "     2      return x + 1",
+                               "     3  ", "     4  ", "     5  def g(x):",
+                               "     6      return x + 1"]
+  assert workspace.search("x + 1").splitlines() == [
+      "notes.txt:2: beta x + 1", "pkg/mod.py:2:     return x + 1", "pkg/mod.py:6:     return x + 1"]
+  assert workspace.search("(x", path="pkg") == "pkg/mod.py:1: def f(x):\npkg/mod.py:5: def g(x):"
+  assert workspace.search("nowhere") == "no matches for 'nowhere' under '.'."
+
+
+def test_listing_and_search_are_capped(workspace):
+  files = coding_tools.MAX_LIST_ENTRIES + 5
+  for i in range(files):
+    with open(os.path.join(workspace.root, f"f{i:04d}.txt"), "w") as f:
+      f.write("hit\n")
+  listing = workspace.list().splitlines()
+  assert len(listing) == coding_tools.MAX_LIST_ENTRIES + 1
+  assert listing[-1] == "[8 more entries not shown]"  # 505 files + notes.txt, pkg/, pkg/mod.py.
+  matches = workspace.search("hit").splitlines()
+  assert len(matches) == coding_tools.MAX_MATCHES + 1
+  assert matches[-1] == f"[{files - coding_tools.MAX_MATCHES} more matches not shown]"
+
+
+@pytest.mark.parametrize("start, end, message", [
+    (0, None, "lines 0-6 are out of range: pkg/mod.py has 6 lines"),
+    (7, 9, "lines 7-9 are out of range"),
+    (4, 2, "lines 4-2 are out of range"),
+])
+def test_view_out_of_range(workspace, start, end, message):
+  with pytest.raises(ToolError, match=message):
+    workspace.view("pkg/mod.py", start=start, end=end)
+
+
+def test_edit_needs_exactly_one_occurrence(workspace):
+  with pytest.raises(ToolError, match=r"occurs 2 times in pkg/mod.py \(starting on lines 2, 6\)"):
+    workspace.edit("pkg/mod.py", "return x + 1", "return x")
+  with pytest.raises(ToolError, match="not found in pkg/mod.py"):
+    workspace.edit("pkg/mod.py", "return x + 2", "return x")
+  with pytest.raises(ToolError, match="old must not be empty"):
+    workspace.edit("pkg/mod.py", "", "x")
+  result = workspace.edit("pkg/mod.py", "def g(x):\n    return x + 1", "def g(x):\n    return x")
+  assert result.startswith("edited pkg/mod.py; lines 3-6 now read:")
+  assert workspace.read_text("pkg/mod.py") == SOURCE[:-6] + "x\n"
+
+
+def test_edit_keeps_crlf_line_endings(workspace):
+  path = os.path.join(workspace.root, "win.txt")
+  with open(path, "wb") as f:
+    f.write(b"a\r\nb\r\n")
+  workspace.edit("win.txt", "b", "c")
+  with open(path, "rb") as f:
+    assert f.read() == b"a\r\nc\r\n"
+
+
+def test_create(workspace):
+  assert workspace.create("new/deep/file.py", "x = 1\n") == "created new/deep/file.py (1 lines)."
+  assert workspace.read_text("new/deep/file.py") == "x = 1\n"
+  with pytest.raises(ToolError, match="already exists; use edit"):
+    workspace.create("notes.txt", "")
+
+
+@pytest.mark.parametrize("path, message", [
+    ("/etc/passwd", "is an absolute path"),
+    ("../outside.txt", "is outside the repository"),
+    ("pkg/../../outside.txt", "is outside the repository"),
+    ("", "invalid path"),
+    ("a\x00b", "invalid path"),
+])
+def test_paths_cannot_leave_the_workspace(workspace, path, message):
+  for tool in (lambda: workspace.view(path), lambda: workspace.create(path, "x"),
+               lambda: workspace.edit(path, "a", "b"), lambda: workspace.list(path),
+               lambda: workspace.search("a", path)):
+    with pytest.raises(ToolError, match=message):
+      tool()
+  assert not os.path.exists(os.path.join(os.path.dirname(workspace.root), "outside.txt"))
+
+
+def test_symlinks_out_of_the_workspace_are_refused(workspace, tmp_path):
+  secret = tmp_path / "secret.txt"
+  secret.write_text("secret\n")
+  os.symlink(secret, os.path.join(workspace.root, "link.txt"))
+  os.symlink(tmp_path, os.path.join(workspace.root, "linkdir"))
+  for tool in (lambda: workspace.view("link.txt"), lambda: workspace.edit("link.txt", "s", "x"),
+               lambda: workspace.create("linkdir/new.txt", "x"), lambda: workspace.list("linkdir")):
+    with pytest.raises(ToolError, match="outside the repository"):
+      tool()
+  assert workspace.search("secret") == "no matches for 'secret' under '.'."
+  assert secret.read_text() == "secret\n" and not (tmp_path / "new.txt").exists()
+
+
+def test_special_and_binary_files(workspace):
+  os.mkfifo(os.path.join(workspace.root, "pipe"))
+  with pytest.raises(ToolError, match="not a regular file"):
+    workspace.view("pipe")  # Would block forever if opened.
+  assert workspace.search("alpha") == "notes.txt:1: alpha"  # Skips the FIFO.
+  with open(os.path.join(workspace.root, "blob.bin"), "wb") as f:
+    f.write(b"\xff\xfe\x00alpha")
+  with pytest.raises(ToolError, match="not UTF-8 text"):
+    workspace.view("blob.bin")
+  with pytest.raises(ToolError, match="is a directory"):
+    workspace.view("pkg")
+  with pytest.raises(ToolError, match="does not exist"):
+    workspace.view("missing.py")

@@ -1,0 +1,218 @@
+"""Math environment: answer checking, tool round trips, JSONL tasks, generator, demos."""
+
+import json
+import threading
+
+import pytest
+
+from sao_jax.envs import answers, math_tasks, math_tool, sandbox, tasks
+from sao_jax.envs.base import Task, play
+
+LIMITS = sandbox.SandboxLimits(wall_time_s=3.0, cpu_time_s=1, memory_mb=256)
+
+
+def make_env(max_turns=4):
+  return math_tool.MathToolEnv(max_turns=max_turns, max_observation_chars=2000,
+                               sandbox_limits=LIMITS)
+
+
+@pytest.mark.parametrize("predicted, gold, correct", [
+    ("42", "42", True),
+    ("41", "42", False),
+    ("0.5", "1/2", True),
+    ("\\frac{1}{2}", "0.5", True),
+    ("\\dfrac12", "1/2", True),
+    ("1,000", "1000", True),
+    ("3\\sqrt{2}", "\\sqrt{18}", True),
+    ("x + 1", "1 + x", True),
+    ("$-7$", "-7", True),
+    ("paris", "Paris", True),
+    ("sirap", "Paris", False),  # math parsers would accept the anagram p*a*r*i*s
+    ("9^{9^{9}}", "5", False),  # refused before any symbolic work
+    ("", "1", False),
+])
+def test_verify_answer(predicted, gold, correct):
+  assert answers.verify_answer(predicted, gold) is correct
+
+
+def test_extract_boxed_takes_the_last_balanced_box():
+  assert answers.extract_boxed("\\boxed{1} then \\boxed{\\frac{1}{2}}") == "\\frac{1}{2}"
+  assert answers.extract_boxed("\\boxed{7} and an unclosed \\boxed{3") == "7"
+  assert answers.extract_boxed("no answer") is None
+
+
+def test_extract_code_takes_the_first_python_block():
+  text = "think\n```python\nprint(1)\n```\nmore\n```python\nprint(2)\n```"
+  assert math_tool.extract_code(text) == "print(1)\n"
+  assert math_tool.extract_code("```\nprint(1)\n```") is None
+
+
+TASK = Task(id="t", prompt="What is 6 * 7?", answer="42")
+
+
+def test_correct_and_incorrect_answers():
+  env = make_env()
+  messages = env.reset(TASK)
+  assert [m["role"] for m in messages] == ["system", "user"]
+  assert messages[1]["content"] == TASK.prompt and "\\boxed" in messages[0]["content"]
+  result = env.step("It is \\boxed{42}.")
+  assert (result.done, result.reward, result.info["correct"]) == (True, 1.0, True)
+  env.reset(TASK)
+  result = env.step("\\boxed{41}")
+  assert (result.done, result.reward, result.failure) == (True, 0.0, None)
+
+
+def test_tool_call_round_trip():
+  env = make_env()
+  env.reset(TASK)
+  result = env.step("Let me compute.\n```python\nprint(6 * 7)\n```")
+  assert not result.done and result.observation == "42"
+  assert env.observation_role == "tool"
+  result = env.step("```python\nimport sys\nprint('partial')\nsys.exit(3)\n```")
+  assert result.observation == "partial\n[exit status 3]"
+  result = env.step("```python\n1/0\n```")
+  assert "ZeroDivisionError" in result.observation and "[exit status 1]" in result.observation
+  result = env.step("So \\boxed{42}")
+  assert result.reward == 1.0 and result.info["tool_calls"] == 3
+
+
+def test_tool_limits_show_up_in_the_observation():
+  env = make_env()
+  env.reset(TASK)
+  result = env.step("```python\nwhile True:\n  pass\n```")
+  assert "CPU time limit" in result.observation
+
+
+def test_turn_without_code_or_answer_gets_a_reminder():
+  env = make_env(max_turns=2)
+  env.reset(TASK)
+  assert env.step("hmm").observation == math_tool.NO_ACTION
+  result = env.step("still thinking")
+  assert (result.done, result.reward, result.reason) == (True, 0.0, "max_turns")
+
+
+def test_sandbox_harness_failure_is_an_environment_failure(monkeypatch):
+  def broken(code, limits):
+    raise sandbox.SandboxError("interpreter missing")
+  monkeypatch.setattr(sandbox, "run_python", broken)
+  env = make_env()
+  env.reset(TASK)
+  result = env.step("```python\nprint(1)\n```")
+  assert result.done and "interpreter missing" in result.failure and result.reward == 0.0
+
+
+def write_lines(tmp_path, lines):
+  path = tmp_path / "tasks.jsonl"
+  path.write_text("".join(line + "\n" for line in lines))
+  return path
+
+
+def test_jsonl_tasks_load(tmp_path):
+  path = write_lines(tmp_path, [
+      json.dumps({"prompt": "1+1?", "answer": 2}),
+      json.dumps({"prompt": "Half?", "answer": "1/2", "id": "half", "program": "print(1/2)",
+                  "source": "x"}),
+  ])
+  first, second = tasks.load_jsonl(path)
+  assert (first.id, first.answer) == ("tasks.jsonl:1", "2")
+  assert (second.id, second.metadata["source"], second.metadata["program"]) == (
+      "half", "x", "print(1/2)")
+
+
+@pytest.mark.parametrize("bad_line, message", [
+    ("{not json", "invalid JSON"),
+    ("[1, 2]", "expected a JSON object"),
+    (json.dumps({"answer": "2"}), "'prompt' must be a non-empty string"),
+    (json.dumps({"prompt": "q", "answer": None}), "'answer' must be"),
+    (json.dumps({"prompt": "q", "answer": True}), "'answer' must be"),
+    (json.dumps({"prompt": "q", "answer": "1", "id": 5}), "'id' must be"),
+    (json.dumps({"prompt": "q", "answer": "1", "program": 3}), "'program' must be"),
+    ("", "blank line"),
+])
+def test_jsonl_errors_name_file_and_line(tmp_path, bad_line, message):
+  good = json.dumps({"prompt": "1+1?", "answer": "2"})
+  path = write_lines(tmp_path, [good, bad_line, good])
+  with pytest.raises(ValueError, match=message) as error:
+    tasks.load_jsonl(path)
+  assert f"{path}:2:" in str(error.value)
+
+
+def test_jsonl_duplicate_ids_and_empty_files_are_errors(tmp_path):
+  row = json.dumps({"prompt": "q", "answer": "1", "id": "a"})
+  with pytest.raises(ValueError, match=r"tasks.jsonl:2: id 'a' already used on line 1"):
+    tasks.load_jsonl(write_lines(tmp_path, [row, row]))
+  with pytest.raises(ValueError, match="no tasks"):
+    tasks.load_jsonl(write_lines(tmp_path, []))
+
+
+def test_shuffled_iteration_covers_every_task_each_epoch():
+  pool = [Task(id=str(i), prompt="p", answer="1") for i in range(5)]
+  stream = tasks.iterate_shuffled(pool, seed=3)
+  epochs = [[next(stream).id for _ in range(5)] for _ in range(2)]
+  assert all(sorted(epoch) == sorted(t.id for t in pool) for epoch in epochs)
+  again = tasks.iterate_shuffled(pool, seed=3)
+  assert [next(again).id for _ in range(5)] == epochs[0]
+
+
+def test_generator_is_deterministic_and_seeded():
+  first = [math_tasks.generate_task(i, seed=7, difficulty=3) for i in range(20)]
+  assert first == [math_tasks.generate_task(i, seed=7, difficulty=3) for i in range(20)]
+  stream = math_tasks.iterate_generated(seed=7, difficulty=3)
+  assert [next(stream) for _ in range(20)] == first
+  other = [math_tasks.generate_task(i, seed=8, difficulty=3) for i in range(20)]
+  assert [t.prompt for t in other] != [t.prompt for t in first]
+  assert {t.metadata["kind"] for t in first} == {"arithmetic", "word"}
+  # Pinned: a change here changes every generated training set.
+  assert math_tasks.generate_task(0, seed=0, difficulty=2, kind="arithmetic").prompt == (
+      GOLDEN_PROMPT)
+
+
+GOLDEN_PROMPT = "Compute 47 * (9 * 3)."
+
+
+@pytest.mark.parametrize("kind", ["arithmetic", "word"])
+def test_difficulty_controls_size(kind):
+  def size(task):
+    if kind == "arithmetic":
+      return sum(token.strip("()").isdigit() for token in task.prompt.rstrip(".").split())
+    return task.prompt.count("Then ")
+  for difficulty in range(1, 6):
+    sizes = {size(math_tasks.generate_task(i, difficulty=difficulty, kind=kind))
+             for i in range(10)}
+    expected = difficulty + 1 if kind == "arithmetic" else difficulty
+    assert sizes == {expected}, (difficulty, sizes)
+
+
+@pytest.mark.parametrize("bad", [{"difficulty": 0}, {"difficulty": 6}, {"kind": "poetry"}])
+def test_generator_arguments_are_validated(bad):
+  with pytest.raises(ValueError, match=next(iter(bad))):
+    math_tasks.generate_task(0, **bad)
+
+
+@pytest.mark.parametrize("difficulty", [1, 3, 5])
+def test_demonstrations_solve_their_tasks(difficulty):
+  env = make_env()
+  for kind in ("arithmetic", "word"):
+    task = math_tasks.generate_task(difficulty, seed=11, difficulty=difficulty, kind=kind)
+    turns = math_tasks.demonstration(task)
+    transcript = play(env, task, turns)
+    assert transcript.result.reward == 1.0, (task, transcript.messages)
+    assert transcript.messages[3] == {"role": "tool", "content": task.answer}
+
+
+def test_demonstration_needs_a_program(tmp_path):
+  path = write_lines(tmp_path, [json.dumps({"prompt": "q", "answer": "3"}),
+                                json.dumps({"prompt": "q", "answer": "3", "program": "print(3)"})])
+  plain, scripted = tasks.load_jsonl(path)
+  with pytest.raises(ValueError, match="no 'program'"):
+    math_tasks.demonstration(plain)
+  assert play(make_env(), scripted, math_tasks.demonstration(scripted)).result.reward == 1.0
+
+
+def test_verify_answer_works_off_the_main_thread():
+  # math-verify's signal-based timeout raises ValueError outside the main thread.
+  results = []
+  worker = threading.Thread(target=lambda: results.append(answers.verify_answer("0.5", "1/2")))
+  worker.start()
+  worker.join()
+  assert results == [True]

@@ -1,0 +1,154 @@
+"""The Python sandbox contains model misbehaviour and reports it; the caller survives."""
+
+import os
+import pathlib
+
+import pytest
+
+from sao_jax.envs import sandbox
+
+LIMITS = sandbox.SandboxLimits(wall_time_s=3.0, cpu_time_s=1, memory_mb=256,
+                               max_output_bytes=1000)
+PROJECT_FILE = pathlib.Path(__file__).resolve().parents[2] / "pyproject.toml"
+
+
+def run(code, limits=LIMITS):
+  return sandbox.run_python(code, limits)
+
+
+def test_normal_code_runs_and_its_directory_is_removed():
+  result = run("import math, os\n"
+               "open('out.txt', 'w').write(str(math.factorial(5)))\n"
+               "print(open('out.txt').read())\n"
+               "print(os.getcwd())\n")
+  assert result.ok, result.stderr
+  value, workdir = result.stdout.split()
+  assert value == "120"
+  assert not os.path.exists(workdir)
+  assert not (result.timed_out or result.stdout_truncated or result.stderr_truncated)
+
+
+def test_errors_are_reported_with_a_traceback():
+  result = run("x = 1\n1 / x.missing\n")
+  assert result.exit_code == 1 and result.killed_reason is None
+  assert "AttributeError" in result.stderr and 'File "main.py", line 2' in result.stderr
+
+
+def test_infinite_loop_hits_the_cpu_limit():
+  result = run("while True:\n  pass\n")
+  assert result.killed_reason == "cpu_time" and not result.ok
+  assert result.wall_time_s < LIMITS.wall_time_s + 1
+
+
+def test_sleeping_forever_hits_the_wall_clock_limit():
+  limits = sandbox.SandboxLimits(wall_time_s=1.0, cpu_time_s=5)
+  result = run("import time\nprint('started', flush=True)\ntime.sleep(60)\n", limits)
+  assert result.timed_out and result.killed_reason == "wall_time"
+  assert result.stdout == "started\n"
+  assert result.wall_time_s < 3
+
+
+def test_closing_the_pipes_does_not_escape_the_wall_clock():
+  limits = sandbox.SandboxLimits(wall_time_s=1.0, cpu_time_s=5)
+  result = run("import os, time\nos.close(1)\nos.close(2)\ntime.sleep(60)\n", limits)
+  assert result.timed_out and result.wall_time_s < 3
+
+
+def test_fork_bomb_is_contained():
+  result = run("import os\nwhile True:\n  os.fork()\n")
+  assert not result.ok and "PermissionError" in result.stderr
+  result = run("import subprocess\nsubprocess.run(['sh', '-c', ':(){ :|:& };:'])\n")
+  assert not result.ok and "PermissionError" in result.stderr
+
+
+def test_threads_are_limited_by_rlimit_nproc():
+  if os.geteuid() == 0 and not sandbox.namespaces_available():
+    pytest.skip("uid 0 without the nobody drop: the kernel ignores RLIMIT_NPROC")
+  result = run("import threading\nthreading.Thread(target=print).start()\n")
+  assert not result.ok and "can't start new thread" in result.stderr
+
+
+def test_memory_bomb_gets_memory_error():
+  result = run("blocks = []\nwhile True:\n  blocks.append(bytearray(10**7))\n")
+  assert not result.ok and "MemoryError" in result.stderr
+
+
+def test_huge_output_is_truncated_and_flagged():
+  result = run("print('x' * 10**7)\nimport sys\nsys.stderr.write('e' * 5000)\n")
+  assert result.ok
+  assert result.stdout == "x" * 1000 and result.stdout_truncated
+  assert result.stderr == "e" * 1000 and result.stderr_truncated
+
+
+def test_file_size_is_limited():
+  limits = sandbox.SandboxLimits(file_size_mb=1, wall_time_s=5)
+  result = run("open('big', 'wb').write(b'0' * (2 << 20))\n", limits)
+  assert not result.ok and "File too large" in result.stderr
+
+
+@pytest.mark.parametrize("path", ["/etc/passwd", str(PROJECT_FILE)])
+def test_files_outside_the_sandbox_cannot_be_read(path):
+  assert os.path.exists(path)  # The file exists for the caller...
+  result = run(f"print(open({path!r}).read())\n")
+  assert not result.ok and "not allowed" in result.stderr  # ...but not in the sandbox.
+  assert result.stdout == ""
+
+
+def test_directories_outside_the_sandbox_cannot_be_listed_or_changed():
+  for code in (f"import os\nprint(os.listdir({str(PROJECT_FILE.parent)!r}))\n",
+               f"import os\nos.remove({str(PROJECT_FILE)!r})\n",
+               f"import os\nos.symlink({str(PROJECT_FILE)!r}, 'link')\n",
+               f"open({str(PROJECT_FILE.parent / 'sandbox_was_here')!r}, 'w')\n"):
+    result = run(code)
+    assert not result.ok and "not allowed" in result.stderr, code
+  assert PROJECT_FILE.exists()
+  assert not (PROJECT_FILE.parent / "sandbox_was_here").exists()
+
+
+def test_sockets_are_blocked():
+  result = run("import socket\ns = socket.socket()\ns.connect(('127.0.0.1', 9))\n")
+  assert not result.ok and "socket.__new__ is not allowed" in result.stderr
+  result = run("import socket\nsocket.getaddrinfo('example.com', 80)\n")
+  assert not result.ok and "not allowed" in result.stderr
+
+
+def test_killing_the_parent_is_contained():
+  for target in ("os.getppid()", str(os.getpid())):
+    result = run(f"import os, signal\nos.kill({target}, signal.SIGKILL)\n")
+    assert not result.ok and "os.kill is not allowed" in result.stderr
+  result = run("import os, signal\nos.killpg(os.getpgid(0), signal.SIGKILL)\n")
+  assert not result.ok
+  assert os.getpid() > 0  # Still here.
+
+
+def test_caller_environment_is_not_inherited(monkeypatch):
+  monkeypatch.setenv("SAO_SANDBOX_SECRET", "hunter2")
+  result = run("import os\nprint(sorted(os.environ))\n")
+  assert result.ok and "SAO_SANDBOX_SECRET" not in result.stdout
+
+
+def test_limits_cannot_be_raised_from_inside():
+  result = run("import resource\nresource.setrlimit(resource.RLIMIT_CPU, (100, 100))\n")
+  assert not result.ok and "not allowed" in result.stderr
+
+
+def test_invalid_limits_name_the_field():
+  with pytest.raises(ValueError, match="sandbox.cpu_time_s=0"):
+    run("print(1)", sandbox.SandboxLimits(cpu_time_s=0))
+
+
+def test_a_broken_interpreter_is_a_harness_error(monkeypatch):
+  monkeypatch.setattr(sandbox.sys, "executable", "/nonexistent/python")
+  with pytest.raises(sandbox.SandboxError):
+    run("print(1)")
+
+
+def test_syntax_error_is_the_codes_fault_not_a_harness_failure():
+  """Regression: a SyntaxError in model code used to raise SandboxError
+  ("bootstrap did not start"), turning a wrong action into an environment
+  failure that training filters out."""
+  for code, message in (("print(3 - 9", "'(' was never closed"),
+                        ("x = '\x00'", "cannot contain null bytes")):
+    result = sandbox.run_python(code, sandbox.SandboxLimits())
+    assert result.exit_code == 1 and result.killed_reason is None
+    assert "SyntaxError" in result.stderr and message in result.stderr

@@ -1,0 +1,181 @@
+"""Style environment: schedule, rule judge, HTTP judge (against a local server)."""
+
+import contextlib
+import http.server
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+from sao_jax.envs import judge, style
+from sao_jax.envs.base import Task
+
+SCHEDULE = style.StyleSchedule([(0, "academic"), (200, "cute"), (400, "chuunibyou")])
+TASK = Task(id="s", prompt="Explain tides in 10 to 80 words; use the word \"moon\".",
+            answer="moon", metadata={"min_words": 10, "max_words": 80})
+ACADEMIC = ("Tides arise from the gravitational pull of the moon. Moreover, the evidence "
+            "suggests a second bulge; therefore most coasts see two tides daily.")
+CUTE = ("Hehe~ the moon tugs the ocean like a little kitten with a ribbon ♡ and teehee, "
+        "the water goes up and down twice a day nya :3")
+
+
+def test_schedule_switches_by_step():
+  env = style.StyleEnv(schedule=SCHEDULE)
+  observed = {}
+  for step in (0, 199, 200, 399, 400, 10**6):
+    env.set_step(step)
+    observed[step] = env.style
+  assert observed == {0: "academic", 199: "academic", 200: "cute", 399: "cute",
+                      400: "chuunibyou", 10**6: "chuunibyou"}
+
+
+@pytest.mark.parametrize("phases, message", [
+    ([], "starting at step 0"),
+    ([(5, "cute")], "starting at step 0"),
+    ([(0, "cute"), (0, "academic")], "strictly increasing"),
+    ([(0, "pirate")], "unknown style"),
+])
+def test_bad_schedules_are_rejected(phases, message):
+  with pytest.raises(ValueError, match=message):
+    style.StyleSchedule(phases)
+
+
+def test_rule_judge_rewards_the_current_style_only():
+  env = style.StyleEnv(schedule=SCHEDULE)
+  rewards = {}
+  for step in (0, 200):
+    env.set_step(step)
+    for name, text in (("academic", ACADEMIC), ("cute", CUTE)):
+      env.reset(TASK)
+      result = env.step(text)
+      assert result.done and result.failure is None and result.info["quality"]
+      rewards[step, name] = result.reward
+  assert rewards == {(0, "academic"): 1.0, (0, "cute"): 0.0,
+                     (200, "academic"): 0.0, (200, "cute"): 1.0}
+
+
+def test_rule_judge_quality_checks_keyword_and_length():
+  assert style.rule_judge(TASK, ACADEMIC, "academic") == (True, True)
+  assert style.rule_judge(TASK, ACADEMIC.replace("moon", "sun"), "academic") == (False, True)
+  assert style.rule_judge(TASK, "Moreover, thus the moon.", "academic") == (False, True)
+  # Markers must be whole words: "thusly" and "moreoverish" are not academic markers.
+  assert style.style_marker_counts("thusly moreoverish")["academic"] == 0
+
+
+def test_builtin_tasks_are_deterministic_and_answerable():
+  stream = style.iterate_builtin(seed=1)
+  first = [next(stream) for _ in range(5)]
+  assert first == [style.builtin_task(i, seed=1) for i in range(5)]
+  task = first[0]
+  words = " ".join(["Moreover, thus"] + [task.answer] * task.metadata["min_words"])
+  assert style.rule_judge(task, words, "academic") == (True, True)
+
+
+def verdict_reply(quality, styled):
+  content = f"```json\n{json.dumps({'quality': quality, 'style': styled})}\n```"
+  return json.dumps({"choices": [{"message": {"role": "assistant", "content": content}}]})
+
+
+@contextlib.contextmanager
+def judge_server(replies):
+  """Serves `replies` in order: (status, body) or ("sleep", seconds). Yields (url, requests)."""
+  requests = []
+  queue = list(replies)
+
+  class Handler(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+      body = self.rfile.read(int(self.headers["Content-Length"]))
+      requests.append({"path": self.path, "body": json.loads(body),
+                       "auth": self.headers.get("Authorization")})
+      status, payload = queue.pop(0) if len(queue) > 1 else queue[0]
+      if status == "sleep":
+        time.sleep(payload)
+        return
+      data = payload.encode()
+      self.send_response(status)
+      self.send_header("Content-Type", "application/json")
+      self.send_header("Content-Length", str(len(data)))
+      self.end_headers()
+      self.wfile.write(data)
+
+    def log_message(self, *args):
+      pass
+
+  server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+  server.daemon_threads = True
+  server.block_on_close = False
+  thread = threading.Thread(target=server.serve_forever, daemon=True)
+  thread.start()
+  try:
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1", requests
+  finally:
+    server.shutdown()
+    server.server_close()
+
+
+def http_env(url, **kwargs):
+  grader = judge.HttpJudge(base_url=url, model="judge-model", timeout_s=0.5, retries=1,
+                           backoff_s=0.01, **kwargs)
+  env = style.StyleEnv(schedule=SCHEDULE, judge=grader)
+  env.reset(TASK)
+  return env
+
+
+def test_http_judge_success(monkeypatch):
+  monkeypatch.setenv("SAO_TEST_JUDGE_KEY", "sk-test")
+  with judge_server([(200, verdict_reply(1, 1))]) as (url, requests):
+    result = http_env(url, api_key_env="SAO_TEST_JUDGE_KEY").step(ACADEMIC)
+  assert (result.reward, result.failure, result.info["style"]) == (1.0, None, "academic")
+  (request,) = requests
+  assert request["path"] == "/v1/chat/completions" and request["auth"] == "Bearer sk-test"
+  assert request["body"]["model"] == "judge-model"
+  assert ACADEMIC in request["body"]["messages"][-1]["content"]
+
+
+def test_http_judge_zero_is_a_reward_not_a_failure():
+  with judge_server([(200, verdict_reply(1, 0))]) as (url, _):
+    result = http_env(url).step(ACADEMIC)
+  assert (result.reward, result.failure) == (0.0, None)
+
+
+def test_http_judge_retries_server_errors():
+  with judge_server([(503, "busy"), (200, verdict_reply(1, 1))]) as (url, requests):
+    result = http_env(url).step(ACADEMIC)
+  assert result.reward == 1.0 and len(requests) == 2
+
+
+@pytest.mark.parametrize("replies, expected", [
+    ([("sleep", 2.0)], "timed out"),
+    ([(200, "this is not json")], "malformed"),
+    ([(200, json.dumps({"choices": []}))], "malformed"),
+    ([(200, verdict_reply(2, 1))], "quality and style in"),
+    ([(401, "unauthorized")], "HTTP 401"),
+])
+def test_http_judge_failures_are_environment_failures(replies, expected):
+  with judge_server(replies) as (url, requests):
+    result = http_env(url).step(ACADEMIC)
+  assert result.done and result.reward == 0.0 and result.reason == "env_failure"
+  assert expected in result.failure
+  assert len(requests) == (1 if "401" in expected else 2)  # 401 is not retried.
+
+
+def test_unreachable_judge_is_an_environment_failure():
+  with socket.socket() as probe:  # A port nobody listens on.
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+  result = http_env(f"http://127.0.0.1:{port}/v1").step(ACADEMIC)
+  assert result.failure is not None and "failed after 2 attempt(s)" in result.failure
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"base_url": "127.0.0.1:8000", "model": "m"}, "base_url"),
+    ({"base_url": "http://x/v1", "model": ""}, "model"),
+    ({"base_url": "http://x/v1", "model": "m", "api_key_env": "SAO_UNSET_KEY_VAR"},
+     "SAO_UNSET_KEY_VAR"),
+])
+def test_judge_settings_are_validated(monkeypatch, kwargs, message):
+  monkeypatch.delenv("SAO_UNSET_KEY_VAR", raising=False)
+  with pytest.raises(ValueError, match=message):
+    judge.HttpJudge(**kwargs)
