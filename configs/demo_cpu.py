@@ -1,0 +1,37 @@
+"""CPU demo: a tiny Qwen3-style model learns tool-integrated arithmetic with SAO.
+
+    make demo            # = .venv/bin/sao-train --config configs/demo_cpu.py
+
+From scratch on a 2-core CPU in about 10 minutes: a byte-level BPE tokenizer is
+trained on the environment's texts, a ~1M-parameter model gets a short SFT
+warm-start on demonstrations (write a python block that prints the expression,
+read the tool output, answer in \\boxed{}), then SAO trains it with one sampler
+process streaming single rollouts. Held-out accuracy (greedy, 64 tasks never
+trained on) is printed at step 0 (after SFT) and every 10 steps; it starts near
+the SFT level and should rise. Outputs go to runs/demo_cpu/: metrics.jsonl,
+tensorboard/, checkpoints/, curves.png.
+"""
+
+from sao_jax.config import (AlgorithmConfig, Config, DataConfig, EnvConfig, LearnerConfig,
+                            MeshConfig, ModelConfig, RunConfig, SamplerConfig)
+
+
+def get_config() -> Config:
+  return Config(
+      name="demo_cpu",
+      seed=0,
+      mesh=MeshConfig(data=1, fsdp=-1, tensor=1, expert=1),
+      model=ModelConfig(vocab_size=512, hidden_size=128, intermediate_size=256,
+                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                        head_dim=32, max_position_embeddings=512, logits_chunk=256),
+      algorithm=AlgorithmConfig.for_variant("sao"),
+      learner=LearnerConfig(batch_trajectories=16, steps=60, policy_lr=2e-5, value_lr=1e-4,
+                            critic_warmup_steps=3, grad_clip=1.0),
+      env=EnvConfig(name="math_tool", difficulty=1, problem_kind="arithmetic", max_turns=3,
+                    tool_wall_time_s=5.0),
+      data=DataConfig(max_lag=4, length_buckets=(192, 256, 384), transport_capacity=16),
+      sampler=SamplerConfig(slots=8, max_seq_len=384, prefill_buckets=(32, 128, 256),
+                            max_new_tokens=48, temperature=1.0),
+      run=RunConfig(run_dir="runs/demo_cpu", sft_steps=300, sft_lr=3e-3, sft_batch=32,
+                    eval_every=10, eval_episodes=64),
+  )

@@ -1,0 +1,52 @@
+"""`sao-train`: train with SAO (or a baseline variant) as a config file says.
+
+  sao-train --config configs/demo_cpu.py [--set section.field=value ...] [--resume]
+  sao-train --plot RUN_DIR        # redraw RUN_DIR/curves.png from its metrics.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+from typing import Sequence
+
+from sao_jax.config import load_config
+from sao_jax.metrics import plot_curves
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+  parser = argparse.ArgumentParser(prog="sao-train", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--config", help="a configs/<name>.py file")
+  parser.add_argument("--set", dest="overrides", action="append", default=[],
+                      metavar="SECTION.FIELD=VALUE", help="override a config field (repeatable)")
+  parser.add_argument("--resume", action="store_true",
+                      help="continue from the latest checkpoint of run.run_dir")
+  parser.add_argument("--plot", metavar="RUN_DIR", help="only redraw the curves of a run")
+  args = parser.parse_args(argv)
+  try:
+    if args.plot:
+      print(f"wrote {plot_curves(args.plot)}")
+      return
+    if not args.config:
+      parser.error("--config is required (or --plot RUN_DIR)")
+    cfg = load_config(args.config, args.overrides)
+    checkpoints = pathlib.Path(cfg.checkpoint.directory or pathlib.Path(cfg.run.run_dir) /
+                               "checkpoints")
+    if not args.resume and checkpoints.is_dir() and any(checkpoints.iterdir()):
+      parser.exit(2, f"error: {checkpoints} already holds checkpoints; pass --resume to continue "
+                     "that run or set --set run.run_dir=ANOTHER_DIR\n")
+    from sao_jax import train  # after argument errors: importing JAX takes seconds
+
+    summary = train.run(cfg, resume=args.resume)
+  except (ValueError, FileNotFoundError) as error:
+    parser.exit(2, f"error: {error}\n")
+  print(f"done: {summary['steps_done']} steps ({summary['stopped_by']}); "
+        f"held-out accuracy {summary.get('eval/accuracy', float('nan')):.3f}")
+  print(f"run directory: {cfg.run.run_dir}  (metrics.jsonl, tensorboard/, checkpoints/)")
+  print(f"plot: {summary['plot']}")
+
+
+if __name__ == "__main__":
+  main(sys.argv[1:])

@@ -1,0 +1,51 @@
+"""Held-out evaluation: greedy episodes on tasks the learner never trains on.
+
+`Evaluator` owns an `Engine` (on the caller's devices) with greedy sampling
+(top_k = 1) and runs `episodes` tasks from the environment's task source with
+`run.eval_seed` in place of `env.seed`, the same tasks every time, so accuracy
+is comparable across steps. Reported: `eval/accuracy` (mean final reward over
+episodes that did not fail), `eval/failures`, `eval/mean_turns`,
+`eval/tool_call_rate` (episodes with more than one turn).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import jax
+import numpy as np
+
+from sao_jax.config import Config
+from sao_jax.envs.registry import make_env, make_tasks
+from sao_jax.models.transformer import Params
+from sao_jax.sampler.engine import Engine, stop_token_ids
+from sao_jax.sampler.episodes import EpisodeRunner, run_to_completion
+
+
+class Evaluator:
+
+  def __init__(self, cfg: Config, tokenizer, params: Params, *, version: int = 0):
+    sampler = dataclasses.replace(cfg.sampler, top_k=1, temperature=1.0)
+    self._cfg = cfg
+    self._env_cfg = dataclasses.replace(cfg.env, seed=cfg.run.eval_seed)
+    self._engine = Engine(sampler, cfg.model, params, version=version,
+                          stop_token_ids=stop_token_ids(tokenizer, sampler.stop_tokens),
+                          detokenize=lambda ids: tokenizer.decode(list(ids),
+                                                                  skip_special_tokens=False))
+    self._engine.warmup()
+    self._runner = EpisodeRunner(self._engine, tokenizer, lambda: make_env(self._env_cfg),
+                                 max_episodes=sampler.slots)
+
+  def evaluate(self, params: Params, version: int) -> dict[str, float]:
+    self._engine.set_params(jax.device_put(params), version)
+    episodes = self._cfg.run.eval_episodes
+    tasks = itertools.islice(make_tasks(self._env_cfg), episodes)
+    trajs = run_to_completion(self._runner, tasks, episodes,
+                              num_slots=self._cfg.algorithm.running_mean_slots, seed=0)
+    ok = [t for t in trajs if t.env_failure is None]
+    turns = np.array([t.info["turns"] for t in ok]) if ok else np.zeros(0)
+    return {"eval/accuracy": float(np.mean([t.outcome for t in ok])) if ok else 0.0,
+            "eval/failures": float(len(trajs) - len(ok)),
+            "eval/mean_turns": float(turns.mean()) if ok else 0.0,
+            "eval/tool_call_rate": float(np.mean(turns > 1)) if ok else 0.0}

@@ -1,0 +1,120 @@
+"""Run outputs: metrics JSONL, TensorBoard events, a progress line, PNG curves.
+
+    logger = MetricsLogger(run_dir, total_steps=cfg.learner.steps)
+    logger.write(step, {"reward/mean": 0.4, ...})    # JSONL + TensorBoard
+    print(logger.progress(step, metrics))            # one human line with ETA
+    plot_curves(run_dir)                             # run_dir/curves.png
+
+Every learner step appends one JSON object `{"step": N, "time": t, ...metrics}`
+to `run_dir/metrics.jsonl`; evaluation results are written the same way with
+keys under `eval/`. The plot is drawn from that file alone, so it can be made
+again at any time (`sao-train --plot RUN_DIR`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+import time
+from typing import Mapping
+
+import numpy as np
+
+from sao_jax.data.pipeline import BatchInfo, Drops
+
+METRICS_FILE = "metrics.jsonl"
+PLOT_FILE = "curves.png"
+
+
+def batch_metrics(info: BatchInfo, drops: Drops) -> dict[str, float]:
+  """Host-side metrics of a batch: staleness histogram, version spans, drops so far."""
+  out = {"staleness/mean": float(np.mean(info.lags)) if info.lags.size else 0.0,
+         "staleness/max": float(np.max(info.lags)) if info.lags.size else 0.0,
+         "staleness/multi_version_frac": float(np.mean(info.version_spans > 0))
+                                          if info.version_spans.size else 0.0,
+         "batch/padding_rows": float(info.padding_rows),
+         "batch/mean_length": float(np.mean(info.lengths)) if info.lengths.size else 0.0}
+  for lag in range(int(out["staleness/max"]) + 1):
+    out[f"staleness/lag_{lag}"] = float(np.sum(info.lags == lag))
+  for reason, count in drops.items():
+    out[f"dropped/{reason}"] = float(count)
+  return out
+
+
+class MetricsLogger:
+  """Appends metrics to JSONL and TensorBoard; formats the progress line."""
+
+  def __init__(self, run_dir: str | pathlib.Path, *, total_steps: int, start_step: int = 0):
+    from tensorboardX import SummaryWriter  # heavy import, only where a run writes
+
+    self.run_dir = pathlib.Path(run_dir)
+    self.run_dir.mkdir(parents=True, exist_ok=True)
+    self._jsonl = open(self.run_dir / METRICS_FILE, "a", encoding="utf-8")
+    self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+    self._total, self._start_step = total_steps, start_step
+    self._start_time = time.monotonic()
+    self._tokens = 0.0
+    self.last_eval: dict[str, float] = {}
+
+  def write(self, step: int, metrics: Mapping[str, float]) -> None:
+    clean = {k: float(v) for k, v in metrics.items()}
+    if any(k.startswith("eval/") for k in clean):
+      self.last_eval = {k: v for k, v in clean.items() if k.startswith("eval/")}
+    self._tokens += clean.get("tokens/total", 0.0)
+    self._jsonl.write(json.dumps({"step": step, "time": time.time(), **clean}) + "\n")
+    self._jsonl.flush()
+    for name, value in clean.items():
+      if math.isfinite(value):
+        self._tb.add_scalar(name, value, step)
+
+  def progress(self, step: int, metrics: Mapping[str, float]) -> str:
+    """`step 12/200 | reward 0.41 | eval 0.35 | lag 0.8 | 1.2k tok/s | ETA 3m10s`."""
+    elapsed = time.monotonic() - self._start_time
+    done = step + 1 - self._start_step
+    eta = elapsed / max(done, 1) * (self._total - step - 1)
+    parts = [f"step {step + 1}/{self._total}",
+             f"reward {metrics.get('reward/mean', float('nan')):.3f}"]
+    if "eval/accuracy" in self.last_eval:
+      parts.append(f"eval {self.last_eval['eval/accuracy']:.3f}")
+    if "staleness/mean" in metrics:
+      parts.append(f"lag {metrics['staleness/mean']:.1f}")
+    parts.append(f"{self._tokens / max(elapsed, 1e-9):,.0f} tok/s")
+    parts.append(f"ETA {int(eta // 60)}m{int(eta % 60):02d}s")
+    return " | ".join(parts)
+
+  def close(self) -> None:
+    self._jsonl.close()
+    self._tb.close()
+
+
+def read_metrics(run_dir: str | pathlib.Path) -> list[dict]:
+  path = pathlib.Path(run_dir) / METRICS_FILE
+  if not path.is_file():
+    raise FileNotFoundError(f"{path} does not exist: is {run_dir} a sao-train run directory?")
+  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def plot_curves(run_dir: str | pathlib.Path) -> pathlib.Path:
+  """Draws reward (training) and eval accuracy against learner step to curves.png."""
+  import matplotlib
+
+  matplotlib.use("Agg")  # files only, no display
+  import matplotlib.pyplot as plt
+
+  rows = read_metrics(run_dir)
+  fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+  series = [("reward/mean", "training reward (batch mean)"), ("eval/accuracy", "held-out accuracy")]
+  for ax, (key, title) in zip(axes, series):
+    points = [(r["step"], r[key]) for r in rows if key in r]
+    if points:
+      steps, values = zip(*points)
+      ax.plot(steps, values, marker="." if len(points) < 50 else None)
+    ax.set_title(title)
+    ax.set_xlabel("learner step")
+    ax.grid(alpha=0.3)
+  fig.tight_layout()
+  out = pathlib.Path(run_dir) / PLOT_FILE
+  fig.savefig(out, dpi=110)
+  plt.close(fig)
+  return out

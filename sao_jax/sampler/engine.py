@@ -1,0 +1,366 @@
+"""The rollout engine: continuous batching of multi-turn episodes over fixed slots.
+
+  engine = Engine(sampler_cfg, model_cfg, params, version=0,
+                  stop_token_ids=stop_token_ids(tokenizer, sampler_cfg.stop_tokens),
+                  detokenize=lambda ids: tokenizer.decode(ids, skip_special_tokens=False))
+  engine.warmup()                                 # compile every program once, up front
+  engine.submit(episode_id, prompt_tokens, seed=s)  # a new episode; its first turn is queued
+  turns = engine.step()                           # admit, decode; -> list[Turn] that ended
+  engine.submit(episode_id, observation_tokens)   # continue an episode after its Turn
+  trajectory = engine.finish(episode_id)          # -> Trajectory; its slot is freed
+  engine.set_params(params, version)              # in-flight weight update, next step on
+
+A worker drives it with text-level environments (`sao_jax.envs.base`):
+
+  engine.submit(i, encode_chat(tok, env.reset(task), add_generation_prompt=True)[0], seed=...)
+  while engine.busy:
+    for turn in engine.step():
+      result = env.step(tok.decode(turn.tokens))
+      if result.done: emit(engine.finish(turn.episode_id), result)
+      else: engine.submit(turn.episode_id, <chat glue + observation + generation prompt>)
+
+An episode's trajectory is every token in order: what was submitted (prompt,
+observations, chat glue; action_mask 0, behavior_logp 0) and what was sampled
+(action_mask 1, behavior_logp recorded), index t belonging to token t like
+`sao_jax.types.Batch`. Not thread-safe: call everything from one thread.
+
+Slots. The engine decodes `slots` rows at once, each holding one episode's KV
+cache. When a turn ends its slot is *parked*: it keeps the episode's cache, so a
+continuation only prefills the new tokens (the turn's last sampled token, which
+is not yet in the cache, then the observation). Parked slots count as free: a
+request that finds no empty slot evicts the longest-parked one, and that
+episode's next turn re-prefills its whole trajectory into whatever slot it gets.
+So no slot waits for the longest sequence or for a slow environment.
+
+Turn ends: a stop token (kept as the turn's last token), a stop pattern
+(regular expression on the turn's text; the turn ends at the token completing
+the first match, later tokens are discarded and the cache rolled back), the
+per-turn `max_new_tokens`, or the episode reaching `max_seq_len` tokens.
+
+Static shapes: submitted tokens are prefilled in chunks padded to a prefill
+bucket; decoding always runs all slots for `steps_per_call` steps. After
+`warmup` nothing compiles again (tests/sampler counts compilations).
+
+Sampling (`sampling`): the token at trajectory position t of an episode with seed
+s uses key fold_in(key(s), t), so tokens do not depend on the slot or on the other
+episodes in flight: continuous batching reproduces one-at-a-time generation. (A
+continuation whose parked cache was evicted recomputes its prefix, which can differ
+from the cached values in the last float bits.) `behavior_logp` is the log-prob
+under the full temperature-scaled distribution, log_softmax(logits / T)[token],
+not renormalised after top-k/top-p truncation: the learner reproduces exactly
+that distribution with `policy_forward(..., temperature=T)`, and the DIS ratio
+absorbs the gap between it and the truncated distribution actually sampled.
+
+Versions: `set_params` takes effect at the next prefill or decode call; every
+sampled token records the version that produced it, and turns and trajectories
+report the first and last.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Callable, Hashable, Sequence
+
+import jax
+import numpy as np
+
+from sao_jax.config import ModelConfig
+from sao_jax.config.sampler import SamplerConfig
+from sao_jax.models.transformer import Params
+from sao_jax.sampler import steps as device_steps
+
+
+@dataclasses.dataclass(frozen=True)
+class Turn:
+  """One assistant turn that ended; `tokens` are its sampled ids (int32 [n])."""
+
+  episode_id: Hashable
+  tokens: np.ndarray
+  behavior_logp: np.ndarray       # float32 [n]
+  finish_reason: str              # stop_token | stop_pattern | max_new_tokens | max_seq_len
+  policy_versions: tuple[int, int]  # first and last version that sampled its tokens
+
+
+@dataclasses.dataclass(frozen=True)
+class Trajectory:
+  """A finished episode, token-aligned like `sao_jax.types.Batch` ([T] each)."""
+
+  episode_id: Hashable
+  tokens: np.ndarray         # int32
+  action_mask: np.ndarray    # int32, 1 on sampled tokens
+  behavior_logp: np.ndarray  # float32, 0 off the action mask
+  policy_versions: tuple[int, int] | None  # None if nothing was sampled
+  num_turns: int
+
+
+@dataclasses.dataclass
+class _Episode:
+  id: Hashable
+  seed: int
+  tokens: list[int] = dataclasses.field(default_factory=list)
+  action_mask: list[int] = dataclasses.field(default_factory=list)
+  behavior_logp: list[float] = dataclasses.field(default_factory=list)
+  versions: list[int] = dataclasses.field(default_factory=list)  # per token, -1 off the mask
+  state: str = "queued"  # queued -> generating -> waiting (for submit or finish)
+  slot: int | None = None
+  cache_len: int = 0     # tokens[:cache_len] are in the slot's cache
+  turn_start: int = 0
+  turn_budget: int = 0
+  max_new_tokens: int = 0
+  num_turns: int = 0
+
+
+def stop_token_ids(tokenizer, names: Sequence[str]) -> tuple[int, ...]:
+  """Ids of the stop tokens `names` (`SamplerConfig.stop_tokens`) this tokenizer defines."""
+  ids = tuple(i for i in (tokenizer.token_to_id(name) for name in names) if i is not None)
+  if names and not ids:
+    raise ValueError(f"sampler.stop_tokens={tuple(names)!r}: none is a token of this tokenizer; "
+                     "list its end-of-turn token (Qwen: '<|im_end|>')")
+  return ids
+
+
+class Engine:
+  """Continuous-batching generation engine (module docstring)."""
+
+  def __init__(self, cfg: SamplerConfig, model_cfg: ModelConfig, params: Params, *,
+               version: int = 0, stop_token_ids: Sequence[int] = (),
+               detokenize: Callable[[Sequence[int]], str] | None = None):
+    cfg.validate()
+    bad = [i for i in stop_token_ids if not 0 <= i < model_cfg.vocab_size]
+    if bad:
+      raise ValueError(f"stop_token_ids {bad} lie outside the vocabulary [0, {model_cfg.vocab_size})")
+    if cfg.stop_patterns and detokenize is None:
+      raise ValueError(f"sampler.stop_patterns={cfg.stop_patterns!r} need `detokenize` to read "
+                       "the turn's text; pass one or set stop_patterns=()")
+    self.cfg, self._vocab = cfg, model_cfg.vocab_size
+    self._stops = frozenset(int(i) for i in stop_token_ids)
+    self._patterns = [re.compile(p, re.DOTALL) for p in cfg.stop_patterns]
+    self._detokenize = detokenize
+    self._steps = device_steps.compile_steps(model_cfg, cfg, tuple(self._stops))
+    self._cache = device_steps.new_cache(model_cfg, cfg)
+    self._params, self._version = params, int(version)
+    self._episodes: dict[Hashable, _Episode] = {}
+    self._queue: list[Hashable] = []
+    n = cfg.slots
+    self._owner: list[Hashable | None] = [None] * n
+    self._parked: dict[int, None] = {}  # insertion order = parking order
+    self._token_N = np.zeros(n, np.int32)
+    self._active_N = np.zeros(n, bool)
+    self._budget_N = np.zeros(n, np.int32)
+    self._seed_N = np.zeros(n, np.uint32)
+    self.stats = {"prefill_calls": 0, "decode_calls": 0, "decode_steps": 0, "sampled_tokens": 0}
+
+  # ---- public API ----
+
+  @property
+  def busy(self) -> bool:
+    """Whether `step` has work: queued turns or slots decoding."""
+    return bool(self._queue) or bool(self._active_N.any())
+
+  @property
+  def version(self) -> int:
+    return self._version
+
+  def set_params(self, params: Params, version: int) -> None:
+    """New weights (same structure) for every call from the next one on."""
+    self._params, self._version = params, int(version)
+
+  def room(self, episode_id: Hashable) -> int:
+    """How many tokens `submit` may still append to this episode (one must stay free to sample)."""
+    return self.cfg.max_seq_len - 1 - len(self._episode(episode_id).tokens)
+
+  def submit(self, episode_id: Hashable, tokens: Sequence[int] | np.ndarray, *,
+             seed: int | None = None, max_new_tokens: int | None = None) -> None:
+    """Appends `tokens` (action_mask 0) and queues the episode's next turn.
+
+    A new `episode_id` starts an episode (tokens = the prompt, `seed` required);
+    a known one must be waiting after a `Turn` (tokens = the observation, may be
+    empty). `max_new_tokens` overrides the config for this turn.
+    """
+    tokens = np.asarray(tokens, np.int64)
+    if tokens.ndim != 1 or (tokens.size and not (0 <= tokens.min() and tokens.max() < self._vocab)):
+      raise ValueError(f"episode {episode_id!r}: tokens must be a 1-D sequence of ids in "
+                       f"[0, {self._vocab}); got shape {tokens.shape}")
+    max_new = self.cfg.max_new_tokens if max_new_tokens is None else max_new_tokens
+    if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new <= 0:
+      raise ValueError(f"max_new_tokens={max_new_tokens!r} is invalid: expected a positive integer")
+    episode = self._episodes.get(episode_id)
+    if episode is None:
+      if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+        raise ValueError(f"new episode {episode_id!r}: seed={seed!r} is invalid: expected an "
+                         "integer in [0, 2**32)")
+      if not tokens.size:
+        raise ValueError(f"new episode {episode_id!r}: the prompt is empty; pass at least one token")
+      episode = _Episode(episode_id, seed)
+    elif episode.state != "waiting":
+      raise ValueError(f"episode {episode_id!r} is {episode.state}; submit again only after its "
+                       "Turn came out of step()")
+    elif seed is not None:
+      raise ValueError(f"episode {episode_id!r} already has seed {episode.seed}; omit seed=")
+    free = self.cfg.max_seq_len - 1 - len(episode.tokens)
+    if tokens.size > free:
+      raise ValueError(f"episode {episode_id!r}: {tokens.size} new tokens exceed the {free} left "
+                       f"by sampler.max_seq_len={self.cfg.max_seq_len}; finish the episode "
+                       "(check room()) or raise max_seq_len")
+    self._episodes[episode_id] = episode
+    episode.tokens += tokens.tolist()
+    episode.action_mask += [0] * tokens.size
+    episode.behavior_logp += [0.0] * tokens.size
+    episode.versions += [-1] * tokens.size
+    episode.state, episode.max_new_tokens = "queued", max_new
+    self._queue.append(episode_id)
+
+  def step(self) -> list[Turn]:
+    """Fills free slots from the queue (prefill), then decodes `steps_per_call`
+    tokens in every active slot; returns the turns that ended."""
+    turns: list[Turn] = []
+    self._admit(turns)
+    if self._active_N.any():
+      self._decode(turns)
+    return turns
+
+  def finish(self, episode_id: Hashable) -> Trajectory:
+    """Ends the episode in any state (a turn in progress is cut where it is) and frees its slot."""
+    episode = self._episode(episode_id)
+    del self._episodes[episode_id]
+    if episode.state == "queued":
+      self._queue.remove(episode_id)
+    if episode.slot is not None:
+      self._release(episode.slot)
+    sampled = [v for v in episode.versions if v >= 0]
+    return Trajectory(episode_id=episode_id, tokens=np.asarray(episode.tokens, np.int32),
+                      action_mask=np.asarray(episode.action_mask, np.int32),
+                      behavior_logp=np.asarray(episode.behavior_logp, np.float32),
+                      policy_versions=(sampled[0], sampled[-1]) if sampled else None,
+                      num_turns=episode.num_turns)
+
+  def warmup(self) -> None:
+    """Compiles every prefill bucket and the decode step (before any episode)."""
+    if self._episodes:
+      raise ValueError("warmup() must run before any episode is submitted")
+    for bucket in self.cfg.prefill_buckets:
+      chunk_1xC = np.zeros((1, bucket), np.int32)
+      self._cache, token, _ = self._steps.prefill(
+          self._params, self._cache, np.int32(0), chunk_1xC, np.ones_like(chunk_1xC),
+          np.int32(0), np.uint32(0))
+    self._cache, *outs = self._steps.decode(self._params, self._cache, self._token_N,
+                                            self._active_N, self._budget_N, self._seed_N)
+    jax.block_until_ready((token, outs))
+
+  # ---- scheduling ----
+
+  def _episode(self, episode_id: Hashable) -> _Episode:
+    if episode_id not in self._episodes:
+      raise ValueError(f"unknown episode {episode_id!r}: submit it first (finished episodes are gone)")
+    return self._episodes[episode_id]
+
+  def _admit(self, turns: list[Turn]) -> None:
+    for episode_id in list(self._queue):
+      episode = self._episodes[episode_id]
+      slot = episode.slot if episode.slot is not None else self._claim_slot()
+      if slot is None:
+        continue  # no slot now; a later episode with a parked slot may still go
+      self._queue.remove(episode_id)
+      self._parked.pop(slot, None)
+      self._start_turn(episode, slot, turns)
+
+  def _claim_slot(self) -> int | None:
+    """An empty slot, else the longest-parked one whose episode is not queued (evicted)."""
+    for slot, owner in enumerate(self._owner):
+      if owner is None:
+        return slot
+    for slot in self._parked:
+      victim = self._episodes[self._owner[slot]]
+      if victim.state != "queued":
+        del self._parked[slot]
+        victim.slot, victim.cache_len = None, 0
+        self._owner[slot] = None
+        return slot
+    return None
+
+  def _release(self, slot: int) -> None:
+    self._owner[slot] = None
+    self._active_N[slot] = False
+    self._parked.pop(slot, None)
+
+  def _start_turn(self, episode: _Episode, slot: int, turns: list[Turn]) -> None:
+    """Prefills the tokens missing from the slot's cache and samples the turn's first token."""
+    episode.slot, self._owner[slot] = slot, episode.id
+    largest = self.cfg.prefill_buckets[-1]
+    pending = episode.tokens[episode.cache_len:]
+    for begin in range(0, len(pending), largest):
+      piece = pending[begin:begin + largest]
+      bucket = next(b for b in self.cfg.prefill_buckets if b >= len(piece))
+      chunk_1xC = np.zeros((1, bucket), np.int32)
+      mask_1xC = np.zeros((1, bucket), np.int32)
+      chunk_1xC[0, :len(piece)], mask_1xC[0, :len(piece)] = piece, 1
+      self._cache, token, logp = self._steps.prefill(
+          self._params, self._cache, np.int32(slot), chunk_1xC, mask_1xC,
+          np.int32(episode.cache_len + begin), np.uint32(episode.seed))
+      self.stats["prefill_calls"] += 1
+    episode.cache_len = len(episode.tokens)
+    episode.state, episode.turn_start = "generating", len(episode.tokens)
+    episode.turn_budget = min(episode.max_new_tokens, self.cfg.max_seq_len - len(episode.tokens))
+    self._extend_turn(episode, np.asarray(token)[None], np.asarray(logp)[None], turns)
+
+  def _decode(self, turns: list[Turn]) -> None:
+    self._cache, tokens_KxN, logp_KxN, emitted_KxN = self._steps.decode(
+        self._params, self._cache, self._token_N, self._active_N, self._budget_N, self._seed_N)
+    tokens_KxN, logp_KxN, emitted_KxN = map(np.asarray, (tokens_KxN, logp_KxN, emitted_KxN))
+    self.stats["decode_calls"] += 1
+    self.stats["decode_steps"] += self.cfg.steps_per_call
+    for slot in np.flatnonzero(self._active_N):
+      emitted_K = emitted_KxN[:, slot]
+      self._extend_turn(self._episodes[self._owner[slot]], tokens_KxN[emitted_K, slot],
+                        logp_KxN[emitted_K, slot], turns)
+
+  def _extend_turn(self, episode: _Episode, tokens: np.ndarray, logps: np.ndarray,
+                   turns: list[Turn]) -> None:
+    """Records sampled tokens; ends the turn or (re)arms the slot for the next decode call."""
+    n_before = len(episode.tokens) - episode.turn_start
+    episode.tokens += tokens.tolist()
+    episode.action_mask += [1] * len(tokens)
+    episode.behavior_logp += logps.tolist()
+    episode.versions += [self._version] * len(tokens)
+    self.stats["sampled_tokens"] += len(tokens)
+    end = self._turn_end(episode, n_before)
+    slot = episode.slot
+    if end is None:
+      self._token_N[slot], self._active_N[slot] = episode.tokens[-1], True
+      self._budget_N[slot] = episode.turn_budget - (len(episode.tokens) - episode.turn_start)
+      self._seed_N[slot] = episode.seed
+      return
+    kept, reason = end
+    cut = episode.turn_start + kept
+    for field in (episode.tokens, episode.action_mask, episode.behavior_logp, episode.versions):
+      del field[cut:]
+    episode.cache_len = cut - 1  # the last kept token is (re)written by the next prefill
+    episode.state, episode.num_turns = "waiting", episode.num_turns + 1
+    self._active_N[slot] = False
+    self._parked[slot] = None
+    versions = episode.versions[episode.turn_start:]
+    turns.append(Turn(episode_id=episode.id,
+                      tokens=np.asarray(episode.tokens[episode.turn_start:], np.int32),
+                      behavior_logp=np.asarray(episode.behavior_logp[episode.turn_start:], np.float32),
+                      finish_reason=reason, policy_versions=(versions[0], versions[-1])))
+
+  def _turn_end(self, episode: _Episode, n_before: int) -> tuple[int, str] | None:
+    """(tokens the turn keeps, reason) if it ended within its newest tokens, else None."""
+    turn = episode.tokens[episode.turn_start:]
+    end = None
+    if turn[-1] in self._stops:
+      end = (len(turn), "stop_token")
+    elif len(turn) >= episode.turn_budget:
+      full = len(episode.tokens) >= self.cfg.max_seq_len
+      end = (len(turn), "max_seq_len" if full else "max_new_tokens")
+    if self._patterns and self._matches(turn):
+      # The shortest prefix that matches; a pattern cannot have matched before n_before.
+      kept = next((n for n in range(n_before + 1, len(turn)) if self._matches(turn[:n])), len(turn))
+      if end is None or kept < end[0]:
+        end = (kept, "stop_pattern")
+    return end
+
+  def _matches(self, tokens: list[int]) -> bool:
+    text = self._detokenize(tokens)
+    return any(p.search(text) for p in self._patterns)

@@ -1,0 +1,120 @@
+"""The engine's two device programs, pure and jitted once in `compile_steps`.
+
+  prefill(params, cache, slot, tokens_1xC, mask_1xC, start, seed)
+      -> (cache, token, behavior_logp)
+  decode(params, cache, token_N, active_N, budget_N, seed_N)
+      -> (cache, tokens_KxN, behavior_logp_KxN, emitted_KxN)
+
+`prefill` cuts cache row `slot` back to `start` tokens, appends the chunk's real
+tokens (chunked prefill: a prompt, or an observation after the previous turn's
+last sampled token) and samples the token that follows. Only that row is read
+and written: the row is sliced out, extended as a batch of one and put back,
+so the cost is that of C tokens, whatever the number of slots, and the result
+does not depend on the other slots.
+
+`decode` runs K = steps_per_call decode steps over all N slots in one
+`lax.scan`. Slot n holds token_N[n], sampled but not yet in its cache; while
+active_N[n], each step appends it, samples the next token and spends one unit
+of budget_N[n]. A slot goes inactive after sampling a stop token or spending
+its budget; inactive slots write nothing and emit nothing. emitted_KxN[k, n]
+marks the steps in which slot n sampled a token.
+
+The token at trajectory position t (the number of tokens before it, which is
+the cache length of its row when it is sampled) is drawn with key
+fold_in(key(seed), t) (`sampling.token_keys`). The cache argument is donated.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from sao_jax.config import ModelConfig
+from sao_jax.config.sampler import SamplerConfig
+from sao_jax.models import decode as kv
+from sao_jax.models.transformer import Params
+from sao_jax.sampler.sampling import sample, token_keys
+
+
+class Sampling(NamedTuple):
+  """The static sampling knobs of the device programs (`SamplerConfig` fields)."""
+  temperature: float
+  top_k: int
+  top_p: float
+  steps_per_call: int
+  stop_token_ids: tuple[int, ...]
+
+
+class Steps(NamedTuple):
+  prefill: Callable
+  decode: Callable
+
+
+def _row(cache: kv.KVCache, slot: jax.Array) -> kv.KVCache:
+  return jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, slot, 1, 0), cache)
+
+
+def _put_row(cache: kv.KVCache, slot: jax.Array, row: kv.KVCache) -> kv.KVCache:
+  return jax.tree.map(lambda x, r: jax.lax.dynamic_update_slice_in_dim(x, r, slot, 0), cache, row)
+
+
+def prefill(params: Params, cache: kv.KVCache, slot: jax.Array, tokens_1xC: jax.Array,
+            mask_1xC: jax.Array, start: jax.Array, seed: jax.Array, *, cfg: ModelConfig,
+            sampling: Sampling) -> tuple[kv.KVCache, jax.Array, jax.Array]:
+  """Chunked prefill of one slot, then one sampled token (module docstring)."""
+  row = kv.truncate(_row(cache, slot), start[None])
+  logits_1xV, row = kv.extend(params, cfg, row, tokens_1xC, mask_1xC)
+  keys = token_keys(seed[None], row.length_B)
+  token_1, logp_1 = sample(logits_1xV, keys, sampling.temperature, sampling.top_k, sampling.top_p)
+  return _put_row(cache, slot, row), token_1[0], logp_1[0]
+
+
+def decode(params: Params, cache: kv.KVCache, token_N: jax.Array, active_N: jax.Array,
+           budget_N: jax.Array, seed_N: jax.Array, *, cfg: ModelConfig, sampling: Sampling
+           ) -> tuple[kv.KVCache, jax.Array, jax.Array, jax.Array]:
+  """steps_per_call decode steps over every slot (module docstring)."""
+  # An empty stop set still needs a [M] array; -1 matches no token.
+  stop_M = jnp.asarray(sampling.stop_token_ids or (-1,), jnp.int32)
+
+  def one_step(carry, _):
+    cache, token_N, active_N, budget_N = carry
+    logits_NxV, cache = kv.extend(params, cfg, cache, token_N[:, None], active_N[:, None])
+    new_N, logp_N = sample(logits_NxV, token_keys(seed_N, cache.length_B),
+                           sampling.temperature, sampling.top_k, sampling.top_p)
+    emitted_N = active_N
+    budget_N = budget_N - emitted_N.astype(jnp.int32)
+    stopped_N = jnp.any(new_N[:, None] == stop_M[None, :], axis=1) | (budget_N <= 0)
+    carry = (cache, jnp.where(emitted_N, new_N, token_N), active_N & ~stopped_N, budget_N)
+    return carry, (new_N, logp_N, emitted_N)
+
+  (cache, _, _, _), (tokens_KxN, logp_KxN, emitted_KxN) = jax.lax.scan(
+      one_step, (cache, token_N, active_N.astype(bool), budget_N), length=sampling.steps_per_call)
+  return cache, tokens_KxN, logp_KxN, emitted_KxN
+
+
+def compile_steps(cfg: ModelConfig, sampler: SamplerConfig,
+                  stop_token_ids: tuple[int, ...]) -> Steps:
+  """`prefill` and `decode` jitted with the configs bound and the cache donated.
+
+  Shapes are static per engine (N slots, max_seq_len, one chunk size per
+  prefill bucket), so each program compiles once per bucket and never again.
+  Engines whose model config and sampling knobs agree share the programs.
+  """
+  return _compiled(cfg, Sampling(float(sampler.temperature), sampler.top_k, float(sampler.top_p),
+                                 sampler.steps_per_call, tuple(sorted(stop_token_ids))))
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(cfg: ModelConfig, sampling: Sampling) -> Steps:
+  return Steps(prefill=jax.jit(functools.partial(prefill, cfg=cfg, sampling=sampling),
+                               donate_argnums=1),
+               decode=jax.jit(functools.partial(decode, cfg=cfg, sampling=sampling),
+                              donate_argnums=1))
+
+
+def new_cache(cfg: ModelConfig, sampler: SamplerConfig) -> kv.KVCache:
+  """An empty cache of `slots` rows of `max_seq_len` tokens."""
+  return kv.init_cache(cfg, sampler.slots, sampler.max_seq_len)

@@ -1,0 +1,182 @@
+"""`WeightChannel`: versioned policy weights from the learner to sampler processes.
+
+The learner `publish(params, version)`es after policy updates; a sampler `poll()`s
+between decode steps and adopts the newest version it finds (SAO.md §1: it never
+waits for the learner). Two backends, each a publisher plus a picklable
+subscriber spec that a spawned sampler process turns into a subscriber:
+
+- `SharedMemoryWeights` (same host): the parameter tree's layout (paths, shapes,
+  dtypes, byte offsets) is fixed once; values travel through a
+  `multiprocessing.shared_memory` block with two slots (double buffering), each
+  guarded by a sequence counter (odd while being written). A reader copies the
+  newest complete slot and re-checks its counter, so it never returns a torn
+  mix of two versions, and no parameter tree is pickled per update.
+- `DirectoryWeights` (many hosts): each version is an orbax checkpoint in a
+  shared directory (written to a temporary name, renamed when complete);
+  subscribers restore the newest one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import time
+from multiprocessing import shared_memory
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+_HEADER_WORDS = 8  # [latest_slot, version_0, version_1, seq_0, seq_1, ...]
+_HEADER_BYTES = _HEADER_WORDS * 8
+
+
+@dataclasses.dataclass(frozen=True)
+class _Leaf:
+  shape: tuple[int, ...]
+  dtype: np.dtype  # a dtype object: its `.str` would lose bfloat16 ('<V2')
+  offset: int
+  nbytes: int
+
+
+def _layout(template: Any) -> tuple[jax.tree_util.PyTreeDef, list[_Leaf], int]:
+  leaves, treedef = jax.tree.flatten(template)
+  layout, offset = [], 0
+  for leaf in leaves:
+    dtype = np.dtype(leaf.dtype)
+    nbytes = int(np.prod(leaf.shape, dtype=np.int64)) * dtype.itemsize
+    offset = -(-offset // 64) * 64  # 64-byte aligned leaves
+    layout.append(_Leaf(tuple(leaf.shape), dtype, offset, nbytes))
+    offset += nbytes
+  return treedef, layout, -(-offset // 64) * 64
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedMemorySpec:
+  """What a subscriber process needs to attach: picklable, no arrays."""
+
+  name: str
+  treedef: jax.tree_util.PyTreeDef
+  layout: tuple[_Leaf, ...]
+  slot_bytes: int
+
+
+class SharedMemoryWeights:
+  """Publisher side; owns the shared-memory block (`close()` unlinks it)."""
+
+  def __init__(self, template: Any):
+    treedef, layout, slot_bytes = _layout(template)
+    self._shm = shared_memory.SharedMemory(create=True, size=_HEADER_BYTES + 2 * slot_bytes)
+    self._header = np.ndarray((_HEADER_WORDS,), np.int64, self._shm.buf[:_HEADER_BYTES])
+    self._header[:] = 0
+    self._header[1:3] = -1  # no version in either slot yet
+    self.spec = SharedMemorySpec(self._shm.name, treedef, tuple(layout), slot_bytes)
+
+  def publish(self, params: Any, version: int) -> None:
+    leaves = jax.tree.leaves(params)
+    if len(leaves) != len(self.spec.layout):
+      raise ValueError(f"publish: params have {len(leaves)} leaves, the channel was built for "
+                       f"{len(self.spec.layout)}; build a new channel for a new model")
+    slot = 1 - int(self._header[0]) if self._header[1 + int(self._header[0])] >= 0 else 0
+    base = _HEADER_BYTES + slot * self.spec.slot_bytes
+    self._header[3 + slot] += 1  # odd: being written
+    for leaf, value in zip(self.spec.layout, leaves):
+      host = np.asarray(jax.device_get(value))
+      if host.shape != leaf.shape or host.dtype != leaf.dtype:
+        raise ValueError(f"publish: leaf of shape {host.shape} {host.dtype} does not match the "
+                         f"channel layout {leaf.shape} {leaf.dtype}")
+      target = np.ndarray(leaf.shape, leaf.dtype, self._shm.buf, base + leaf.offset)
+      target[...] = host
+    self._header[1 + slot] = version
+    self._header[3 + slot] += 1  # even: complete
+    self._header[0] = slot
+
+  def close(self) -> None:
+    del self._header
+    self._shm.close()
+    self._shm.unlink()
+
+
+class SharedMemorySubscriber:
+  """Sampler side: `poll()` returns (host params, version) when a newer version exists."""
+
+  def __init__(self, spec: SharedMemorySpec):
+    self._spec = spec
+    self._shm = shared_memory.SharedMemory(name=spec.name)
+    self._header = np.ndarray((_HEADER_WORDS,), np.int64, self._shm.buf[:_HEADER_BYTES])
+    self.version = -1
+
+  def poll(self) -> tuple[Any, int] | None:
+    for _ in range(100):  # retry if the slot is overwritten while we copy it
+      slot = int(self._header[0])
+      seq = int(self._header[3 + slot])
+      version = int(self._header[1 + slot])
+      if version <= self.version:
+        return None
+      if seq % 2:
+        time.sleep(0.001)
+        continue
+      base = _HEADER_BYTES + slot * self._spec.slot_bytes
+      leaves = [np.ndarray(leaf.shape, leaf.dtype, self._shm.buf, base + leaf.offset).copy()
+                for leaf in self._spec.layout]
+      if int(self._header[3 + slot]) == seq:
+        self.version = version
+        return jax.tree.unflatten(self._spec.treedef, leaves), version
+    raise RuntimeError(f"weight channel {self._spec.name}: could not read a consistent version")
+
+  def close(self) -> None:
+    del self._header
+    self._shm.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class DirectorySpec:
+  directory: str
+  template: Any  # pytree of jax.ShapeDtypeStruct
+
+
+class DirectoryWeights:
+  """Publisher: one orbax checkpoint per version under `directory` (keeps the last 2)."""
+
+  def __init__(self, directory: str | pathlib.Path, template: Any):
+    self._manager = ocp.CheckpointManager(
+        pathlib.Path(directory).absolute(),
+        options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True,
+                                             enable_async_checkpointing=False))
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), template)
+    self.spec = DirectorySpec(str(pathlib.Path(directory).absolute()), abstract)
+
+  def publish(self, params: Any, version: int) -> None:
+    self._manager.save(version, args=ocp.args.StandardSave(params), force=True)
+
+  def close(self) -> None:
+    self._manager.close()
+
+
+class DirectorySubscriber:
+
+  def __init__(self, spec: DirectorySpec):
+    self._spec = spec
+    self._manager = ocp.CheckpointManager(
+        spec.directory, options=ocp.CheckpointManagerOptions(read_only=True))
+    self.version = -1
+
+  def poll(self) -> tuple[Any, int] | None:
+    self._manager.reload()
+    latest = self._manager.latest_step()
+    if latest is None or latest <= self.version:
+      return None
+    params = self._manager.restore(latest, args=ocp.args.StandardRestore(self._spec.template))
+    self.version = latest
+    return params, latest
+
+  def close(self) -> None:
+    self._manager.close()
+
+
+def subscribe(spec: SharedMemorySpec | DirectorySpec):
+  """The subscriber for a publisher's `spec` (called inside the sampler process)."""
+  if isinstance(spec, SharedMemorySpec):
+    return SharedMemorySubscriber(spec)
+  return DirectorySubscriber(spec)

@@ -1,0 +1,162 @@
+"""The sampler process: generates continuously and streams finished trajectories.
+
+    supervisor = SamplerSupervisor(spec)   # in the learner process
+    supervisor.start()                     # spawns worker_main(spec)
+    supervisor.check()                     # between learner steps: restart if it died
+    supervisor.stop()                      # clean shutdown, no orphans
+
+`worker_main` runs in its own process (multiprocessing "spawn", never fork,
+with JAX) on its own devices. It waits for the first published weights, then
+loops without ever waiting for the learner: adopt the newest weights between
+engine steps, keep the engine saturated with new episodes, hand every finished
+trajectory to the transport (which blocks when the learner is far behind: that
+is the backpressure). In group mode (GRPO) each task is started `group_size`
+times with different seeds and one prompt id.
+
+It exits when told to stop, when the transport is closed, or when its parent
+process is gone (so a SIGKILLed learner leaves no orphan sampler). An exception
+is reported to the supervisor with its traceback before the process dies; the
+supervisor logs it and starts a fresh worker, which picks up the newest weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import os
+import time
+import traceback
+from typing import Any, Callable
+
+from sao_jax.config import Config
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerSpec:
+  """Everything a sampler process needs; picklable for spawn."""
+
+  cfg: Config
+  tokenizer_path: str
+  weights: Any  # weights.SharedMemorySpec | weights.DirectorySpec
+  transport: Any  # QueueTransport | DirectoryTransport
+  worker_id: int = 0
+
+
+def worker_main(spec: WorkerSpec, stop: Any, errors: Any, parent_pid: int) -> None:
+  """Process entry point (see module docstring)."""
+  try:
+    _run(spec, stop, parent_pid)
+  except Exception:  # report, then die: the supervisor restarts us
+    errors.put((spec.worker_id, traceback.format_exc()))
+    raise
+
+
+def _run(spec: WorkerSpec, stop: Any, parent_pid: int) -> None:
+  import jax
+
+  from sao_jax.data.transport import TransportClosed
+  from sao_jax.envs.registry import make_env, make_tasks
+  from sao_jax.models.tokenizer import load_tokenizer
+  from sao_jax.sampler import weights
+  from sao_jax.sampler.engine import Engine, stop_token_ids
+  from sao_jax.sampler.episodes import EpisodeRunner, prompt_slot
+
+  cfg = spec.cfg
+  tokenizer = load_tokenizer(spec.tokenizer_path)
+  subscriber = weights.subscribe(spec.weights)
+  alive = lambda: not stop.is_set() and os.getppid() == parent_pid
+  got = None
+  while got is None and alive():
+    got = subscriber.poll()
+    time.sleep(0.01 if got else 0.05)
+  if got is None:
+    return
+  params, version = got
+  engine = Engine(cfg.sampler, cfg.model, jax.device_put(params), version=version,
+                  stop_token_ids=stop_token_ids(tokenizer, cfg.sampler.stop_tokens),
+                  detokenize=lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False))
+  runner = EpisodeRunner(engine, tokenizer, lambda: make_env(cfg.env),
+                         max_episodes=cfg.sampler.slots * 2)
+  tasks = make_tasks(cfg.env)
+  group = cfg.algorithm.group_size
+  slots = cfg.algorithm.running_mean_slots
+  seed = cfg.sampler.seed * 1_000_003 + spec.worker_id * 7919
+  started = 0
+  while alive():
+    got = subscriber.poll()
+    if got is not None:
+      engine.set_params(jax.device_put(got[0]), got[1])
+    while runner.in_flight + group <= runner.max_episodes:
+      task = next(tasks)
+      for _ in range(group):
+        runner.start(task, prompt_id=prompt_slot(task, slots), seed=seed + started)
+        started += 1
+    for traj in runner.step():
+      traj.info["worker"] = spec.worker_id
+      try:
+        spec.transport.put(traj)
+      except TransportClosed:
+        return
+  subscriber.close()
+
+
+class SamplerSupervisor:
+  """Starts, watches, restarts and stops sampler processes (learner side)."""
+
+  def __init__(self, specs: list[WorkerSpec], *, log: Callable[[str], None] = print,
+               max_restarts: int = 10):
+    self._specs = specs
+    self._context = multiprocessing.get_context("spawn")
+    self._stop = self._context.Event()
+    self._errors = self._context.Queue()
+    self._processes: dict[int, multiprocessing.Process] = {}
+    self._log, self._max_restarts = log, max_restarts
+    self.restarts = 0
+
+  def _spawn(self, spec: WorkerSpec) -> None:
+    process = self._context.Process(target=worker_main, name=f"sao-sampler-{spec.worker_id}",
+                                    args=(spec, self._stop, self._errors, os.getpid()),
+                                    daemon=True)
+    process.start()
+    self._processes[spec.worker_id] = process
+
+  def start(self) -> None:
+    for spec in self._specs:
+      self._spawn(spec)
+
+  def check(self) -> None:
+    """Restarts dead workers, logging why they died; raises after `max_restarts`."""
+    reports = {}
+    while not self._errors.empty():
+      worker_id, text = self._errors.get()
+      reports[worker_id] = text
+    for spec in self._specs:
+      process = self._processes[spec.worker_id]
+      if process.is_alive() or self._stop.is_set():
+        continue
+      process.join()
+      why = reports.get(spec.worker_id, f"exit code {process.exitcode} (killed by a signal "
+                        "if negative)")
+      self.restarts += 1
+      if self.restarts > self._max_restarts:
+        raise RuntimeError(f"sampler {spec.worker_id} died {self.restarts} times; last: {why}")
+      self._log(f"sampler {spec.worker_id} died ({why.strip().splitlines()[-1]}); restarting "
+                f"with the newest weights [{self.restarts}/{self._max_restarts}]")
+      if spec.worker_id in reports:
+        self._log(reports[spec.worker_id])
+      self._spawn(spec)
+
+  def pids(self) -> list[int]:
+    return [p.pid for p in self._processes.values() if p.is_alive()]
+
+  def stop(self, timeout: float = 10.0) -> None:
+    """Asks workers to exit, then terminates and kills any that do not."""
+    self._stop.set()
+    for process in self._processes.values():
+      process.join(timeout)
+      if process.is_alive():
+        process.terminate()
+        process.join(2.0)
+      if process.is_alive():
+        process.kill()
+        process.join()

@@ -1,0 +1,223 @@
+"""The main job: warm-start, then SAO (or a baseline) with asynchronous samplers.
+
+    run(cfg, resume=True)   # what `sao-train --config FILE` calls
+
+1. Run directory: the resolved config (`config.json`), the tokenizer, logs.
+2. Initial policy: random, a Hugging Face directory or a sao_jax params
+   directory (`run.init`); the critic copies its trunk with a fresh head.
+3. Optional SFT warm-start (`run.sft_steps`) on the environment's
+   demonstrations; skipped when resuming from a checkpoint.
+4. Samplers: `run.num_samplers` processes (spawn) generate continuously with the
+   newest published weights and stream trajectories through the transport; the
+   learner's grain pipeline filters stale/malformed ones and batches the rest.
+5. Learner loop (`learner.loop.run_learner`): value-only steps first (value
+   pretraining, critic warm-up), then SAO steps; after each step the policy is
+   published when its version changed, dead samplers are restarted, and every
+   `run.eval_every` steps the held-out set is evaluated.
+6. Outputs: a progress line per step, `metrics.jsonl`, TensorBoard events,
+   orbax checkpoints (`checkpoint.directory`, default RUN_DIR/checkpoints) and
+   `curves.png` at the end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import pathlib
+from typing import Iterator
+
+import jax
+
+from sao_jax.config import Config
+from sao_jax.data import pipeline
+from sao_jax.data.records import Trajectory
+from sao_jax.data.transport import DirectoryTransport, QueueTransport
+from sao_jax.envs import coding_generator, math_tasks
+from sao_jax.envs.base import play
+from sao_jax.envs.registry import make_env, make_tasks
+from sao_jax.evaluation import Evaluator
+from sao_jax.learner import compile as compile_lib
+from sao_jax.learner.loop import run_learner
+from sao_jax.learner.sft import train_sft
+from sao_jax.learner.state import state_from_params
+from sao_jax.metrics import MetricsLogger, batch_metrics, plot_curves
+from sao_jax.models import hf, params_io, tokenizer as tokenizer_lib
+from sao_jax.models.transformer import Params, init_params
+from sao_jax.models.value import value_params_from_policy
+from sao_jax.sampler import weights
+from sao_jax.sampler.worker import SamplerSupervisor, WorkerSpec
+from sao_jax.types import Batch
+
+# Scripted ideal turns per environment, for the SFT warm-start and the tokenizer.
+DEMONSTRATIONS = {"math_tool": math_tasks.demonstration,
+                  "coding": coding_generator.solution_actions}
+
+
+def _demonstrations(cfg: Config) -> Iterator[list[dict]]:
+  """Played demonstration transcripts (messages) of the training task source."""
+  if cfg.env.name not in DEMONSTRATIONS:
+    raise ValueError(f"run.sft_steps={cfg.run.sft_steps} but env.name={cfg.env.name!r} has no "
+                     f"demonstrations (known: {sorted(DEMONSTRATIONS)}); set run.sft_steps=0")
+  demo = DEMONSTRATIONS[cfg.env.name]
+  for task in make_tasks(cfg.env):
+    yield play(make_env(cfg.env), task, demo(task)).messages
+
+
+def prepare_tokenizer(cfg: Config, run_dir: pathlib.Path):
+  """The configured tokenizer, or one trained on the environment's texts (saved in run_dir)."""
+  if cfg.run.tokenizer:
+    tokenizer = tokenizer_lib.load_tokenizer(cfg.run.tokenizer)
+  elif (run_dir / "tokenizer.json").is_file():
+    tokenizer = tokenizer_lib.load_tokenizer(run_dir)
+  else:
+    texts = [m["content"] + " " + m["role"]
+             for messages in itertools.islice(_demonstrations(cfg), 400) for m in messages]
+    tokenizer = tokenizer_lib.train_tokenizer(texts, cfg.model.vocab_size)
+    tokenizer.save(str(run_dir / "tokenizer.json"))
+  if tokenizer.get_vocab_size() > cfg.model.vocab_size:
+    raise ValueError(f"the tokenizer has {tokenizer.get_vocab_size()} tokens but "
+                     f"model.vocab_size={cfg.model.vocab_size}; raise model.vocab_size")
+  return tokenizer
+
+
+def initial_policy(cfg: Config) -> Params:
+  if cfg.run.init == "random":
+    return init_params(cfg.model, jax.random.key(cfg.seed))
+  path = pathlib.Path(cfg.run.init)
+  if (path / "config.json").is_file():
+    model_cfg, params = hf.load_hf(path)
+  elif (path / params_io.CONFIG_FILE).is_file():
+    model_cfg, _, params = params_io.load_params(path)
+  else:
+    raise ValueError(f"run.init={cfg.run.init!r} is neither 'random', a Hugging Face directory "
+                     "(config.json) nor a sao-convert params directory")
+  architecture = lambda c: {k: v for k, v in hf.hf_config(c).items() if k != "dtype"}
+  if architecture(model_cfg) != architecture(cfg.model):
+    raise ValueError(f"run.init={cfg.run.init!r} holds a model that differs from the `model` "
+                     "section; copy its config.json values into the config file")
+  return params
+
+
+def _sft_batches(cfg: Config, tokenizer) -> Iterator[Batch]:
+  demos = _demonstrations(cfg)
+  length = cfg.data.length_buckets[-1]
+  while True:
+    rows = []
+    for messages in itertools.islice(demos, cfg.run.sft_batch):
+      tokens, action = tokenizer_lib.encode_chat(tokenizer, messages)
+      if tokens.size > length:
+        raise ValueError(f"a demonstration has {tokens.size} tokens, more than "
+                         f"data.length_buckets[-1]={length}; raise the largest bucket")
+      rows.append(Trajectory(tokens=tokens, action_mask=action.astype("int8"),
+                             behavior_logp=(action * 0).astype("float32"),
+                             rewards=(action * 0).astype("float32"), prompt_id=0,
+                             policy_versions=(0, 0)))
+    longest = max(t.length for t in rows)
+    bucket = next(b for b in cfg.data.length_buckets if b >= longest)
+    yield pipeline.pad_batch(rows, cfg.run.sft_batch, bucket, cfg.data.pad_id)
+
+
+def _transport(cfg: Config):
+  if cfg.data.transport == "queue":
+    return QueueTransport(cfg.data.transport_capacity)
+  return DirectoryTransport(cfg.data.transport_dir, cfg.data.transport_capacity)
+
+
+def run(cfg: Config, *, resume: bool = True, log=print) -> dict:
+  """Trains as configured; returns the final summary (also in RUN_DIR/summary.json)."""
+  run_dir = pathlib.Path(cfg.run.run_dir)
+  run_dir.mkdir(parents=True, exist_ok=True)
+  if cfg.checkpoint.directory is None:
+    cfg = dataclasses.replace(cfg, checkpoint=dataclasses.replace(
+        cfg.checkpoint, directory=str(run_dir / "checkpoints")))
+  cfg.validate()
+  (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
+  tokenizer = prepare_tokenizer(cfg, run_dir)
+  tokenizer_path = str(run_dir / "tokenizer.json")
+  if not pathlib.Path(tokenizer_path).is_file():
+    tokenizer.save(tokenizer_path)
+  logger = MetricsLogger(run_dir, total_steps=cfg.learner.steps)
+  evaluator = None
+
+  def initial_state(mesh):
+    policy = initial_policy(cfg)
+    if cfg.run.sft_steps:
+      if cfg.run.eval_every:  # the starting point, so the warm-start's effect is measured
+        evaluate(-cfg.run.sft_steps, policy, 0)
+      log(f"SFT warm-start: {cfg.run.sft_steps} steps on demonstrations")
+      policy = train_sft(policy, cfg.model, _sft_batches(cfg, tokenizer), steps=cfg.run.sft_steps,
+                         learning_rate=cfg.run.sft_lr,
+                         log=lambda step, m: logger.write(step - cfg.run.sft_steps, m))
+    state = state_from_params(cfg, policy, value_params_from_policy(policy, cfg.model))
+    return jax.device_put(state, compile_lib.state_shardings(cfg, mesh))
+
+  publisher = weights.SharedMemoryWeights(jax.eval_shape(lambda: initial_policy(cfg)))
+  transport = _transport(cfg)
+  supervisor = SamplerSupervisor(
+      [WorkerSpec(cfg=cfg, tokenizer_path=tokenizer_path, weights=publisher.spec,
+                  transport=transport, worker_id=i) for i in range(cfg.run.num_samplers)],
+      log=log)
+  published = {"version": -1}
+  drops = pipeline.Drops()
+  batches = pipeline.learner_pipeline(
+      transport, batch_size=cfg.learner.batch_trajectories, group_size=cfg.algorithm.group_size,
+      max_lag=cfg.data.max_lag, buckets=cfg.data.length_buckets, pad_id=cfg.data.pad_id,
+      vocab_size=cfg.model.vocab_size, current_version=lambda: published["version"], drops=drops,
+      num_prompt_slots=(cfg.algorithm.running_mean_slots
+                        if cfg.algorithm.variant == "running_mean" else None))
+  with_host_metrics = ((batch, batch_metrics(info, drops)) for batch, info in batches)
+  summary: dict = {}
+
+  def publish(state, force=False):
+    version = int(jax.device_get(state.policy_version))
+    if force or version != published["version"]:
+      publisher.publish(jax.device_get(state.policy_params), version)
+      published["version"] = version
+    return version
+
+  def evaluate(step, policy, version):
+    nonlocal evaluator
+    params = jax.device_get(policy)
+    if evaluator is None:
+      evaluator = Evaluator(cfg, tokenizer, params, version=version)
+    result = evaluator.evaluate(params, version)
+    logger.write(step, result)
+    summary.update(result)
+    log(f"eval @ step {step}: accuracy {result['eval/accuracy']:.3f} "
+        f"(tool-call rate {result['eval/tool_call_rate']:.2f})")
+
+  def after_step(steps_done, state):
+    version = publish(state)
+    supervisor.check()
+    if cfg.run.eval_every and steps_done % cfg.run.eval_every == 0:
+      evaluate(steps_done, state.policy_params, version)
+
+  reported_drops: set[str] = set()
+
+  def on_metrics(step, metrics):
+    logger.write(step, metrics)
+    log(logger.progress(step, metrics))
+    for reason in sorted(set(drops) - reported_drops):  # say once why data is being dropped
+      reported_drops.add(reason)
+      log(f"dropping trajectories: {reason} (e.g. {drops.examples.get(reason, '-')})")
+
+  def on_start(state, resumed):
+    if cfg.run.eval_every and not resumed:
+      evaluate(0, state.policy_params, 0)
+    publish(state, force=True)
+    supervisor.start()
+
+  try:
+    result = run_learner(cfg, with_host_metrics, on_metrics=on_metrics, after_step=after_step,
+                         on_start=on_start, resume=resume, initial_state=initial_state)
+  finally:
+    transport.close()
+    supervisor.stop()
+    publisher.close()
+    logger.close()
+  summary.update({"steps_done": result.steps_done, "stopped_by": result.stopped_by,
+                  "dropped": dict(drops), "sampler_restarts": supervisor.restarts,
+                  "plot": str(plot_curves(run_dir))})
+  (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+  return summary

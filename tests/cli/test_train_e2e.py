@@ -1,0 +1,75 @@
+"""`sao-train` end to end on CPU: sampler process, learner, outputs, crash-restart, resume."""
+
+import json
+import os
+import pathlib
+import signal
+
+import psutil
+import pytest
+
+from sao_jax.cli import evaluate as evaluate_cli
+from sao_jax.cli import train as train_cli
+from sao_jax.config import load_config
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TINY = [
+    "model.hidden_size=32", "model.intermediate_size=64", "model.head_dim=8",
+    "model.num_attention_heads=4", "model.num_key_value_heads=2", "model.vocab_size=384",
+    "learner.batch_trajectories=8", "learner.critic_warmup_steps=1",
+    "run.sft_steps=2", "run.sft_batch=4", "run.eval_episodes=4", "run.eval_every=2",
+    "sampler.slots=4", "sampler.max_new_tokens=24", "checkpoint.save_every_steps=2",
+]
+
+
+def sampler_processes():
+  return [p for p in psutil.Process().children(recursive=True)
+          if any("spawn_main" in part for part in p.cmdline())
+          and not any("resource_tracker" in part for part in p.cmdline())]
+
+
+def test_train_kill_sampler_then_resume(tmp_path, capsys):
+  run_dir = tmp_path / "run"
+  overrides = TINY + [f"run.run_dir={run_dir}", "learner.steps=3"]
+  killed = []
+
+  def log(line):
+    print(line, flush=True)
+    if line.startswith("step 1/") and not killed:  # SIGKILL the sampler mid-run
+      for process in sampler_processes():
+        os.kill(process.pid, signal.SIGKILL)
+        killed.append(process.pid)
+
+  from sao_jax import train
+  cfg = load_config(ROOT / "configs" / "demo_cpu.py", overrides)
+  summary = train.run(cfg, log=log)
+  assert killed, "no sampler process was running at step 1"
+  assert summary["steps_done"] == 3 and summary["sampler_restarts"] >= 1
+  assert not sampler_processes(), "samplers outlived the learner"
+  out = capsys.readouterr().out
+  assert "sampler 0 died" in out and "eval @ step 0" in out
+  rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+  steps = [r["step"] for r in rows if "reward/mean" in r]
+  assert steps == [0, 1, 2]
+  assert any("eval/accuracy" in r for r in rows) and any("sft/loss" in r for r in rows)
+  assert all(r["staleness/max"] <= cfg.data.max_lag for r in rows if "staleness/max" in r)
+  assert (run_dir / "curves.png").stat().st_size > 0
+  assert list((run_dir / "tensorboard").iterdir())
+  saved = {int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit()}
+  assert {2, 3} <= saved and max(saved) == 3  # every 2 steps, and the final step
+
+  # Without --resume the CLI refuses to overwrite; with it, training continues at step 3.
+  args = ["--config", str(ROOT / "configs" / "demo_cpu.py")]
+  args += [a for o in TINY + [f"run.run_dir={run_dir}", "learner.steps=5"] for a in ("--set", o)]
+  with pytest.raises(SystemExit) as exit_info:
+    train_cli.main(args)
+  assert exit_info.value.code == 2 and "--resume" in capsys.readouterr().err
+  train_cli.main(args + ["--resume"])
+  out = capsys.readouterr().out
+  assert "step 4/5" in out and "step 1/5" not in out and "done: 5 steps" in out
+  assert not sampler_processes()
+
+  # sao-eval restores the latest checkpoint's policy and evaluates it.
+  evaluate_cli.main(args + ["--episodes", "2"])
+  report = json.loads(capsys.readouterr().out)
+  assert report["step"] == 5 and 0.0 <= report["eval/accuracy"] <= 1.0

@@ -1,0 +1,102 @@
+"""The grain pipeline: staleness, drops by reason, groups, padding buckets, state."""
+
+import numpy as np
+import pytest
+
+from sao_jax.data import pipeline
+from traj_factory import make_traj
+
+
+class ListTransport:
+  """A transport over a fixed list (closed once drained)."""
+
+  def __init__(self, trajs):
+    self.trajs = list(trajs)
+    self.closed = True
+
+  def get(self, timeout=0.0):
+    return self.trajs.pop(0) if self.trajs else None
+
+
+def build(trajs, *, batch_size=2, group_size=1, max_lag=2, step=5, buckets=(8, 16, 32),
+          slots=None):
+  drops = pipeline.Drops()
+  it = pipeline.learner_pipeline(ListTransport(trajs), batch_size=batch_size,
+                                 group_size=group_size, max_lag=max_lag, buckets=buckets,
+                                 pad_id=0, vocab_size=50, current_version=lambda: step, drops=drops,
+                                 num_prompt_slots=slots)
+  return it, drops
+
+
+def test_single_mode_batches_pad_to_the_smallest_bucket():
+  trajs = [make_traj(length=6, versions=(4, 5), seed=1), make_traj(length=11, versions=(5, 5))]
+  it, drops = build(trajs)
+  batch, info = next(it)
+  assert batch.tokens.shape == (2, 16)
+  np.testing.assert_array_equal(batch.attention_mask.sum(1), [6, 11])
+  np.testing.assert_array_equal(batch.tokens[0, :6], trajs[0].tokens)
+  np.testing.assert_array_equal(batch.action_mask[1, :11], trajs[1].action_mask)
+  assert batch.rewards[1, 10] == 1.0 and batch.behavior_logp[0, 6:].sum() == 0
+  np.testing.assert_array_equal(info.lags, [1, 0])
+  np.testing.assert_array_equal(info.version_spans, [1, 0])
+  assert not drops
+  with pytest.raises(StopIteration):
+    next(it)
+
+
+def test_drops_are_counted_by_reason_never_silent():
+  bad_logp = make_traj(seed=3)
+  bad_logp.behavior_logp[-1] = np.nan
+  trajs = [make_traj(versions=(1, 5)),  # lag 4 > 2: stale
+           make_traj(env_failure="sandbox crashed"),
+           bad_logp,
+           make_traj(length=40),  # longer than the largest bucket
+           make_traj(seed=7), make_traj(seed=8)]
+  it, drops = build(trajs)
+  batch, info = next(it)
+  assert dict(drops) == {"stale": 1, "env_failure": 1, "nan_logp": 1, "too_long": 1}
+  assert info.padding_rows == 0 and batch.tokens.shape[0] == 2
+  state = it.get_state()
+  assert state["parent"]["counts"] == {"stale": 1, "env_failure": 1, "nan_logp": 1,
+                                       "too_long": 1}
+
+
+def test_group_mode_releases_a_group_only_when_complete():
+  trajs = [make_traj(prompt_id=1, seed=1), make_traj(prompt_id=2, seed=2),
+           make_traj(prompt_id=1, seed=3), make_traj(prompt_id=2, seed=4)]
+  it, _ = build(trajs, batch_size=4, group_size=2)
+  batch, info = next(it)
+  # Prompt 1's group completed first (3rd arrival), then prompt 2's.
+  np.testing.assert_array_equal(batch.prompt_ids, [1, 1, 2, 2])
+  assert info.padding_rows == 0
+
+
+def test_a_group_never_splits_across_batches():
+  trajs = [make_traj(prompt_id=p, seed=s) for s, p in enumerate([1, 1, 1, 2, 2, 2])]
+  it, _ = build(trajs, batch_size=4, group_size=3)
+  first, info = next(it)
+  np.testing.assert_array_equal(first.prompt_ids[:3], [1, 1, 1])
+  assert info.padding_rows == 1 and first.attention_mask[3].sum() == 0
+  assert first.prompt_ids[3] < 0  # the empty row's own group
+  second, _ = next(it)
+  np.testing.assert_array_equal(second.prompt_ids[:3], [2, 2, 2])
+
+
+def test_prompt_ids_outside_the_running_mean_table_are_dropped():
+  it, drops = build([make_traj(prompt_id=9), make_traj(prompt_id=1), make_traj(prompt_id=0)],
+                    slots=4)
+  batch, _ = next(it)
+  np.testing.assert_array_equal(batch.prompt_ids, [1, 0])
+  assert drops == {"prompt_id_out_of_range": 1}
+
+
+def test_group_larger_than_batch_is_named():
+  with pytest.raises(ValueError, match="group_size=8"):
+    build([], batch_size=4, group_size=8)
+
+
+def test_drops_keep_an_example_of_each_reason():
+  it, drops = build([make_traj(env_failure="sandbox crashed"), make_traj(versions=(0, 5)),
+                     make_traj(seed=1), make_traj(seed=2)])
+  next(it)
+  assert drops.examples == {"env_failure": "sandbox crashed", "stale": "lag 5"}

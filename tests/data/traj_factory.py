@@ -1,0 +1,20 @@
+"""Builds valid (or deliberately broken) trajectories for the data tests."""
+
+import numpy as np
+
+from sao_jax.data.records import Trajectory
+
+
+def make_traj(length=10, prompt_id=0, versions=(5, 5), outcome=1.0, seed=0, **changes):
+  rng = np.random.default_rng(seed)
+  action = np.zeros(length, np.int8)
+  action[length // 2:] = 1
+  logp = np.where(action, -rng.uniform(0.1, 3.0, length), 0.0).astype(np.float32)
+  rewards = np.zeros(length, np.float32)
+  if length:
+    rewards[-1] = outcome
+  fields = dict(tokens=rng.integers(0, 50, length).astype(np.int32), action_mask=action,
+                behavior_logp=logp, rewards=rewards, prompt_id=prompt_id,
+                policy_versions=tuple(versions))
+  fields.update(changes)
+  return Trajectory(**fields)

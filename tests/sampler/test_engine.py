@@ -1,0 +1,165 @@
+"""The engine: continuous batching == one-at-a-time, slot refill, turn ends, no recompiles."""
+
+import re
+
+import jax
+import numpy as np
+import pytest
+
+from engine_fixtures import (SAMPLER, STOP, VOCAB, detokenize, engine, params, prompts, run,
+                             with_sampler)
+
+MAX_NEW = [2, 24, 5, 17, 9, 24, 3, 12]  # very different turn lengths
+
+
+@pytest.fixture(scope="module")
+def weights():
+  return params(0)
+
+
+def _submit_all(eng, n):
+  for i, prompt in enumerate(prompts(n)):
+    eng.submit(i, prompt, seed=100 + i, max_new_tokens=MAX_NEW[i])
+
+
+def test_continuous_batching_matches_one_at_a_time(weights):
+  batched = engine(weights)
+  _submit_all(batched, len(MAX_NEW))  # 8 episodes on 3 slots
+  turns = {t.episode_id: t for t in run(batched)}
+  assert sorted(turns) == list(range(len(MAX_NEW)))
+
+  sequential_steps = 0
+  for i, prompt in enumerate(prompts(len(MAX_NEW))):
+    alone = engine(weights)
+    alone.submit(i, prompt, seed=100 + i, max_new_tokens=MAX_NEW[i])
+    (turn,) = run(alone)
+    sequential_steps += alone.stats["decode_steps"]
+    np.testing.assert_array_equal(turns[i].tokens, turn.tokens, err_msg=f"episode {i}")
+    np.testing.assert_array_equal(turns[i].behavior_logp, turn.behavior_logp)
+    assert turns[i].finish_reason == turn.finish_reason
+    trajectory = batched.finish(i)
+    np.testing.assert_array_equal(trajectory.tokens, np.concatenate([prompt, turn.tokens]))
+    np.testing.assert_array_equal(trajectory.action_mask, [0] * len(prompt) + [1] * len(turn.tokens))
+    np.testing.assert_array_equal(trajectory.behavior_logp[len(prompt):], turn.behavior_logp)
+    assert not trajectory.behavior_logp[:len(prompt)].any()
+  # Finished slots were refilled while long turns kept decoding.
+  assert batched.stats["decode_steps"] < sequential_steps / 2
+  reasons = {t.finish_reason for t in turns.values()}
+  assert reasons == {"stop_token", "max_new_tokens"}, reasons
+
+
+def test_stop_token_and_max_new_tokens_end_turns(weights):
+  eng = engine(weights)
+  _submit_all(eng, len(MAX_NEW))
+  for turn in run(eng):
+    tokens = turn.tokens.tolist()
+    if turn.finish_reason == "stop_token":
+      assert tokens.index(STOP) == len(tokens) - 1  # kept, and only at the end
+    else:
+      assert turn.finish_reason == "max_new_tokens" and STOP not in tokens
+      assert len(tokens) == MAX_NEW[turn.episode_id]
+
+
+def test_max_seq_len_ends_the_turn(weights):
+  eng = engine(weights)
+  eng.submit("a", np.arange(SAMPLER.max_seq_len - 8) % VOCAB, seed=0, max_new_tokens=50)
+  (turn,) = run(eng)
+  assert turn.finish_reason == "max_seq_len" and len(turn.tokens) == 8
+  assert eng.room("a") == -1
+  with pytest.raises(ValueError, match="exceed the -1 left by sampler.max_seq_len=96"):
+    eng.submit("a", [1])
+
+
+def test_stop_pattern_ends_the_turn_at_the_completing_token(weights):
+  free = engine(weights)
+  free.submit(0, prompts(1)[0], seed=3, max_new_tokens=12)
+  (reference,) = run(free)
+  assert len(reference.tokens) == 12
+  text = detokenize(reference.tokens)
+  pattern = re.escape(text[5:7])  # completed by token 6, inside the second decode call
+  expected = next(n for n in range(1, 13) if re.search(pattern, text[:n]))
+
+  eng = engine(weights, with_sampler(stop_patterns=(pattern,)))
+  eng.submit(0, prompts(1)[0], seed=3, max_new_tokens=12)
+  (turn,) = run(eng)
+  assert turn.finish_reason == "stop_pattern"
+  np.testing.assert_array_equal(turn.tokens, reference.tokens[:expected])
+  # The overshoot is gone from the trajectory and the episode continues from the cut.
+  eng.submit(0, [1, 2])
+  run(eng)
+  trajectory = eng.finish(0)
+  cut = len(prompts(1)[0]) + expected
+  np.testing.assert_array_equal(trajectory.tokens[:cut + 2],
+                                np.concatenate([prompts(1)[0], turn.tokens, [1, 2]]))
+  assert trajectory.num_turns == 2
+
+
+def test_parked_and_evicted_continuations_agree(weights):
+  """Episode 0's second turn: from its parked cache, or re-prefilled after eviction."""
+  def two_turns(evict):
+    eng = engine(weights)
+    eng.submit(0, prompts(3)[2], seed=9, max_new_tokens=6)  # 15 tokens: one chunk
+    run(eng)
+    if evict:  # three new episodes take the two empty slots and evict episode 0's
+      for i in range(1, 4):
+        eng.submit(i, [i], seed=i, max_new_tokens=2)
+      run(eng)
+    eng.submit(0, [7, 8, 9], max_new_tokens=10)
+    run(eng)
+    return eng.finish(0), eng.stats["prefill_calls"]
+
+  parked, parked_prefills = two_turns(evict=False)
+  evicted, evicted_prefills = two_turns(evict=True)
+  np.testing.assert_array_equal(parked.tokens, evicted.tokens)
+  np.testing.assert_allclose(parked.behavior_logp, evicted.behavior_logp, atol=1e-5)
+  assert parked.num_turns == evicted.num_turns == 2
+  # Parked: the prompt, then the 4 new tokens (last sampled + observation) in one chunk.
+  # Evicted: the prompt, 3 other episodes, then all 24 tokens again in two chunks.
+  assert (parked_prefills, evicted_prefills) == (2, 1 + 3 + 2)
+
+
+def test_no_recompilation_after_warmup(weights):
+  compiles = []
+
+  def on_event(event, duration, **kwargs):
+    if event == "/jax/core/compile/backend_compile_duration":
+      compiles.append(kwargs.get("fun_name"))
+
+  eng = engine(weights)
+  eng.warmup()
+  new_weights = jax.tree.map(lambda x: x * 1.01, weights)
+  jax.monitoring.register_event_duration_secs_listener(on_event)
+  try:
+    _submit_all(eng, len(MAX_NEW))
+    for turn in run(eng):
+      if turn.episode_id % 2:
+        eng.submit(turn.episode_id, np.arange(turn.episode_id * 3) % VOCAB)
+      else:
+        eng.finish(turn.episode_id)
+    run(eng)
+    eng.set_params(new_weights, 1)
+    eng.submit("late", np.arange(40) % VOCAB, seed=1)
+    run(eng)
+  finally:
+    jax.monitoring.unregister_event_duration_listener(on_event)
+  assert compiles == []
+  assert eng.stats["prefill_calls"] > len(MAX_NEW)
+
+
+def test_submit_errors(weights):
+  eng = engine(weights)
+  with pytest.raises(ValueError, match="seed=None is invalid"):
+    eng.submit("x", [1, 2])
+  with pytest.raises(ValueError, match="the prompt is empty"):
+    eng.submit("x", [], seed=0)
+  eng.submit("x", [1, 2], seed=0)
+  with pytest.raises(ValueError, match="'x' is queued"):
+    eng.submit("x", [3])
+  with pytest.raises(ValueError, match="unknown episode 'y'"):
+    eng.finish("y")
+  with pytest.raises(ValueError, match=r"ids in \[0, 64\)"):
+    eng.submit("z", [VOCAB], seed=0)
+  with pytest.raises(ValueError, match="max_new_tokens=0 is invalid"):
+    eng.submit("z", [1], seed=0, max_new_tokens=0)
+  with pytest.raises(ValueError, match="stop_patterns"):
+    engine(weights, with_sampler(stop_patterns=("x",)), detokenize=None)

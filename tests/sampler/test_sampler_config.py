@@ -1,0 +1,35 @@
+"""SamplerConfig.validate names the field, the value and what is allowed."""
+
+import dataclasses
+import re
+
+import pytest
+
+from sao_jax.config.sampler import PYTHON_TOOL_CALL, SamplerConfig
+
+
+def test_defaults_are_valid_and_the_tool_call_pattern_ends_at_the_closing_fence():
+  SamplerConfig().validate()
+  text = "Let me compute.\n```python\nprint(1)\n```\nmore"
+  match = re.search(PYTHON_TOOL_CALL, text, re.DOTALL)
+  assert match and match.end() == text.index("```\nmore") + 3
+  assert not re.search(PYTHON_TOOL_CALL, "```python\nprint(1)\n", re.DOTALL)
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(slots=0), "sampler.slots=0 is invalid: expected a positive integer"),
+    (dict(max_seq_len=64, prefill_buckets=(32, 128)),
+     r"sampler.prefill_buckets=\(32, 128\) is invalid: the largest bucket must be <= max_seq_len=64"),
+    (dict(prefill_buckets=(64, 32)), "strictly increasing"),
+    (dict(prefill_buckets=()), "sampler.prefill_buckets=()"),
+    (dict(temperature=0.0), "sampler.temperature=0.0 is invalid: expected a number > 0"),
+    (dict(top_p=0.0), r"sampler.top_p=0.0 is invalid: expected a number in \(0, 1\]"),
+    (dict(top_k=-1), "sampler.top_k=-1 is invalid"),
+    (dict(seed=-3), r"sampler.seed=-3 is invalid: expected an integer in \[0, 2\*\*32\)"),
+    (dict(stop_tokens=("",)), "sampler.stop_tokens"),
+    (dict(stop_patterns=("(",)), r"sampler.stop_patterns=\('\(',\) is invalid: '\(' is not a regular"),
+    (dict(steps_per_call=True), "sampler.steps_per_call=True is invalid"),
+])
+def test_invalid_values_are_named(changes, message):
+  with pytest.raises(ValueError, match=message):
+    dataclasses.replace(SamplerConfig(), **changes).validate()
