@@ -1,0 +1,66 @@
+"""AOT plans of the pod configs: memory per chip vs HBM, FLOPs, roofline MFU and tokens/s.
+
+  .venv/bin/python benchmarks/aot_plan.py [--only qwen3_8b_v5p32]
+
+Needs libtpu at the jax version (`pip install "jax[tpu]==<jax version>"`), no TPU:
+each config's train step and sampler decode step are compiled for its topology
+with `sao_jax.planning.aot.plan` (see `sao-plan`). Prints each plan's table and
+one line per config:
+
+  RESULT {"name": "aot_plan", "config": ..., "topology": ..., "hbm_fraction": ...,
+          "estimated_mfu": ..., ...}
+
+`hbm_fraction` is the largest program's per-device total over HBM (> 0.95 does
+not fit); `estimated_mfu` and `tokens_per_s` are compute-roofline bounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import time
+
+import jax
+
+from sao_jax.config import load_config
+from sao_jax.planning import aot
+
+CONFIGS = {"qwen3_8b_v5p32": "v5p:2x2x4", "qwen3_30b_a3b_v5p128": "v5p:4x4x4"}
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def plan_one(name: str, topology: str) -> dict:
+  cfg = load_config(ROOT / "configs" / f"{name}.py")
+  start = time.perf_counter()
+  result = aot.plan(cfg, topology, cfg.sampler.max_seq_len)
+  seconds = time.perf_counter() - start
+  print(aot.format_plan(result))
+  try:
+    aot.check_fits(result)
+    print("fits")
+  except aot.DoesNotFit as error:
+    print(f"DOES NOT FIT: {error}")
+  fraction = max(p.memory.total for p in result.programs()) / result.device.hbm_bytes
+  return {"name": "aot_plan", "config": name, "topology": topology,
+          "hbm_fraction": round(fraction, 4), "estimated_mfu": round(result.roofline.mfu, 4),
+          "tokens_per_s": round(result.roofline.tokens_per_s),
+          "step_seconds": round(result.roofline.step_seconds, 3),
+          "train_gib_per_chip": round(result.train.memory.total / 2**30, 2),
+          "decode_gib_per_chip": round(result.decode.memory.total / 2**30, 2),
+          "decode_ms": round(aot.decode_seconds(result) * 1e3, 3),
+          "compile_s": round(seconds, 1)}
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--only", choices=sorted(CONFIGS), default=None)
+  args = parser.parse_args()
+  jax.config.update("jax_platforms", "cpu")
+  for name, topology in CONFIGS.items():
+    if args.only in (None, name):
+      print(f"RESULT {json.dumps(plan_one(name, topology))}", flush=True)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,44 @@
+"""Qwen3-30B-A3B (MoE), SAO, 32K-token trajectories, on a v5p-128 slice (64 chips, 4x4x4).
+
+Architecture from Hugging Face `Qwen/Qwen3-30B-A3B` config.json (48 layers, all
+sparse; hidden 2048, 32 query / 4 kv heads of 128, 128 experts of width 768,
+8 per token with renormalised top-k weights, vocab 151936, rope_theta 1e6,
+untied LM head); bf16 params and compute. Trajectories (and the sampler's KV
+cache) hold `sampler.max_seq_len` = 32,768 tokens, Qwen3's native context.
+
+Memory: experts split 4 ways over `expert` (32 per shard), everything else
+fsdp over 16; the batch splits over all 64 chips, one 32K-token trajectory
+per chip in each of the 2 micro-batches; blocked attention and full remat.
+
+Prove it compiles and fits before paying for the slice (CPU + libtpu):
+
+    .venv/bin/sao-plan --config configs/qwen3_30b_a3b_v5p128.py --topology v5p:4x4x4
+
+Status: the AOT compile of this config has not completed on our 2-core CI
+machine (over 16 minutes and 16 GB before we stopped it: the 48 decoder layers
+are unrolled in forward, backward and remat); whether it fits is not yet
+established. Analytic estimate: 7.8e17 model FLOPs per step, >= 37 s per step at
+<= 71% MFU. Scanning over layers is the next step to make this plan tractable.
+"""
+
+from sao_jax.config import (AlgorithmConfig, Config, LearnerConfig, MeshConfig, ModelConfig,
+                            SamplerConfig)
+
+
+def get_config() -> Config:
+  return Config(
+      name="qwen3_30b_a3b_v5p128",
+      mesh=MeshConfig(data=1, fsdp=-1, tensor=1, expert=4),
+      model=ModelConfig(vocab_size=151936, hidden_size=2048, intermediate_size=6144,
+                        num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
+                        head_dim=128, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
+                        max_position_embeddings=40960, tie_word_embeddings=False,
+                        num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
+                        norm_topk_prob=True, decoder_sparse_step=1,
+                        param_dtype="bfloat16", compute_dtype="bfloat16", logits_chunk=1024,
+                        attention_impl="blocked", attention_block=512, remat_policy="full"),
+      algorithm=AlgorithmConfig.for_variant("sao"),
+      learner=LearnerConfig(batch_trajectories=128, micro_batches=2, policy_lr=1e-6,
+                            value_lr=5e-6),
+      sampler=SamplerConfig(slots=128, max_seq_len=32768, prefill_buckets=(512, 2048, 8192)),
+  )

@@ -1,0 +1,84 @@
+"""`sao-plan`: prove a pod configuration compiles and fits before paying for the pod.
+
+  sao-plan --config configs/qwen3_8b_v5p32.py --topology v5p:2x2x4 [--set a.b=c ...]
+           [--seq-len 32768] [--sampler-topology v5p:2x2x2] [--sampler-batch 64]
+           [--sampler-mesh data=1,fsdp=-1,tensor=1,expert=1] [--hbm-fraction 0.95] [--no-decode]
+
+Runs on any CPU machine with libtpu installed (`pip install "jax[tpu]==<jax version>"`):
+AOT-compiles the learner's train step and the sampler's decode step for the
+named TPU topology on abstract (never allocated) arrays, prints per-device
+memory against HBM, FLOPs and the roofline step time / MFU / tokens per second,
+and exits 1 with what to change when a program does not fit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+import jax
+
+from sao_jax.config import MESH_AXES, MeshConfig, load_config
+from sao_jax.planning import aot
+
+
+def _mesh(text: str) -> MeshConfig:
+  """'data=1,fsdp=-1' -> MeshConfig (unnamed axes keep their defaults)."""
+  sizes = {}
+  for item in text.split(","):
+    axis, sep, size = item.partition("=")
+    if not sep or axis not in MESH_AXES or not size.lstrip("-").isdigit():
+      raise argparse.ArgumentTypeError(
+          f"{item!r} is not AXIS=SIZE with AXIS in {', '.join(MESH_AXES)}, e.g. tensor=4")
+    sizes[axis] = int(size)
+  return MeshConfig(**sizes)
+
+
+def run(args: argparse.Namespace) -> int:
+  cfg = load_config(args.config, args.overrides)
+  seq_len = args.seq_len or cfg.sampler.max_seq_len
+  result = aot.plan(cfg, args.topology, seq_len, sampler_topology=args.sampler_topology,
+                    sampler_mesh=args.sampler_mesh, sampler_batch=args.sampler_batch,
+                    hbm_fraction=args.hbm_fraction, with_decode=not args.no_decode)
+  print(aot.format_plan(result))
+  aot.check_fits(result)
+  print(f"fits: every program is within {args.hbm_fraction:.0%} of "
+        f"{result.device.hbm_bytes / 2**30:.0f} GiB HBM per device")
+  return 0
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+  parser = argparse.ArgumentParser(prog="sao-plan", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--config", required=True, help="a configs/<name>.py file")
+  parser.add_argument("--topology", required=True, help="TPU topology, e.g. v5p:4x4x4")
+  parser.add_argument("--set", dest="overrides", action="append", default=[],
+                      metavar="SECTION.FIELD=VALUE", help="override a config field (repeatable)")
+  parser.add_argument("--seq-len", type=int, default=None,
+                      help="tokens per trajectory and KV-cache slots (default: "
+                      "sampler.max_seq_len)")
+  parser.add_argument("--sampler-topology", default=None,
+                      help="the sampler's slice (default: the learner's topology)")
+  parser.add_argument("--sampler-batch", type=int, default=None,
+                      help="sequences decoded at once (default: sampler.slots)")
+  parser.add_argument("--sampler-mesh", type=_mesh, default=None,
+                      help="the sampler's mesh, e.g. data=4,fsdp=1,tensor=4 "
+                      "(default: the config's)")
+  parser.add_argument("--hbm-fraction", type=float, default=0.95,
+                      help="share of HBM a program may use (the runtime keeps some)")
+  parser.add_argument("--no-decode", action="store_true", help="plan the train step only")
+  args = parser.parse_args(argv)
+  # Compile-only TPU devices need no accelerator: never let jax claim one (on a
+  # TPU VM the chips may be busy training).
+  jax.config.update("jax_platforms", "cpu")
+  try:
+    sys.exit(run(args))
+  except aot.DoesNotFit as error:
+    sys.exit(f"sao-plan: {error}")
+  except (ValueError, FileNotFoundError, ImportError) as error:
+    sys.exit(f"sao-plan: error: {error}")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,246 @@
+"""Ahead-of-time compilation of the learner and sampler programs for a TPU topology.
+
+  plan(cfg, topology, seq_len, ...)  -> Plan   (compiles; allocates no params)
+  check_fits(plan)                   -> raises DoesNotFit naming what to change
+  format_plan(plan)                  -> the printed table
+
+The train step is `sao_jax.learner.compile.compile_train_step` (the learner's own
+jit, shardings and donation) lowered on `jax.ShapeDtypeStruct`s that carry the
+state's and batch's shardings over a mesh of compile-only TPU devices from
+`jax.experimental.topologies`; the decode step is `sao_jax.models.decode.
+decode_step` on an abstract KV cache for the sampler's slice. Nothing is ever
+allocated, so a 30B-parameter plan runs on a laptop CPU once libtpu is installed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
+
+from sao_jax.config import Config, MeshConfig
+from sao_jax.learner import compile as compile_lib
+from sao_jax.learner import state as state_lib
+from sao_jax.models import decode
+from sao_jax.models.transformer import param_shardings
+from sao_jax.planning import estimate, hardware
+from sao_jax.sharding.mesh import make_mesh
+from sao_jax.sharding.rules import RULES, logical_to_spec
+from sao_jax.types import Batch
+
+
+class DoesNotFit(ValueError):
+  """A program needs more memory per device than the chip's HBM allows."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+  """One compiled program: per-device memory, XLA's cost estimate (loop bodies counted once)."""
+
+  name: str
+  topology: str
+  mesh_shape: dict[str, int]
+  memory: estimate.MemoryUse
+  compiler_flops: float
+  compiler_bytes: float
+  compiler_seconds: float | None  # XLA's optimal_seconds; None where it reports none
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  cfg: Config
+  seq_len: int
+  device: hardware.Chip  # per-device share of the chip
+  devices: int
+  hbm_fraction: float  # usable share of HBM
+  train: Program
+  decode: Program | None
+  sampler_batch: int
+  model_flops: float
+  hardware_flops: float
+  roofline: estimate.Roofline
+
+  @property
+  def limit_bytes(self) -> float:
+    return self.device.hbm_bytes * self.hbm_fraction
+
+  def programs(self) -> list[Program]:
+    return [self.train] + ([self.decode] if self.decode else [])
+
+
+def _abstract(tree, shardings):
+  return jax.tree.map(lambda leaf, sh: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sh),
+                      tree, shardings)
+
+
+def _cost(compiled) -> tuple[float, float, float | None]:
+  """(flops, bytes accessed, optimal_seconds) per device; XLA reports -1 s when it has none."""
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  seconds = cost.get("optimal_seconds")
+  return (float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0)),
+          float(seconds) if seconds is not None and seconds > 0 else None)
+
+
+def _program(name: str, topology: str, mesh: jax.sharding.Mesh, compiled) -> Program:
+  flops, bytes_accessed, seconds = _cost(compiled)
+  return Program(name=name, topology=topology, mesh_shape=dict(mesh.shape),
+                 memory=estimate.MemoryUse.from_stats(compiled.memory_analysis()),
+                 compiler_flops=flops, compiler_bytes=bytes_accessed, compiler_seconds=seconds)
+
+
+def _compile(lowered, cfg: Config, name: str, mesh: jax.sharding.Mesh, chip: str, seq_len: int):
+  """`lowered.compile()`, turning the TPU compiler's out-of-HBM error into DoesNotFit."""
+  try:
+    return lowered.compile()
+  except jax.errors.JaxRuntimeError as error:
+    if "RESOURCE_EXHAUSTED" not in str(error):
+      raise
+    raise DoesNotFit(estimate.compiler_oom_message(
+        cfg, name, str(error), chip, seq_len, batch_shards(dict(mesh.shape)))) from error
+
+
+def lower_train(cfg: Config, mesh: jax.sharding.Mesh, seq_len: int):
+  """The learner's jitted train step, lowered for abstract state and batch."""
+  state = _abstract(state_lib.abstract_state(cfg), compile_lib.state_shardings(cfg, mesh))
+  batch_sh = compile_lib.batch_shardings(cfg, mesh, seq_len)
+  b = cfg.learner.batch_trajectories
+  two_d = lambda dtype: jax.ShapeDtypeStruct((b, seq_len), dtype)
+  batch = Batch(tokens=two_d(jnp.int32), attention_mask=two_d(jnp.int32),
+                action_mask=two_d(jnp.int32), behavior_logp=two_d(jnp.float32),
+                rewards=two_d(jnp.float32), prompt_ids=jax.ShapeDtypeStruct((b,), jnp.int32))
+  batch = _abstract(batch, batch_sh)
+  update_policy = jax.ShapeDtypeStruct((), jnp.bool_, sharding=NamedSharding(mesh, PartitionSpec()))
+  step = compile_lib.compile_train_step(cfg, mesh, seq_len)
+  return step.lower(state, batch, update_policy)
+
+
+def _cache_shardings(cache, mesh: jax.sharding.Mesh):
+  """Batch rows over the activation-batch axes, KV heads over tensor; the rest replicated."""
+  names = {0: (), 1: ("activation_batch",), 2: ("activation_batch", "cache_length"),
+           4: ("activation_batch", "cache_length", "activation_kv_heads", "head_dim")}
+
+  def one(leaf):
+    if leaf.ndim not in names:
+      raise ValueError(f"KV cache leaf of shape {leaf.shape} has no planned sharding; extend "
+                       "sao_jax.planning.aot._cache_shardings for it")
+    spec = logical_to_spec(names[leaf.ndim], leaf.shape, dict(mesh.shape), strict=False)
+    return NamedSharding(mesh, spec)
+
+  return jax.tree.map(one, cache)
+
+
+def lower_decode(cfg: Config, mesh: jax.sharding.Mesh, batch: int, max_len: int):
+  """One sampler decode step (`decode.decode_step`) on a cache of `max_len` slots."""
+  model = cfg.model
+  params = _abstract(state_lib.abstract_state(cfg).policy_params,
+                     param_shardings(model, mesh, "lm"))
+  cache_shapes = jax.eval_shape(functools.partial(decode.init_cache, model, batch, max_len))
+  cache_sh = _cache_shardings(cache_shapes, mesh)
+  cache = _abstract(cache_shapes, cache_sh)
+  tokens_sh = NamedSharding(mesh, logical_to_spec(("activation_batch",), (batch,), dict(mesh.shape),
+                                                  strict=False))
+  tokens = jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=tokens_sh)
+  step = jax.jit(lambda p, c, t: decode.decode_step(p, model, c, t),
+                 out_shardings=(NamedSharding(mesh, PartitionSpec()), cache_sh), donate_argnums=1)
+  return step.lower(params, cache, tokens)
+
+
+def batch_shards(mesh_shape: dict[str, int]) -> int:
+  """Devices a batch dimension splits over (the activation-batch mesh axes)."""
+  count = 1
+  for axis in RULES["activation_batch"]:
+    count *= mesh_shape.get(axis, 1)
+  return count
+
+
+def plan(cfg: Config, topology: str, seq_len: int, *, sampler_topology: str | None = None,
+         sampler_mesh: MeshConfig | None = None, sampler_batch: int | None = None,
+         hbm_fraction: float = 0.95, with_decode: bool = True) -> Plan:
+  """Compiles the train step (and the sampler's decode step) and estimates throughput."""
+  if seq_len < 2:
+    raise ValueError(f"seq_len={seq_len} is invalid: a trajectory needs at least 2 tokens")
+  if not 0.0 < hbm_fraction <= 1.0:
+    raise ValueError(f"hbm_fraction={hbm_fraction} is invalid: expected 0 < fraction <= 1")
+  generation, _ = hardware.parse_topology(topology)
+  devices = hardware.topology_devices(topology)
+  device = hardware.chip_spec(generation).per_device(hardware.num_chips(topology), len(devices))
+  mesh = make_mesh(cfg.mesh, devices)
+  train = _program("train_step", topology, mesh, _compile(
+      lower_train(cfg, mesh, seq_len), cfg, "train_step", mesh, device.name, seq_len))
+  sampler_batch = sampler_batch or cfg.sampler.slots
+  decode_program = None
+  if with_decode:
+    sampler_topology = sampler_topology or topology
+    if hardware.parse_topology(sampler_topology)[0] != generation:
+      raise ValueError(f"sampler topology {sampler_topology!r} must use the learner's TPU "
+                       f"generation {generation!r} (one HBM limit per plan)")
+    sampler_devices = hardware.topology_devices(sampler_topology)
+    sampler = make_mesh(sampler_mesh or cfg.mesh, sampler_devices)
+    decode_program = _program("decode_step", sampler_topology, sampler, _compile(
+        lower_decode(cfg, sampler, sampler_batch, seq_len), cfg, "decode_step", sampler,
+        device.name, seq_len))
+  model_flops, hardware_flops = estimate.step_flops(cfg, seq_len)
+  tokens = cfg.learner.batch_trajectories * seq_len
+  return Plan(cfg=cfg, seq_len=seq_len, device=device, devices=len(devices),
+              hbm_fraction=hbm_fraction, train=train, decode=decode_program,
+              sampler_batch=sampler_batch, model_flops=model_flops, hardware_flops=hardware_flops,
+              roofline=estimate.roofline(model_flops, hardware_flops, tokens, len(devices),
+                                         device.peak_bf16_flops))
+
+
+def check_fits(result: Plan) -> None:
+  """Raises DoesNotFit for the first program over the HBM limit, naming what to change."""
+  for program in result.programs():
+    if program.memory.total > result.limit_bytes:
+      raise DoesNotFit(estimate.does_not_fit_message(
+          result.cfg, program.name, program.memory, result.limit_bytes, result.device.name,
+          result.seq_len, batch_shards(program.mesh_shape)))
+
+
+def decode_seconds(result: Plan) -> float:
+  """Roofline time of one decode step (no loops inside, so XLA's costs are whole-step)."""
+  d, device = result.decode, result.device
+  return max(d.compiler_flops / device.peak_bf16_flops, d.compiler_bytes / device.hbm_bytes_per_s,
+             d.compiler_seconds or 0.0)
+
+
+def format_plan(result: Plan) -> str:
+  """Memory per device against HBM for each program, then FLOPs and the roofline."""
+  gib = lambda x: f"{x / estimate.GiB:8.2f}"
+  cfg, r = result.cfg, result.roofline
+  lines = [f"plan {cfg.name}: seq_len={result.seq_len} batch={cfg.learner.batch_trajectories} "
+           f"micro_batches={cfg.learner.micro_batches} attention={cfg.model.attention_impl} "
+           f"remat={cfg.model.remat_policy}",
+           f"{'program':<12} {'topology':<11} {'mesh':<28} {'args':>8} {'temps':>8} {'outputs':>8} "
+           f"{'aliased':>8} {'code':>8} {'total':>8} {'HBM':>8} {'used':>6}"]
+  for p in result.programs():
+    mesh = ",".join(f"{k}={v}" for k, v in p.mesh_shape.items() if v > 1) or "1 device"
+    m = p.memory
+    lines.append(f"{p.name:<12} {p.topology:<11} {mesh:<28} {gib(m.arguments)} "
+                 f"{gib(m.temporaries)} "
+                 f"{gib(m.outputs)} {gib(m.aliased)} {gib(m.generated_code)} {gib(m.total)} "
+                 f"{gib(result.device.hbm_bytes)} {m.total / result.device.hbm_bytes:6.1%}")
+  lines.append("(GiB per device; total = args + outputs - aliased + temps + code)")
+  train = result.train
+  compiler_time = (f", XLA optimal_seconds {train.compiler_seconds:.3g} s"
+                   if train.compiler_seconds is not None else "")
+  lines += [
+      f"train FLOPs/step: model {result.model_flops:.3e}, with recompute "
+      f"{result.hardware_flops:.3e} ({result.hardware_flops / result.devices:.3e} per device); "
+      f"XLA cost analysis {train.compiler_flops:.3e} per device{compiler_time} (loop bodies "
+      "counted once: not a step total)",
+      f"roofline on {result.devices} x {result.device.name} "
+      f"({result.device.peak_bf16_flops / 1e12:.0f} TFLOP/s bf16 each): step >= "
+      f"{r.step_seconds:.2f} s, MFU <= {r.mfu:.1%}, tokens/s <= {r.tokens_per_s:,.0f} "
+      "(compute bound; communication not modelled)",
+  ]
+  if result.decode is not None:
+    seconds = decode_seconds(result)
+    lines.append(f"decode step (batch {result.sampler_batch}, cache {result.seq_len}): >= "
+                 f"{seconds * 1e3:.2f} ms (max of FLOPs / peak and bytes accessed / HBM bandwidth, "
+                 f"XLA cost analysis) -> <= {result.sampler_batch / seconds:,.0f} tokens/s")
+  return "\n".join(lines)

@@ -1,0 +1,197 @@
+"""`sao-plan`: hardware table, FLOP / roofline arithmetic, the does-not-fit message, and
+(slow, needs libtpu) AOT compilation for a real TPU topology."""
+
+import dataclasses
+import pathlib
+import types
+
+import pytest
+
+from sao_jax.cli import plan as plan_cli
+from sao_jax.config import AlgorithmConfig, Config, LearnerConfig, MeshConfig, ModelConfig
+from sao_jax.planning import estimate, hardware
+
+GiB = 2**30
+TINY_CPU = str(pathlib.Path(__file__).parents[1] / "configs" / "tiny_cpu.py")
+TINY = ModelConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+
+
+def test_chip_table_and_topologies():
+  assert hardware.chip_spec("v5p").hbm_bytes == 95 * GiB
+  assert hardware.chip_spec("v5e").hbm_bytes == 16 * GiB
+  assert hardware.chip_spec("v4").hbm_bytes == hardware.chip_spec("v6e").hbm_bytes == 32 * GiB
+  assert hardware.chip_spec("v5p").peak_bf16_flops == 459e12
+  assert hardware.parse_topology("v5p:4x4x8") == ("v5p", (4, 4, 8))
+  assert hardware.num_chips("v5p:2x2x4") == 16
+  assert hardware.num_chips("v5e:2x2") == 4
+  # v4 without megacore: 8 TensorCore devices on 4 chips share each chip's HBM.
+  assert hardware.chip_spec("v4").per_device(chips=4, devices=8).hbm_bytes == 16 * GiB
+
+
+@pytest.mark.parametrize("name, match", [("v5p-128", "expected GENERATION:AxB"),
+                                         ("v9x:2x2", "TPU generation 'v9x' is unknown"),
+                                         ("v5e:0x2", "every dimension must be positive")])
+def test_bad_topology_names_are_explained(name, match):
+  with pytest.raises(ValueError, match=match):
+    hardware.parse_topology(name)
+
+
+def test_memory_total_counts_donated_buffers_once():
+  stats = types.SimpleNamespace(argument_size_in_bytes=10 * GiB, output_size_in_bytes=9 * GiB,
+                                alias_size_in_bytes=9 * GiB, temp_size_in_bytes=3 * GiB,
+                                generated_code_size_in_bytes=GiB // 2)
+  assert estimate.MemoryUse.from_stats(stats).total == 13 * GiB + GiB // 2
+
+
+def _cfg(variant="sao", **model):
+  return Config(model=dataclasses.replace(TINY, **model),
+                algorithm=AlgorithmConfig.for_variant(variant),
+                learner=LearnerConfig(batch_trajectories=8, micro_batches=2))
+
+
+def test_forward_flops_match_hand_count():
+  t = 10
+  per_layer = (2 * 16 * (4 + 2 * 2) * 8 + 2 * 4 * 8 * 16   # q, k, v, o projections
+               + 2 * 4 * 8 * t                              # causal attention
+               + 2 * 3 * 16 * 32)                           # SwiGLU
+  f = estimate.forward_flops_per_token(TINY, t, "lm")
+  assert f == {"trunk": 2 * per_layer, "attention": 2 * 2 * 4 * 8 * t, "head": 2 * 16 * 64}
+  moe = dataclasses.replace(TINY, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=8,
+                            mlp_only_layers=(1,))
+  moe_layer = per_layer - 2 * 3 * 16 * 32 + 2 * 3 * 16 * 8 * 2 + 2 * 16 * 4
+  assert estimate.forward_flops_per_token(moe, t, "value")["trunk"] == moe_layer + per_layer
+
+
+def test_step_flops_count_every_pass_and_recompute():
+  t, tokens = 10, 8 * 10
+  lm = estimate.forward_flops_per_token(TINY, t, "lm")
+  value = estimate.forward_flops_per_token(TINY, t, "value")
+  fwd_lm, fwd_value = lm["trunk"] + lm["head"], value["trunk"] + value["head"]
+  # grpo: one policy forward + backward (3 forwards), no critic.
+  model, hardware_flops = estimate.step_flops(_cfg("grpo"), t)
+  assert model == 3 * fwd_lm * tokens
+  assert hardware_flops == model + lm["head"] * tokens  # LM-head chunks recomputed
+  # sao, K = 2: V_old forward + policy update + 2 value updates.
+  model, _ = estimate.step_flops(_cfg("sao"), t)
+  assert model == (3 * fwd_lm + fwd_value + 2 * 3 * fwd_value) * tokens
+  # Full remat recomputes the trunk once per backward; blocked attention adds q k^T.
+  base_model, base_hw = estimate.step_flops(_cfg("grpo"), t)
+  model, hw = estimate.step_flops(_cfg("grpo", remat_policy="full", attention_impl="blocked"), t)
+  assert model == base_model
+  assert hw == base_hw + (lm["trunk"] + lm["attention"] / 2) * tokens
+
+
+def test_roofline_arithmetic():
+  r = estimate.roofline(model_flops=3e15, hardware_flops=4e15, tokens=1000, devices=10,
+                        peak_flops=1e14)
+  assert r.step_seconds == pytest.approx(4.0)
+  assert r.mfu == pytest.approx(0.75)
+  assert r.tokens_per_s == pytest.approx(250.0)
+  with pytest.raises(ValueError, match="devices=0"):
+    estimate.roofline(1.0, 1.0, 1, 0, 1.0)
+
+
+def _memory(args_gib, temps_gib):
+  return estimate.MemoryUse(arguments=int(args_gib * GiB), outputs=0, aliased=0,
+                            temporaries=int(temps_gib * GiB), generated_code=0)
+
+
+def test_does_not_fit_message_names_the_fix_for_activations():
+  cfg = _cfg("sao")
+  message = estimate.does_not_fit_message(cfg, "train_step", _memory(2, 30), 15.2 * GiB, "v5e",
+                                          seq_len=4096, batch_shards=2)
+  assert message.startswith("train_step does not fit: it needs 32.0 GiB per v5e device but the "
+                            "limit is 15.2 GiB")
+  lines = message.splitlines()[1:]
+  assert lines[0] == "  - --set learner.micro_batches=4 (now 2: 4 trajectories per pass)"
+  assert "--set model.remat_policy=full (now 'none')" in lines[1]
+  assert "--set model.attention_impl=blocked" in lines[2]
+  assert "--seq-len, now 4096" in lines[3]
+  assert "--set mesh.fsdp" in lines[4]
+
+
+def test_does_not_fit_message_puts_sharding_first_when_state_dominates():
+  cfg = dataclasses.replace(_cfg("sao", remat_policy="full", attention_impl="blocked"),
+                            mesh=MeshConfig(fsdp=4))
+  message = estimate.does_not_fit_message(cfg, "train_step", _memory(30, 2), 15 * GiB, "v5e",
+                                          seq_len=128, batch_shards=4)
+  fixes = message.splitlines()[1:]
+  assert fixes[0].startswith("  - --set mesh.fsdp=... larger than 4")
+  assert not any("remat_policy" in f or "attention_impl" in f for f in fixes)
+  # 8 / 2 = 4 trajectories per pass already equals the 4 batch shards: no micro-batch advice.
+  assert not any("micro_batches" in f for f in fixes)
+
+
+def test_decode_advice_names_sampler_knobs():
+  message = estimate.does_not_fit_message(_cfg(), "decode_step", _memory(1, 20), 15 * GiB, "v5e",
+                                          seq_len=32768, batch_shards=4)
+  assert "a smaller --sampler-batch" in message
+  assert "a shorter cache (--seq-len, now 32768)" in message
+
+
+def test_compiler_out_of_memory_message():
+  error = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+           "temporaries (25.17G) exceeds available HBM (15.75G).\nmore detail")
+  message = estimate.compiler_oom_message(_cfg(), "train_step", error, "v5e", seq_len=16384,
+                                          batch_shards=4)
+  assert message.startswith("train_step does not fit: the TPU compiler needs 25.17 GiB for HLO "
+                            "temporaries but a v5e device has 15.75 GiB available. To fit, try:")
+  assert message.splitlines()[1].startswith("  - --set model.remat_policy=full")
+  other = estimate.compiler_oom_message(_cfg(), "decode_step", "RESOURCE_EXHAUSTED: odd\nx", "v5e",
+                                        seq_len=64, batch_shards=4)
+  assert "the TPU compiler ran out of memory: RESOURCE_EXHAUSTED: odd. To fit" in other
+
+
+def test_sampler_mesh_flag():
+  assert plan_cli._mesh("data=2,tensor=4") == MeshConfig(data=2, fsdp=-1, tensor=4, expert=1)
+  with pytest.raises(Exception, match="'model=2' is not AXIS=SIZE"):
+    plan_cli._mesh("model=2")
+
+
+# --- AOT compilation for a TPU topology (needs libtpu; ~1 min on 2 CPU cores) -------------
+
+def _libtpu():
+  pytest.importorskip("libtpu", reason="AOT planning for TPU needs libtpu: "
+                      "pip install 'jax[tpu]==<jax version>'")
+
+
+def _small_config():
+  return Config(name="plan_test", mesh=MeshConfig(fsdp=-1),
+                model=dataclasses.replace(TINY, attention_impl="blocked", attention_block=16,
+                                          remat_policy="full", param_dtype="bfloat16",
+                                          compute_dtype="bfloat16"),
+                algorithm=AlgorithmConfig.for_variant("sao"),
+                learner=LearnerConfig(batch_trajectories=8, micro_batches=2))
+
+
+@pytest.mark.slow
+def test_aot_plan_small_config_fits_v5e():
+  _libtpu()
+  from sao_jax.planning import aot
+  result = aot.plan(_small_config(), "v5e:2x2", 64)
+  assert result.devices == 4
+  assert result.train.mesh_shape == {"data": 1, "fsdp": 4, "tensor": 1, "expert": 1}
+  for program in result.programs():
+    m = program.memory
+    assert m.arguments > 0 and m.generated_code > 0
+    assert 0 < m.total < result.limit_bytes
+  assert result.train.memory.temporaries > 0
+  assert result.train.memory.aliased > 0  # the state is donated
+  assert result.train.compiler_flops > 0
+  aot.check_fits(result)
+  table = aot.format_plan(result)
+  assert "train_step   v5e:2x2" in table and "decode_step  v5e:2x2" in table
+  assert "MFU <=" in table
+
+
+@pytest.mark.slow
+def test_aot_plan_oversized_config_fails_with_the_fix():
+  _libtpu()
+  # Dense attention over 16K tokens: [2 rows, 4 heads, 16K, 16K] float32 scores per device.
+  with pytest.raises(SystemExit) as exit_info:
+    plan_cli.main(["--config", TINY_CPU, "--topology", "v5e:2x2", "--seq-len", "16384",
+                   "--no-decode", "--set", "learner.batch_trajectories=8"])
+  message = str(exit_info.value.code)
+  assert message.startswith("sao-plan: train_step does not fit: the TPU compiler needs")
+  assert "--set model.attention_impl=blocked (now 'dense'" in message
