@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: test test-all bench clean
+.PHONY: test test-all bench demo clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,9 +21,13 @@ test: $(STAMP)
 test-all: $(STAMP)
 	$(PY) -m pytest -q -m "slow or not slow"
 
+## demo: the CPU demo (configs/demo_cpu.py) in a fresh runs/demo_cpu-<time> directory.
+demo: $(STAMP)
+	$(VENV)/bin/sao-train --config configs/demo_cpu.py --set run.run_dir=runs/demo_cpu-$$(date +%Y%m%d-%H%M%S)
+
 ## bench: every benchmark in benchmarks/, each ending with a RESULT line.
 bench: $(STAMP)
 	set -e; for script in benchmarks/*.py; do echo "== $$script"; $(PY) $$script; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis runs
