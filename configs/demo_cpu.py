@@ -3,7 +3,7 @@
     make demo            # = .venv/bin/sao-train --config configs/demo_cpu.py
 
 From scratch on a 2-core CPU in about 10 minutes: a byte-level BPE tokenizer is
-trained on the environment's texts, a ~1M-parameter model gets a short SFT
+trained on the environment's texts, a 0.36M-parameter model gets a short SFT
 warm-start on demonstrations (write a python block that prints the expression,
 read the tool output, answer in \\boxed{}), then SAO trains it with one sampler
 process streaming single rollouts. Held-out accuracy (greedy, 64 tasks never

@@ -45,23 +45,24 @@ def batch_metrics(info: BatchInfo, drops: Drops) -> dict[str, float]:
 class MetricsLogger:
   """Appends metrics to JSONL and TensorBoard; formats the progress line."""
 
-  def __init__(self, run_dir: str | pathlib.Path, *, total_steps: int, start_step: int = 0):
+  def __init__(self, run_dir: str | pathlib.Path, *, total_steps: int):
     from tensorboardX import SummaryWriter  # heavy import, only where a run writes
 
     self.run_dir = pathlib.Path(run_dir)
     self.run_dir.mkdir(parents=True, exist_ok=True)
     self._jsonl = open(self.run_dir / METRICS_FILE, "a", encoding="utf-8")
     self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
-    self._total, self._start_step = total_steps, start_step
-    self._start_time = time.monotonic()
-    self._tokens = 0.0
+    self._total = total_steps
+    self._first: tuple[float, int] | None = None  # (time, step) of the first progress line
+    self._tokens = 0.0  # tokens trained since the first progress line
     self.last_eval: dict[str, float] = {}
 
   def write(self, step: int, metrics: Mapping[str, float]) -> None:
     clean = {k: float(v) for k, v in metrics.items()}
     if any(k.startswith("eval/") for k in clean):
       self.last_eval = {k: v for k, v in clean.items() if k.startswith("eval/")}
-    self._tokens += clean.get("tokens/total", 0.0)
+    if self._first is not None:
+      self._tokens += clean.get("tokens/total", 0.0)
     self._jsonl.write(json.dumps({"step": step, "time": time.time(), **clean}) + "\n")
     self._jsonl.flush()
     for name, value in clean.items():
@@ -69,18 +70,24 @@ class MetricsLogger:
         self._tb.add_scalar(name, value, step)
 
   def progress(self, step: int, metrics: Mapping[str, float]) -> str:
-    """`step 12/200 | reward 0.41 | eval 0.35 | lag 0.8 | 1.2k tok/s | ETA 3m10s`."""
-    elapsed = time.monotonic() - self._start_time
-    done = step + 1 - self._start_step
-    eta = elapsed / max(done, 1) * (self._total - step - 1)
+    """`step 12/200 | reward 0.41 | eval 0.35 | lag 0.8 | 1,234 tok/s | ETA 3m10s`.
+
+    Rates count from the first line on, so warm-start, evaluation before it and
+    compilation do not distort them.
+    """
+    if self._first is None:
+      self._first = (time.monotonic(), step)
+    elapsed = time.monotonic() - self._first[0]
+    done = step - self._first[1]
+    eta = elapsed / done * (self._total - step - 1) if done else float("nan")
     parts = [f"step {step + 1}/{self._total}",
              f"reward {metrics.get('reward/mean', float('nan')):.3f}"]
     if "eval/accuracy" in self.last_eval:
       parts.append(f"eval {self.last_eval['eval/accuracy']:.3f}")
     if "staleness/mean" in metrics:
       parts.append(f"lag {metrics['staleness/mean']:.1f}")
-    parts.append(f"{self._tokens / max(elapsed, 1e-9):,.0f} tok/s")
-    parts.append(f"ETA {int(eta // 60)}m{int(eta % 60):02d}s")
+    parts.append(f"{self._tokens / elapsed:,.0f} tok/s" if done else "-- tok/s")
+    parts.append(f"ETA {int(eta // 60)}m{int(eta % 60):02d}s" if done else "ETA --")
     return " | ".join(parts)
 
   def close(self) -> None:
@@ -104,14 +111,24 @@ def plot_curves(run_dir: str | pathlib.Path) -> pathlib.Path:
 
   rows = read_metrics(run_dir)
   fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-  series = [("reward/mean", "training reward (batch mean)"), ("eval/accuracy", "held-out accuracy")]
+  series = [("reward/mean", "training reward (batch mean, sampled)"),
+            ("eval/accuracy", "held-out accuracy (greedy)")]
   for ax, (key, title) in zip(axes, series):
     points = [(r["step"], r[key]) for r in rows if key in r]
     if points:
-      steps, values = zip(*points)
-      ax.plot(steps, values, marker="." if len(points) < 50 else None)
+      steps, values = np.array(points).T
+      ax.plot(steps, values, marker="." if len(points) < 50 else None, alpha=0.5 if
+              key == "reward/mean" else 1.0)
+      if key == "reward/mean" and len(values) >= 10:  # the trend through sampling noise
+        window = max(len(values) // 10, 5)
+        smooth = np.convolve(values, np.ones(window) / window, mode="valid")
+        ax.plot(steps[window - 1:], smooth, label=f"mean of last {window}")
+        ax.legend(loc="lower right")
+      if steps.min() < 0:  # SFT warm-start steps are logged before step 0
+        ax.axvspan(steps.min(), 0, color="0.9")
+        ax.text(steps.min(), ax.get_ylim()[1], " SFT", va="top")
     ax.set_title(title)
-    ax.set_xlabel("learner step")
+    ax.set_xlabel("learner step (negative: SFT warm-start)")
     ax.grid(alpha=0.3)
   fig.tight_layout()
   out = pathlib.Path(run_dir) / PLOT_FILE

@@ -53,6 +53,7 @@ import tarfile
 import types
 from typing import Callable
 
+from sao_jax.envs import tasks
 from sao_jax.envs.base import Task
 
 PARTS = ("repo", "tests_visible", "tests_hidden")
@@ -244,10 +245,7 @@ def load_jsonl(path: str | os.PathLike) -> list[Task]:
         task = load_task(os.path.join(base, row["path"]), task_id=row.get("id"))
       except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
-      if task.id in seen:
-        raise ValueError(f"{where}: id {task.id!r} already used on line {seen[task.id]}; "
-                         "ids must be unique.")
-      seen[task.id] = line_no
+      tasks.claim_id(task, seen, where, line_no)
       loaded.append(task)
   if not loaded:
     raise ValueError(f"{path}: no tasks; expected one JSON object per line.")

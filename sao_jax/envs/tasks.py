@@ -27,14 +27,19 @@ def load_jsonl(path: str | os.PathLike) -> list[Task]:
     for line_no, line in enumerate(f, start=1):
       where = f"{os.fspath(path)}:{line_no}"
       task = _parse_row(line, where, default_id=f"{os.path.basename(path)}:{line_no}")
-      if task.id in seen:
-        raise ValueError(f"{where}: id {task.id!r} already used on line {seen[task.id]}; "
-                         "ids must be unique.")
-      seen[task.id] = line_no
+      claim_id(task, seen, where, line_no)
       tasks.append(task)
   if not tasks:
     raise ValueError(f"{os.fspath(path)}: no tasks; expected one JSON object per line.")
   return tasks
+
+
+def claim_id(task: Task, seen: dict[str, int], where: str, line_no: int) -> None:
+  """Records `task.id` as used on `line_no`; ValueError if an earlier line used it."""
+  if task.id in seen:
+    raise ValueError(f"{where}: id {task.id!r} already used on line {seen[task.id]}; "
+                     "ids must be unique.")
+  seen[task.id] = line_no
 
 
 def _parse_row(line: str, where: str, default_id: str) -> Task:

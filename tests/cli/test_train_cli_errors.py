@@ -1,0 +1,46 @@
+"""`sao-train` turns bad input into one clear line and exit status 2, before any work."""
+
+import pathlib
+
+import pytest
+
+from sao_jax.cli import train as train_cli
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+DEMO = str(ROOT / "configs" / "demo_cpu.py")
+
+
+@pytest.mark.parametrize("override,message", [
+    ("algorithm.variant=reinforce", "algorithm.variant='reinforce'"),
+    ("env.name=chess", "env.name='chess'"),
+    ("env.task_source=jsonl", "env.jsonl_path=''"),
+    ("learner.batch_trajectories=0", "learner.batch_trajectories=0"),
+    ("learner.stepz=3", "LearnerConfig has no field 'stepz'"),
+])
+def test_bad_config_values_are_named(override, message, capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    train_cli.main(["--config", DEMO, "--set", override])
+  assert exit_info.value.code == 2
+  assert message in capsys.readouterr().err
+
+
+def test_missing_config_file_is_named(capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    train_cli.main(["--config", "configs/nope.py"])
+  assert exit_info.value.code == 2 and "nope.py" in capsys.readouterr().err
+
+
+def test_plot_of_a_directory_without_metrics_is_named(tmp_path, capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    train_cli.main(["--plot", str(tmp_path)])
+  assert exit_info.value.code == 2 and "metrics.jsonl" in capsys.readouterr().err
+
+
+def test_jsonl_with_a_bad_row_names_its_line(tmp_path, capsys):
+  tasks = tmp_path / "tasks.jsonl"
+  tasks.write_text('{"prompt": "Compute 1 + 1.", "answer": "2"}\n{"prompt": "no answer"}\n')
+  with pytest.raises(SystemExit) as exit_info:
+    train_cli.main(["--config", DEMO, "--set", "env.task_source=jsonl",
+                    "--set", f"env.jsonl_path={tasks}", "--set", f"run.run_dir={tmp_path / 'run'}"])
+  assert exit_info.value.code == 2
+  assert f"{tasks}:2" in capsys.readouterr().err
