@@ -7,16 +7,22 @@ on a real deployment where samplers own their own chips). The learner is real:
 the jitted SAO step on a small Qwen3, fed through the real transport and grain
 pipeline.
 
-(a) sync: for each batch, start `batch` rollouts at once on `slots` rollout
-    slots, wait for the slowest, then train (the GRPO/verl-style round).
+(a) sync: for each batch, start its `batch` rollouts at once, wait for the
+    slowest, then train (the GRPO/verl-style round; more slots cannot help it,
+    since a round holds one batch).
 (b) async: a sampler process keeps `slots` rollouts in flight and streams each
     finished trajectory through a QueueTransport; the learner trains as soon as
-    `batch` have arrived (SAO.md §1).
+    `batch` have arrived (SAO.md §1). Run twice: with `batch` slots (the same
+    rollout concurrency as sync) and with `--slots` (default 64: enough rollout
+    capacity to keep the learner busy, as a deployment would provision).
 
-Both train the same number of batches. Prints wall-clock, the speed-up and the
+All train the same number of batches. Prints wall-clock, speed-ups and the
 learner's idle fraction (time spent waiting for data / wall-clock), then
 
-    RESULT {"name": "async_vs_sync", "speedup_async_vs_sync": ..., "learner_idle_fraction": ...}
+    RESULT {"name": "async_vs_sync", "speedup_async_vs_sync": ..., "learner_idle_fraction": ...,
+            "speedup_equal_slots": ..., "learner_idle_equal_slots": ...}
+
+where the first two keys are for `--slots` and the last two for equal slots.
 
     .venv/bin/python benchmarks/async_vs_sync.py [--quick]
 """
@@ -43,11 +49,12 @@ from sao_jax.sharding.mesh import make_mesh
 BUCKETS = (128, 256)
 
 
-def rollout(index: int, seed: int, mean_s: float) -> Trajectory:
+def rollout(index: int, seed: int, mean_s: float, max_length: int = BUCKETS[-1]) -> Trajectory:
   """One simulated rollout: sleeps a log-normal time, returns a valid trajectory."""
   rng = np.random.default_rng([seed, index])
-  time.sleep(float(rng.lognormal(np.log(mean_s) - 0.5, 1.0)))  # mean ~ mean_s, long tail
-  length = int(np.clip(rng.lognormal(np.log(80), 0.5), 24, BUCKETS[-1]))
+  if mean_s > 0:
+    time.sleep(float(rng.lognormal(np.log(mean_s) - 0.5, 1.0)))  # mean ~ mean_s, long tail
+  length = int(np.clip(rng.lognormal(np.log(80), 0.5), 24, max_length))
   action = (rng.random(length) < 0.6).astype(np.int8)
   action[:8] = 0
   action[-1] = 1
@@ -92,7 +99,7 @@ class Learner:
     self.steps = {t: (compile_lib.compile_train_step(cfg, self.mesh, t),
                       compile_lib.batch_shardings(cfg, self.mesh, t)) for t in BUCKETS}
     for t in BUCKETS:  # compile outside the timed region
-      rows = [rollout(i, 0, 0.0) for i in range(cfg.learner.batch_trajectories)]
+      rows = [rollout(i, 0, 0.0, max_length=t) for i in range(cfg.learner.batch_trajectories)]
       self.train(pipeline.pad_batch(rows, cfg.learner.batch_trajectories, t, 0))
 
   def train(self, batch) -> None:
@@ -103,6 +110,7 @@ class Learner:
 
 
 def run_sync(learner: Learner, batches: int, slots: int, seed: int, mean_s: float):
+  """`slots` concurrent rollouts per round (a round holds one batch)."""
   size = learner.cfg.learner.batch_trajectories
   idle, start = 0.0, time.perf_counter()
   with concurrent.futures.ThreadPoolExecutor(slots) as pool:
@@ -151,24 +159,28 @@ def main():
   batches = 4 if args.quick else 12
   learner = Learner(make_config(args.batch))
   t0 = time.perf_counter()
-  learner.train(pipeline.pad_batch([rollout(i, 1, 0.0) for i in range(args.batch)], args.batch,
-                                   BUCKETS[0], 0))
+  learner.train(pipeline.pad_batch([rollout(i, 1, 0.0, max_length=BUCKETS[0])
+                                    for i in range(args.batch)], args.batch, BUCKETS[0], 0))
   step_s = time.perf_counter() - t0
-  sync_s, sync_idle = run_sync(learner, batches, args.slots, seed=1, mean_s=args.mean_rollout_s)
-  async_s, async_idle = run_async(learner, batches, args.slots, seed=1,
-                                  mean_s=args.mean_rollout_s)
-  trajs = batches * args.batch
-  print(f"{trajs} trajectories, batch {args.batch}, {args.slots} rollout slots, "
-        f"rollout ~{args.mean_rollout_s:g}s (log-normal), learner step {step_s * 1e3:.0f} ms")
-  print(f"{'mode':>6} {'wall s':>8} {'learner idle':>13}")
-  print(f"{'sync':>6} {sync_s:>8.2f} {sync_idle / sync_s:>13.1%}")
-  print(f"{'async':>6} {async_s:>8.2f} {async_idle / async_s:>13.1%}")
-  print(f"speed-up async vs sync: {sync_s / async_s:.2f}x")
+  runs = {"sync": run_sync(learner, batches, args.batch, seed=1, mean_s=args.mean_rollout_s),
+          f"async {args.batch} slots": run_async(learner, batches, args.batch, seed=1,
+                                                 mean_s=args.mean_rollout_s),
+          f"async {args.slots} slots": run_async(learner, batches, args.slots, seed=1,
+                                                 mean_s=args.mean_rollout_s)}
+  print(f"{batches * args.batch} trajectories, batch {args.batch}, rollout ~"
+        f"{args.mean_rollout_s:g}s (log-normal), learner step {step_s * 1e3:.0f} ms")
+  print(f"{'mode':>16} {'wall s':>8} {'learner idle':>13} {'speed-up':>9}")
+  sync_s = runs["sync"][0]
+  for mode, (wall, idle) in runs.items():
+    print(f"{mode:>16} {wall:>8.2f} {idle / wall:>13.1%} {sync_s / wall:>8.2f}x")
+  (eq_s, eq_idle), (many_s, many_idle) = list(runs.values())[1:]
   print("RESULT " + json.dumps({"name": "async_vs_sync",
-                                "speedup_async_vs_sync": round(sync_s / async_s, 2),
-                                "learner_idle_fraction": round(async_idle / async_s, 3),
-                                "sync_idle_fraction": round(sync_idle / sync_s, 3),
-                                "trajectories": trajs}))
+                                "speedup_async_vs_sync": round(sync_s / many_s, 2),
+                                "learner_idle_fraction": round(many_idle / many_s, 3),
+                                "speedup_equal_slots": round(sync_s / eq_s, 2),
+                                "learner_idle_equal_slots": round(eq_idle / eq_s, 3),
+                                "sync_idle_fraction": round(runs["sync"][1] / sync_s, 3),
+                                "trajectories": batches * args.batch}))
 
 
 if __name__ == "__main__":
