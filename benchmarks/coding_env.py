@@ -6,11 +6,19 @@ cycling through difficulties 1..5, for about `--seconds` of wall time, with the
 default sandbox limits. Task generation is included; no model is involved. Each
 test file runs in its own sandboxed interpreter, so the rate is dominated by
 interpreter start-up (`namespaces` in the output says whether the root-only
-namespace isolation was in use). Prints a per-difficulty table and ends with
+namespace isolation was in use). Prints a per-difficulty table.
 
-    RESULT {"name": "coding_env", "episodes_per_s": ..., "tool_calls_per_s": ...}
+Then a short sampler run: a tiny random Qwen3 drives `--slots` coding episodes
+through the real engine and `EpisodeRunner` for `--sampler-seconds`; the
+fraction of that wall-clock spent inside `env.step` (tool calls, format
+reminders, hidden-test grading at the turn budget) is `env_wait_fraction`. A
+random policy rarely writes a valid tool call, so its environment time is
+mostly grading; a trained agent's would include its tool runs. Ends with
 
-    .venv/bin/python benchmarks/coding_env.py [--seconds 20]
+    RESULT {"name": "coding_env", "episodes_per_s": ..., "tool_calls_per_s": ...,
+            "env_wait_fraction": ...}
+
+    .venv/bin/python benchmarks/coding_env.py [--seconds 20] [--sampler-seconds 30]
 """
 
 from __future__ import annotations
@@ -20,14 +28,65 @@ import collections
 import json
 import time
 
+import jax
+
+from sao_jax import config as C
 from sao_jax.envs import coding, coding_generator, sandbox
 from sao_jax.envs.base import play
+from sao_jax.models.tokenizer import train_tokenizer
+from sao_jax.models.transformer import init_params
+from sao_jax.sampler.engine import Engine, stop_token_ids
+from sao_jax.sampler.episodes import EpisodeRunner
+
+
+def env_wait_fraction(seconds: float, slots: int, seed: int) -> tuple[float, int]:
+  """(time in env.step / sampler wall-clock, finished episodes) of a short run."""
+  tasks = [coding_generator.generate_task(i, seed=seed, difficulty=1) for i in range(4)]
+  tokenizer = train_tokenizer([coding.SYSTEM_PROMPT] + [t.prompt for t in tasks]
+                              + [a for t in tasks for a in coding_generator.solution_actions(t)],
+                              vocab_size=512)
+  model = C.ModelConfig(vocab_size=512, hidden_size=64, intermediate_size=128, head_dim=16,
+                        num_attention_heads=4, num_key_value_heads=2, logits_chunk=256,
+                        max_position_embeddings=4096)
+  sampler = C.SamplerConfig(slots=slots, max_seq_len=4096, prefill_buckets=(64, 512, 2048),
+                            max_new_tokens=32, steps_per_call=8,
+                            stop_patterns=(r"```tool[ \t]*\n.*?\n```",))
+  engine = Engine(sampler, model, init_params(model, jax.random.key(seed)),
+                  stop_token_ids=stop_token_ids(tokenizer, sampler.stop_tokens),
+                  detokenize=lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False))
+  engine.warmup()
+  in_env = [0.0]
+
+  def make_env():
+    env = coding.CodingEnv(max_turns=6, max_observation_chars=600)
+    step = env.step
+
+    def timed_step(action):
+      began = time.perf_counter()
+      try:
+        return step(action)
+      finally:
+        in_env[0] += time.perf_counter() - began
+
+    env.step = timed_step
+    return env
+
+  runner = EpisodeRunner(engine, tokenizer, make_env, max_episodes=slots)
+  finished, started, begin = 0, 0, time.perf_counter()
+  while time.perf_counter() - begin < seconds:
+    while runner.in_flight < runner.max_episodes:
+      runner.start(tasks[started % len(tasks)], prompt_id=0, seed=started)
+      started += 1
+    finished += len(runner.step())
+  return in_env[0] / (time.perf_counter() - begin), finished
 
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--seconds", type=float, default=20.0, help="wall-time budget")
   parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--sampler-seconds", type=float, default=30.0)
+  parser.add_argument("--slots", type=int, default=4)
   args = parser.parse_args()
   env = coding.CodingEnv(max_turns=50)
   per_difficulty = collections.defaultdict(lambda: [0, 0, 0.0])  # episodes, tool calls, seconds
@@ -53,9 +112,13 @@ def main() -> None:
   print(f"{'difficulty':>10} {'episodes':>9} {'ms/episode':>11} {'tool calls/episode':>19}")
   for difficulty, (count, calls, seconds) in sorted(per_difficulty.items()):
     print(f"{difficulty:>10} {count:>9} {1000 * seconds / count:>11.1f} {calls / count:>19.1f}")
+  wait, sampled = env_wait_fraction(args.sampler_seconds, args.slots, args.seed)
+  print(f"sampler run: {sampled} episodes in {args.sampler_seconds:g} s on {args.slots} slots, "
+        f"{wait:.1%} of the time waiting on the environment")
   print("RESULT " + json.dumps({"name": "coding_env",
                                 "episodes_per_s": round(episodes / elapsed, 3),
-                                "tool_calls_per_s": round(tool_calls / elapsed, 3)}))
+                                "tool_calls_per_s": round(tool_calls / elapsed, 3),
+                                "env_wait_fraction": round(wait, 3)}))
 
 
 if __name__ == "__main__":
