@@ -227,12 +227,7 @@ def load_jsonl(path: str | os.PathLike) -> list[Task]:
   with open(path, encoding="utf-8") as f:
     for line_no, line in enumerate(f, start=1):
       where = f"{path}:{line_no}"
-      if not line.strip():
-        raise ValueError(f"{where}: blank line; remove it (every line must be a JSON object).")
-      try:
-        row = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise ValueError(f"{where}: invalid JSON ({e.msg} at column {e.colno}).") from None
+      row = tasks.parse_json_line(line, where)
       if not isinstance(row, dict) or not isinstance(row.get("path"), str) or not row["path"]:
         raise ValueError(f"{where}: expected an object with a non-empty string 'path', "
                          f"got {line.strip()[:200]!r}.")

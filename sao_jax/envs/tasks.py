@@ -42,13 +42,18 @@ def claim_id(task: Task, seen: dict[str, int], where: str, line_no: int) -> None
   seen[task.id] = line_no
 
 
-def _parse_row(line: str, where: str, default_id: str) -> Task:
+def parse_json_line(line: str, where: str):
+  """One JSONL line's value; ValueError naming `where` for blank or invalid lines."""
   if not line.strip():
     raise ValueError(f"{where}: blank line; remove it (every line must be a JSON object).")
   try:
-    row = json.loads(line)
+    return json.loads(line)
   except json.JSONDecodeError as e:
     raise ValueError(f"{where}: invalid JSON ({e.msg} at column {e.colno}).") from None
+
+
+def _parse_row(line: str, where: str, default_id: str) -> Task:
+  row = parse_json_line(line, where)
   if not isinstance(row, dict):
     raise ValueError(f"{where}: expected a JSON object with 'prompt' and 'answer', "
                      f"got {type(row).__name__}.")
