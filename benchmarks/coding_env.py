@@ -35,8 +35,7 @@ from sao_jax.envs import coding, coding_generator, sandbox
 from sao_jax.envs.base import play
 from sao_jax.models.tokenizer import train_tokenizer
 from sao_jax.models.transformer import init_params
-from sao_jax.sampler.engine import Engine, stop_token_ids
-from sao_jax.sampler.episodes import EpisodeRunner
+from sao_jax.sampler.episodes import EpisodeRunner, make_engine
 
 
 def env_wait_fraction(seconds: float, slots: int, seed: int) -> tuple[float, int]:
@@ -51,9 +50,7 @@ def env_wait_fraction(seconds: float, slots: int, seed: int) -> tuple[float, int
   sampler = C.SamplerConfig(slots=slots, max_seq_len=4096, prefill_buckets=(64, 512, 2048),
                             max_new_tokens=32, steps_per_call=8,
                             stop_patterns=(r"```tool[ \t]*\n.*?\n```",))
-  engine = Engine(sampler, model, init_params(model, jax.random.key(seed)),
-                  stop_token_ids=stop_token_ids(tokenizer, sampler.stop_tokens),
-                  detokenize=lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False))
+  engine = make_engine(sampler, model, init_params(model, jax.random.key(seed)), tokenizer)
   engine.warmup()
   in_env = [0.0]
 

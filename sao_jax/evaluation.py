@@ -19,8 +19,7 @@ import numpy as np
 from sao_jax.config import Config
 from sao_jax.envs.registry import make_env, make_tasks
 from sao_jax.models.transformer import Params
-from sao_jax.sampler.engine import Engine, stop_token_ids
-from sao_jax.sampler.episodes import EpisodeRunner, run_to_completion
+from sao_jax.sampler.episodes import EpisodeRunner, make_engine, run_to_completion
 
 
 class Evaluator:
@@ -29,10 +28,7 @@ class Evaluator:
     sampler = dataclasses.replace(cfg.sampler, top_k=1, temperature=1.0)
     self._cfg = cfg
     self._env_cfg = dataclasses.replace(cfg.env, seed=cfg.run.eval_seed)
-    self._engine = Engine(sampler, cfg.model, params, version=version,
-                          stop_token_ids=stop_token_ids(tokenizer, sampler.stop_tokens),
-                          detokenize=lambda ids: tokenizer.decode(list(ids),
-                                                                  skip_special_tokens=False))
+    self._engine = make_engine(sampler, cfg.model, params, tokenizer, version=version)
     self._engine.warmup()
     self._runner = EpisodeRunner(self._engine, tokenizer, lambda: make_env(self._env_cfg),
                                  max_episodes=sampler.slots)

@@ -198,10 +198,7 @@ class Workspace:
     entries.sort()
     if not entries:
       return f"{path!r} is empty."
-    shown = entries[:MAX_LIST_ENTRIES]
-    if len(entries) > len(shown):
-      shown.append(f"[{len(entries) - len(shown)} more entries not shown]")
-    return "\n".join(shown)
+    return _capped(entries, MAX_LIST_ENTRIES, "entries")
 
   def view(self, path: str, start: int | None = None, end: int | None = None) -> str:
     """Lines `start`..`end` (1-based, inclusive; `end` past the file is clamped)."""
@@ -247,10 +244,7 @@ class Workspace:
           matches.append(f"{self._relative(full)}:{number}: {line[:_MATCH_LINE_CHARS]}")
     if not matches:
       return f"no matches for {text!r} under {path!r}."
-    shown = matches[:MAX_MATCHES]
-    if len(matches) > len(shown):
-      shown.append(f"[{len(matches) - len(shown)} more matches not shown]")
-    return "\n".join(shown)
+    return _capped(matches, MAX_MATCHES, "matches")
 
   def edit(self, path: str, old: str, new: str) -> str:
     """Replaces the one occurrence of `old` in `path` with `new`."""
@@ -287,3 +281,11 @@ class Workspace:
       raise ToolError(f"content has more than {MAX_FILE_BYTES} bytes.")
     self._write(full, content)
     return f"created {path} ({len(_lines(content))} lines)."
+
+
+def _capped(lines: list[str], limit: int, noun: str) -> str:
+  """The first `limit` lines, and how many more were left out."""
+  shown = lines[:limit]
+  if len(lines) > limit:
+    shown.append(f"[{len(lines) - limit} more {noun} not shown]")
+  return "\n".join(shown)

@@ -33,8 +33,7 @@ from typing import Any
 
 from sao_jax.config import Config, ModelConfig
 from sao_jax.models.transformer import is_moe_layer
-
-GiB = 2**30
+from sao_jax.planning.hardware import GiB
 
 
 @dataclasses.dataclass(frozen=True)

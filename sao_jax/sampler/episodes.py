@@ -29,7 +29,17 @@ import numpy as np
 from sao_jax.data.records import Trajectory
 from sao_jax.envs.base import Environment, Task
 from sao_jax.models.tokenizer import IM_END, encode_chat
-from sao_jax.sampler.engine import Engine, Turn
+from sao_jax.config import ModelConfig, SamplerConfig
+from sao_jax.models.transformer import Params
+from sao_jax.sampler.engine import Engine, Turn, stop_token_ids
+
+
+def make_engine(cfg: SamplerConfig, model_cfg: ModelConfig, params: Params, tokenizer, *,
+                version: int = 0) -> Engine:
+  """An `Engine` whose stop tokens and stop-pattern text come from `tokenizer`."""
+  return Engine(cfg, model_cfg, params, version=version,
+                stop_token_ids=stop_token_ids(tokenizer, cfg.stop_tokens),
+                detokenize=lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False))
 
 
 def prompt_slot(task: Task, num_slots: int) -> int:

@@ -58,8 +58,7 @@ def _run(spec: WorkerSpec, stop: Any, parent_pid: int) -> None:
   from sao_jax.envs.registry import make_env, make_tasks
   from sao_jax.models.tokenizer import load_tokenizer
   from sao_jax.sampler import weights
-  from sao_jax.sampler.engine import Engine, stop_token_ids
-  from sao_jax.sampler.episodes import EpisodeRunner, prompt_slot
+  from sao_jax.sampler.episodes import EpisodeRunner, make_engine, prompt_slot
 
   cfg = spec.cfg
   tokenizer = load_tokenizer(spec.tokenizer_path)
@@ -72,9 +71,8 @@ def _run(spec: WorkerSpec, stop: Any, parent_pid: int) -> None:
   if got is None:
     return
   params, version = got
-  engine = Engine(cfg.sampler, cfg.model, jax.device_put(params), version=version,
-                  stop_token_ids=stop_token_ids(tokenizer, cfg.sampler.stop_tokens),
-                  detokenize=lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False))
+  engine = make_engine(cfg.sampler, cfg.model, jax.device_put(params), tokenizer,
+                       version=version)
   runner = EpisodeRunner(engine, tokenizer, lambda: make_env(cfg.env),
                          max_episodes=cfg.sampler.slots * 2)
   tasks = make_tasks(cfg.env)

@@ -19,8 +19,7 @@ from sao_jax.learner import state as state_lib
 from sao_jax.learner.step import advantages, train_step
 from sao_jax.models.forward import value_forward
 from sao_jax.models.tokenizer import train_tokenizer
-from sao_jax.sampler.engine import Engine, stop_token_ids
-from sao_jax.sampler.episodes import EpisodeRunner
+from sao_jax.sampler.episodes import EpisodeRunner, make_engine
 
 TURNS, NEW_TOKENS, LENGTH = 200, 4, 32768
 
@@ -42,9 +41,7 @@ def test_long_coding_episode_through_engine_and_learner():
                  learner=C.LearnerConfig(batch_trajectories=1, critic_warmup_steps=0),
                  data=C.DataConfig(length_buckets=(LENGTH,)))
   state = state_lib.init_state(cfg, jax.random.key(0))
-  engine = Engine(sampler, model, state.policy_params,
-                  stop_token_ids=stop_token_ids(tokenizer, sampler.stop_tokens),
-                  detokenize=lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False))
+  engine = make_engine(sampler, model, state.policy_params, tokenizer)
   runner = EpisodeRunner(engine, tokenizer, lambda: make_env(env_cfg), max_episodes=1)
   runner.start(task, prompt_id=0, seed=0)
   done = []
