@@ -113,9 +113,12 @@ def run_learner(cfg: Config, batches: Iterator[Batch | tuple[Batch, dict]], *,
       pending = (step, metrics, host_metrics)
       step += 1
       after_step(step, state)
+      # Read the flag once: SIGTERM may land between the save and the check, and
+      # a preempted run must stop exactly at the step it saved.
+      preempted = watcher.requested
       if checkpointer:
-        checkpointer.save(step, state, _data_state(batches), force=watcher.requested)
-      if watcher.requested:
+        checkpointer.save(step, state, _data_state(batches), force=preempted)
+      if preempted:
         stopped_by = "preemption"
         break
     if pending is not None:

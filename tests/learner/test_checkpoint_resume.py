@@ -103,6 +103,24 @@ print("stopped", result.stopped_by, result.steps_done, flush=True)
   assert_bitwise_equal(resumed.state, uninterrupted.state)
 
 
+def test_sigterm_during_a_save_stops_at_a_saved_step(tmp_path, monkeypatch):
+  """Regression: SIGTERM landing inside an off-schedule save used to stop the run one
+  step past its last checkpoint (the flag was read twice: once to force the save,
+  once to stop)."""
+  real_save = Checkpointer.save
+
+  def save_then_signal(self, step, *args, **kwargs):
+    saved = real_save(self, step, *args, **kwargs)
+    if step == 2:
+      os.kill(os.getpid(), signal.SIGTERM)  # handled at the next bytecode: after this save
+    return saved
+
+  monkeypatch.setattr(Checkpointer, "save", save_then_signal)
+  result = run_learner(config(tmp_path, steps=5, save_every_steps=100), Batches())
+  assert result.stopped_by == "preemption"
+  assert Checkpointer(config(tmp_path, steps=5)).latest_step() == result.steps_done
+
+
 def test_restore_onto_a_different_mesh(tmp_path):
   cfg = config(tmp_path, steps=2)
   saved = run_learner(cfg, Batches(),
