@@ -22,12 +22,14 @@ saves and exits cleanly.
 from __future__ import annotations
 
 import dataclasses
+import os
 import pathlib
 import signal
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 
 from sao_jax.config import CheckpointConfig, Config
 
@@ -49,6 +51,15 @@ def _describe_difference(saved: dict, current: dict, prefix: str = "") -> list[s
   return diffs
 
 
+def storage_path(directory: str | os.PathLike) -> pathlib.Path | epath.Path:
+  """`directory` as orbax should get it: a bucket URL (`gs://bucket/run`) as an
+  `epath.Path`, which keeps the scheme (`pathlib` would make it CWD/gs:/bucket/run),
+  a local path made absolute."""
+  if "://" in str(directory):
+    return epath.Path(str(directory))
+  return pathlib.Path(directory).absolute()
+
+
 class Checkpointer:
   """Saves and restores learner checkpoints under `cfg.checkpoint.directory`."""
 
@@ -58,7 +69,7 @@ class Checkpointer:
       raise ValueError("checkpoint.directory is None; set --set checkpoint.directory=PATH "
                        "to enable checkpoints")
     self._config = cfg
-    self.directory = pathlib.Path(ckpt.directory).absolute()
+    self.directory = storage_path(ckpt.directory)
     self._manager = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(

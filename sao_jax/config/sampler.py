@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from sao_jax.config.checks import check_positive, fail
+from sao_jax.config.checks import check_choice, check_positive, fail
+
+WEIGHT_CHANNELS = ("shared_memory", "directory", "network")
 
 # Ends a turn at the fence that closes a ```python tool-call block (sao_jax.envs.math_tool),
 # not at the opening fence.
@@ -33,6 +35,13 @@ class SamplerConfig:
   text matches one of `stop_patterns` (Python regular expressions, searched
   with re.DOTALL; the turn ends at the token that completes the match), after
   `max_new_tokens`, or when the episode reaches `max_seq_len`.
+
+  Weights reach samplers through `weights` (`sao_jax.sampler.weights`):
+  "shared_memory" (samplers on the learner's host), "directory" (orbax versions
+  in `weights_dir`, a directory or bucket all hosts share) or "network" (every
+  learner host serves its shards over TCP on `weights_port`; samplers on other
+  hosts connect to `weights_addresses`, the "host:port" of every learner host in
+  process order; empty: only this host, for same-host samplers).
   """
 
   slots: int = 8
@@ -46,9 +55,25 @@ class SamplerConfig:
   seed: int = 0
   stop_tokens: tuple[str, ...] = ("<|im_end|>", "<|endoftext|>")
   stop_patterns: tuple[str, ...] = (PYTHON_TOOL_CALL,)
+  weights: str = "shared_memory"
+  weights_dir: str = ""
+  weights_port: int = 0  # 0: any free port (same-host samplers learn it from the learner)
+  weights_addresses: tuple[str, ...] = ()
 
   def validate(self) -> None:
     check_positive("sampler", self, "slots", "max_seq_len", "steps_per_call", "max_new_tokens")
+    check_choice("sampler", self, "weights", WEIGHT_CHANNELS)
+    if self.weights == "directory" and not self.weights_dir:
+      fail("sampler", "weights_dir", self.weights_dir,
+           "weights='directory' needs a directory (or gs:// bucket path) all hosts share")
+    port = self.weights_port
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
+      fail("sampler", "weights_port", port, "expected a TCP port in [0, 65535] (0: any free port)")
+    for address in self.weights_addresses:
+      host, _, number = str(address).rpartition(":")
+      if not host or not number.isdigit() or not 0 < int(number) < 65536:
+        fail("sampler", "weights_addresses", self.weights_addresses,
+             f"{address!r} is not host:port (one entry per learner host, e.g. '10.0.0.2:5617')")
     buckets = self.prefill_buckets
     if (not buckets or any(isinstance(b, bool) or not isinstance(b, int) or b <= 0 for b in buckets)
         or list(buckets) != sorted(set(buckets))):

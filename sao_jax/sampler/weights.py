@@ -2,8 +2,8 @@
 
 The learner `publish(params, version)`es after policy updates; a sampler `poll()`s
 between decode steps and adopts the newest version it finds (SAO.md §1: it never
-waits for the learner). Two backends, each a publisher plus a picklable
-subscriber spec that a spawned sampler process turns into a subscriber:
+waits for the learner). Three backends (`sampler.weights`), each a publisher
+plus a picklable subscriber spec that a sampler process turns into a subscriber:
 
 - `SharedMemoryWeights` (same host): the parameter tree's layout (paths, shapes,
   dtypes, byte offsets) is fixed once; values travel through a
@@ -12,8 +12,11 @@ subscriber spec that a spawned sampler process turns into a subscriber:
   newest complete slot and re-checks its counter, so it never returns a torn
   mix of two versions, and no parameter tree is pickled per update.
 - `DirectoryWeights` (many hosts): each version is an orbax checkpoint in a
-  shared directory (written to a temporary name, renamed when complete);
-  subscribers restore the newest one.
+  shared directory or bucket (written to a temporary name, renamed when
+  complete); subscribers restore the newest one.
+- `NetworkWeights` (`weights_net`, learner and samplers on different JAX
+  clusters): every learner host serves its shards over TCP; subscribers fetch
+  from every host, verify checksums and assemble the arrays on host.
 """
 
 from __future__ import annotations
@@ -27,6 +30,10 @@ from typing import Any
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+
+from sao_jax.checkpoint import storage_path
+from sao_jax.config import SamplerConfig
+from sao_jax.sampler import weights_net
 
 _HEADER_WORDS = 8  # [latest_slot, version_0, version_1, seq_0, seq_1, ...]
 _HEADER_BYTES = _HEADER_WORDS * 8
@@ -74,7 +81,7 @@ class SharedMemoryWeights:
     self.spec = SharedMemorySpec(self._shm.name, treedef, tuple(layout), slot_bytes)
 
   def publish(self, params: Any, version: int) -> None:
-    leaves = jax.tree.leaves(params)
+    leaves = jax.tree.leaves(jax.device_get(params))  # one batched copy of device arrays
     if len(leaves) != len(self.spec.layout):
       raise ValueError(f"publish: params have {len(leaves)} leaves, the channel was built for "
                        f"{len(self.spec.layout)}; build a new channel for a new model")
@@ -82,7 +89,7 @@ class SharedMemoryWeights:
     base = _HEADER_BYTES + slot * self.spec.slot_bytes
     self._header[3 + slot] += 1  # odd: being written
     for leaf, value in zip(self.spec.layout, leaves):
-      host = np.asarray(jax.device_get(value))
+      host = np.asarray(value)
       if host.shape != leaf.shape or host.dtype != leaf.dtype:
         raise ValueError(f"publish: leaf of shape {host.shape} {host.dtype} does not match the "
                          f"channel layout {leaf.shape} {leaf.dtype}")
@@ -141,11 +148,11 @@ class DirectoryWeights:
 
   def __init__(self, directory: str | pathlib.Path, template: Any):
     self._manager = ocp.CheckpointManager(
-        pathlib.Path(directory).absolute(),
+        storage_path(directory),
         options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True,
                                              enable_async_checkpointing=False))
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), template)
-    self.spec = DirectorySpec(str(pathlib.Path(directory).absolute()), abstract)
+    self.spec = DirectorySpec(str(storage_path(directory)), abstract)
 
   def publish(self, params: Any, version: int) -> None:
     self._manager.save(version, args=ocp.args.StandardSave(params), force=True)
@@ -175,8 +182,29 @@ class DirectorySubscriber:
     self._manager.close()
 
 
-def subscribe(spec: SharedMemorySpec | DirectorySpec):
+def make_publisher(cfg: SamplerConfig, template: Any):
+  """The publisher `cfg.weights` selects for params shaped like `template`.
+
+  Only "network" (or "directory") can publish from a learner of several hosts:
+  the shared-memory block would hold one host's shards.
+  """
+  if cfg.weights == "shared_memory":
+    if jax.process_count() > 1:
+      raise ValueError(f"sampler.weights='shared_memory' cannot publish from a learner of "
+                       f"{jax.process_count()} hosts; use sampler.weights='network'")
+    return SharedMemoryWeights(template)
+  if cfg.weights == "directory":
+    return DirectoryWeights(cfg.weights_dir, template)
+  # Samplers on other hosts need every interface; same-host ones only loopback.
+  host = "0.0.0.0" if cfg.weights_addresses else "127.0.0.1"
+  return weights_net.NetworkWeights(template, host=host, port=cfg.weights_port,
+                                    addresses=cfg.weights_addresses)
+
+
+def subscribe(spec: SharedMemorySpec | DirectorySpec | weights_net.NetworkSpec):
   """The subscriber for a publisher's `spec` (called inside the sampler process)."""
   if isinstance(spec, SharedMemorySpec):
     return SharedMemorySubscriber(spec)
+  if isinstance(spec, weights_net.NetworkSpec):
+    return weights_net.NetworkSubscriber(spec)
   return DirectorySubscriber(spec)

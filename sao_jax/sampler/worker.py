@@ -37,7 +37,7 @@ class WorkerSpec:
 
   cfg: Config
   tokenizer_path: str
-  weights: Any  # weights.SharedMemorySpec | weights.DirectorySpec
+  weights: Any  # a publisher's .spec (sampler.weights selects the backend)
   transport: Any  # QueueTransport | DirectoryTransport
   worker_id: int = 0
 

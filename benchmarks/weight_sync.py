@@ -1,0 +1,109 @@
+"""Weight sync of a ~100M-parameter policy: network channel (loopback TCP) vs directory.
+
+  .venv/bin/python benchmarks/weight_sync.py [--reps 5 --param-dtype float32 --dir DIR]
+
+Model: the ~100M dense Qwen3 of benchmarks/forward.py, params in `--param-dtype`
+(default float32: 403 MB). One sync = the learner's `publish(params, version)`
+of a new version followed by a subscriber's `poll()` that adopts it and its
+`jax.device_put` onto the sampler's device (what `sao_jax.sampler.worker` does),
+timed until the placed arrays are ready. Both backends run in this process:
+
+  * network   `NetworkWeights` serving over 127.0.0.1; the publisher copies the
+              params to host memory and checksums them (crc32), the subscriber
+              fetches, verifies and assembles every leaf.
+  * directory `DirectoryWeights`: one orbax checkpoint per version in `--dir`
+              (default: a temporary directory on local disk; a bucket or NFS is
+              slower), restored by the subscriber.
+
+Each backend syncs a warm-up version, then `--reps` timed new versions; medians
+are reported, and the adopted params are checked bit-exact against the published
+ones. The last line is `RESULT {json}`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import tempfile
+import time
+
+import jax
+import numpy as np
+
+from sao_jax.config import ModelConfig
+from sao_jax.models.transformer import init_params
+from sao_jax.sampler import weights, weights_net
+
+# The model of benchmarks/forward.py.
+MODEL = ModelConfig(vocab_size=32768, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+                    num_attention_heads=12, num_key_value_heads=4, head_dim=64,
+                    tie_word_embeddings=True, logits_chunk=128)
+
+
+def sync_times(publisher, params, reps: int) -> dict[str, float]:
+  """Median publish, adopt and total seconds over `reps` new versions after one
+  untimed warm-up version (connections, first-touch allocations); checks exactness."""
+  subscriber = weights.subscribe(publisher.spec)
+  publish, adopt = [], []
+  try:
+    for version in range(reps + 1):
+      start = time.perf_counter()
+      publisher.publish(params, version)
+      published = time.perf_counter()
+      got = subscriber.poll()
+      if got is None or got[1] != version:
+        raise RuntimeError(f"{type(publisher).__name__}: version {version} was not adopted")
+      placed = jax.block_until_ready(jax.device_put(got[0]))
+      if version:
+        adopt.append(time.perf_counter() - published)
+        publish.append(published - start)
+    for sent, received in zip(jax.tree.leaves(params), jax.tree.leaves(jax.device_get(placed))):
+      if not np.array_equal(np.asarray(sent).reshape(-1).view(np.uint8),
+                            np.asarray(received).reshape(-1).view(np.uint8)):
+        raise RuntimeError(f"{type(publisher).__name__}: adopted params differ from published")
+  finally:
+    subscriber.close()
+    publisher.close()
+  total = [p + a for p, a in zip(publish, adopt)]
+  return {"publish": statistics.median(publish), "adopt": statistics.median(adopt),
+          "sync": statistics.median(total)}
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--reps", type=int, default=5)
+  parser.add_argument("--param-dtype", default="float32", choices=("float32", "bfloat16"))
+  parser.add_argument("--dir", help="directory for the directory backend (default: a temp dir)")
+  args = parser.parse_args()
+
+  model = dataclasses.replace(MODEL, param_dtype=args.param_dtype)
+  params = jax.block_until_ready(init_params(model, jax.random.key(0)))
+  count = sum(x.size for x in jax.tree.leaves(params))
+  megabytes = sum(x.nbytes for x in jax.tree.leaves(params)) / 1e6
+  print(f"model: {count / 1e6:.1f}M params, {args.param_dtype}, {megabytes:.0f} MB; "
+        f"{args.reps} syncs per backend")
+
+  network = sync_times(weights_net.NetworkWeights(params), params, args.reps)
+  with tempfile.TemporaryDirectory() as tmp:
+    directory = sync_times(weights.DirectoryWeights(args.dir or tmp, params), params, args.reps)
+  for name, t in (("network", network), ("directory", directory)):
+    print(f"{name:9s}  sync {t['sync']:.2f} s (publish {t['publish']:.2f} s, "
+          f"adopt {t['adopt']:.2f} s)  {megabytes / 1e3 / t['sync']:.2f} GB/s")
+  ratio = directory["sync"] / network["sync"]
+  print(f"network sync is {ratio:.1f}x faster than directory")
+  print("RESULT " + json.dumps({
+      "name": "weight_sync", "params_millions": round(count / 1e6, 1),
+      "param_dtype": args.param_dtype, "megabytes": round(megabytes),
+      "sync_seconds_network": round(network["sync"], 3),
+      "sync_seconds_directory": round(directory["sync"], 3),
+      "publish_seconds_network": round(network["publish"], 3),
+      "adopt_seconds_network": round(network["adopt"], 3),
+      "publish_seconds_directory": round(directory["publish"], 3),
+      "adopt_seconds_directory": round(directory["adopt"], 3),
+      "directory_over_network": round(ratio, 2)}))
+
+
+if __name__ == "__main__":
+  main()

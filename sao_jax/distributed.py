@@ -1,0 +1,96 @@
+"""Multi-host JAX: joining a cluster and turning per-host batch rows into global arrays.
+
+Every host of a multi-controller JAX cluster runs the same program; each one
+calls `initialize()` before any other JAX call. The cluster is described by the
+environment, so one command line serves every host:
+
+  SAO_COORDINATOR_ADDRESS=10.0.0.2:8476  host:port of process 0 (any free port)
+  SAO_NUM_PROCESSES=4                    hosts in this cluster
+  SAO_PROCESS_ID=0..3                    this host's index
+
+or `SAO_COORDINATOR_ADDRESS=auto` on Cloud TPU, where `jax.distributed` reads all
+three from the TPU metadata. Unset: a single host, nothing to do. A learner and
+its samplers on different slices are different clusters (each with its own
+coordinator); weights travel between them through `sao_jax.sampler.weights_net`.
+
+Batches: with `batch_shardings` splitting trajectories over devices of several
+hosts, each host loads only the rows its devices hold (`local_rows`) and
+`global_batch` assembles the global `[B, T]` arrays from every host's rows
+(`jax.make_array_from_process_local_data`), so no host reads the whole batch.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+import jax
+import numpy as np
+
+from sao_jax.types import Batch
+
+ENV_ADDRESS = "SAO_COORDINATOR_ADDRESS"
+ENV_PROCESSES = "SAO_NUM_PROCESSES"
+ENV_ID = "SAO_PROCESS_ID"
+
+
+def _cluster_size(environ: Mapping[str, str], address: str) -> tuple[int, int]:
+  """(number of processes, this process's id) from the environment, checked."""
+  values = []
+  for name in (ENV_PROCESSES, ENV_ID):
+    try:
+      values.append(int(environ[name]))
+    except (KeyError, ValueError):
+      raise ValueError(f"{ENV_ADDRESS}={address!r} needs {name} set to an integer (got "
+                       f"{environ.get(name)!r}); or set {ENV_ADDRESS}=auto on Cloud TPU") from None
+  processes, process_id = values
+  if not 0 <= process_id < processes:
+    raise ValueError(f"{ENV_ID}={process_id} is not in [0, {ENV_PROCESSES}={processes})")
+  return processes, process_id
+
+
+def initialize(environ: Mapping[str, str] | None = None) -> bool:
+  """Joins the cluster the environment describes (see module docstring); returns
+  whether it did. Must run before any JAX computation.
+
+  CPU clusters (tests, CPU-only hosts) use gloo for cross-process collectives;
+  without it XLA:CPU cannot run a program whose mesh spans processes.
+  """
+  environ = os.environ if environ is None else environ
+  address = environ.get(ENV_ADDRESS, "")
+  if not address:
+    return False
+  arguments = () if address == "auto" else (address, *_cluster_size(environ, address))
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.distributed.initialize(*arguments)
+  return True
+
+
+def local_rows(sharding: jax.sharding.Sharding, global_shape: tuple[int, ...]) -> slice:
+  """The rows (first dimension) of a `global_shape` array that this host's devices
+  hold under `sharding`: the rows this host must load."""
+  starts, stops = [], []
+  for index in sharding.addressable_devices_indices_map(global_shape).values():
+    start, stop, _ = index[0].indices(global_shape[0])
+    starts.append(start)
+    stops.append(stop)
+  rows = slice(min(starts), max(stops))
+  held = {range(a, b) for a, b in zip(starts, stops)}
+  if sum(len(r) for r in held) < rows.stop - rows.start:
+    raise ValueError(f"this host's rows {sorted((r.start, r.stop) for r in held)} of a batch of "
+                     f"{global_shape[0]} are not contiguous; order the mesh's devices by host")
+  return rows
+
+
+def global_batch(local: Batch, shardings: Batch, batch_size: int) -> Batch:
+  """Global `Batch` of `batch_size` rows from this host's rows (`local_rows` of it)."""
+  def one(rows: np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:
+    rows = np.asarray(rows)
+    shape = (batch_size, *rows.shape[1:])
+    want = local_rows(sharding, shape)
+    if rows.shape[0] != want.stop - want.start:
+      raise ValueError(f"this host loaded {rows.shape[0]} rows but holds rows "
+                       f"[{want.start}, {want.stop}) of the batch of {batch_size}")
+    return jax.make_array_from_process_local_data(sharding, rows, shape)
+
+  return jax.tree.map(one, local, shardings)

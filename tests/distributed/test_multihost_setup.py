@@ -1,0 +1,73 @@
+"""Multi-host plumbing on one process: cluster settings from the environment,
+per-host batch rows, and bucket URLs that reach orbax intact (no network)."""
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from sao_jax import checkpoint, distributed
+from sao_jax.config import CheckpointConfig, Config
+from sao_jax.sampler import weights
+
+
+def test_no_cluster_settings_means_single_host():
+  assert distributed.initialize({}) is False
+  assert jax.process_count() == 1
+
+
+@pytest.mark.parametrize("environ, message", [
+    ({"SAO_COORDINATOR_ADDRESS": "10.0.0.2:8476"}, "needs SAO_NUM_PROCESSES set to an integer"),
+    ({"SAO_COORDINATOR_ADDRESS": "10.0.0.2:8476", "SAO_NUM_PROCESSES": "four",
+      "SAO_PROCESS_ID": "0"}, "got 'four'"),
+    ({"SAO_COORDINATOR_ADDRESS": "10.0.0.2:8476", "SAO_NUM_PROCESSES": "4"},
+     "needs SAO_PROCESS_ID"),
+    ({"SAO_COORDINATOR_ADDRESS": "10.0.0.2:8476", "SAO_NUM_PROCESSES": "4",
+      "SAO_PROCESS_ID": "4"}, r"SAO_PROCESS_ID=4 is not in \[0, SAO_NUM_PROCESSES=4\)"),
+])
+def test_bad_cluster_settings_are_named(environ, message):
+  with pytest.raises(ValueError, match=message):
+    distributed.initialize(environ)
+
+
+def test_one_host_loads_every_row_of_its_devices():
+  mesh = jax.make_mesh((4, 2), ("data", "tensor"))
+  shardings = {"tokens": NamedSharding(mesh, P("data", None)),
+               "ids": NamedSharding(mesh, P("data"))}
+  batch = {"tokens": np.arange(8 * 5, dtype=np.int32).reshape(8, 5),
+           "ids": np.arange(8, dtype=np.int32)}
+  assert distributed.local_rows(shardings["tokens"], (8, 5)) == slice(0, 8)
+  assembled = distributed.global_batch(batch, shardings, batch_size=8)
+  for name, array in assembled.items():
+    assert array.sharding == shardings[name]
+    np.testing.assert_array_equal(np.asarray(array), batch[name])
+  with pytest.raises(ValueError, match=r"loaded 4 rows but holds rows \[0, 8\)"):
+    distributed.global_batch({k: v[:4] for k, v in batch.items()}, shardings, batch_size=8)
+
+
+def test_storage_path_keeps_bucket_urls(tmp_path, monkeypatch):
+  assert str(checkpoint.storage_path("gs://bucket/run")) == "gs://bucket/run"
+  assert str(checkpoint.storage_path("gs://bucket/run") / "7") == "gs://bucket/run/7"
+  monkeypatch.chdir(tmp_path)
+  assert checkpoint.storage_path("runs/a") == tmp_path / "runs" / "a"
+
+
+class FakeManager:
+  """Records the directory orbax would be given; touches no storage."""
+
+  def __init__(self, directory, **kwargs):
+    del kwargs
+    self.directory = directory
+
+  def close(self):
+    pass
+
+
+def test_bucket_urls_reach_orbax_intact(monkeypatch):
+  monkeypatch.setattr(checkpoint.ocp, "CheckpointManager", FakeManager)
+  cfg = Config(checkpoint=CheckpointConfig(directory="gs://bucket/run/checkpoints"))
+  checkpointer = checkpoint.Checkpointer(cfg)
+  assert str(checkpointer._manager.directory) == "gs://bucket/run/checkpoints"
+  publisher = weights.DirectoryWeights("gs://bucket/run/weights", {"w": np.zeros(3)})
+  assert str(publisher._manager.directory) == "gs://bucket/run/weights"
+  assert publisher.spec.directory == "gs://bucket/run/weights"
