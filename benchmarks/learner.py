@@ -75,7 +75,8 @@ def synthetic_batch(cfg: Config, seq: int) -> Batch:
                action_mask=action.astype(np.int32),
                behavior_logp=behavior_logp.astype(np.float32),
                rewards=rewards,
-               prompt_ids=np.arange(b, dtype=np.int32))
+               prompt_ids=np.broadcast_to(np.arange(b, dtype=np.int32)[:, None], (b, seq)),
+               behavior_version=np.zeros((b, seq), np.int32))
 
 
 def compile_step(cfg: Config, mesh: jax.sharding.Mesh, batch: Batch):

@@ -29,6 +29,7 @@ from typing import Iterator
 
 import jax
 
+from sao_jax import distributed
 from sao_jax.config import Config
 from sao_jax.data import pipeline
 from sao_jax.data.records import Trajectory
@@ -126,6 +127,7 @@ def _transport(cfg: Config):
 
 def run(cfg: Config, *, resume: bool = True, log=print) -> dict:
   """Trains as configured; returns the final summary (also in RUN_DIR/summary.json)."""
+  distributed.initialize()  # a multi-host learner: join the cluster the environment names
   run_dir = pathlib.Path(cfg.run.run_dir)
   run_dir.mkdir(parents=True, exist_ok=True)
   if cfg.checkpoint.directory is None:
@@ -152,7 +154,7 @@ def run(cfg: Config, *, resume: bool = True, log=print) -> dict:
     state = state_from_params(cfg, policy, value_params_from_policy(policy, cfg.model))
     return jax.device_put(state, compile_lib.state_shardings(cfg, mesh))
 
-  publisher = weights.SharedMemoryWeights(jax.eval_shape(lambda: initial_policy(cfg)))
+  publisher = weights.make_publisher(cfg.sampler, jax.eval_shape(lambda: initial_policy(cfg)))
   transport = _transport(cfg)
   supervisor = SamplerSupervisor(
       [WorkerSpec(cfg=cfg, tokenizer_path=tokenizer_path, weights=publisher.spec,
@@ -165,14 +167,18 @@ def run(cfg: Config, *, resume: bool = True, log=print) -> dict:
       max_lag=cfg.data.max_lag, buckets=cfg.data.length_buckets, pad_id=cfg.data.pad_id,
       vocab_size=cfg.model.vocab_size, current_version=lambda: published["version"], drops=drops,
       num_prompt_slots=(cfg.algorithm.running_mean_slots
-                        if cfg.algorithm.variant == "running_mean" else None))
-  with_host_metrics = ((batch, batch_metrics(info, drops)) for batch, info in batches)
+                        if cfg.algorithm.variant == "running_mean" else None),
+      batch_tokens=cfg.learner.batch_tokens, row_length=cfg.learner.row_length)
+  # Padding share per batch: what bucketing wastes and packing (learner.batch_tokens) saves.
+  with_host_metrics = ((batch, {**batch_metrics(info, drops),
+                                "batch/padding_frac": info.padding_fraction})
+                       for batch, info in batches)
   summary: dict = {}
 
   def publish(state, force=False):
     version = int(jax.device_get(state.policy_version))
     if force or version != published["version"]:
-      publisher.publish(jax.device_get(state.policy_params), version)
+      publisher.publish(state.policy_params, version)  # copies what it keeps: state is donated
       published["version"] = version
     return version
 

@@ -18,6 +18,8 @@ class DataConfig:
   dropped and counted. Batches are right-padded to the smallest
   of `length_buckets` that fits their longest trajectory (one compiled step per
   bucket); a trajectory longer than the largest bucket is dropped and counted.
+  With `learner.batch_tokens` set, batches are packed rows of `learner.row_length`
+  tokens instead: the buckets are not used, and the row length is the limit.
   """
 
   transport: str = "queue"

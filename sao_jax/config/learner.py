@@ -1,4 +1,4 @@
-"""The learner: optimisers, schedules, critic schedule, micro-batching; checkpoints."""
+"""The learner: batches, optimisers, schedules, critic schedule, micro-batching; checkpoints."""
 
 from __future__ import annotations
 
@@ -12,10 +12,22 @@ LR_SCHEDULES = ("constant", "cosine")
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LearnerConfig:
-  """The train step: optimisers, schedules, the critic schedule, micro-batching."""
+  """The train step: batches, optimisers, schedules, the critic schedule, micro-batching.
+
+  A batch is `batch_trajectories` rows of one trajectory each, right-padded to a
+  length bucket (`data.length_buckets`), unless `batch_tokens` is set: then it is
+  `batch_rows = batch_tokens // row_length` rows of `row_length` tokens into
+  which whole trajectories are packed first-fit (several per row, attention kept
+  within each), holding at most `batch_trajectories` trajectories. It closes
+  when the next arriving unit (a trajectory, or a whole GRPO group, never split)
+  does not fit; trajectories longer than `row_length` are dropped as too long.
+  """
 
   batch_trajectories: int = 128
-  micro_batches: int = 1  # gradient accumulation: the batch is split into this many
+  # Sequence packing: tokens per batch (None: one trajectory per row, padded).
+  batch_tokens: int | None = None
+  row_length: int | None = None  # tokens per packed row; required with batch_tokens
+  micro_batches: int = 1  # gradient accumulation: the batch's rows are split into this many
   steps: int = 1000
   policy_lr: float = 1e-6
   value_lr: float = 5e-6
@@ -33,11 +45,19 @@ class LearnerConfig:
   # (default; advantages and value targets from the same V_old) or after them.
   advantage_values: str = "before_critic_update"
 
+  @property
+  def batch_rows(self) -> int:
+    """Rows of every batch the step sees: packed rows, or one per trajectory."""
+    if self.batch_tokens is None:
+      return self.batch_trajectories
+    return self.batch_tokens // self.row_length
+
   def validate(self) -> None:
     check_positive("learner", self, "batch_trajectories", "micro_batches", "steps")
     if self.batch_trajectories % self.micro_batches:
       fail("learner", "micro_batches", self.micro_batches,
             f"must divide batch_trajectories={self.batch_trajectories}")
+    self._validate_packing()
     for name in ("policy_lr", "value_lr", "adam_eps"):
       if getattr(self, name) <= 0:
         fail("learner", name, getattr(self, name), "expected a positive number")
@@ -54,6 +74,29 @@ class LearnerConfig:
       fail("learner", "grad_clip", self.grad_clip, "expected None (no clipping) or > 0")
     check_choice("learner", self, "lr_schedule", LR_SCHEDULES)
     check_choice("learner", self, "advantage_values", ADVANTAGE_VALUES)
+
+  def _validate_packing(self) -> None:
+    if self.batch_tokens is None:
+      if self.row_length is not None:
+        fail("learner", "row_length", self.row_length,
+             "it only applies to packed batches; set learner.batch_tokens too, or leave "
+             "row_length=None")
+      return
+    check_positive("learner", self, "batch_tokens")
+    if self.row_length is None:
+      fail("learner", "row_length", self.row_length,
+           f"packing (batch_tokens={self.batch_tokens}) needs the length of a packed row, e.g. "
+           "the largest of data.length_buckets")
+    check_positive("learner", self, "row_length")
+    if self.row_length < 2 or self.batch_tokens % self.row_length:
+      fail("learner", "batch_tokens", self.batch_tokens,
+           f"must be a multiple of row_length={self.row_length} (>= 2): a batch is "
+           "batch_tokens // row_length whole rows")
+    if self.batch_rows % self.micro_batches:
+      fail("learner", "batch_tokens", self.batch_tokens,
+           f"gives batch_rows={self.batch_rows} rows of row_length={self.row_length}, which "
+           f"micro_batches={self.micro_batches} must divide; use a multiple of "
+           f"{self.micro_batches * self.row_length}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

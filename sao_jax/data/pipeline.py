@@ -7,11 +7,21 @@
                                          malformed trajectories, lag > max_lag, too long
               -> BatchDataset            `batch_trajectories` rows right-padded to the
                                          smallest length bucket -> (Batch, BatchInfo)
+              or PackDataset             (learner.batch_tokens) trajectories packed first-fit
+                                         into `rows` rows of `row_length` -> (Batch, BatchInfo)
 
 Units flow as lists: one trajectory in single mode, a group in group mode, so a
 group is never split across batches. A unit that does not fit the rest of a batch
 starts the next one and the batch is completed with empty rows (action_mask 0:
 they contribute nothing to any loss).
+
+Packing (`PackDataset`): each member of an arriving unit goes to the first row
+with room for it (first fit, in arrival order), as segment 1, 2, ... of that row
+(`sao_jax.types`: `attention_mask` holds segment ids). A batch holds at most
+`max_trajectories`; it closes as soon as the next unit does not fit (a member
+finds no row with room, or the cap would be exceeded), and that unit opens the
+next batch, or earlier when it is full. The shape is always `[rows, row_length]`:
+one compiled step. `BatchInfo.padding_fraction` says what padding costs.
 
 Staleness (SAO.md §1): `lag = current policy version - first policy version`,
 with the version read when the trajectory is admitted. SAO.md counts learner
@@ -48,10 +58,16 @@ class Drops(collections.Counter):
 class BatchInfo:
   """Host-side facts about a batch, for metrics."""
 
-  lags: np.ndarray  # [real rows] current - first policy version
-  version_spans: np.ndarray  # [real rows] last - first policy version
-  lengths: np.ndarray  # [real rows] tokens
-  padding_rows: int
+  lags: np.ndarray  # [trajectories] current - first policy version
+  version_spans: np.ndarray  # [trajectories] last - first policy version
+  lengths: np.ndarray  # [trajectories] tokens
+  padding_rows: int  # rows without any trajectory
+  capacity: int  # tokens in the batch arrays, rows * T
+
+  @property
+  def padding_fraction(self) -> float:
+    """Share of the batch's token slots that hold padding (compute spent on nothing)."""
+    return 1.0 - float(np.sum(self.lengths)) / self.capacity
 
 
 class _Iterator(grain.DatasetIterator):
@@ -199,24 +215,45 @@ class BatchDataset(grain.IterDataset):
     return _BatchIterator(self._parent.__iter__(), **self._kwargs)
 
 
+def pack_rows(rows: list[list[Trajectory]], num_rows: int, length: int, pad_id: int) -> Batch:
+  """`[num_rows, length]` batch: row r holds `rows[r]` back to back as segments 1, 2,
+  ..., then right padding; missing rows are empty (all masks 0, ids -1)."""
+  shape = (num_rows, length)
+  tokens = np.full(shape, pad_id, np.int32)
+  segment = np.zeros(shape, np.int32)
+  action = np.zeros(shape, np.int32)
+  logp = np.zeros(shape, np.float32)
+  rewards = np.zeros(shape, np.float32)
+  # -1 on padding: it belongs to no segment, so no consumer ever groups it.
+  prompt_ids = np.full(shape, -1, np.int32)
+  behavior_version = np.full(shape, -1, np.int32)
+  for r, trajs in enumerate(rows):
+    start = 0
+    for k, traj in enumerate(trajs, start=1):
+      span = slice(start, start + traj.length)
+      tokens[r, span] = traj.tokens
+      segment[r, span] = k
+      action[r, span] = traj.action_mask
+      logp[r, span] = traj.behavior_logp
+      rewards[r, span] = traj.rewards
+      prompt_ids[r, span] = traj.prompt_id
+      first, last = traj.policy_versions
+      behavior_version[r, span] = first if first == last else -1
+      start = span.stop
+  return Batch(tokens, segment, action, logp, rewards, prompt_ids, behavior_version)
+
+
 def pad_batch(trajs: list[Trajectory], batch_size: int, length: int, pad_id: int) -> Batch:
-  """Right-pads `trajs` to `[batch_size, length]`; missing rows are empty (all masks 0)."""
-  tokens = np.full((batch_size, length), pad_id, np.int32)
-  attention = np.zeros((batch_size, length), np.int32)
-  action = np.zeros((batch_size, length), np.int32)
-  logp = np.zeros((batch_size, length), np.float32)
-  rewards = np.zeros((batch_size, length), np.float32)
-  # Empty rows get distinct negative ids: their own (empty) GRPO group.
-  prompt_ids = -1 - np.arange(batch_size, dtype=np.int32)
-  for row, traj in enumerate(trajs):
-    n = traj.length
-    tokens[row, :n] = traj.tokens
-    attention[row, :n] = 1
-    action[row, :n] = traj.action_mask
-    logp[row, :n] = traj.behavior_logp
-    rewards[row, :n] = traj.rewards
-    prompt_ids[row] = traj.prompt_id
-  return Batch(tokens, attention, action, logp, rewards, prompt_ids)
+  """Right-pads `trajs` to `[batch_size, length]`, one per row; missing rows are empty."""
+  return pack_rows([[traj] for traj in trajs], batch_size, length, pad_id)
+
+
+def _info(trajs: list[Trajectory], version: int, padding_rows: int, capacity: int) -> BatchInfo:
+  return BatchInfo(
+      lags=np.array([version - t.policy_versions[0] for t in trajs]),
+      version_spans=np.array([t.policy_versions[1] - t.policy_versions[0] for t in trajs]),
+      lengths=np.array([t.length for t in trajs]),
+      padding_rows=padding_rows, capacity=capacity)
 
 
 class _BatchIterator(_Iterator):
@@ -243,29 +280,110 @@ class _BatchIterator(_Iterator):
       rows = rows + unit
     longest = max(traj.length for traj in rows)
     length = next(b for b in self._buckets if b >= longest)
-    version = self._current_version()
-    info = BatchInfo(
-        lags=np.array([version - t.policy_versions[0] for t in rows]),
-        version_spans=np.array([t.policy_versions[1] - t.policy_versions[0] for t in rows]),
-        lengths=np.array([t.length for t in rows]),
-        padding_rows=self._batch_size - len(rows))
+    info = _info(rows, self._current_version(), self._batch_size - len(rows),
+                 self._batch_size * length)
     self._counts["batches"] = self._counts.get("batches", 0) + 1
     return pad_batch(rows, self._batch_size, length, self._pad_id), info
+
+
+class PackDataset(grain.IterDataset):
+  """(Batch, BatchInfo) of `rows` rows of `row_length` tokens, trajectories packed first-fit."""
+
+  def __init__(self, parent: grain.IterDataset, *, rows: int, row_length: int,
+               max_trajectories: int, pad_id: int, current_version: Callable[[], int]):
+    super().__init__(parent)
+    self._kwargs = dict(rows=rows, row_length=row_length, max_trajectories=max_trajectories,
+                        pad_id=pad_id, current_version=current_version)
+
+  def __iter__(self):
+    return _PackIterator(self._parent.__iter__(), **self._kwargs)
+
+
+def first_fit(unit: list[Trajectory], free: list[int]) -> list[int] | None:
+  """Row of each member of `unit` (first row with room, members in order) given the
+  free tokens per row, or None if some member fits nowhere. `free` is not changed."""
+  free = list(free)
+  placed = []
+  for traj in unit:
+    row = next((r for r, room in enumerate(free) if room >= traj.length), None)
+    if row is None:
+      return None
+    free[row] -= traj.length
+    placed.append(row)
+  return placed
+
+
+class _PackIterator(_Iterator):
+
+  def __init__(self, parent, *, rows, row_length, max_trajectories, pad_id, current_version):
+    super().__init__(parent)
+    self._rows, self._row_length, self._max = rows, row_length, max_trajectories
+    self._pad_id, self._current_version = pad_id, current_version
+    self._carry: list[Trajectory] = []
+
+  def __next__(self) -> tuple[Batch, BatchInfo]:
+    rows: list[list[Trajectory]] = [[] for _ in range(self._rows)]
+    free = [self._row_length] * self._rows
+    count = 0
+    # Full: the cap is reached or no row has room for even a 1-token trajectory.
+    while count < self._max and max(free) > 0:
+      unit, self._carry = self._carry, []
+      if not unit:
+        try:
+          unit = next(self._parent)
+        except StopIteration:
+          if not count:
+            raise
+          break
+      placed = first_fit(unit, free) if count + len(unit) <= self._max else None
+      if placed is None:
+        self._carry = unit
+        break
+      for traj, row in zip(unit, placed):
+        rows[row].append(traj)
+        free[row] -= traj.length
+      count += len(unit)
+    trajs = [traj for row in rows for traj in row]
+    info = _info(trajs, self._current_version(), sum(1 for row in rows if not row),
+                 self._rows * self._row_length)
+    self._counts["batches"] = self._counts.get("batches", 0) + 1
+    return pack_rows(rows, self._rows, self._row_length, self._pad_id), info
 
 
 def learner_pipeline(transport, *, batch_size: int, group_size: int, max_lag: int,
                      buckets: tuple[int, ...], pad_id: int, vocab_size: int,
                      current_version: Callable[[], int], drops: Drops,
                      num_prompt_slots: int | None = None,
-                     should_stop: Callable[[], bool] = lambda: False) -> Iterator:
-  """The whole pipeline as one grain iterator of (Batch, BatchInfo)."""
+                     should_stop: Callable[[], bool] = lambda: False,
+                     batch_tokens: int | None = None, row_length: int | None = None) -> Iterator:
+  """The whole pipeline as one grain iterator of (Batch, BatchInfo).
+
+  `batch_tokens` (with `row_length`) packs: `batch_tokens // row_length` rows of
+  `row_length` tokens holding at most `batch_size` trajectories; trajectories
+  longer than a row are dropped as too long. None: `batch_size` padded rows.
+  """
   if group_size > batch_size:
     raise ValueError(f"group_size={group_size} does not fit batch_size={batch_size}")
+  packed = batch_tokens is not None
+  if packed:
+    if row_length is None or row_length < 2 or batch_tokens % row_length:
+      raise ValueError(f"learner.batch_tokens={batch_tokens} needs learner.row_length (>= 2) "
+                       f"dividing it; got row_length={row_length}")
+    rows = batch_tokens // row_length
+    if group_size > rows:
+      raise ValueError(
+          f"learner.batch_tokens={batch_tokens} gives {rows} rows of row_length={row_length}, "
+          f"fewer than algorithm.group_size={group_size}, so a group of long trajectories "
+          f"might never fit one batch; raise batch_tokens to at least {group_size * row_length}")
   dataset = TransportDataset(transport, should_stop=should_stop)
   dataset = GroupDataset(dataset, group_size)
   dataset = AdmitDataset(dataset, current_version=current_version, max_lag=max_lag,
-                         max_length=buckets[-1], vocab_size=vocab_size, drops=drops,
-                         num_prompt_slots=num_prompt_slots)
-  dataset = BatchDataset(dataset, batch_size=batch_size, buckets=buckets, pad_id=pad_id,
-                         current_version=current_version)
+                         max_length=row_length if packed else buckets[-1],
+                         vocab_size=vocab_size, drops=drops, num_prompt_slots=num_prompt_slots)
+  if packed:
+    dataset = PackDataset(dataset, rows=rows, row_length=row_length, max_trajectories=batch_size,
+                          pad_id=pad_id, current_version=current_version)
+  else:
+    dataset = BatchDataset(dataset, batch_size=batch_size, buckets=buckets, pad_id=pad_id,
+                           current_version=current_version)
   return iter(dataset)

@@ -8,8 +8,9 @@ The one place the learner is jitted:
 
 Params follow the model's logical-axis rules (`sao_jax.sharding.rules`);
 optimizer moments mirror their params' shardings; scalars and the running-mean
-windows are replicated; a batch splits its trajectory dimension over the
-`activation_batch` mesh axes (data, fsdp, expert).
+windows are replicated; a batch splits its rows (`learner.batch_rows`: one
+trajectory each, or packed rows) over the `activation_batch` mesh axes (data,
+fsdp, expert).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -72,12 +74,20 @@ def state_shardings(cfg: Config, mesh: jax.sharding.Mesh) -> state_lib.TrainStat
 
 
 def batch_shardings(cfg: Config, mesh: jax.sharding.Mesh, length: int) -> Batch:
-  """Trajectory dimension over the activation-batch mesh axes; ValueError if it does not divide."""
-  batch = cfg.learner.batch_trajectories
-  two_d = logical_sharding(mesh, ("activation_batch", "activation_length"), (batch, length))
-  one_d = logical_sharding(mesh, ("activation_batch",), (batch,))
-  return Batch(tokens=two_d, attention_mask=two_d, action_mask=two_d, behavior_logp=two_d,
-               rewards=two_d, prompt_ids=one_d)
+  """Rows over the activation-batch mesh axes; ValueError if they do not divide."""
+  two_d = logical_sharding(mesh, ("activation_batch", "activation_length"),
+                           (cfg.learner.batch_rows, length))
+  return Batch(*[two_d] * len(Batch._fields))
+
+
+def abstract_batch(cfg: Config, mesh: jax.sharding.Mesh, length: int) -> Batch:
+  """The step's batch as sharded `jax.ShapeDtypeStruct`s, for lowering without data."""
+  dtypes = Batch(tokens=jnp.int32, attention_mask=jnp.int32, action_mask=jnp.int32,
+                 behavior_logp=jnp.float32, rewards=jnp.float32, prompt_ids=jnp.int32,
+                 behavior_version=jnp.int32)
+  shape = (cfg.learner.batch_rows, length)
+  return Batch(*[jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+                 for dtype, sharding in zip(dtypes, batch_shardings(cfg, mesh, length))])
 
 
 def put_batch(batch: Batch, shardings: Batch) -> Batch:
@@ -94,7 +104,7 @@ def init_sharded_state(cfg: Config, mesh: jax.sharding.Mesh,
 
 
 def compile_train_step(cfg: Config, mesh: jax.sharding.Mesh, length: int):
-  """`train_step` jitted for `mesh` and batches of `[batch_trajectories, length]`.
+  """`train_step` jitted for `mesh` and batches of `[learner.batch_rows, length]`.
 
   The state argument is donated: its buffers are reused for the new state.
   Metrics come back replicated.

@@ -18,12 +18,23 @@ Micro-batching splits the batch into `micro_batches` strided slices (each
 draws rows from every data shard), accumulates gradients with `lax.scan` and
 normalises by the full batch's denominator, so the result equals one big batch.
 
+Packed rows (`batch.attention_mask` holds segment ids, `sao_jax.types`): every
+per-trajectory quantity is per segment (GAE terminals, length-adaptive lambda,
+GRPO groups, running means, `seq_mean_token_mean`, the PPO response span, the
+outcome behind `reward/mean`); micro-batches split rows, never segments.
+
+Training-inference mismatch: on lag-0 action tokens (sampled entirely by the
+policy version this step starts from, `batch.behavior_version`) the recomputed
+log-prob should equal the sampler's `behavior_logp`;
+`mismatch/lag0_abs_logp = sum |logp - behavior_logp| / mismatch/lag0_tokens`
+over them, summed over micro-batches before dividing.
+
 The step is a plain function; `sao_jax.learner.compile` jits it with shardings.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -32,10 +43,18 @@ import optax
 from sao_jax import losses
 from sao_jax.config import Config
 from sao_jax.learner import state as state_lib
+from sao_jax.losses import segments
 from sao_jax.models.forward import policy_forward, value_forward
-from sao_jax.types import Batch
+from sao_jax.types import Batch, segment_starts
 
 Metrics = dict[str, jax.Array]
+
+
+class Total(NamedTuple):
+  """A micro-batch metric that is added up over micro-batches (a sum or a count)
+  instead of averaged; ratios of Totals are exact under any split."""
+
+  value: jax.Array
 
 
 def _split(tree: Any, num: int) -> Any:
@@ -49,10 +68,9 @@ def _merge(x: jax.Array) -> jax.Array:
   return x.swapaxes(0, 1).reshape(x.shape[0] * x.shape[1], *x.shape[2:])
 
 
-def _response_mask(action_mask: jax.Array) -> jax.Array:
+def _response_mask(batch: Batch) -> jax.Array:
   """Every token from a trajectory's first to its last action token (plain GAE's span)."""
-  mask = action_mask.astype(jnp.int32)
-  return (jax.lax.cummax(mask, axis=1) & jax.lax.cummax(mask, axis=1, reverse=True)).astype(bool)
+  return segments.span(batch.action_mask, batch.attention_mask)
 
 
 def _values(cfg: Config, params, batch: Batch) -> jax.Array:
@@ -64,11 +82,11 @@ def _values(cfg: Config, params, batch: Batch) -> jax.Array:
 
 
 def _gae_inputs(cfg: Config, batch: Batch):
-  """The GAE mask and policy lambda of the variant."""
+  """The GAE mask and policy lambda (per token: each segment's own) of the variant."""
   alg = cfg.algorithm
-  mask = _response_mask(batch.action_mask) if alg.variant == "ppo" else batch.action_mask
+  mask = _response_mask(batch) if alg.variant == "ppo" else batch.action_mask
   lam = alg.lam_policy if alg.lam_policy is not None else losses.length_adaptive_lam(
-      mask, alg.lam_alpha)
+      mask, alg.lam_alpha, segment_ids=batch.attention_mask)
   return mask, lam
 
 
@@ -76,7 +94,7 @@ def value_targets(cfg: Config, batch: Batch, values: jax.Array) -> jax.Array:
   mask, _ = _gae_inputs(cfg, batch)
   alg = cfg.algorithm
   _, returns = losses.gae(batch.rewards, values, mask, gamma=alg.gamma, lam=alg.lam_critic,
-                          method=alg.gae_method)
+                          method=alg.gae_method, segment_ids=batch.attention_mask)
   return returns
 
 
@@ -84,22 +102,24 @@ def advantages(cfg: Config, batch: Batch, values: jax.Array | None,
                baseline: losses.RunningMeanState):
   """Per-token advantages of the variant (0 off the action mask) and the new baseline."""
   alg = cfg.algorithm
+  seg = batch.attention_mask
   if alg.variant in ("grpo", "grpo_dis"):
-    # Dense group ids in [0, B) for the segment sums.
-    _, group_ids = jnp.unique(batch.prompt_ids, return_inverse=True,
-                              size=batch.prompt_ids.shape[0])
-    return losses.grpo_advantages(batch.rewards, batch.action_mask, group_ids.reshape(-1)), baseline
+    return losses.grpo_advantages(batch.rewards, batch.action_mask, batch.prompt_ids,
+                                  segment_ids=seg), baseline
   if alg.variant == "running_mean":
     return losses.running_mean_advantages(batch.rewards, batch.action_mask, batch.prompt_ids,
-                                          baseline, scope=alg.running_mean_scope)
+                                          baseline, scope=alg.running_mean_scope,
+                                          segment_ids=seg)
   mask, lam = _gae_inputs(cfg, batch)
-  adv, _ = losses.gae(batch.rewards, values, mask, gamma=alg.gamma, lam=lam, method=alg.gae_method)
+  adv, _ = losses.gae(batch.rewards, values, mask, gamma=alg.gamma, lam=lam, method=alg.gae_method,
+                      segment_ids=seg)
   return jnp.where(batch.action_mask.astype(bool), adv, 0.0), baseline
 
 
 def _accumulate(cfg: Config, loss_fn: Callable, params, batch: Batch, per_token: tuple):
   """Sum of micro-batch gradients of `loss_fn(params, mb, *per_token_mb)`, plus metrics
-  combined over micro-batches (action-token-weighted means; maxima for `*_max`)."""
+  combined over micro-batches: sums for `Total`s, maxima for `*_max`, action-token-
+  weighted means for the rest."""
   num = cfg.learner.micro_batches
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
@@ -113,8 +133,13 @@ def _accumulate(cfg: Config, loss_fn: Callable, params, batch: Batch, per_token:
   grads, (loss_M, count_M, metrics_M) = jax.lax.scan(
       one, zeros, (_split(batch, num), _split(per_token, num)))
   weight_M = count_M / jnp.maximum(jnp.sum(count_M), 1.0)
-  metrics = {name: jnp.max(v) if name.endswith("_max") else jnp.sum(v * weight_M)
-             for name, v in metrics_M.items()}
+
+  def combine(name, v):
+    if isinstance(v, Total):
+      return jnp.sum(v.value)
+    return jnp.max(v) if name.endswith("_max") else jnp.sum(v * weight_M)
+
+  metrics = {name: combine(name, v) for name, v in metrics_M.items()}
   return jnp.sum(loss_M), grads, metrics
 
 
@@ -132,7 +157,8 @@ def _guarded_update(optimizer: optax.GradientTransformation, params, opt_state, 
 def _policy_update(cfg: Config, state: state_lib.TrainState, batch: Batch, adv: jax.Array):
   alg = cfg.algorithm
   loss_impl = losses.dis_policy_loss if alg.policy_loss == "dis" else losses.ppo_clip_loss
-  denominator = (losses.loss_denominator(batch.action_mask, alg.loss_agg)
+  denominator = (losses.loss_denominator(batch.action_mask, alg.loss_agg,
+                                         segment_ids=batch.attention_mask)
                  if cfg.learner.micro_batches > 1 else None)
 
   def loss_fn(params, mb: Batch, adv_mb):
@@ -141,16 +167,26 @@ def _policy_update(cfg: Config, state: state_lib.TrainState, batch: Batch, adv: 
                          temperature=cfg.sampler.temperature)
     loss, metrics = loss_impl(out.logp_BxT, mb.behavior_logp, adv_mb, mb.action_mask,
                               eps_low=alg.eps_low, eps_high=alg.eps_high,
-                              loss_agg=alg.loss_agg, denominator=denominator)
+                              loss_agg=alg.loss_agg, denominator=denominator,
+                              segment_ids=mb.attention_mask)
     metrics["entropy"] = losses.aggregate.masked_mean(out.entropy_BxT, mb.action_mask)
+    # Lag 0: sampled entirely by the weights this step starts from, so any
+    # difference is numerics (sampler vs learner), not staleness.
+    lag0 = mb.action_mask.astype(bool) & (mb.behavior_version == state.policy_version)
+    gap = jnp.abs(jax.lax.stop_gradient(out.logp_BxT) - mb.behavior_logp.astype(jnp.float32))
+    metrics["lag0_abs_logp_sum"] = Total(jnp.sum(jnp.where(lag0, gap, 0.0)))
+    metrics["lag0_tokens"] = Total(jnp.sum(lag0.astype(jnp.float32)))
     return loss, metrics
 
   loss, grads, metrics = _accumulate(cfg, loss_fn, state.policy_params, batch, (adv,))
   params, opt_state, finite, grad_norm = _guarded_update(
       state_lib.policy_optimizer(cfg), state.policy_params, state.policy_opt_state, grads, loss)
+  gap_sum, lag0_tokens = metrics.pop("lag0_abs_logp_sum"), metrics.pop("lag0_tokens")
   metrics = {f"policy/{k}": v for k, v in metrics.items()}
   metrics.update({"policy/loss": loss, "policy/grad_norm": grad_norm,
-                  "policy/updated": finite.astype(jnp.float32)})
+                  "policy/updated": finite.astype(jnp.float32),
+                  "mismatch/lag0_abs_logp": gap_sum / jnp.maximum(lag0_tokens, 1.0),
+                  "mismatch/lag0_tokens": lag0_tokens})
   return state.replace(policy_params=params, policy_opt_state=opt_state,
                        policy_version=state.policy_version + finite.astype(jnp.int32),
                        nonfinite_skips=state.nonfinite_skips + (~finite).astype(jnp.int32)), metrics
@@ -162,7 +198,8 @@ def _value_updates(cfg: Config, state: state_lib.TrainState, batch: Batch, old_v
   alg = cfg.algorithm
   frozen = state_lib.frozen_value_mask(cfg, state.value_params)
   optimizer = state_lib.value_optimizer(cfg, frozen)
-  denominator = (losses.loss_denominator(batch.action_mask, alg.loss_agg)
+  denominator = (losses.loss_denominator(batch.action_mask, alg.loss_agg,
+                                         segment_ids=batch.attention_mask)
                  if cfg.learner.micro_batches > 1 else None)
 
   def loss_fn(params, mb: Batch, old_mb, returns_mb):
@@ -170,7 +207,8 @@ def _value_updates(cfg: Config, state: state_lib.TrainState, batch: Batch, old_v
     params = jax.tree.map(lambda p, f: jax.lax.stop_gradient(p) if f else p, params, frozen)
     values = value_forward(params, cfg.model, mb.tokens, mb.attention_mask)
     return losses.value_loss(values, old_mb, returns_mb, mb.action_mask, clip_eps=alg.value_clip,
-                             loss_agg=alg.loss_agg, denominator=denominator)
+                             loss_agg=alg.loss_agg, denominator=denominator,
+                             segment_ids=mb.attention_mask)
 
   history = []
   for _ in range(alg.value_updates_per_step):
@@ -199,10 +237,13 @@ def train_step(state: state_lib.TrainState, batch: Batch, update_policy: jax.Arr
   (critic warm-up, value pretraining)."""
   alg = cfg.algorithm
   action = batch.action_mask.astype(bool)
-  outcome_B = jnp.sum(jnp.where(action, batch.rewards, 0.0), axis=1)
-  metrics: Metrics = {"reward/mean": jnp.mean(outcome_B),
+  seg = batch.attention_mask
+  # Per trajectory (segment); empty rows hold none and do not dilute the mean.
+  outcome = segments.reduce(jnp.where(action, batch.rewards, 0.0), seg)
+  exists = segment_starts(seg).astype(jnp.float32)
+  metrics: Metrics = {"reward/mean": jnp.sum(outcome * exists) / jnp.maximum(jnp.sum(exists), 1.0),
                       "tokens/action": jnp.sum(action.astype(jnp.float32)),
-                      "tokens/total": jnp.sum(batch.attention_mask.astype(jnp.float32))}
+                      "tokens/total": jnp.sum((seg != 0).astype(jnp.float32))}
 
   old_values = returns = None
   if alg.uses_critic:

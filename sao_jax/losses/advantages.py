@@ -1,8 +1,11 @@
 """Critic-free advantage baselines (SAO.md §5): GRPO groups and running means.
 
-Both take the trajectory's outcome `R = sum_t rewards_t` (the outcome reward on
-the last action token plus any per-turn rewards) and broadcast one advantage
-onto every action token of the trajectory; 0 elsewhere.
+Both take each trajectory's outcome `R = sum_t rewards_t` over its action tokens
+(the outcome reward on the last action token plus any per-turn rewards) and
+broadcast one advantage onto every action token of the trajectory; 0 elsewhere.
+A trajectory is a row, or with `segment_ids` (packed rows, `sao_jax.types`) a
+segment; ids (`group_ids`, `prompt_ids`) are per row `[B]` or per token `[B, T]`
+(read on the trajectory's tokens).
 
 GRPO:          A = (R - mean_group(R)) / (std_group(R) + eps)
   `std_group` is the *unbiased* sample standard deviation (ddof = 1), as
@@ -12,9 +15,10 @@ GRPO:          A = (R - mean_group(R)) / (std_group(R) + eps)
 Running mean:  A = R - mean(last W outcomes)
   The window holds outcomes *before* the current batch: every trajectory in a
   batch sees the window as it was when the batch arrived, then the batch's
-  outcomes are pushed in batch order. `scope="prompt"` keeps one window per
-  prompt id (paper: W = 8), `scope="global"` one window for all (paper: W = 128).
-  An empty window gives baseline 0.
+  outcomes are pushed in batch order (row by row, left to right within a packed
+  row). `scope="prompt"` keeps one window per prompt id (paper: W = 8),
+  `scope="global"` one window for all (paper: W = 128). An empty window gives
+  baseline 0.
 """
 
 from __future__ import annotations
@@ -24,40 +28,69 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-
-def _outcomes(rewards_BxT: jax.Array, action_mask_BxT: jax.Array) -> jax.Array:
-  return jnp.sum(jnp.where(action_mask_BxT.astype(bool), rewards_BxT.astype(jnp.float32), 0.0),
-                 axis=-1)
+from sao_jax.losses import segments
+from sao_jax.types import segment_starts
 
 
-def _broadcast(advantage_B: jax.Array, action_mask_BxT: jax.Array) -> jax.Array:
-  return jnp.where(action_mask_BxT.astype(bool), advantage_B[:, None], 0.0)
+class _Trajectories(NamedTuple):
+  """The batch's trajectories flattened to N = B * T segment-indexed slots, in batch order."""
+
+  exists_N: jax.Array  # bool: a segment starts at this slot
+  outcome_N: jax.Array  # float32 R
+  has_action_N: jax.Array  # bool
+  id_N: jax.Array  # int32 group / prompt id
+
+
+def _trajectories(rewards, action_mask, ids, segment_ids, name) -> _Trajectories:
+  shape = rewards.shape
+  seg_BxT = segments.resolve(segment_ids, shape)
+  action_BxT = action_mask.astype(bool)
+  ids_BxT = segments.per_token(ids, shape, name).astype(jnp.int32)
+  outcome = segments.reduce(jnp.where(action_BxT, rewards.astype(jnp.float32), 0.0), seg_BxT)
+  count = segments.reduce(action_BxT.astype(jnp.int32), seg_BxT)
+  # A trajectory's tokens share its id; the max reads it without assuming where it starts.
+  id_ = segments.reduce(ids_BxT, seg_BxT, jax.ops.segment_max)
+  flat = lambda x: x.reshape(-1)
+  return _Trajectories(flat(segment_starts(seg_BxT)), flat(outcome), flat(count > 0), flat(id_))
+
+
+def _broadcast(advantage_N: jax.Array, action_mask: jax.Array,
+               segment_ids: jax.Array | None) -> jax.Array:
+  seg_BxT = segments.resolve(segment_ids, action_mask.shape)
+  per_token = segments.spread(advantage_N.reshape(action_mask.shape), seg_BxT)
+  return jnp.where(action_mask.astype(bool), per_token, 0.0)
 
 
 def grpo_advantages(rewards: jax.Array, action_mask: jax.Array, group_ids: jax.Array, *,
-                    eps: float = 1e-6) -> jax.Array:
+                    eps: float = 1e-6, segment_ids: jax.Array | None = None) -> jax.Array:
   """Group-normalised outcome advantages.
 
   Args:
     rewards: `[B, T]` per-token rewards.
     action_mask: `[B, T]`.
-    group_ids: `[B]` int ids in `[0, B)`; trajectories sharing an id are one
-      prompt's group.
+    group_ids: int ids, `[B]` per row or `[B, T]` per token; trajectories sharing
+      an id are one prompt's group (any int values).
     eps: added to the group std.
+    segment_ids: `[B, T]` segment ids of packed rows; None: one trajectory per row.
 
   Returns:
     `[B, T]` advantages, `(R - mean) / (std + eps)` on action tokens.
   """
-  batch = rewards.shape[0]
-  outcome_B = _outcomes(rewards, action_mask)
-  count_G = jax.ops.segment_sum(jnp.ones_like(outcome_B), group_ids, num_segments=batch)
-  mean_G = jax.ops.segment_sum(outcome_B, group_ids, num_segments=batch) / jnp.maximum(count_G, 1)
-  centred_B = outcome_B - mean_G[group_ids]
-  var_G = (jax.ops.segment_sum(jnp.square(centred_B), group_ids, num_segments=batch)
+  traj = _trajectories(rewards, action_mask, group_ids, segment_ids, "group_ids")
+  n = traj.outcome_N.shape[0]
+  # Dense group ids in [0, N) for the segment sums; slots without a trajectory weigh 0.
+  _, group_N = jnp.unique(traj.id_N, return_inverse=True, size=n)
+  group_N = group_N.reshape(-1)
+  weight_N = traj.exists_N.astype(jnp.float32)
+  count_G = jax.ops.segment_sum(weight_N, group_N, num_segments=n)
+  mean_G = jax.ops.segment_sum(weight_N * traj.outcome_N, group_N, num_segments=n) / jnp.maximum(
+      count_G, 1)
+  centred_N = traj.outcome_N - mean_G[group_N]
+  var_G = (jax.ops.segment_sum(weight_N * jnp.square(centred_N), group_N, num_segments=n)
            / jnp.maximum(count_G - 1.0, 1.0))
-  std_B = jnp.sqrt(var_G)[group_ids]
-  advantage_B = jnp.where(count_G[group_ids] > 1, centred_B / (std_B + eps), 0.0)
-  return _broadcast(advantage_B, action_mask)
+  std_N = jnp.sqrt(var_G)[group_N]
+  advantage_N = jnp.where(count_G[group_N] > 1, centred_N / (std_N + eps), 0.0)
+  return _broadcast(advantage_N, action_mask, segment_ids)
 
 
 class RunningMeanState(NamedTuple):
@@ -74,17 +107,19 @@ def init_running_mean(num_slots: int, window: int) -> RunningMeanState:
 
 
 def running_mean_advantages(rewards: jax.Array, action_mask: jax.Array, prompt_ids: jax.Array,
-                            state: RunningMeanState, *,
-                            scope: str = "prompt") -> tuple[jax.Array, RunningMeanState]:
+                            state: RunningMeanState, *, scope: str = "prompt",
+                            segment_ids: jax.Array | None = None
+                            ) -> tuple[jax.Array, RunningMeanState]:
   """`R - mean(window)` advantages and the windows updated with this batch.
 
   Args:
     rewards, action_mask: `[B, T]`.
-    prompt_ids: `[B]` int slot per trajectory in `[0, num_slots)` (ignored for
-      `scope="global"`, which uses slot 0). Rows without action tokens (batch
-      padding) are ignored.
+    prompt_ids: int slot per trajectory in `[0, num_slots)`, `[B]` per row or
+      `[B, T]` per token (ignored for `scope="global"`, which uses slot 0).
+      Trajectories without action tokens (batch padding) are ignored.
     state: from `init_running_mean` (num_slots 1 for the global scope).
     scope: "prompt" or "global".
+    segment_ids: `[B, T]` segment ids of packed rows; None: one trajectory per row.
 
   Returns:
     `([B, T] advantages, new state)`.
@@ -92,24 +127,30 @@ def running_mean_advantages(rewards: jax.Array, action_mask: jax.Array, prompt_i
   if scope not in ("prompt", "global"):
     raise ValueError(f"running-mean scope={scope!r} is invalid: allowed values are "
                      "'prompt', 'global'.")
-  outcome_B = _outcomes(rewards, action_mask)
-  # Rows without action tokens (batch padding) neither read nor feed a window.
-  has_action_B = jnp.any(action_mask.astype(bool), axis=-1)
-  slot_B = jnp.where(has_action_B & (scope == "prompt"), prompt_ids, 0).astype(jnp.int32)
-  window = state.window_PxW.shape[1]
+  traj = _trajectories(rewards, action_mask, prompt_ids, segment_ids, "prompt_ids")
+  # Trajectories without action tokens (batch padding) neither read nor feed a window.
+  used_N = traj.exists_N & traj.has_action_N
+  num_slots, window = state.window_PxW.shape
+  slot_N = jnp.where(used_N & (scope == "prompt"), traj.id_N, 0)
   filled_P = jnp.minimum(state.count_P, window)
   mean_P = jnp.sum(state.window_PxW, axis=1) / jnp.maximum(filled_P, 1)
-  baseline_B = jnp.where(filled_P[slot_B] > 0, mean_P[slot_B], 0.0)
+  baseline_N = jnp.where(filled_P[slot_N] > 0, mean_P[slot_N], 0.0)
 
-  # Push in batch order; a scan keeps the order exact when a slot repeats in a batch.
-  def push(carry, item):
-    window_PxW, count_P = carry
-    slot, outcome, has_action = item
-    pushed = window_PxW.at[slot, count_P[slot] % window].set(outcome)
-    return (jnp.where(has_action, pushed, window_PxW),
-            count_P.at[slot].add(has_action.astype(jnp.int32))), None
-
-  (window_PxW, count_P), _ = jax.lax.scan(push, (state.window_PxW, state.count_P),
-                                          (slot_B, outcome_B, has_action_B))
-  return _broadcast(outcome_B - baseline_B, action_mask), RunningMeanState(window_PxW, count_P)
-
+  # Push in batch order, all at once: the r-th outcome of slot p in this batch
+  # goes to ring position (count_p + r) % W, and only the last W pushed per slot
+  # survive, exactly as one push after another would leave the ring.
+  n = slot_N.shape[0]
+  key_N = jnp.where(used_N, slot_N, num_slots)  # unused slots sort last
+  order_N = jnp.argsort(key_N, stable=True)
+  pushed_P = jax.ops.segment_sum(used_N.astype(jnp.int32), slot_N, num_segments=num_slots)
+  first_P = jnp.cumsum(pushed_P) - pushed_P  # sorted index of each slot's first push
+  sorted_slot_N = key_N[order_N]
+  rank_sorted_N = jnp.arange(n) - first_P[jnp.minimum(sorted_slot_N, num_slots - 1)]
+  rank_N = jnp.zeros(n, jnp.int32).at[order_N].set(rank_sorted_N.astype(jnp.int32))
+  survives_N = used_N & (rank_N >= pushed_P[slot_N] - window)
+  position_N = (state.count_P[slot_N] + rank_N) % window
+  window_PxW = state.window_PxW.at[jnp.where(survives_N, slot_N, num_slots), position_N].set(
+      traj.outcome_N, mode="drop")
+  advantage_N = traj.outcome_N - baseline_N
+  return (_broadcast(advantage_N, action_mask, segment_ids),
+          RunningMeanState(window_PxW, state.count_P + pushed_P))

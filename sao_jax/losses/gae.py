@@ -17,6 +17,13 @@ compacted action-only sequence.
 Rewards on tokens outside `action_mask` are not seen (SAO.md puts the outcome on
 the last action token); the trajectory validator rejects such trajectories.
 
+Packed rows (`segment_ids`, `sao_jax.types`): each segment is its own trajectory.
+The last token of a segment is terminal: the recurrence restarts there with
+"next value" and "running advantage" 0, so nothing bootstraps or flows across a
+segment boundary, and a packed row equals GAE of each segment alone. Padding
+between or after segments passes everything through. `lam` may differ per
+segment (a per-token `[B, T]` array, constant within a segment).
+
 Two implementations with identical semantics:
 - `"scan"`: `lax.scan` over time, O(T) sequential depth; the reference.
 - `"associative"`: both reverse recurrences (next action value, advantage) are
@@ -31,21 +38,33 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from sao_jax.losses import segments
+from sao_jax.types import segment_ends
+
 METHODS = ("auto", "associative", "scan")
 
 
-def length_adaptive_lam(action_mask_BxT: jax.Array, alpha: float) -> jax.Array:
+def length_adaptive_lam(action_mask_BxT: jax.Array, alpha: float,
+                        segment_ids: jax.Array | None = None) -> jax.Array:
   """Per-trajectory `lam = 1 - 1 / (alpha * l)`, `l` = number of action tokens.
 
-  Rows without action tokens get `lam = 0` (their advantages are 0 anyway).
+  Without `segment_ids` each row is one trajectory and the result is `[B]`; with
+  them (packed rows) it is per token, `[B, T]`: every token carries its
+  segment's lam (`l` counts the segment's action tokens), padding 0.
+  Trajectories without action tokens get `lam = 0` (their advantages are 0 anyway).
   """
-  length_B = jnp.sum(action_mask_BxT.astype(jnp.float32), axis=-1)
-  return jnp.where(length_B > 0, 1.0 - 1.0 / (alpha * jnp.maximum(length_B, 1.0)), 0.0)
+  mask = action_mask_BxT.astype(jnp.float32)
+  lam = lambda length: jnp.where(length > 0, 1.0 - 1.0 / (alpha * jnp.maximum(length, 1.0)), 0.0)
+  if segment_ids is None:
+    return lam(jnp.sum(mask, axis=-1))
+  seg_BxT = segments.resolve(segment_ids, mask.shape)
+  return jnp.where(seg_BxT != 0, lam(segments.totals(mask, seg_BxT)), 0.0)
 
 
 def gae(rewards: jax.Array, values: jax.Array, action_mask: jax.Array, *,
         gamma: float | jax.Array, lam: float | jax.Array,
-        method: str = "auto") -> tuple[jax.Array, jax.Array]:
+        method: str = "auto",
+        segment_ids: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
   """Skip-observation GAE on `[B, T]` arrays.
 
   Args:
@@ -53,9 +72,12 @@ def gae(rewards: jax.Array, values: jax.Array, action_mask: jax.Array, *,
     values: `[B, T]` critic estimates V(state before token t).
     action_mask: `[B, T]` 1 where the policy generated the token (bool or number).
     gamma: discount per action token.
-    lam: GAE lambda, a scalar or a per-trajectory `[B]` array.
+    lam: GAE lambda: a scalar, per row `[B]`, or per token `[B, T]` (constant
+      within a segment; `length_adaptive_lam` with `segment_ids`).
     method: "associative" (O(log T) depth), "scan" (reference) or "auto"
       (default: scan on CPU, associative on accelerators).
+    segment_ids: `[B, T]` segment ids of packed rows (0 = padding); None: each
+      row is one trajectory.
 
   Returns:
     `(advantages, returns)`, both `[B, T]` float32, 0 off the action mask;
@@ -69,11 +91,14 @@ def gae(rewards: jax.Array, values: jax.Array, action_mask: jax.Array, *,
     raise ValueError(
         f"gae expects rewards, values and action_mask of one shape [B, T]; got "
         f"{rewards.shape}, {values.shape}, {action_mask.shape}.")
-  batch = rewards.shape[0]
+  shape = rewards.shape
   lam = jnp.asarray(lam, jnp.float32)
-  if lam.ndim not in (0, 1) or (lam.ndim == 1 and lam.shape[0] != batch):
-    raise ValueError(f"gae lam has shape {lam.shape}; expected a scalar or [B]=[{batch}].")
-  lam_B = jnp.broadcast_to(lam, (batch,))
+  if lam.shape not in ((), shape[:1], shape):
+    raise ValueError(f"gae lam has shape {lam.shape}; expected a scalar, [B]=[{shape[0]}] or "
+                     f"[B, T]={list(shape)}.")
+  lam_BxT = jnp.broadcast_to(lam[:, None] if lam.ndim == 1 else lam, shape)
+  # Terminal positions: the last token of every segment (of every row, unpacked).
+  end_BxT = segment_ends(segments.resolve(segment_ids, shape))
   gamma = jnp.asarray(gamma, jnp.float32)
   mask = action_mask.astype(bool)
   rewards = jnp.where(mask, rewards.astype(jnp.float32), 0.0)
@@ -81,27 +106,28 @@ def gae(rewards: jax.Array, values: jax.Array, action_mask: jax.Array, *,
   if method == "auto":
     method = "scan" if jax.default_backend() == "cpu" else "associative"
   if method == "scan":
-    advantages = _gae_scan(rewards, values, mask, gamma, lam_B)
+    advantages = _gae_scan(rewards, values, mask, end_BxT, gamma, lam_BxT)
   else:
-    advantages = _gae_associative(rewards, values, mask, gamma, lam_B)
+    advantages = _gae_associative(rewards, values, mask, end_BxT, gamma, lam_BxT)
   returns = jnp.where(mask, advantages + values, 0.0)
   return advantages, returns
 
 
-def _gae_scan(rewards, values, mask, gamma, lam_B):
-  """Reverse `lax.scan`; the carry is (value of next action token, its advantage)."""
+def _gae_scan(rewards, values, mask, end, gamma, lam):
+  """Reverse `lax.scan`; the carry is (value of next action token, its advantage),
+  reset to 0 on a segment's last token (terminal)."""
 
   def step(carry, inputs):
-    next_value_B, next_adv_B = carry
-    reward_B, value_B, mask_B = inputs
+    reward_B, value_B, mask_B, end_B, lam_B = inputs
+    next_value_B, next_adv_B = (jnp.where(end_B, 0.0, c) for c in carry)
     delta_B = reward_B + gamma * next_value_B - value_B
     adv_B = delta_B + gamma * lam_B * next_adv_B
     carry = (jnp.where(mask_B, value_B, next_value_B), jnp.where(mask_B, adv_B, next_adv_B))
     return carry, jnp.where(mask_B, adv_B, 0.0)
 
   zeros_B = jnp.zeros(rewards.shape[:1], jnp.float32)
-  _, adv_TxB = jax.lax.scan(step, (zeros_B, zeros_B), (rewards.T, values.T, mask.T),
-                            reverse=True)
+  _, adv_TxB = jax.lax.scan(step, (zeros_B, zeros_B),
+                            (rewards.T, values.T, mask.T, end.T, lam.T), reverse=True)
   return adv_TxB.T
 
 
@@ -110,39 +136,47 @@ def _reverse_affine_scan(compose, elements):
   return x_BxT
 
 
-def _gae_associative(rewards, values, mask, gamma, lam_B):
+def _gae_associative(rewards, values, mask, end, gamma, lam):
   """Two reverse affine recurrences `x_t = b_t + c_t x_{t+1}` (`x_T = 0`), each
   solved with `lax.associative_scan` in O(log T) depth.
 
   Position t is the map f_t(x) = b_t + c_t x and x_t = (f_t o ... o f_{T-1})(0);
   in reverse scan order `later` is the composition of the positions after
-  `earlier`'s, and f_earlier o f_later = (c_e c_l, b_e + c_e b_l).
+  `earlier`'s, and f_earlier o f_later = (c_e c_l, b_e + c_e b_l). A segment's
+  last token has c = 0 (terminal), which cuts every composition across it.
   """
 
-  # Pass 1: value of the first action token strictly after t. An action token
-  # resets the carried value to its own (c = 0, b = V_t); others pass it on
-  # (c = 1, b = 0). The c's are 0 or 1, so their products are exact.
+  # Pass 1: value of the first action token at or after t within t's segment. An
+  # action token resets the carried value to its own (c = 0, b = V_t), a segment's
+  # last token to its own or 0, others pass it on (c = 1, b = 0). The c's are 0
+  # or 1, so their products are exact.
   def compose_exact(later, earlier):
     c_l, b_l = later
     c_e, b_e = earlier
     return c_e * c_l, b_e + c_e * b_l
 
-  carried_BxT = _reverse_affine_scan(compose_exact, (jnp.where(mask, 0.0, 1.0), values))
-  next_value_BxT = jnp.pad(carried_BxT[:, 1:], ((0, 0), (0, 1)))
+  carried_BxT = _reverse_affine_scan(compose_exact, (jnp.where(mask | end, 0.0, 1.0), values))
+  next_value_BxT = jnp.where(end, 0.0, jnp.pad(carried_BxT[:, 1:], ((0, 0), (0, 1))))
   delta_BxT = jnp.where(mask, rewards + gamma * next_value_BxT - values, 0.0)
 
-  # Pass 2: A_t = delta_t + a A_next with a = gamma * lam on action tokens and
-  # the identity elsewhere, so a segment's factor is a^n for its n action tokens.
-  # Carry n and take a^n = exp(n log a) rather than multiplying the factors: a
-  # float32 product of ~10^4 factors like 0.99993 (lam near 1 on long traces)
-  # drifts by ~1e-5 relative, which cancellation between the terms amplifies.
-  log_a_Bx1 = jnp.log(gamma * lam_B)[:, None]  # -inf for a = 0: a^0 = 1 is guarded
+  # Pass 2: A_t = delta_t + a A_next with a = gamma * lam on action tokens, the
+  # identity elsewhere and 0 after a segment's last token, so a span's factor is
+  # 0 if it holds a segment end, else a^n for its n action tokens (a span without
+  # an end lies in one segment: one lam). Carry (n, ended, log a) and take
+  # a^n = exp(n log a) rather than multiplying the factors: a float32 product of
+  # ~10^4 factors like 0.99993 (lam near 1 on long traces) drifts by ~1e-5
+  # relative, which cancellation between the terms amplifies.
+  log_a_BxT = jnp.log(gamma * lam)  # -inf for a = 0: a^0 = 1 is guarded
 
   def compose_counted(later, earlier):
-    n_l, b_l = later
-    n_e, b_e = earlier
-    power = jnp.where(n_e == 0, 1.0, jnp.exp(n_e.astype(jnp.float32) * log_a_Bx1))
-    return n_e + n_l, b_e + power * b_l
+    n_l, ended_l, _, b_l = later
+    n_e, ended_e, log_a_e, b_e = earlier
+    power = jnp.where(n_e == 0, 1.0, jnp.exp(n_e.astype(jnp.float32) * log_a_e))
+    factor = jnp.where(ended_e, 0.0, power)
+    # The composed span's log a is the earlier part's: it matters only while the
+    # span holds no end, and then both parts lie in one segment.
+    return n_e + n_l, ended_e | ended_l, log_a_e, b_e + factor * b_l
 
-  advantages = _reverse_affine_scan(compose_counted, (mask.astype(jnp.int32), delta_BxT))
+  _, _, _, advantages = jax.lax.associative_scan(
+      compose_counted, (mask.astype(jnp.int32), end, log_a_BxT, delta_BxT), reverse=True, axis=1)
   return jnp.where(mask, advantages, 0.0)

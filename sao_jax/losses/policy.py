@@ -54,7 +54,8 @@ def _log_ratio(logp, behavior_logp, mask):
 def dis_policy_loss(logp: jax.Array, behavior_logp: jax.Array, advantages: jax.Array,
                     action_mask: jax.Array, *, eps_low: float, eps_high: float,
                     loss_agg: str = "token_mean",
-                    denominator: jax.Array | None = None) -> tuple[jax.Array, dict]:
+                    denominator: jax.Array | None = None,
+                    segment_ids: jax.Array | None = None) -> tuple[jax.Array, dict]:
   """Direct double-sided IS loss on `[B, T]` arrays (see module docstring).
 
   Args:
@@ -66,6 +67,8 @@ def dis_policy_loss(logp: jax.Array, behavior_logp: jax.Array, advantages: jax.A
     loss_agg: one of `token_mean`, `token_mean_kept`, `seq_mean_token_mean`.
     denominator: full-batch normaliser when this is a micro-batch
       (`aggregate.loss_denominator`); None normalises over this batch.
+    segment_ids: `[B, T]` segment ids of packed rows (`seq_mean_token_mean`
+      averages per segment); None: one trajectory per row.
 
   Returns:
     `(loss, metrics)`.
@@ -80,7 +83,8 @@ def dis_policy_loss(logp: jax.Array, behavior_logp: jax.Array, advantages: jax.A
   # ratio times a zero mask would be nan, in the value and in the gradient.
   weight = jnp.where(keep, ratio * jax.lax.stop_gradient(advantages.astype(jnp.float32)), 0.0)
   per_token = -weight * jnp.where(keep, logp.astype(jnp.float32), 0.0)
-  loss = agg.aggregate(per_token, mask, loss_agg, keep_BxT=keep, denominator=denominator)
+  loss = agg.aggregate(per_token, mask, loss_agg, keep_BxT=keep, denominator=denominator,
+                       segment_ids=segment_ids)
   metrics = {
       "mask_low_frac": agg.masked_mean(below.astype(jnp.float32), mask),
       "mask_high_frac": agg.masked_mean(above.astype(jnp.float32), mask),
@@ -93,7 +97,8 @@ def dis_policy_loss(logp: jax.Array, behavior_logp: jax.Array, advantages: jax.A
 def ppo_clip_loss(logp: jax.Array, behavior_logp: jax.Array, advantages: jax.Array,
                   action_mask: jax.Array, *, eps_low: float, eps_high: float,
                   loss_agg: str = "token_mean",
-                  denominator: jax.Array | None = None) -> tuple[jax.Array, dict]:
+                  denominator: jax.Array | None = None,
+                  segment_ids: jax.Array | None = None) -> tuple[jax.Array, dict]:
   """PPO clipped surrogate with asymmetric clip `(1 - eps_low, 1 + eps_high)`.
 
   `-min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A)` per action token, with
@@ -110,7 +115,7 @@ def ppo_clip_loss(logp: jax.Array, behavior_logp: jax.Array, advantages: jax.Arr
   is_clipped = mask & (clipped < unclipped)
   per_token = jnp.where(mask, -jnp.minimum(unclipped, clipped), 0.0)
   loss = agg.aggregate(per_token, mask, loss_agg, keep_BxT=mask & ~is_clipped,
-                       denominator=denominator)
+                       denominator=denominator, segment_ids=segment_ids)
   metrics = {
       "clip_frac": agg.masked_mean(is_clipped.astype(jnp.float32), mask),
       **_ratio_metrics(jax.lax.stop_gradient(log_ratio), mask),

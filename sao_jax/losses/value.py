@@ -35,7 +35,8 @@ def explained_variance(values: jax.Array, returns: jax.Array, action_mask: jax.A
 def value_loss(values: jax.Array, old_values: jax.Array, returns: jax.Array,
                action_mask: jax.Array, *, clip_eps: float | None = 0.2,
                loss_agg: str = "token_mean",
-               denominator: jax.Array | None = None) -> tuple[jax.Array, dict]:
+               denominator: jax.Array | None = None,
+               segment_ids: jax.Array | None = None) -> tuple[jax.Array, dict]:
   """Clipped value regression on `[B, T]` arrays.
 
   Args:
@@ -44,7 +45,7 @@ def value_loss(values: jax.Array, old_values: jax.Array, returns: jax.Array,
     returns: `[B, T]` value targets G (constants).
     action_mask: `[B, T]` 1 on action tokens.
     clip_eps: `eps_v`, or None for the unclipped loss.
-    loss_agg, denominator: as in `aggregate.aggregate`.
+    loss_agg, denominator, segment_ids: as in `aggregate.aggregate`.
 
   Returns:
     `(loss, metrics)` with `value_clip_frac`, `value_mean`, `return_mean`,
@@ -63,7 +64,8 @@ def value_loss(values: jax.Array, old_values: jax.Array, returns: jax.Array,
     per_token = 0.5 * jnp.maximum(error, clipped_error)
     clipped_used = mask & (clipped_error > error)
   per_token = jnp.where(mask, per_token, 0.0)
-  loss = agg.aggregate(per_token, mask, loss_agg, denominator=denominator)
+  loss = agg.aggregate(per_token, mask, loss_agg, denominator=denominator,
+                       segment_ids=segment_ids)
   metrics = {
       "value_clip_frac": agg.masked_mean(clipped_used.astype(jnp.float32), mask),
       "value_mean": agg.masked_mean(values, mask),

@@ -1,14 +1,16 @@
 """The attention core softmax(q k^T / sqrt(H) + mask) v: dense reference and blocked.
 
-  CausalMask(key_valid_BxS)                        causal + key padding, never materialised
-  visible_mask(mask, t)                            -> visible_BxTxS bool (materialised)
-  dense_attention(q, k, v, visible_BxTxS)          -> out_BxTxNxH   (reference; decode path)
-  blocked_attention(q, k, v, key_valid_BxS, block) -> out_BxTxNxH   (training path, O(T) memory)
-  attend(q, k, v, mask, impl, block)               -> out_BxTxNxH   (dispatch on impl and mask)
+  CausalMask(segment_ids_BxS)                        causal within segments, never materialised
+  visible_mask(mask, t)                              -> visible_BxTxS bool (materialised)
+  dense_attention(q, k, v, visible_BxTxS)            -> out_BxTxNxH   (reference; decode path)
+  blocked_attention(q, k, v, segment_ids_BxS, block) -> out_BxTxNxH   (training path, O(T) memory)
+  attend(q, k, v, mask, impl, block)                 -> out_BxTxNxH   (dispatch on impl and mask)
 
 Shapes: q_BxTxNxH, k/v_BxSxKxH with N = K * G (query head n reads kv head n // G).
-`CausalMask` says query t may read key s iff s <= t and key_valid[b, s]; it
-requires T == S (a whole sequence attending to itself).
+`CausalMask` says query t may read key s iff s <= t and seg[b, s] == seg[b, t] != 0
+(`sao_jax.types`: 0 is padding, k >= 1 the row's k-th packed trajectory; a 0/1
+padding mask is the one-segment case); it requires T == S (a whole sequence
+attending to itself).
 
 `blocked_attention` is flash attention in pure JAX: queries and keys are split
 into blocks of `block` positions; for query block i it scans the key blocks j
@@ -21,7 +23,10 @@ acc (online softmax):
     acc' = exp(m - m') acc + exp(s_ij - m') v_j
     out  = acc / l,  lse = m + log(l)
 
-Blocks entirely above the causal diagonal are skipped. A `jax.custom_vjp`
+A block pair is skipped when it holds no visible pair in any row: entirely above
+the causal diagonal, or no segment id in common (per row, the id ranges of the
+two blocks do not overlap), which is what packing many short trajectories into
+a long row buys in attention FLOPs. A `jax.custom_vjp`
 recomputes p_ij = exp(s_ij - lse_i) in the backward pass (FlashAttention-2):
 
     D_i   = rowsum(dout_i * out_i)
@@ -31,9 +36,9 @@ recomputes p_ij = exp(s_ij - lse_i) in the backward pass (FlashAttention-2):
 so only out and lse ([B, T, N] float32) are saved: memory is O(T * block) per
 head instead of the dense O(T * S) float32 scores.
 
-Fully masked query rows (left padding): dense gives a uniform average over all
-S keys (a finite mask value, see `_MASKED`), blocked gives 0. Such rows are
-padding; their outputs only feed padding positions, which every consumer masks.
+Padding queries (segment id 0) read no key: dense gives a uniform average over
+all S keys (a finite mask value, see `_MASKED`), blocked gives 0. Their outputs
+only feed padding positions, which every consumer masks.
 """
 
 from __future__ import annotations
@@ -52,18 +57,26 @@ _MASKED = -1e30
 
 
 class CausalMask(NamedTuple):
-  """Query t may read key s iff s <= t and key_valid_BxS[b, s] (requires T == S)."""
+  """Query t may read key s iff s <= t and seg[b, s] == seg[b, t] != 0 (requires T == S).
 
-  key_valid_BxS: jax.Array
+  `segment_ids_BxS`: int segment ids, 0 on padding (a bool padding mask works too).
+  """
+
+  segment_ids_BxS: jax.Array
+
+
+def _same_segment(seg_q_BxT: jax.Array, seg_k_BxS: jax.Array) -> jax.Array:
+  """[B, T, S] bool: query and key carry the same nonzero segment id."""
+  return (seg_q_BxT[:, :, None] == seg_k_BxS[:, None, :]) & (seg_q_BxT[:, :, None] != 0)
 
 
 def visible_mask(mask: jax.Array | CausalMask, t: int) -> jax.Array:
-  """visible_BxTxS: `mask` itself if already materialised, else causal & key_valid."""
+  """visible_BxTxS: `mask` itself if already materialised, else causal & same segment."""
   if not isinstance(mask, CausalMask):
     return mask
-  key_valid_BxS = mask.key_valid_BxS.astype(bool)
-  causal_TxS = jnp.tril(jnp.ones((t, key_valid_BxS.shape[1]), bool))
-  return causal_TxS[None, :, :] & key_valid_BxS[:, None, :]
+  seg_BxS = mask.segment_ids_BxS.astype(jnp.int32)
+  causal_TxS = jnp.tril(jnp.ones((t, seg_BxS.shape[1]), bool))
+  return causal_TxS[None, :, :] & _same_segment(seg_BxS[:, :t], seg_BxS)
 
 
 def dense_attention(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax.Array,
@@ -94,40 +107,51 @@ def _unblock(x: jax.Array, t: int) -> jax.Array:
   return x.reshape(x.shape[0], -1, *x.shape[3:])[:, :t]
 
 
-def _scores(q_BxCxKxGxH, k_BxCxKxH, valid_BxC, i, j, block):
+def _scores(q_BxCxKxGxH, k_BxCxKxH, seg_q_BxC, seg_k_BxC, i, j, block):
   """Masked float32 scores s_ij [B, K, G, C, C] and visibility for blocks (i, j)."""
   h = q_BxCxKxGxH.shape[-1]
   s = jnp.einsum("bqkgh,bskh->bkgqs", q_BxCxKxGxH, k_BxCxKxH,
                  preferred_element_type=jnp.float32) * (h ** -0.5)
   q_pos_C = i * block + jnp.arange(block)
   k_pos_C = j * block + jnp.arange(block)
-  visible_BxCxC = (k_pos_C[None, :] <= q_pos_C[:, None])[None] & valid_BxC[:, None, :]
+  visible_BxCxC = ((k_pos_C[None, :] <= q_pos_C[:, None])[None]
+                   & _same_segment(seg_q_BxC, seg_k_BxC))
   visible = visible_BxCxC[:, None, None]
   return jnp.where(visible, s, -jnp.inf), visible
 
 
-def _needed(i, j):
-  """Block (i, j) has at least one causal pair (key block not after query block)."""
-  return j <= i
+def _needed(seg_N):
+  """[nb, nb] bool: block pair (i, j) may hold a visible pair in some row: the key
+  block is not after the query block, and in some row the two blocks' nonzero
+  id ranges [lo, hi] overlap (equal ids need overlapping ranges)."""
+  nb = seg_N.shape[0]
+  big = jnp.iinfo(jnp.int32).max
+  lo_NxB = jnp.min(jnp.where(seg_N != 0, seg_N, big), axis=2)  # big: no real token
+  hi_NxB = jnp.max(seg_N, axis=2)  # 0: no real token
+  overlap_NxN = jnp.any((lo_NxB[:, None, :] <= hi_NxB[None, :, :])
+                        & (lo_NxB[None, :, :] <= hi_NxB[:, None, :]), axis=2)
+  causal_NxN = jnp.arange(nb)[None, :] <= jnp.arange(nb)[:, None]
+  return causal_NxN & overlap_NxN
 
 
-def _forward(q_N, k_N, v_N, valid_N, block):
+def _forward(q_N, k_N, v_N, seg_N, block):
   """Blocked forward; returns out [nb, B, C, K, G, H] (q dtype) and lse [nb, B, K, G, C]."""
   nb = q_N.shape[0]
   dt = q_N.dtype
+  needed_NxN = _needed(seg_N)
 
   def query_block(args):
-    q_BxCxKxGxH, i = args
+    q_BxCxKxGxH, seg_q_BxC, i = args
     b, c, kv, g, h = q_BxCxKxGxH.shape
     init = (jnp.full((b, kv, g, c), -jnp.inf, jnp.float32), jnp.zeros((b, kv, g, c), jnp.float32),
             jnp.zeros((b, kv, g, c, h), jnp.float32))
 
     def key_block(carry, xs):
-      k_BxCxKxH, v_BxCxKxH, valid_BxC, j = xs
+      k_BxCxKxH, v_BxCxKxH, seg_k_BxC, j = xs
 
       def update(carry):
         m, l, acc = carry
-        s, _ = _scores(q_BxCxKxGxH, k_BxCxKxH, valid_BxC, i, j, block)
+        s, _ = _scores(q_BxCxKxGxH, k_BxCxKxH, seg_q_BxC, seg_k_BxC, i, j, block)
         m_new = jnp.maximum(m, jnp.max(s, axis=-1))
         # A row with nothing visible yet keeps m = -inf; shift by 0 there to avoid inf - inf.
         m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
@@ -138,46 +162,47 @@ def _forward(q_N, k_N, v_N, valid_N, block):
                         preferred_element_type=jnp.float32)
         return m_new, l_new, alpha[..., None] * acc + pv
 
-      return jax.lax.cond(_needed(i, j), update, lambda c: c, carry), None
+      return jax.lax.cond(needed_NxN[i, j], update, lambda c: c, carry), None
 
-    (m, l, acc), _ = jax.lax.scan(key_block, init, (k_N, v_N, valid_N, jnp.arange(nb)))
+    (m, l, acc), _ = jax.lax.scan(key_block, init, (k_N, v_N, seg_N, jnp.arange(nb)))
     has_key = l > 0
     out = acc / jnp.where(has_key, l, 1.0)[..., None]
     lse = jnp.where(has_key, m + jnp.log(jnp.where(has_key, l, 1.0)), 0.0)
     return jnp.einsum("bkgqh->bqkgh", out).astype(dt), lse
 
-  return jax.lax.map(query_block, (q_N, jnp.arange(nb)))
+  return jax.lax.map(query_block, (q_N, seg_N, jnp.arange(nb)))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _flash(q_N, k_N, v_N, valid_N, block):
-  return _forward(q_N, k_N, v_N, valid_N, block)[0]
+def _flash(q_N, k_N, v_N, seg_N, block):
+  return _forward(q_N, k_N, v_N, seg_N, block)[0]
 
 
-def _flash_fwd(q_N, k_N, v_N, valid_N, block):
-  out_N, lse_N = _forward(q_N, k_N, v_N, valid_N, block)
-  return out_N, (q_N, k_N, v_N, valid_N, out_N, lse_N)
+def _flash_fwd(q_N, k_N, v_N, seg_N, block):
+  out_N, lse_N = _forward(q_N, k_N, v_N, seg_N, block)
+  return out_N, (q_N, k_N, v_N, seg_N, out_N, lse_N)
 
 
 def _flash_bwd(block, residuals, dout_N):
-  q_N, k_N, v_N, valid_N, out_N, lse_N = residuals
+  q_N, k_N, v_N, seg_N, out_N, lse_N = residuals
   nb = q_N.shape[0]
   h = q_N.shape[-1]
   dt = q_N.dtype
+  needed_NxN = _needed(seg_N)
   # D_i = rowsum(dout_i * out_i), laid out like lse: [nb, B, K, G, C].
   delta_N = jnp.einsum("nbqkgh,nbqkgh->nbkgq", dout_N.astype(jnp.float32),
                        out_N.astype(jnp.float32))
 
   def key_block(dq_N, xs):
-    k_BxCxKxH, v_BxCxKxH, valid_BxC, j = xs
+    k_BxCxKxH, v_BxCxKxH, seg_k_BxC, j = xs
     zeros_kv = jnp.zeros(k_BxCxKxH.shape, jnp.float32)
 
     def query_block(carry, ys):
-      q_BxCxKxGxH, dout_BxCxKxGxH, lse, delta, i = ys
+      q_BxCxKxGxH, dout_BxCxKxGxH, lse, delta, seg_q_BxC, i = ys
 
       def grads(carry):
         dk, dv = carry
-        s, visible = _scores(q_BxCxKxGxH, k_BxCxKxH, valid_BxC, i, j, block)
+        s, visible = _scores(q_BxCxKxGxH, k_BxCxKxH, seg_q_BxC, seg_k_BxC, i, j, block)
         p = jnp.where(visible, jnp.exp(s - lse[..., None]), 0.0)
         dv = dv + jnp.einsum("bkgqs,bqkgh->bskh", p.astype(dt), dout_BxCxKxGxH,
                              preferred_element_type=jnp.float32)
@@ -192,14 +217,14 @@ def _flash_bwd(block, residuals, dout_N):
       def skip(carry):
         return carry, jnp.zeros(q_BxCxKxGxH.shape, jnp.float32)
 
-      return jax.lax.cond(_needed(i, j), grads, skip, carry)
+      return jax.lax.cond(needed_NxN[i, j], grads, skip, carry)
 
     (dk, dv), dq_parts_N = jax.lax.scan(
-        query_block, (zeros_kv, zeros_kv), (q_N, dout_N, lse_N, delta_N, jnp.arange(nb)))
+        query_block, (zeros_kv, zeros_kv), (q_N, dout_N, lse_N, delta_N, seg_N, jnp.arange(nb)))
     return dq_N + dq_parts_N, (dk, dv)
 
   dq_N, (dk_N, dv_N) = jax.lax.scan(key_block, jnp.zeros(q_N.shape, jnp.float32),
-                                    (k_N, v_N, valid_N, jnp.arange(nb)))
+                                    (k_N, v_N, seg_N, jnp.arange(nb)))
   return (dq_N.astype(dt), dk_N.astype(k_N.dtype), dv_N.astype(v_N.dtype), None)
 
 
@@ -207,8 +232,9 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
 def blocked_attention(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax.Array,
-                      key_valid_BxS: jax.Array, block: int) -> jax.Array:
-  """Causal flash attention (module docstring); T == S, any T (padded to blocks)."""
+                      segment_ids_BxS: jax.Array, block: int) -> jax.Array:
+  """Causal flash attention within segments (module docstring); T == S, any T
+  (padded to blocks with id 0)."""
   b, t, n, h = q_BxTxNxH.shape
   if k_BxSxKxH.shape[1] != t:
     raise ValueError(f"blocked_attention: key length {k_BxSxKxH.shape[1]} != query length {t}; "
@@ -222,8 +248,8 @@ def blocked_attention(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax
   q_N = _blocks(q_BxTxNxH.reshape(b, t, kv, n // kv, h), nb, block)
   k_N = _blocks(k_BxSxKxH.astype(dt), nb, block)
   v_N = _blocks(v_BxSxKxH.astype(dt), nb, block)
-  valid_N = _blocks(key_valid_BxS.astype(bool), nb, block)
-  out_N = _flash(q_N, k_N, v_N, valid_N, block)
+  seg_N = _blocks(segment_ids_BxS.astype(jnp.int32), nb, block)
+  out_N = _flash(q_N, k_N, v_N, seg_N, block)
   return _unblock(out_N, t).reshape(b, t, n, h)
 
 
@@ -234,5 +260,5 @@ def attend(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax.Array,
   if impl not in ATTENTION_IMPLS:
     raise ValueError(f"attention impl={impl!r} is invalid: allowed values are {ATTENTION_IMPLS}")
   if impl == "blocked" and isinstance(mask, CausalMask):
-    return blocked_attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask.key_valid_BxS, block)
+    return blocked_attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask.segment_ids_BxS, block)
   return dense_attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, visible_mask(mask, q_BxTxNxH.shape[1]))

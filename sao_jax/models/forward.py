@@ -1,28 +1,33 @@
 """The forward pass: the only bridge from params to what the losses need.
 
-  policy_forward(params, cfg, tokens_BxT, mask_BxT, temperature=1.0)
-                                                    -> PolicyOutput(logp_BxT, entropy_BxT, router_logits)
-  value_forward(params, cfg, tokens_BxT, mask_BxT)  -> values_BxT
-  logits_forward(params, cfg, tokens_BxT, mask_BxT) -> logits_BxTxV (float32; tests, evaluation)
-  router_balance(router_logits, mask_BxT, cfg)      -> Switch-style load-balance metric
+  policy_forward(params, cfg, tokens_BxT, seg_BxT, temperature=1.0)
+                                      -> PolicyOutput(logp_BxT, entropy_BxT, router_logits)
+  value_forward(params, cfg, tokens_BxT, seg_BxT)  -> values_BxT
+  logits_forward(params, cfg, tokens_BxT, seg_BxT) -> logits_BxTxV (float32; tests, evaluation)
+  router_balance(router_logits, seg_BxT, cfg)      -> Switch-style load-balance metric
+
+`seg_BxT` holds segment ids (`sao_jax.types`): 0 on padding, k >= 1 on the k-th
+trajectory packed into the row; a 0/1 padding mask is the one-segment case.
+Each segment is scored as if it were alone in its row.
 
 Alignment (all [B, T] outputs). Token t is scored by the distribution the model
-produced after reading tokens[:, :t]:
-  logp_BxT[b, t]    = log p(tokens[b, t] | tokens[b, :t])
-  entropy_BxT[b, t] = H(p(. | tokens[b, :t]))
-  values_BxT[b, t]  = V(tokens[b, :t]), the critic's estimate of the state before
+produced after reading the tokens of its segment before it, x[:t]:
+  logp_BxT[b, t]    = log p(tokens[b, t] | x[:t])
+  entropy_BxT[b, t] = H(p(. | x[:t]))
+  values_BxT[b, t]  = V(x[:t]), the critic's estimate of the state before
                       token t is emitted (SAO.md §1)
 With `temperature` T the policy distribution is p = softmax(logits / T), the
 full distribution the sampler records `behavior_logp` from
 (`sao_jax.sampler.sampling`); logp and entropy are both of that p.
-so index t of every output belongs to token t, exactly like `action_mask`,
+So index t of every output belongs to token t, exactly like `action_mask`,
 `behavior_logp` and `rewards`. Entries are 0 where the score is undefined: t = 0
-(no prefix), and wherever mask[t] == 0 or mask[t - 1] == 0 (padding, or the first
-real token of a left-padded row, whose "prefix" is padding).
+(no prefix), and wherever seg[t] == 0 or seg[t - 1] != seg[t] (padding, or the
+first token of a segment, whose "prefix" is padding or another trajectory).
 
-Padding: `mask_BxT` is 1 on real tokens. Rows may be left- or right-padded; the
-position of a real token is its index among the real tokens of its row, so a
-padded row gives the same scores as the unpadded sequence.
+Padding and packing: rows may be left- or right-padded and hold several
+segments; the position (RoPE) of a token is its index among the tokens of its
+segment, and attention stays inside the segment, so a padded or packed row
+gives the same scores as each trajectory alone.
 
 Memory: the LM head runs over T in chunks of `cfg.logits_chunk` positions with
 `lax.map`, each chunk under `jax.checkpoint`, so only one chunk's float32
@@ -41,6 +46,7 @@ import jax.numpy as jnp
 from sao_jax.config import ModelConfig
 from sao_jax.models.attention import CausalMask
 from sao_jax.models.transformer import Params, model
+from sao_jax.types import segment_starts
 
 
 class PolicyOutput(NamedTuple):
@@ -49,28 +55,38 @@ class PolicyOutput(NamedTuple):
   router_logits: tuple[jax.Array, ...]  # one [B, T, E] float32 per MoE layer; () if dense
 
 
-def positions(mask_BxT: jax.Array) -> jax.Array:
-  """Index of each token among the real tokens of its row (0 on leading padding)."""
-  return jnp.maximum(jnp.cumsum(mask_BxT.astype(jnp.int32), axis=1) - 1, 0)
+def positions(seg_BxT: jax.Array) -> jax.Array:
+  """Index of each token among the tokens of its segment (0 on padding).
+
+  Real tokens up to t (inclusive count - 1) minus real tokens before the
+  segment's first token; the latter is non-decreasing along the row, so a
+  running max over the segment starts carries it to every token of the segment.
+  """
+  seg_BxT = seg_BxT.astype(jnp.int32)
+  real_BxT = (seg_BxT != 0).astype(jnp.int32)
+  count_BxT = jnp.cumsum(real_BxT, axis=1)
+  before_start_BxT = jax.lax.cummax(
+      jnp.where(segment_starts(seg_BxT), count_BxT - real_BxT, 0), axis=1)
+  return jnp.where(real_BxT > 0, count_BxT - 1 - before_start_BxT, 0)
 
 
-def _trunk(params, cfg, head, tokens_BxT, mask_BxT):
-  # Causal structure + key padding, never a [B, T, T] array unless attention is dense.
-  mask_BxT = mask_BxT.astype(bool)
+def _trunk(params, cfg, head, tokens_BxT, seg_BxT):
+  # Causal structure within segments, never a [B, T, T] array unless attention is dense.
+  seg_BxT = seg_BxT.astype(jnp.int32)
   h_BxTxD, _, router_logits = model(params, cfg, head).trunk(
-      tokens_BxT, positions(mask_BxT), CausalMask(mask_BxT))
+      tokens_BxT, positions(seg_BxT), CausalMask(seg_BxT))
   return h_BxTxD, router_logits
 
 
-def _scored(mask_BxT: jax.Array) -> jax.Array:
-  """[B, T-1] bool: token t+1 has a real predecessor and is real itself."""
-  mask_BxT = mask_BxT.astype(bool)
-  return mask_BxT[:, 1:] & mask_BxT[:, :-1]
+def _scored(seg_BxT: jax.Array) -> jax.Array:
+  """[B, T-1] bool: token t+1 is real and its predecessor belongs to its segment."""
+  seg_BxT = seg_BxT.astype(jnp.int32)
+  return (seg_BxT[:, 1:] == seg_BxT[:, :-1]) & (seg_BxT[:, 1:] != 0)
 
 
-def _shift_in(pred_BxT1: jax.Array, mask_BxT: jax.Array) -> jax.Array:
+def _shift_in(pred_BxT1: jax.Array, seg_BxT: jax.Array) -> jax.Array:
   """Places predictions for tokens 1..T-1 at their token's index, zeros elsewhere."""
-  pred_BxT1 = jnp.where(_scored(mask_BxT), pred_BxT1, 0.0)
+  pred_BxT1 = jnp.where(_scored(seg_BxT), pred_BxT1, 0.0)
   return jnp.concatenate([jnp.zeros_like(pred_BxT1[:, :1]), pred_BxT1], axis=1)
 
 
@@ -101,43 +117,44 @@ def _chunked_logp_entropy(h_BxLxD, targets_BxL, kernel_DxV, chunk, temperature):
 
 
 def policy_forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array,
-                   mask_BxT: jax.Array, temperature: float = 1.0) -> PolicyOutput:
+                   seg_BxT: jax.Array, temperature: float = 1.0) -> PolicyOutput:
   """Per-token log-probs and entropies of softmax(logits / temperature) at
   `tokens_BxT` (alignment: module docstring)."""
-  h_BxTxD, router_logits = _trunk(params, cfg, "lm", tokens_BxT, mask_BxT)
+  h_BxTxD, router_logits = _trunk(params, cfg, "lm", tokens_BxT, seg_BxT)
   if tokens_BxT.shape[1] < 2:
     zeros_BxT = jnp.zeros(tokens_BxT.shape, jnp.float32)
     return PolicyOutput(zeros_BxT, zeros_BxT, router_logits)
   kernel_DxV = model(params, cfg, "lm").lm_kernel_DxV()
   logp_BxT1, entropy_BxT1 = _chunked_logp_entropy(
       h_BxTxD[:, :-1], tokens_BxT[:, 1:], kernel_DxV, cfg.logits_chunk, temperature)
-  return PolicyOutput(_shift_in(logp_BxT1, mask_BxT), _shift_in(entropy_BxT1, mask_BxT),
+  return PolicyOutput(_shift_in(logp_BxT1, seg_BxT), _shift_in(entropy_BxT1, seg_BxT),
                       router_logits)
 
 
 def value_forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array,
-                  mask_BxT: jax.Array) -> jax.Array:
-  """values_BxT[b, t] = V(tokens[b, :t]) in float32 (alignment: module docstring)."""
-  h_BxTxD, _ = _trunk(params, cfg, "value", tokens_BxT, mask_BxT)
+                  seg_BxT: jax.Array) -> jax.Array:
+  """values_BxT[b, t] = V(x[:t]) in float32 (alignment: module docstring)."""
+  h_BxTxD, _ = _trunk(params, cfg, "value", tokens_BxT, seg_BxT)
   head = params["value_head"]
   values_BxT = (jnp.einsum("btd,d->bt", h_BxTxD, head["kernel"].astype(h_BxTxD.dtype),
                            preferred_element_type=jnp.float32)
                 + head["bias"].astype(jnp.float32))
-  return _shift_in(values_BxT[:, :-1], mask_BxT)
+  return _shift_in(values_BxT[:, :-1], seg_BxT)
 
 
 def logits_forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array,
-                   mask_BxT: jax.Array) -> jax.Array:
-  """Full float32 logits_BxTxV at every position (logits[:, t] predicts token t+1).
+                   seg_BxT: jax.Array) -> jax.Array:
+  """Full float32 logits_BxTxV at every position (logits[:, t] predicts token t+1
+  of the same segment).
 
   Materialises [B, T, V]: for tests and evaluation, not for training.
   """
-  h_BxTxD, _ = _trunk(params, cfg, "lm", tokens_BxT, mask_BxT)
+  h_BxTxD, _ = _trunk(params, cfg, "lm", tokens_BxT, seg_BxT)
   kernel_DxV = model(params, cfg, "lm").lm_kernel_DxV()
   return jnp.einsum("btd,dv->btv", h_BxTxD, kernel_DxV, preferred_element_type=jnp.float32)
 
 
-def router_balance(router_logits: tuple[jax.Array, ...], mask_BxT: jax.Array,
+def router_balance(router_logits: tuple[jax.Array, ...], seg_BxT: jax.Array,
                    cfg: ModelConfig) -> jax.Array:
   """Mean over MoE layers of E * sum_e f_e * P_e (1.0 when perfectly balanced).
 
@@ -146,7 +163,7 @@ def router_balance(router_logits: tuple[jax.Array, ...], mask_BxT: jax.Array,
   """
   if not router_logits:
     return jnp.zeros((), jnp.float32)
-  w_BxT = mask_BxT.astype(jnp.float32)
+  w_BxT = (seg_BxT != 0).astype(jnp.float32)
   n = jnp.maximum(jnp.sum(w_BxT), 1.0)
   e, k = cfg.num_experts, cfg.num_experts_per_tok
   per_layer = []

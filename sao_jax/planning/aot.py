@@ -29,7 +29,6 @@ from sao_jax.models.transformer import param_shardings
 from sao_jax.planning import estimate, hardware
 from sao_jax.sharding.mesh import make_mesh
 from sao_jax.sharding.rules import RULES, logical_to_spec
-from sao_jax.types import Batch
 
 
 class DoesNotFit(ValueError):
@@ -106,13 +105,7 @@ def _compile(lowered, cfg: Config, name: str, mesh: jax.sharding.Mesh, chip: str
 def lower_train(cfg: Config, mesh: jax.sharding.Mesh, seq_len: int):
   """The learner's jitted train step, lowered for abstract state and batch."""
   state = _abstract(state_lib.abstract_state(cfg), compile_lib.state_shardings(cfg, mesh))
-  batch_sh = compile_lib.batch_shardings(cfg, mesh, seq_len)
-  b = cfg.learner.batch_trajectories
-  two_d = lambda dtype: jax.ShapeDtypeStruct((b, seq_len), dtype)
-  batch = Batch(tokens=two_d(jnp.int32), attention_mask=two_d(jnp.int32),
-                action_mask=two_d(jnp.int32), behavior_logp=two_d(jnp.float32),
-                rewards=two_d(jnp.float32), prompt_ids=jax.ShapeDtypeStruct((b,), jnp.int32))
-  batch = _abstract(batch, batch_sh)
+  batch = compile_lib.abstract_batch(cfg, mesh, seq_len)
   update_policy = jax.ShapeDtypeStruct((), jnp.bool_, sharding=NamedSharding(mesh, PartitionSpec()))
   step = compile_lib.compile_train_step(cfg, mesh, seq_len)
   return step.lower(state, batch, update_policy)

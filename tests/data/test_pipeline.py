@@ -4,18 +4,7 @@ import numpy as np
 import pytest
 
 from sao_jax.data import pipeline
-from traj_factory import make_traj
-
-
-class ListTransport:
-  """A transport over a fixed list (closed once drained)."""
-
-  def __init__(self, trajs):
-    self.trajs = list(trajs)
-    self.closed = True
-
-  def get(self, timeout=0.0):
-    return self.trajs.pop(0) if self.trajs else None
+from traj_factory import ListTransport, make_traj
 
 
 def build(trajs, *, batch_size=2, group_size=1, max_lag=2, step=5, buckets=(8, 16, 32),
@@ -67,7 +56,7 @@ def test_group_mode_releases_a_group_only_when_complete():
   it, _ = build(trajs, batch_size=4, group_size=2)
   batch, info = next(it)
   # Prompt 1's group completed first (3rd arrival), then prompt 2's.
-  np.testing.assert_array_equal(batch.prompt_ids, [1, 1, 2, 2])
+  np.testing.assert_array_equal(batch.prompt_ids[:, 0], [1, 1, 2, 2])
   assert info.padding_rows == 0
 
 
@@ -75,18 +64,18 @@ def test_a_group_never_splits_across_batches():
   trajs = [make_traj(prompt_id=p, seed=s) for s, p in enumerate([1, 1, 1, 2, 2, 2])]
   it, _ = build(trajs, batch_size=4, group_size=3)
   first, info = next(it)
-  np.testing.assert_array_equal(first.prompt_ids[:3], [1, 1, 1])
+  np.testing.assert_array_equal(first.prompt_ids[:3, 0], [1, 1, 1])
   assert info.padding_rows == 1 and first.attention_mask[3].sum() == 0
-  assert first.prompt_ids[3] < 0  # the empty row's own group
+  assert np.all(first.prompt_ids[3] == -1)  # the empty row is padding: in no group
   second, _ = next(it)
-  np.testing.assert_array_equal(second.prompt_ids[:3], [2, 2, 2])
+  np.testing.assert_array_equal(second.prompt_ids[:3, 0], [2, 2, 2])
 
 
 def test_prompt_ids_outside_the_running_mean_table_are_dropped():
   it, drops = build([make_traj(prompt_id=9), make_traj(prompt_id=1), make_traj(prompt_id=0)],
                     slots=4)
   batch, _ = next(it)
-  np.testing.assert_array_equal(batch.prompt_ids, [1, 0])
+  np.testing.assert_array_equal(batch.prompt_ids[:, 0], [1, 0])
   assert drops == {"prompt_id_out_of_range": 1}
 
 

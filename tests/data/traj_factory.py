@@ -1,4 +1,4 @@
-"""Builds valid (or deliberately broken) trajectories for the data tests."""
+"""Builds valid (or deliberately broken) trajectories for the data tests, and a list transport."""
 
 import numpy as np
 
@@ -18,3 +18,14 @@ def make_traj(length=10, prompt_id=0, versions=(5, 5), outcome=1.0, seed=0, **ch
                 policy_versions=tuple(versions))
   fields.update(changes)
   return Trajectory(**fields)
+
+
+class ListTransport:
+  """A transport over a fixed list (closed once drained)."""
+
+  def __init__(self, trajs):
+    self.trajs = list(trajs)
+    self.closed = True
+
+  def get(self, timeout=0.0):
+    return self.trajs.pop(0) if self.trajs else None

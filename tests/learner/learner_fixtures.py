@@ -22,11 +22,13 @@ def make_config(variant: str = "sao", **learner) -> C.Config:
                   learner=C.LearnerConfig(**learner)).validate()
 
 
-def make_batch(seed: int = 0, behavior_shift: float = 0.0) -> Batch:
+def make_batch(seed: int = 0, behavior_shift: float = 0.0, behavior_version: int = -1) -> Batch:
   """Prompt of 3, two action turns around an observation, right padding; outcome 0/1.
 
   `behavior_logp` is a plausible log-prob near the tiny model's uniform
-  -log(64) ~ -4.16, shifted so some ratios leave the DIS band.
+  -log(64) ~ -4.16, shifted so some ratios leave the DIS band. Pairs of rows
+  share a prompt id; every trajectory was sampled by `behavior_version` (-1:
+  by several versions, so none is lag-0).
   """
   rng = np.random.default_rng(seed)
   tokens = rng.integers(0, MODEL.vocab_size, (BATCH, LENGTH)).astype(np.int32)
@@ -40,8 +42,10 @@ def make_batch(seed: int = 0, behavior_shift: float = 0.0) -> Batch:
     action[b, 9:end] = 1
     rewards[b, end - 1] = float(rng.integers(0, 2))
   behavior = rng.normal(-4.16 + behavior_shift, 0.3, (BATCH, LENGTH)).astype(np.float32)
+  prompt_ids = np.where(attention > 0, np.arange(BATCH)[:, None] // 2, -1).astype(np.int32)
+  versions = np.where(attention > 0, behavior_version, -1).astype(np.int32)
   return Batch(tokens, attention, action, np.where(action, behavior, 0.0).astype(np.float32),
-               rewards, (np.arange(BATCH) // 2).astype(np.int32))
+               rewards, prompt_ids, versions)
 
 
 def adam_counts(opt_state) -> list[int]:
