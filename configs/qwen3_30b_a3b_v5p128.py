@@ -14,11 +14,19 @@ Prove it compiles and fits before paying for the slice (CPU + libtpu):
 
     .venv/bin/sao-plan --config configs/qwen3_30b_a3b_v5p128.py --topology v5p:4x4x4
 
-Status: the AOT compile of this config has not completed on our 2-core CI
-machine (over 16 minutes and 16 GB before we stopped it: the 48 decoder layers
-are unrolled in forward, backward and remat); whether it fits is not yet
-established. Analytic estimate: 7.8e17 model FLOPs per step, >= 37 s per step at
-<= 71% MFU. Scanning over layers is the next step to make this plan tractable.
+Status (measured with libtpu on a 2-core CPU machine): with `scan_layers=True`
+the plan compiles in 3 minutes (unrolled, it had not finished after 16), and it
+does NOT fit: the TPU compiler needs 411 GiB of temporaries per chip against
+95.7 GiB. Two causes, both open:
+  1. The MoE routes with one argsort over all tokens of the global batch, which
+     the SPMD partitioner cannot shard: routed activations of all 64 chips'
+     tokens land on every chip (~70 GB per [tokens*k, hidden] array). The fix
+     is expert-parallel dispatch with `shard_map` (local routing, all-to-all).
+  2. Scanning over layers stacks the per-layer params at use; on TPU that
+     raises temporaries (Qwen3-8B on v5p:2x2x4: 181 GiB scanned vs a fit at
+     92.5% unrolled), so the stacked copies and their gradients are not
+     sharded like the params. Storing params stacked is the fix.
+Analytic estimate: 7.8e17 model FLOPs per step, >= 37 s per step at <= 71% MFU.
 """
 
 from sao_jax.config import (AlgorithmConfig, Config, LearnerConfig, MeshConfig, ModelConfig,
@@ -36,7 +44,8 @@ def get_config() -> Config:
                         num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
                         norm_topk_prob=True, decoder_sparse_step=1,
                         param_dtype="bfloat16", compute_dtype="bfloat16", logits_chunk=1024,
-                        attention_impl="blocked", attention_block=512, remat_policy="full"),
+                        attention_impl="blocked", attention_block=512, remat_policy="full",
+                        scan_layers=True),
       algorithm=AlgorithmConfig.for_variant("sao"),
       learner=LearnerConfig(batch_trajectories=128, micro_batches=2, policy_lr=1e-6,
                             value_lr=5e-6),

@@ -10,22 +10,22 @@ critic; each of the 4 micro-batches puts one 32K-token trajectory on each chip;
 blocked (flash) attention and full remat keep activations to one layer input
 per layer plus one layer's working set.
 
-Prove it compiles and fits before paying for the slice (CPU + libtpu; ~20 min on 2 cores):
+Prove it compiles and fits before paying for the slice (CPU + libtpu; ~13 min on 2 cores):
 
     .venv/bin/sao-plan --config configs/qwen3_8b_v5p32.py --topology v5p:2x2x4
 
 It prints (abridged; GiB per chip) and exits 0:
 
     program      topology    mesh        args    temps  outputs  aliased  code   total    HBM   used
-    train_step   v5p:2x2x4   fsdp=16     5.16    82.58     5.16     5.16  0.16   87.90  95.00  92.5%
+    train_step   v5p:2x2x4   fsdp=16     5.16    82.72     5.16     5.16  0.16   88.04  95.00  92.7%
     decode_step  v5p:2x2x4   fsdp=16    18.95     0.03    18.04    18.00  0.06   19.08  95.00  20.1%
     train FLOPs/step: model 5.018e+17, with recompute 6.830e+17 (4.269e+16 per device); ...
     roofline on 16 x v5p (459 TFLOP/s bf16 each): step >= 93.0 s, MFU <= 73.5%,
       tokens/s <= 22,549 (compute bound; communication not modelled)
-    decode step (batch 64, cache 32768): >= 10.17 ms ... -> <= 6,293 tokens/s
+    decode step (batch 64, cache 32768): >= 10.51 ms ... -> <= 6,092 tokens/s
     fits: every program is within 95% of 95 GiB HBM per device
 
-The train step's temporaries (82.6 GiB) leave little room: a longer sequence or
+The train step's temporaries (82.7 GiB) leave little room: a longer sequence or
 more trajectories per micro-batch needs a larger slice (more fsdp shards).
 """
 

@@ -52,6 +52,12 @@ class ModelConfig:
   attention_impl: str = "dense"
   attention_block: int = 512  # query/key positions per block of blocked attention
   remat_policy: str = "none"
+  # Run the decoder layers of a full forward (learner, evaluation) as one
+  # `lax.scan` over their stacked params instead of unrolled: compile time and
+  # program size stop growing with depth (a 48-layer MoE compiles in minutes, not
+  # hours). Needs every layer to have the same structure (all dense or all MoE).
+  # Decoding (KV cache) stays unrolled.
+  scan_layers: bool = False
   hf_path: str | None = None
 
   def validate(self) -> None:
@@ -76,6 +82,11 @@ class ModelConfig:
     check_choice("model", self, "compute_dtype", DTYPES)
     check_choice("model", self, "attention_impl", ATTENTION_IMPLS)
     check_choice("model", self, "remat_policy", REMAT_POLICIES)
+    if self.scan_layers and self.num_experts > 0 and (
+        self.mlp_only_layers or self.decoder_sparse_step != 1):
+      fail("model", "scan_layers", self.scan_layers,
+           "needs identical layers, but mlp_only_layers / decoder_sparse_step mix dense and "
+           "MoE layers; set scan_layers=False")
     bad_layers = [i for i in self.mlp_only_layers if not 0 <= i < self.num_hidden_layers]
     if bad_layers:
       fail("model", "mlp_only_layers", self.mlp_only_layers,

@@ -94,6 +94,27 @@ def dense_attention(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax.A
   return out_BxTxKxGxH.reshape(b, t, n, h)
 
 
+def cached_attention(q_BxTxNxH: jax.Array, k_BxKxSxH: jax.Array, v_BxKxSxH: jax.Array,
+                     visible_BxTxS: jax.Array) -> jax.Array:
+  """`dense_attention` over a KV cache laid out [B, K, S, H] (decoding).
+
+  With the batch dims (b, k) leading and H (scores) or S (values) the contracted
+  minor dims, both matmuls read the cache where it lies; no per-step transpose.
+  """
+  b, t, n, h = q_BxTxNxH.shape
+  kv = k_BxKxSxH.shape[1]
+  q_BxKxGTxH = (q_BxTxNxH.reshape(b, t, kv, n // kv, h).transpose(0, 2, 3, 1, 4)
+                .reshape(b, kv, (n // kv) * t, h))
+  scores_BxKxGTxS = jnp.einsum("bkqh,bksh->bkqs", q_BxKxGTxH, k_BxKxSxH,
+                               preferred_element_type=jnp.float32) * (h ** -0.5)
+  g = n // kv
+  visible_BxGTxS = jnp.tile(visible_BxTxS, (1, g, 1))  # row g * t + i is query i of group g
+  scores_BxKxGTxS = jnp.where(visible_BxGTxS[:, None], scores_BxKxGTxS, _MASKED)
+  probs_BxKxGTxS = jax.nn.softmax(scores_BxKxGTxS, axis=-1).astype(q_BxTxNxH.dtype)
+  out_BxKxGTxH = jnp.einsum("bkqs,bksh->bkqh", probs_BxKxGTxS, v_BxKxSxH)
+  return (out_BxKxGTxH.reshape(b, kv, g, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h))
+
+
 def _blocks(x: jax.Array, nb: int, block: int) -> jax.Array:
   """[B, T, ...] -> [nb, B, block, ...], zero-padding T up to nb * block."""
   pad = nb * block - x.shape[1]

@@ -44,8 +44,8 @@ from sao_jax.models.transformer import Params, model
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class KVCache:
-  k: tuple[jax.Array, ...]   # per layer [B, S, K, H], compute dtype
-  v: tuple[jax.Array, ...]   # per layer [B, S, K, H]
+  k: tuple[jax.Array, ...]   # per layer [B, K, S, H], compute dtype
+  v: tuple[jax.Array, ...]   # per layer [B, K, S, H]
   length_B: jax.Array        # int32: real tokens held by each row (= next write slot and position)
 
 
@@ -53,7 +53,7 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int) -> KVCache:
   """An empty cache for `batch` rows of up to `max_len` slots each."""
   if batch <= 0 or max_len <= 0:
     raise ValueError(f"init_cache: batch={batch}, max_len={max_len}; both must be positive")
-  shape = (batch, max_len, cfg.num_key_value_heads, cfg.head_dim)
+  shape = (batch, cfg.num_key_value_heads, max_len, cfg.head_dim)
   zeros = lambda: tuple(jnp.zeros(shape, cfg.compute_dtype) for _ in range(cfg.num_hidden_layers))
   return KVCache(k=zeros(), v=zeros(), length_B=jnp.zeros((batch,), jnp.int32))
 
@@ -68,7 +68,7 @@ def extend(params: Params, cfg: ModelConfig, cache: KVCache, tokens_BxC: jax.Arr
   """Appends each row's real chunk tokens; returns next-token logits_BxV and the new cache."""
   mask_BxC = mask_BxC.astype(bool)
   c = tokens_BxC.shape[1]
-  s = cache.k[0].shape[1]
+  s = cache.k[0].shape[2]
   rank_BxC = jnp.cumsum(mask_BxC, axis=1, dtype=jnp.int32) - 1  # index among the chunk's real tokens
   # Query slot (= position) of each chunk token; a padding token borrows its predecessor's.
   pos_BxC = cache.length_B[:, None] + jnp.maximum(rank_BxC, 0)

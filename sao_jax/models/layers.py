@@ -85,7 +85,7 @@ class Attention(nnx.Module):
     """Attends from the T new positions to S keys.
 
     Without a cache S == T (the new positions themselves). With
-    `kv_cache = (k_BxSxKxH, v_BxSxKxH, slot_BxT)` the new key/value of token t
+    `kv_cache = (k_BxKxSxH, v_BxKxSxH, slot_BxT)` the new key/value of token t
     of row b is written at cache slot slot_BxT[b, t] first (an index >= S, used
     for padding, writes nothing) and the updated cache is returned.
     `visible_BxTxS[b, t, s]` says whether query t may read key s; it is either
@@ -99,20 +99,26 @@ class Attention(nnx.Module):
     k_BxTxKxH = rope(self.k_norm(k_BxTxKxH), pos_BxT, cfg.rope_theta)
     q_BxTxNxH = constrain(q_BxTxNxH, ("activation_batch", "activation_length",
                                       "activation_heads", "head_dim"))
-    new_cache = None
     if kv_cache is not None:
       k_cache, v_cache, slot_BxT = kv_cache
       row_Bx1 = jnp.arange(slot_BxT.shape[0])[:, None]
-      k_BxSxKxH = k_cache.at[row_Bx1, slot_BxT].set(k_BxTxKxH.astype(k_cache.dtype), mode="drop")
-      v_BxSxKxH = v_cache.at[row_Bx1, slot_BxT].set(v_BxTxKxH.astype(v_cache.dtype), mode="drop")
-      new_cache = (k_BxSxKxH, v_BxSxKxH)
+      # The cache is [B, K, S, H]: (b, k) lead, so both attention contractions read it
+      # in place. In [B, S, K, H] XLA re-lays-out the whole cache every decode step.
+      k_BxKxSxH = k_cache.at[row_Bx1, :, slot_BxT].set(k_BxTxKxH.astype(k_cache.dtype), mode="drop")
+      v_BxKxSxH = v_cache.at[row_Bx1, :, slot_BxT].set(v_BxTxKxH.astype(v_cache.dtype), mode="drop")
+      out_BxTxNxH = attention.cached_attention(q_BxTxNxH, k_BxKxSxH.astype(dt),
+                                               v_BxKxSxH.astype(dt), visible_BxTxS)
+      new_cache = (k_BxKxSxH, v_BxKxSxH)
     else:
-      k_BxSxKxH, v_BxSxKxH = k_BxTxKxH, v_BxTxKxH
-    # Decoding passes an explicit [B, T, S] mask and always runs dense (S is the
-    # short cache); a CausalMask runs cfg.attention_impl (sao_jax.models.attention).
-    out_BxTxNxH = attention.attend(q_BxTxNxH, k_BxSxKxH.astype(dt), v_BxSxKxH.astype(dt),
-                                   visible_BxTxS, cfg.attention_impl, cfg.attention_block)
-    out_BxTxD = jnp.einsum("btnh,nhd->btd", out_BxTxNxH, self.o_proj[...].astype(dt))
+      # A CausalMask runs cfg.attention_impl (sao_jax.models.attention).
+      out_BxTxNxH = attention.attend(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, visible_BxTxS,
+                                     cfg.attention_impl, cfg.attention_block)
+      new_cache = None
+    # One [B, T, N*H] x [N*H, D] matmul (a free reshape of o_proj): contracting (n, h)
+    # as two dims made XLA CPU copy-transpose o_proj on every call.
+    n, h, d = self.o_proj.shape
+    out_BxTxD = jnp.einsum("btf,fd->btd", out_BxTxNxH.reshape(*out_BxTxNxH.shape[:2], n * h),
+                           self.o_proj[...].astype(dt).reshape(n * h, d))
     return constrain(out_BxTxD, BTD), new_cache
 
 

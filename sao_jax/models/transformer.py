@@ -106,6 +106,9 @@ class Qwen3(nnx.Module):
     cfg = self.cfg
     x_BxTxD = jnp.take(self.embed[...], tokens_BxT, axis=0).astype(cfg.compute_dtype)
     x_BxTxD = constrain(x_BxTxD, layers.BTD)
+    if cfg.scan_layers and kv_caches is None:
+      x_BxTxD, router_logits = self._scanned_layers(x_BxTxD, pos_BxT, visible_BxTxS)
+      return self.final_norm(x_BxTxD), None, router_logits
     new_caches, router_logits = [], []
     for i, layer in enumerate(self.layers):
       cache = None if kv_caches is None else kv_caches[i]
@@ -116,6 +119,27 @@ class Qwen3(nnx.Module):
       if logits is not None:
         router_logits.append(logits)
     return self.final_norm(x_BxTxD), (new_caches if kv_caches is not None else None), tuple(router_logits)
+
+  def _scanned_layers(self, x_BxTxD, pos_BxT, visible_BxTxS):
+    """The decoder layers as one `lax.scan` (cfg.scan_layers).
+
+    Params stay stored per layer (HF interop, checkpoints and sharding rules see
+    one layout); they are stacked to [L, ...] here, a copy of the layer params
+    per step that the scan body then reads one layer at a time. XLA compiles the
+    body once instead of L times.
+    """
+    graphdef = nnx.graphdef(self.layers[0])
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *[nnx.state(l) for l in self.layers])
+
+    def body(x_BxTxD, layer_state):
+      x_BxTxD, _, logits = nnx.merge(graphdef, layer_state)(x_BxTxD, pos_BxT, visible_BxTxS, None)
+      return x_BxTxD, logits
+
+    if self.cfg.remat_policy != "none":
+      body = jax.checkpoint(body, policy=REMAT_POLICIES[self.cfg.remat_policy])
+    x_BxTxD, logits_L = jax.lax.scan(body, x_BxTxD, stacked)
+    router_logits = () if logits_L is None else tuple(logits_L[i] for i in range(len(self.layers)))
+    return x_BxTxD, router_logits
 
   def lm_kernel_DxV(self) -> jax.Array:
     """The LM head kernel (the transposed embedding when tied), compute dtype."""

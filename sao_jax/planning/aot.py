@@ -114,7 +114,7 @@ def lower_train(cfg: Config, mesh: jax.sharding.Mesh, seq_len: int):
 def _cache_shardings(cache, mesh: jax.sharding.Mesh):
   """Batch rows over the activation-batch axes, KV heads over tensor; the rest replicated."""
   names = {0: (), 1: ("activation_batch",), 2: ("activation_batch", "cache_length"),
-           4: ("activation_batch", "cache_length", "activation_kv_heads", "head_dim")}
+           4: ("activation_batch", "activation_kv_heads", "cache_length", "head_dim")}
 
   def one(leaf):
     if leaf.ndim not in names:

@@ -1,0 +1,49 @@
+"""`scan_layers`: the decoder layers as one lax.scan equal the unrolled layers."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sao_jax.config import ModelConfig
+from sao_jax.models import forward, transformer
+from tiny import DENSE, MOE, padded_batch
+
+ALL_MOE = dataclasses.replace(MOE, mlp_only_layers=())
+
+
+def _outputs(cfg):
+  """logp, entropy, router logits, values and policy gradients of one padded batch."""
+  params = transformer.init_params(cfg, jax.random.key(3))
+  value_params = transformer.init_params(cfg, jax.random.key(4), head="value")
+  # A non-zero value head, so the values depend on the trunk.
+  value_params["value_head"]["kernel"] = jnp.linspace(-1.0, 1.0, cfg.hidden_size)
+  tokens, mask = padded_batch(2)
+
+  def run(params, value_params):
+    out = forward.policy_forward(params, cfg, tokens, mask)
+    grads = jax.grad(lambda p: jnp.sum(forward.policy_forward(p, cfg, tokens, mask).logp_BxT))(
+        params)
+    return (out.logp_BxT, out.entropy_BxT, out.router_logits,
+            forward.value_forward(value_params, cfg, tokens, mask), grads)
+
+  return jax.jit(run)(params, value_params)
+
+
+@pytest.mark.parametrize("base, remat", [(DENSE, "none"), (ALL_MOE, "none"), (DENSE, "full")],
+                         ids=["dense", "moe", "dense-remat"])
+def test_scanned_layers_equal_unrolled(base, remat):
+  unrolled = dataclasses.replace(base, remat_policy=remat)
+  want = _outputs(unrolled)
+  got = _outputs(dataclasses.replace(unrolled, scan_layers=True))
+  assert len(got[2]) == len(want[2]) == (base.num_hidden_layers if base.num_experts else 0)
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(g, w, atol=1e-6, rtol=1e-5)
+
+
+def test_scan_layers_rejects_mixed_dense_and_moe_layers():
+  with pytest.raises(ValueError, match=r"model.scan_layers=True.*mlp_only_layers"):
+    dataclasses.replace(MOE, scan_layers=True).validate()
+  ModelConfig(scan_layers=True).validate()  # a dense model scans
