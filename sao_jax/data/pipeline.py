@@ -13,7 +13,10 @@
 Units flow as lists: one trajectory in single mode, a group in group mode, so a
 group is never split across batches. A unit that does not fit the rest of a batch
 starts the next one and the batch is completed with empty rows (action_mask 0:
-they contribute nothing to any loss).
+they contribute nothing to any loss). State (`get_state`, checkpointed by
+`run_learner`) includes what a stage holds after taking it from upstream: the
+unit held back for the next batch and the members of unfinished groups, so a
+resumed pipeline loses none of them.
 
 Packing (`PackDataset`): each member of an arriving unit goes to the first row
 with room for it (first fit, in arrival order), as segment 1, 2, ... of that row
@@ -33,6 +36,7 @@ pretraining, critic warm-up), when the policy does not change. Nothing is droppe
 
 from __future__ import annotations
 
+import base64
 import collections
 import dataclasses
 from typing import Callable, Iterator
@@ -87,6 +91,32 @@ class _Iterator(grain.DatasetIterator):
       self._parent.set_state(state.get("parent", {}))
 
 
+def _encode(trajs: list[Trajectory]) -> list[str]:
+  """Trajectories as JSON-able text (base64 of `records.to_bytes`), for iterator state."""
+  return [base64.b64encode(records.to_bytes(traj)).decode("ascii") for traj in trajs]
+
+
+def _decode(texts: list[str]) -> list[Trajectory]:
+  return [records.from_bytes(base64.b64decode(text)) for text in texts]
+
+
+class _CarryingIterator(_Iterator):
+  """A batcher that may hold back one unit (a trajectory or a whole group) that did
+  not fit its batch; the unit opens the next batch and is part of the state."""
+
+  def __init__(self, parent):
+    super().__init__(parent)
+    self._carry: list[Trajectory] = []
+
+  def get_state(self) -> dict:
+    # The unit held back for the next batch was consumed upstream: it lives only here.
+    return {**super().get_state(), "carry": _encode(self._carry)}
+
+  def set_state(self, state: dict) -> None:
+    super().set_state(state)
+    self._carry = _decode(state.get("carry", []))
+
+
 class TransportDataset(grain.IterDataset):
   """Trajectories from `transport` as they arrive; ends when `should_stop()` or the
   transport is closed and empty."""
@@ -133,6 +163,16 @@ class _GroupIterator(_Iterator):
     super().__init__(parent)
     self._group_size = group_size
     self._waiting: dict[int, list[Trajectory]] = collections.defaultdict(list)
+
+  def get_state(self) -> dict:
+    # Members of unfinished groups were consumed upstream: they live only here.
+    return {**super().get_state(),
+            "waiting": {str(pid): _encode(members) for pid, members in self._waiting.items()}}
+
+  def set_state(self, state: dict) -> None:
+    super().set_state(state)
+    self._waiting = collections.defaultdict(list, {
+        int(pid): _decode(members) for pid, members in state.get("waiting", {}).items()})
 
   def __next__(self) -> list[Trajectory]:
     while True:
@@ -256,13 +296,12 @@ def _info(trajs: list[Trajectory], version: int, padding_rows: int, capacity: in
       padding_rows=padding_rows, capacity=capacity)
 
 
-class _BatchIterator(_Iterator):
+class _BatchIterator(_CarryingIterator):
 
   def __init__(self, parent, *, batch_size, buckets, pad_id, current_version):
     super().__init__(parent)
     self._batch_size, self._buckets, self._pad_id = batch_size, buckets, pad_id
     self._current_version = current_version
-    self._carry: list[Trajectory] = []
 
   def __next__(self) -> tuple[Batch, BatchInfo]:
     rows = self._carry
@@ -313,13 +352,12 @@ def first_fit(unit: list[Trajectory], free: list[int]) -> list[int] | None:
   return placed
 
 
-class _PackIterator(_Iterator):
+class _PackIterator(_CarryingIterator):
 
   def __init__(self, parent, *, rows, row_length, max_trajectories, pad_id, current_version):
     super().__init__(parent)
     self._rows, self._row_length, self._max = rows, row_length, max_trajectories
     self._pad_id, self._current_version = pad_id, current_version
-    self._carry: list[Trajectory] = []
 
   def __next__(self) -> tuple[Batch, BatchInfo]:
     rows: list[list[Trajectory]] = [[] for _ in range(self._rows)]
