@@ -104,7 +104,7 @@ def test_does_not_fit_message_names_the_fix_for_activations():
   assert message.startswith("train_step does not fit: it needs 32.0 GiB per v5e device but the "
                             "limit is 15.2 GiB")
   lines = message.splitlines()[1:]
-  assert lines[0] == "  - --set learner.micro_batches=4 (now 2: 4 trajectories per pass)"
+  assert lines[0] == "  - --set learner.micro_batches=4 (now 2: 4 rows per pass)"
   assert "--set model.remat_policy=full (now 'none')" in lines[1]
   assert "--set model.attention_impl=blocked" in lines[2]
   assert "--seq-len, now 4096" in lines[3]

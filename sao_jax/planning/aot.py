@@ -177,7 +177,7 @@ def plan(cfg: Config, topology: str, seq_len: int, *, sampler_topology: str | No
         lower_decode(cfg, sampler, sampler_batch, seq_len), cfg, "decode_step", sampler,
         device.name, seq_len))
   model_flops, hardware_flops = estimate.step_flops(cfg, seq_len)
-  tokens = cfg.learner.batch_trajectories * seq_len
+  tokens = cfg.learner.batch_rows * seq_len  # token slots: packed rows count whole
   return Plan(cfg=cfg, seq_len=seq_len, device=device, devices=len(devices),
               hbm_fraction=hbm_fraction, train=train, decode=decode_program,
               sampler_batch=sampler_batch, model_flops=model_flops, hardware_flops=hardware_flops,
@@ -205,7 +205,7 @@ def format_plan(result: Plan) -> str:
   """Memory per device against HBM for each program, then FLOPs and the roofline."""
   gib = lambda x: f"{x / estimate.GiB:8.2f}"
   cfg, r = result.cfg, result.roofline
-  lines = [f"plan {cfg.name}: seq_len={result.seq_len} batch={cfg.learner.batch_trajectories} "
+  lines = [f"plan {cfg.name}: seq_len={result.seq_len} rows={cfg.learner.batch_rows} "
            f"micro_batches={cfg.learner.micro_batches} attention={cfg.model.attention_impl} "
            f"remat={cfg.model.remat_policy}",
            f"{'program':<12} {'topology':<11} {'mesh':<28} {'args':>8} {'temps':>8} {'outputs':>8} "

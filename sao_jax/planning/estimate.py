@@ -83,8 +83,10 @@ def forward_flops_per_token(cfg: ModelConfig, seq_len: int, head: str) -> dict[s
 
 
 def step_flops(cfg: Config, seq_len: int) -> tuple[float, float]:
-  """(model_flops, hardware_flops) of one SAO train step that updates the policy."""
-  tokens = cfg.learner.batch_trajectories * seq_len
+  """(model_flops, hardware_flops) of one SAO train step that updates the policy, over
+  every token slot of its `[batch_rows, seq_len]` batch (packed segments attend
+  within themselves, so attention FLOPs are an upper bound under packing)."""
+  tokens = cfg.learner.batch_rows * seq_len
   model = hardware = 0.0
   recompute = {"none": 0.0, "dots_saveable": 0.0, "full": 1.0}
   for head, forwards, backwards in _passes(cfg):
@@ -141,10 +143,10 @@ def _advice(cfg: Config, memory: MemoryUse, program: str, seq_len: int,
                         "(shards KV heads)"]
   else:
     activation_fixes = []
-    per_micro = learner.batch_trajectories // learner.micro_batches
+    per_micro = learner.batch_rows // learner.micro_batches
     if per_micro > batch_shards and per_micro % 2 == 0:
       activation_fixes.append(f"--set learner.micro_batches={2 * learner.micro_batches} "
-                              f"(now {learner.micro_batches}: {per_micro} trajectories per pass)")
+                              f"(now {learner.micro_batches}: {per_micro} rows per pass)")
     if model.remat_policy != "full":
       activation_fixes.append(f"--set model.remat_policy=full (now {model.remat_policy!r})")
     if model.attention_impl != "blocked":
