@@ -2,7 +2,7 @@
 
     result = run_learner(cfg, batches, on_metrics=print_fn, after_step=publish_fn)
 
-`batches` is any iterator of host `Batch`es of shape `[batch_trajectories, T]`,
+`batches` is any iterator of host `Batch`es of shape `[learner.batch_rows, T]`,
 or of `(Batch, host_metrics)` pairs whose dict joins that step's metrics (the
 data pipeline's staleness and drop counts). T may vary between batches (length
 buckets): the step is compiled once per distinct T. If the iterator has
