@@ -97,8 +97,13 @@ def gae(rewards: jax.Array, values: jax.Array, action_mask: jax.Array, *,
     raise ValueError(f"gae lam has shape {lam.shape}; expected a scalar, [B]=[{shape[0]}] or "
                      f"[B, T]={list(shape)}.")
   lam_BxT = jnp.broadcast_to(lam[:, None] if lam.ndim == 1 else lam, shape)
-  # Terminal positions: the last token of every segment (of every row, unpacked).
-  end_BxT = segment_ends(segments.resolve(segment_ids, shape))
+  # Terminal positions: the last token of every segment, or of every row unpacked
+  # (built directly: a cummin over a constant would make XLA constant-fold a
+  # [B, T] scan at compile time, seconds at T = 64K).
+  if segment_ids is None:
+    end_BxT = jnp.broadcast_to(jnp.arange(shape[1]) == shape[1] - 1, shape)
+  else:
+    end_BxT = segment_ends(segments.resolve(segment_ids, shape))
   gamma = jnp.asarray(gamma, jnp.float32)
   mask = action_mask.astype(bool)
   rewards = jnp.where(mask, rewards.astype(jnp.float32), 0.0)
