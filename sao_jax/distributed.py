@@ -17,6 +17,10 @@ Batches: with `batch_shardings` splitting trajectories over devices of several
 hosts, each host loads only the rows its devices hold (`local_rows`) and
 `global_batch` assembles the global `[B, T]` arrays from every host's rows
 (`jax.make_array_from_process_local_data`), so no host reads the whole batch.
+Each host's pipeline picks its own length bucket and may run dry on its own, so
+before every step the hosts agree (`agree_on_batch`, one tiny all-gather): all
+stop if any host has no batch, else every host right-pads its rows to the
+longest host's length, so they all run the step compiled for the same shape.
 """
 
 from __future__ import annotations
@@ -28,6 +32,11 @@ import jax
 import numpy as np
 
 from sao_jax.types import Batch
+
+# Right-padding per Batch field (tokens take the configured pad id): what the data
+# pipeline puts after a row's segments, so padded positions join no segment.
+_PAD = Batch(tokens=None, attention_mask=0, action_mask=0, behavior_logp=0.0, rewards=0.0,
+             prompt_ids=-1, behavior_version=-1)
 
 ENV_ADDRESS = "SAO_COORDINATOR_ADDRESS"
 ENV_PROCESSES = "SAO_NUM_PROCESSES"
@@ -94,3 +103,32 @@ def global_batch(local: Batch, shardings: Batch, batch_size: int) -> Batch:
     return jax.make_array_from_process_local_data(sharding, rows, shape)
 
   return jax.tree.map(one, local, shardings)
+
+
+def agree_on_batch(length: int | None) -> int | None:
+  """The padded length every host uses for this step: the longest host's `length`,
+  or None (stop) when any host has no batch (`length` None). All hosts must call it."""
+  from jax.experimental import multihost_utils
+
+  mine = np.array([length is not None, length or 0], np.int32)
+  every = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, 2)
+  return int(every[:, 1].max()) if every[:, 0].all() else None
+
+
+def any_host(flag: bool) -> bool:
+  """Whether `flag` is set on any host (e.g. a SIGTERM one host got). All hosts call it."""
+  from jax.experimental import multihost_utils
+
+  return bool(np.asarray(multihost_utils.process_allgather(np.int32(flag))).any())
+
+
+def pad_length(batch: Batch, length: int, pad_id: int) -> Batch:
+  """`batch` right-padded to `length` columns (padding joins no segment)."""
+  extra = length - batch.shape[1]
+  if extra < 0:
+    raise ValueError(f"cannot pad a batch of length {batch.shape[1]} to {length}")
+  if extra == 0:
+    return batch
+  return Batch(*[np.pad(np.asarray(x), ((0, 0), (0, extra)),
+                        constant_values=pad_id if value is None else value)
+                 for x, value in zip(batch, _PAD)])

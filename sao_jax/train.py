@@ -10,6 +10,12 @@
 4. Samplers: `run.num_samplers` processes (spawn) generate continuously with the
    newest published weights and stream trajectories through the transport; the
    learner's grain pipeline filters stale/malformed ones and batches the rest.
+   With `run.num_samplers=0` the samplers run elsewhere (`sao-sampler`, e.g. on
+   another slice) and write to the directory transport.
+   Multi-host learner (SAO_* environment, `sao_jax.distributed`): every host
+   builds the pipeline for its share of each batch (`local_batch_sizes`) and
+   reads a disjoint part of the directory transport (`DirectoryTransport` shard
+   = (process index, process count)); `run_learner` assembles the global batch.
 5. Learner loop (`learner.loop.run_learner`): value-only steps first (value
    pretraining, critic warm-up), then SAO steps; after each step the policy is
    published when its version changed, dead samplers are restarted, and every
@@ -120,9 +126,36 @@ def _sft_batches(cfg: Config, tokenizer) -> Iterator[Batch]:
 
 
 def _transport(cfg: Config):
+  """The learner's end of the transport. A directory is partitioned between the
+  learner hosts (each reads only its shard of the records, whole GRPO groups in
+  group mode) and reopened: a previous run's close marker would turn writers away."""
   if cfg.data.transport == "queue":
+    if jax.process_count() > 1:
+      raise ValueError(f"data.transport='queue' cannot feed a learner of {jax.process_count()} "
+                       "hosts; use data.transport='directory'")
     return QueueTransport(cfg.data.transport_capacity)
-  return DirectoryTransport(cfg.data.transport_dir, cfg.data.transport_capacity)
+  transport = DirectoryTransport(
+      cfg.data.transport_dir, cfg.data.transport_capacity,
+      shard=(jax.process_index(), jax.process_count()), by_prompt=cfg.algorithm.group_size > 1)
+  transport.reopen()
+  return transport
+
+
+def local_batch_sizes(cfg: Config, hosts: int) -> tuple[int, int | None]:
+  """(trajectories, packed tokens or None) of one learner host's share of a batch:
+  each of `hosts` hosts loads `learner.batch_rows / hosts` rows."""
+  learner = cfg.learner
+  if learner.batch_rows % hosts:
+    raise ValueError(f"learner.batch_rows={learner.batch_rows} (rows per batch) must be a "
+                     f"multiple of the {hosts} learner hosts: each host loads an equal share")
+  trajectories = learner.batch_trajectories // hosts
+  if learner.batch_trajectories % hosts or trajectories % cfg.algorithm.group_size:
+    raise ValueError(f"learner.batch_trajectories={learner.batch_trajectories} must split "
+                     f"into {hosts} host shares of whole groups of algorithm.group_size="
+                     f"{cfg.algorithm.group_size}")
+  if learner.batch_tokens is None:
+    return trajectories, None
+  return trajectories, learner.batch_rows // hosts * learner.row_length
 
 
 def run(cfg: Config, *, resume: bool = True, log=print) -> dict:
@@ -134,6 +167,11 @@ def run(cfg: Config, *, resume: bool = True, log=print) -> dict:
     cfg = dataclasses.replace(cfg, checkpoint=dataclasses.replace(
         cfg.checkpoint, directory=str(run_dir / "checkpoints")))
   cfg.validate()
+  if jax.process_count() > 1 and cfg.run.eval_every:
+    raise ValueError(f"run.eval_every={cfg.run.eval_every}: in-run evaluation needs the whole "
+                     f"policy on one host, and this learner spans {jax.process_count()} hosts; "
+                     "set run.eval_every=0 and evaluate checkpoints with sao-eval")
+  batch_size, batch_tokens = local_batch_sizes(cfg, jax.process_count())
   (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
   tokenizer = prepare_tokenizer(cfg, run_dir)
   tokenizer_path = str(run_dir / "tokenizer.json")
@@ -152,6 +190,8 @@ def run(cfg: Config, *, resume: bool = True, log=print) -> dict:
                          learning_rate=cfg.run.sft_lr,
                          log=lambda step, m: logger.write(step - cfg.run.sft_steps, m))
     state = state_from_params(cfg, policy, value_params_from_policy(policy, cfg.model))
+    if jax.process_count() > 1:  # every host holds the same full state on its own device;
+      state = jax.device_get(state)  # from host memory, each places the shards it holds
     return jax.device_put(state, compile_lib.state_shardings(cfg, mesh))
 
   publisher = weights.make_publisher(cfg.sampler, jax.eval_shape(lambda: initial_policy(cfg)))
@@ -163,12 +203,12 @@ def run(cfg: Config, *, resume: bool = True, log=print) -> dict:
   published = {"version": -1}
   drops = pipeline.Drops()
   batches = pipeline.learner_pipeline(
-      transport, batch_size=cfg.learner.batch_trajectories, group_size=cfg.algorithm.group_size,
+      transport, batch_size=batch_size, group_size=cfg.algorithm.group_size,
       max_lag=cfg.data.max_lag, buckets=cfg.data.length_buckets, pad_id=cfg.data.pad_id,
       vocab_size=cfg.model.vocab_size, current_version=lambda: published["version"], drops=drops,
       num_prompt_slots=(cfg.algorithm.running_mean_slots
                         if cfg.algorithm.variant == "running_mean" else None),
-      batch_tokens=cfg.learner.batch_tokens, row_length=cfg.learner.row_length)
+      batch_tokens=batch_tokens, row_length=cfg.learner.row_length)
   # Padding share per batch: what bucketing wastes and packing (learner.batch_tokens) saves.
   with_host_metrics = ((batch, {**batch_metrics(info, drops),
                                 "batch/padding_frac": info.padding_fraction})

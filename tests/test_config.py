@@ -69,6 +69,19 @@ def test_grpo_needs_a_group():
     cfg.AlgorithmConfig.for_variant("grpo", group_size=1).validate()
 
 
+def test_samplers_elsewhere_need_a_directory_transport_and_a_remote_weight_channel():
+  base = cfg.Config(run=cfg.RunConfig(num_samplers=0))
+  with pytest.raises(ValueError, match=r"run.num_samplers=0.*data.transport='queue'"):
+    base.validate()
+  directory = dataclasses.replace(base, data=cfg.DataConfig(transport="directory",
+                                                            transport_dir="/shared/trajectories"))
+  with pytest.raises(ValueError, match=r"run.num_samplers=0.*'shared_memory'"):
+    directory.validate()
+  dataclasses.replace(directory, sampler=cfg.SamplerConfig(weights="network")).validate()
+  with pytest.raises(ValueError, match=r"run.num_samplers=-1"):
+    cfg.RunConfig(num_samplers=-1).validate()
+
+
 def test_mesh_fills_the_free_axis():
   assert cfg.MeshConfig(data=2, fsdp=-1, tensor=2).shape(8) == {
       "data": 2, "fsdp": 2, "tensor": 2, "expert": 1}

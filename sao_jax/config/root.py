@@ -46,4 +46,14 @@ class Config:
       fail("learner", "batch_trajectories", self.learner.batch_trajectories,
             f"must be a multiple of algorithm.group_size={self.algorithm.group_size} so "
             "that whole groups fit a batch")
+    if self.run.num_samplers == 0:
+      if self.data.transport != "directory":
+        fail("run", "num_samplers", 0,
+             f"no local samplers means samplers elsewhere (sao-sampler) send trajectories "
+             f"through a shared directory, but data.transport={self.data.transport!r}; set "
+             "data.transport='directory' and data.transport_dir")
+      if self.sampler.weights == "shared_memory":
+        fail("run", "num_samplers", 0,
+             "samplers elsewhere (sao-sampler) cannot read sampler.weights='shared_memory'; "
+             "set sampler.weights='network' (or 'directory')")
     return self

@@ -17,6 +17,9 @@ class RunConfig:
   and saves it in the run directory (for from-scratch runs without a hub).
   Evaluation runs greedy decoding on `eval_episodes` held-out tasks (the task
   generator with `eval_seed` instead of `env.seed`) every `eval_every` steps.
+  `num_samplers` sampler processes run beside the learner; 0 starts none: the
+  samplers run elsewhere (`sao-sampler` on another slice) and the learner reads
+  their trajectories from `data.transport="directory"`.
   """
 
   run_dir: str = "runs/default"
@@ -35,10 +38,10 @@ class RunConfig:
       fail("run", "run_dir", self.run_dir, "expected a directory for logs and checkpoints")
     if not self.init:
       fail("run", "init", self.init, "expected 'random' or a model directory")
-    for name in ("sft_steps", "eval_every"):
+    for name in ("sft_steps", "eval_every", "num_samplers"):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         fail("run", name, value, "expected an integer >= 0 (0 disables)")
-    check_positive("run", self, "sft_batch", "eval_episodes", "num_samplers")
+    check_positive("run", self, "sft_batch", "eval_episodes")
     if self.sft_lr <= 0:
       fail("run", "sft_lr", self.sft_lr, "expected a positive learning rate")

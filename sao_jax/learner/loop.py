@@ -11,6 +11,12 @@ checkpointed with the train state, so a resumed run sees exactly the batches an
 uninterrupted run would. Step N's metrics are fetched after step N+1 has been
 dispatched, so the host never stalls the device waiting for them.
 
+Multi-host (`jax.process_count() > 1`): every host's iterator yields only its own
+rows of the batch (`learner.batch_rows / process_count`), assembled into the
+global batch by `distributed.global_batch`; before each step the hosts agree on
+the padded length, and they stop together when any host runs out of data
+(`distributed.agree_on_batch`) or is preempted (`distributed.any_host`).
+
 On SIGTERM the loop finishes the step in flight, writes a checkpoint and
 returns with `stopped_by="preemption"`; rerunning the same command resumes.
 """
@@ -22,6 +28,7 @@ from typing import Any, Callable, Iterator, Protocol
 
 import jax
 
+from sao_jax import distributed
 from sao_jax.checkpoint import Checkpointer, PreemptionWatcher
 from sao_jax.config import Config
 from sao_jax.learner import compile as compile_lib
@@ -92,6 +99,27 @@ def run_learner(cfg: Config, batches: Iterator[Batch | tuple[Batch, dict]], *,
   def report(step, metrics, host_metrics):
     on_metrics(step, {**jax.tree.map(float, jax.device_get(metrics)), **host_metrics})
 
+  hosts = jax.process_count()
+
+  def next_batch() -> tuple[Batch, dict] | None:
+    """This step's (host rows, host metrics), padded to the hosts' common length."""
+    try:
+      item = next(batches)
+      batch, host_metrics = (item, {}) if isinstance(item, Batch) else item
+    except StopIteration:
+      batch, host_metrics = None, {}
+    if hosts == 1:
+      return None if batch is None else (batch, host_metrics)
+    length = distributed.agree_on_batch(None if batch is None else batch.shape[1])
+    if length is None:
+      return None
+    return distributed.pad_length(batch, length, cfg.data.pad_id), host_metrics
+
+  def place(batch: Batch, shardings: Batch) -> Batch:
+    if hosts == 1:
+      return compile_lib.put_batch(batch, shardings)
+    return distributed.global_batch(batch, shardings, cfg.learner.batch_rows)
+
   start = int(jax.device_get(state.step))
   on_start(state, resumed)
   watcher = PreemptionWatcher()
@@ -99,15 +127,13 @@ def run_learner(cfg: Config, batches: Iterator[Batch | tuple[Batch, dict]], *,
   step = start
   try:
     while step < cfg.learner.steps:
-      try:
-        item = next(batches)
-      except StopIteration:
+      item = next_batch()
+      if item is None:
         stopped_by = "data_exhausted"
         break
-      batch, host_metrics = (item, {}) if isinstance(item, Batch) else item
+      batch, host_metrics = item
       step_fn, batch_sh = step_for(batch.shape[1])
-      state, metrics = step_fn(state, compile_lib.put_batch(batch, batch_sh),
-                               update_policy_at(cfg, step))
+      state, metrics = step_fn(state, place(batch, batch_sh), update_policy_at(cfg, step))
       if pending is not None:  # the previous step's metrics; this step is already queued
         report(*pending)
       pending = (step, metrics, host_metrics)
@@ -115,7 +141,8 @@ def run_learner(cfg: Config, batches: Iterator[Batch | tuple[Batch, dict]], *,
       after_step(step, state)
       # Read the flag once: SIGTERM may land between the save and the check, and
       # a preempted run must stop exactly at the step it saved.
-      preempted = watcher.requested
+      # Hosts stop together: SIGTERM may reach them at different steps.
+      preempted = watcher.requested if hosts == 1 else distributed.any_host(watcher.requested)
       if checkpointer:
         checkpointer.save(step, state, _data_state(batches), force=preempted)
       if preempted:

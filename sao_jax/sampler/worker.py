@@ -13,7 +13,9 @@ trajectory to the transport (which blocks when the learner is far behind: that
 is the backpressure). In group mode (GRPO) each task is started `group_size`
 times with different seeds and one prompt id.
 
-It exits when told to stop, when the transport is closed, or when its parent
+Until the first weights arrive an unreachable weight channel (a learner on
+another slice that has not started serving) is waited for, not an error. It
+exits when told to stop, when the transport is closed, or when its parent
 process is gone (so a SIGKILLed learner leaves no orphan sampler). An exception
 is reported to the supervisor with its traceback before the process dies; the
 supervisor logs it and starts a fresh worker, which picks up the newest weights.
@@ -66,7 +68,11 @@ def _run(spec: WorkerSpec, stop: Any, parent_pid: int) -> None:
   alive = lambda: not stop.is_set() and os.getppid() == parent_pid
   got = None
   while got is None and alive():
-    got = subscriber.poll()
+    try:
+      got = subscriber.poll()
+    except ConnectionError:  # a learner on another slice that is not serving yet
+      time.sleep(1.0)
+      continue
     time.sleep(0.01 if got else 0.05)
   if got is None:
     return

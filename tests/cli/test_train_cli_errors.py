@@ -44,3 +44,26 @@ def test_jsonl_with_a_bad_row_names_its_line(tmp_path, capsys):
                     "--set", f"env.jsonl_path={tasks}", "--set", f"run.run_dir={tmp_path / 'run'}"])
   assert exit_info.value.code == 2
   assert f"{tasks}:2" in capsys.readouterr().err
+
+
+def test_existing_checkpoints_are_looked_up_in_the_bucket(monkeypatch, capsys):
+  from sao_jax import checkpoint
+
+  class Bucket:  # what storage_path returns for gs:// (an epath.Path), without the network
+    def __init__(self, url):
+      self.url = str(url)
+
+    def is_dir(self):
+      return True
+
+    def iterdir(self):
+      return iter([self.url + "/10"])
+
+    def __str__(self):
+      return self.url
+
+  monkeypatch.setattr(checkpoint, "storage_path", Bucket)
+  with pytest.raises(SystemExit) as exit_info:
+    train_cli.main(["--config", DEMO, "--set", "checkpoint.directory=gs://bucket/run/ckpt"])
+  assert exit_info.value.code == 2
+  assert "gs://bucket/run/ckpt already holds checkpoints" in capsys.readouterr().err

@@ -1,6 +1,7 @@
 """Queue and directory transports: order, backpressure, close, atomic records."""
 
 import multiprocessing
+import pickle
 import queue
 import threading
 import time
@@ -65,3 +66,44 @@ def test_bad_capacity_is_named(tmp_path):
     QueueTransport(0)
   with pytest.raises(ValueError, match="capacity=-1"):
     DirectoryTransport(tmp_path, -1)
+
+
+@pytest.mark.parametrize("by_prompt", [False, True], ids=["by_record", "by_prompt"])
+def test_directory_readers_split_the_records_without_overlap(tmp_path, by_prompt):
+  writers = [DirectoryTransport(tmp_path, capacity=64, writer_id=f"w{i}") for i in range(2)]
+  for seed in range(12):
+    writers[seed % 2].put(make_traj(seed=seed, prompt_id=seed % 5))
+  readers = [DirectoryTransport(tmp_path, capacity=64, shard=(i, 3), by_prompt=by_prompt)
+             for i in range(3)]
+  got = [[] for _ in readers]
+  for reader, mine in zip(readers, got):
+    while (traj := reader.get()) is not None:
+      mine.append(traj)
+  tokens = [sorted(t.tokens.tobytes() for t in mine) for mine in got]
+  everything = sorted(make_traj(seed=s).tokens.tobytes() for s in range(12))
+  assert sorted(sum(tokens, [])) == everything, "every record read exactly once"
+  assert all(len(mine) > 0 for mine in got), [len(m) for m in got]
+  if by_prompt:  # a prompt's records (a GRPO group) all reach one reader
+    owners = {t.prompt_id: i for i, mine in enumerate(got) for t in mine}
+    assert all(owners[t.prompt_id] == i for i, mine in enumerate(got) for t in mine)
+    assert all(t.prompt_id % 3 == i for i, mine in enumerate(got) for t in mine)
+
+
+def test_directory_copies_in_other_processes_are_new_writers(tmp_path):
+  writer = DirectoryTransport(tmp_path, capacity=8)
+  copies = [pickle.loads(pickle.dumps(writer)) for _ in range(2)]
+  for seed, copy in enumerate(copies):  # same sequence number 0 in each copy
+    copy.put(make_traj(seed=seed))
+  assert len(list(tmp_path.glob("*.traj"))) == 2, "a copy overwrote another's record"
+
+
+def test_directory_shard_is_checked_and_reopen_clears_close(tmp_path):
+  with pytest.raises(ValueError, match=r"shard=\(2, 2\)"):
+    DirectoryTransport(tmp_path, 4, shard=(2, 2))
+  transport = DirectoryTransport(tmp_path, 4)
+  transport.close()
+  with pytest.raises(TransportClosed):
+    transport.put(make_traj(seed=0))
+  transport.reopen()
+  transport.put(make_traj(seed=0))
+  assert not transport.closed and transport.get() is not None

@@ -77,6 +77,7 @@ def learner(work: pathlib.Path) -> None:
   from sao_jax.learner.loop import run_learner
   from sao_jax.models.transformer import abstract_params
   from sao_jax.sampler import weights_net
+  from sao_jax.sharding.mesh import make_mesh
 
   process = jax.process_index()
   cfg = dataclasses.replace(make_config(steps=STEPS), checkpoint=C.CheckpointConfig(
@@ -95,6 +96,10 @@ def learner(work: pathlib.Path) -> None:
     if process == 0:
       append_line(work / "published.jsonl", {"version": version, "digest": digest(full)})
 
+  # Each host yields only its rows of every batch; run_learner assembles the global one.
+  layout = compile_lib.batch_shardings(cfg, make_mesh(cfg.mesh), LENGTH)
+  mine = distributed.local_rows(layout.tokens, (BATCH, LENGTH))
+
   def batches():
     for step in range(STEPS):
       deadline = time.monotonic() + WAIT_SECONDS
@@ -102,7 +107,7 @@ def learner(work: pathlib.Path) -> None:
         if time.monotonic() > deadline:
           raise TimeoutError(f"learner {process}: gate never passed step {step}")
         time.sleep(0.02)
-      yield make_batch(seed=step)
+      yield jax.tree.map(lambda x: x[mine], make_batch(seed=step))
 
   result = run_learner(cfg, batches(), on_start=lambda state, resumed: publish(state),
                        after_step=lambda steps_done, state: publish(state))

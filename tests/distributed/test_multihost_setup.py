@@ -71,3 +71,39 @@ def test_bucket_urls_reach_orbax_intact(monkeypatch):
   publisher = weights.DirectoryWeights("gs://bucket/run/weights", {"w": np.zeros(3)})
   assert str(publisher._manager.directory) == "gs://bucket/run/weights"
   assert publisher.spec.directory == "gs://bucket/run/weights"
+
+
+def test_hosts_pad_their_rows_to_the_agreed_length():
+  from sao_jax.types import Batch
+  rows = Batch(*[np.ones((2, 3), dtype) for dtype in
+                 (np.int32, np.int32, np.int32, np.float32, np.float32, np.int32, np.int32)])
+  padded = distributed.pad_length(rows, 5, pad_id=7)
+  assert padded.shape == (2, 5) and distributed.pad_length(rows, 3, pad_id=7) is rows
+  np.testing.assert_array_equal(padded.tokens[:, 3:], 7)
+  for name in ("attention_mask", "action_mask", "behavior_logp", "rewards"):
+    np.testing.assert_array_equal(getattr(padded, name)[:, 3:], 0)  # joins no segment
+  for name in ("prompt_ids", "behavior_version"):
+    np.testing.assert_array_equal(getattr(padded, name)[:, 3:], -1)
+  np.testing.assert_array_equal(padded.rewards[:, :3], 1)
+  with pytest.raises(ValueError, match="length 3 to 2"):
+    distributed.pad_length(rows, 2, pad_id=0)
+  # One host: its own length, or stop when it has no batch.
+  assert distributed.agree_on_batch(3) == 3 and distributed.agree_on_batch(None) is None
+  assert distributed.any_host(True) and not distributed.any_host(False)
+
+
+def test_each_learner_host_builds_an_equal_share_of_the_batch():
+  import dataclasses
+
+  from sao_jax.config import AlgorithmConfig, LearnerConfig
+  from sao_jax.train import local_batch_sizes
+  cfg = Config(learner=LearnerConfig(batch_trajectories=16))
+  assert local_batch_sizes(cfg, 1) == (16, None) and local_batch_sizes(cfg, 4) == (4, None)
+  packed = Config(learner=LearnerConfig(batch_trajectories=16, batch_tokens=1024,
+                                        row_length=128))
+  assert local_batch_sizes(packed, 2) == (8, 512)  # 4 of the 8 rows of 128 tokens
+  with pytest.raises(ValueError, match="batch_rows=16.*multiple of the 3 learner hosts"):
+    local_batch_sizes(cfg, 3)
+  grpo = dataclasses.replace(cfg, algorithm=AlgorithmConfig.for_variant("grpo", group_size=8))
+  with pytest.raises(ValueError, match="4 host shares of whole groups"):
+    local_batch_sizes(grpo, 4)
