@@ -26,7 +26,7 @@ py_library(
     srcs = [
 {srcs}
     ],
-    data = glob(["configs/**/*.py", "tpu_scripts/*.sh"]),
+    data = glob(["configs/**/*.py", "experiments/*.py", "tpu_scripts/*.sh"]),
     imports = ["."],
     deps = [
         requirement("jax"),

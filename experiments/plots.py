@@ -1,0 +1,119 @@
+"""PNG figures for the report (matplotlib, Agg): curves with 95% CI bands across seeds.
+
+Every curve is first smoothed per seed (reward: trailing mean; diagnostics:
+trailing median, robust to single-step outliers), then averaged across seeds at
+each step; the band is the t-interval of that mean (none for 1 seed).
+"""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Mapping, Sequence
+
+import matplotlib
+import numpy as np
+
+from experiments import stats
+from experiments.runs import Run
+
+matplotlib.use("Agg")  # files only, no display; pyplot is imported after this
+import matplotlib.pyplot as plt  # noqa: E402
+
+STABILITY_METRICS = (("policy/kl_k3", "KL to behavior (k3)"), ("policy/entropy", "entropy"),
+                     ("policy/grad_norm", "policy grad norm"),
+                     ("value/grad_norm", "value grad norm"),
+                     ("policy/mask_low_frac", "DIS masked below band"),
+                     ("policy/mask_high_frac", "DIS masked above band"),
+                     ("policy/clip_frac", "PPO clip fraction"),
+                     ("value/explained_variance", "value explained variance"))
+
+
+def _aligned(runs: Sequence[Run], values: Sequence[np.ndarray], steps: Sequence[np.ndarray]):
+  """[seeds, common steps] matrix over the steps every run has."""
+  common = sorted(set.intersection(*(set(s.tolist()) for s in steps)))
+  matrix = np.array([[v[np.searchsorted(s, c)] for c in common] for v, s in zip(values, steps)])
+  return np.array(common), matrix
+
+
+def _band(ax, label: str, steps: np.ndarray, matrix: np.ndarray) -> None:
+  mean, half = stats.band(matrix)
+  line, = ax.plot(steps, mean, label=f"{label} (n={matrix.shape[0]})")
+  if matrix.shape[0] > 1:
+    ax.fill_between(steps, mean - half, mean + half, color=line.get_color(), alpha=0.2)
+
+
+def _curve(ax, label: str, runs: Sequence[Run], key: str | None, window: int) -> None:
+  """Reward (`key` None; trailing mean) or a diagnostic (trailing median), with its band."""
+  usable = [r for r in runs if r.steps.size and (key is None or key in r.metrics)]
+  if not usable:
+    return
+  values = [stats.trailing_mean(r.reward, window) if key is None else
+            stats.trailing_median(r.metrics[key], window) for r in usable]
+  _band(ax, label, *_aligned(usable, values, [r.steps for r in usable]))
+
+
+def _finish(fig, path: pathlib.Path) -> pathlib.Path:
+  fig.tight_layout()
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
+
+
+def learning_curves(groups: Mapping[str, Sequence[Run]], path: pathlib.Path, *,
+                    window: int) -> pathlib.Path:
+  """Training reward and held-out accuracy gain per variant, mean ± 95% CI across seeds.
+
+  The gain is each run's accuracy minus its step-0 accuracy: all variants of a
+  seed start from one warm-start, whose level varies a lot between seeds, so
+  the gain shows the differences that raw accuracy bands would hide.
+  """
+  fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
+  for label, runs in groups.items():
+    _curve(left, label, runs, None, window)
+    usable = [r for r in runs if r.eval_steps.size]
+    if usable:
+      _band(right, label, *_aligned(usable, [r.eval_accuracy - r.accuracy_at(0) for r in usable],
+                                    [r.eval_steps for r in usable]))
+  left.set_title(f"training reward (trailing mean of {window} steps)")
+  right.set_title("held-out accuracy (greedy) minus its step-0 value")
+  for ax in (left, right):
+    ax.set_xlabel("learner step")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+  return _finish(fig, path)
+
+
+def realignment(groups: Mapping[str, Sequence[Run]], path: pathlib.Path, *,
+                switches: Sequence[int], recovery: Mapping[str, Sequence[str]],
+                window: int) -> pathlib.Path:
+  """Reward around each preference switch; `recovery[label][i]` annotates switch i."""
+  fig, ax = plt.subplots(figsize=(11, 4))
+  for label, runs in groups.items():
+    _curve(ax, label, runs, None, window)
+  top = ax.get_ylim()[1]
+  for i, switch in enumerate(switches):
+    ax.axvline(switch, color="0.3", linestyle="--", linewidth=1)
+    text = "\n".join(f"{label}: {recovery[label][i]}" for label in groups)
+    ax.text(switch, top, f" switch @ {switch}\n steps to 90%:\n{text}", va="top", fontsize=7)
+  ax.set_title(f"reward around preference switches (trailing mean of {window} steps)")
+  ax.set_xlabel("learner step")
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8, loc="lower right")
+  return _finish(fig, path)
+
+
+def stability(groups: Mapping[str, Sequence[Run]], path: pathlib.Path, *,
+              window: int) -> pathlib.Path:
+  """Reward and the stability diagnostics, one panel each."""
+  panels = (("reward", None), *((title, key) for key, title in STABILITY_METRICS))
+  fig, axes = plt.subplots(3, 3, figsize=(13, 9))
+  for ax, (title, key) in zip(axes.flat, panels):
+    for label, runs in groups.items():
+      _curve(ax, label, runs, key, window)
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel("learner step", fontsize=8)
+    ax.grid(alpha=0.3)
+    if ax.lines:
+      ax.legend(fontsize=7)
+  return _finish(fig, path)

@@ -1,0 +1,294 @@
+"""Writes docs/results.md and docs/results/*.png from the experiment runs.
+
+    .venv/bin/python -m experiments.report [--out runs/experiments] [--report docs/results.md]
+
+For every claim in `experiments.claims` whose manifest (`OUT/claims/<claim>.json`)
+exists: a table per variant of mean ± 95% CI across seeds (t-distribution,
+`experiments.stats`), the number of seeds, the sample budget and the wall-clock;
+a plot; and a verdict sentence computed from the numbers. Variants of a seed
+share its warm-start, so a comparison is judged on the paired difference
+(variant A minus variant B, per seed): it "agrees" with the paper when the 95%
+CI of that difference lies on the paper's side of 0, "disagrees" when on the
+other side, and is "inconclusive" when it contains 0; the sentence also says
+whether the (wider, unpaired) per-variant CIs overlap. Nothing in the text
+below the tables is written by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import pathlib
+from typing import Sequence
+
+import numpy as np
+
+from experiments import claims as claims_lib
+from experiments import plots, stats
+from experiments.runs import Run, load_run
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PAPER_STABLE_STEPS = 1000
+
+
+def _fmt_wall(seconds: float) -> str:
+  return f"{seconds / 60:.1f} min" if math.isfinite(seconds) else "n/a"
+
+
+def _load(out: pathlib.Path, manifest: dict) -> dict[str, list[Run]]:
+  return {name: [load_run(out / rel) for _, rel in sorted(manifest["runs"].get(name, {}).items(),
+                                                          key=lambda kv: int(kv[0]))]
+          for name in manifest["variants"]}
+
+
+def _label(name: str) -> str:
+  return claims_lib.VARIANTS[name].label
+
+
+def _comparisons(claim: claims_lib.Claim, values: dict[str, dict[int, float]], what: str,
+                 lower_is_better: bool = False) -> tuple[str, str]:
+  """(overall verdict, one sentence listing each comparison) for one quantity given per
+  variant and seed; each comparison is judged on its paired (same-seed) difference."""
+  parts, verdicts = [], []
+  for better, worse in claim.expected:
+    a, b = values[better], values[worse]
+    difference = (stats.paired_difference(b, a) if lower_is_better else
+                  stats.paired_difference(a, b))
+    verdict = stats.verdict(difference)
+    verdicts.append(verdict)
+    order = (worse, better) if lower_is_better else (better, worse)
+    per_variant = [stats.summarize(list(v.values())) for v in (a, b)]
+    detail = (f"{_label(order[0])} - {_label(order[1])} on the same seed: "
+              f"{difference.format()} over {difference.n} seeds"
+              + ("" if difference.n >= 2 else ", fewer than 2") + f"; per variant "
+              f"{per_variant[0].format()} vs {per_variant[1].format()}, whose CIs "
+              + ("overlap" if stats.intervals_overlap(*per_variant) else "do not overlap"))
+    relation = "<" if lower_is_better else ">"
+    parts.append(f"{_label(better)} {relation} {_label(worse)}: **{verdict}** ({detail})")
+  return stats.overall(verdicts), f"{what}: " + "; ".join(parts) + "."
+
+
+def _budget(manifest: dict, groups: dict[str, list[Run]]) -> str:
+  planned = manifest["steps"] * manifest["batch_trajectories"]
+  trained = {n: stats.summarize([r.trained for r in runs]) for n, runs in groups.items()}
+  realised = ", ".join(f"{_label(n)} {s.mean:.0f}" for n, s in trained.items() if s.n)
+  return (f"{manifest['steps']} learner steps x {manifest['batch_trajectories']} trajectories = "
+          f"{planned} trajectories per run (trained on, mean per run: {realised})")
+
+
+def _shared_init(groups: dict[str, list[Run]]) -> str:
+  by_seed: dict[int, set] = {}
+  for runs in groups.values():
+    for run in runs:
+      by_seed.setdefault(run.seed, set()).add((run.init, run.accuracy_at(0)))
+  same = all(len(v) == 1 for v in by_seed.values())
+  return ("every variant of a seed started from the same warm-start (same weights, same "
+          "step-0 held-out accuracy)" if same else
+          "WARNING: variants of a seed did not share their starting point: "
+          + "; ".join(f"seed {s}: {sorted(map(str, v))}" for s, v in by_seed.items() if len(v) > 1))
+
+
+def _ordering(claim, manifest, groups, figure: pathlib.Path) -> tuple[str, list[str]]:
+  window = max(1, manifest["steps"] // 20)
+  last = sorted({int(r.eval_steps[-1]) for runs in groups.values() for r in runs
+                 if r.eval_steps.size})
+  rows = ["| variant | seeds | held-out acc. @ step 0 | final held-out acc. (step "
+          f"{', '.join(map(str, last)) or '-'}) | training reward, "
+          "last 25% of steps | accuracy gain since step 0 | trajectories dropped | "
+          "wall-clock per run |", "|---|---|---|---|---|---|---|---|"]
+  final = {n: {r.seed: r.final_accuracy for r in runs} for n, runs in groups.items()}
+  reward = {n: {r.seed: r.final_reward() for r in runs} for n, runs in groups.items()}
+  for name, runs in groups.items():
+    start = stats.summarize([r.accuracy_at(0) for r in runs])
+    gain = stats.summarize([r.final_accuracy - r.accuracy_at(0) for r in runs])
+    rows.append(f"| {_label(name)} | {len(runs)} | {start.format()} | "
+                f"{stats.summarize(list(final[name].values())).format()} | "
+                f"{stats.summarize(list(reward[name].values())).format()} | "
+                f"{gain.format()} | "
+                f"{stats.summarize([r.dropped for r in runs]).format(1)} "
+                f"| {_fmt_wall(stats.summarize([r.wall_s for r in runs]).mean)} |")
+  verdict, sentence = _comparisons(claim, final, "Final held-out accuracy")
+  _, reward_sentence = _comparisons(claim, reward, "Training reward (last 25% of steps)")
+  plots.learning_curves({_label(n): r for n, r in groups.items()}, figure, window=window)
+  return verdict, [*rows, "", f"Verdict (on final held-out accuracy): **{verdict}**. "
+                   f"{sentence} {reward_sentence}"]
+
+
+def _realignment(claim, manifest, groups, figure: pathlib.Path) -> tuple[str, list[str]]:
+  switches = manifest["switches"]
+  bounds = [0, *switches, manifest["steps"]]
+  rows = ["| variant | switch @ step | seeds | pre-switch reward | steps to 90% of it | "
+          "not recovered within the phase |", "|---|---|---|---|---|---|"]
+  per_switch: dict[int, dict[str, dict[int, float]]] = {}
+  annotations: dict[str, list[str]] = {_label(n): [] for n in groups}
+  for i, switch in enumerate(switches):
+    phase = bounds[i + 2] - switch
+    for name, runs in groups.items():
+      found = [stats.recovery_steps(r.steps, r.reward, switch, bounds[i + 2],
+                                    pre_window=max(1, (switch - bounds[i]) // 4),
+                                    window=max(1, phase // 10)) for r in runs]
+      # Not recovered within the phase: censored at the phase length (a lower bound).
+      steps_ = [f.phase_steps if f.steps is None and f.pre_level > 0 else
+                (f.steps if f.steps is not None else math.nan) for f in found]
+      missed = sum(f.steps is None and f.pre_level > 0 for f in found)
+      per_switch.setdefault(switch, {})[name] = {r.seed: s for r, s in zip(runs, steps_)}
+      summary = stats.summarize(steps_)
+      pre = stats.summarize([f.pre_level for f in found])
+      annotations[_label(name)].append(summary.format(1) + (
+          f" ({missed} of {len(runs)} not recovered)" if missed else ""))
+      rows.append(f"| {_label(name)} | {switch} | {len(runs)} | {pre.format()} | "
+                  f"{summary.format(1)} | {missed} of {len(runs)} (counted as {phase}) |")
+  verdicts, sentences = [], []
+  for switch, values in per_switch.items():
+    verdict, sentence = _comparisons(claim, values, f"Switch at step {switch}, steps to recover",
+                                     lower_is_better=True)
+    verdicts.append(verdict)
+    sentences.append(sentence)
+  verdict = stats.overall(verdicts)
+  window = max(1, min(b - a for a, b in zip(bounds, bounds[1:])) // 10)
+  plots.realignment({_label(n): r for n, r in groups.items()}, figure, switches=switches,
+                    recovery=annotations, window=window)
+  return verdict, [*rows, "", f"Verdict: **{verdict}**. " + " ".join(sentences)
+                   + " A pre-switch reward of 0 leaves nothing to recover (n/a)."]
+
+
+def _stability(claim, manifest, groups, figure: pathlib.Path) -> tuple[str, list[str]]:
+  steps = manifest["steps"]
+  window = max(1, steps // 20)
+  rows = ["| variant | seeds | collapsed | final reward (last 25%) | non-finite updates | "
+          + " | ".join(title for _, title in plots.STABILITY_METRICS) + " |",
+          "|---|---|---|---|---|" + "---|" * len(plots.STABILITY_METRICS)]
+  collapsed = {}
+  for name, runs in groups.items():
+    collapsed[name] = [stats.collapsed(r.reward, window=window) for r in runs]
+    cells = []
+    for key, _ in plots.STABILITY_METRICS:
+      tail = [float(np.nanmedian(r.metrics[key][-max(1, r.steps.size // 4):]))
+              for r in runs if key in r.metrics and np.isfinite(r.metrics[key]).any()]
+      cells.append(stats.summarize(tail).format())
+    skips = max((float(np.nanmax(r.metrics["nonfinite_skips"])) for r in runs
+                 if "nonfinite_skips" in r.metrics), default=math.nan)
+    rows.append(f"| {_label(name)} | {len(runs)} | {sum(collapsed[name])} of {len(runs)} | "
+                f"{stats.summarize([r.final_reward() for r in runs]).format()} | {skips:.0f} | "
+                + " | ".join(cells) + " |")
+  sao = collapsed.get("sao", [])
+  # A run whose reward never rose above 0 cannot collapse: that says nothing about stability.
+  learned = [bool(np.nanmax(r.reward, initial=0.0) > 0) for r in groups.get("sao", [])]
+  verdict = (stats.NOT_MEASURABLE if not any(learned) else stats.DISAGREES if any(sao)
+             else stats.AGREES)
+  span = (f"over {steps} steps" + (f", shorter than the paper's ~{PAPER_STABLE_STEPS}: the "
+                                   f"claim is tested only that far" if steps < PAPER_STABLE_STEPS
+                                   else ""))
+  others = " ".join(f"{_label(n)} collapsed in {sum(c)} of {len(c)} seeds." for n, c in
+                    collapsed.items() if n != "sao")
+  plots.stability({_label(n): r for n, r in groups.items()}, figure, window=window)
+  return verdict, [*rows, "", f"Verdict: **{verdict}** — SAO collapsed in {sum(sao)} of "
+                   f"{len(sao)} seeds {span} (reward above 0 at some step in {sum(learned)} of "
+                   f"{len(learned)}). {others} Collapse: the trailing mean reward "
+                   f"({window} steps) ends below half its best value. Diagnostic columns: the "
+                   "median over the last 25% of steps per run, mean ± 95% CI across seeds."]
+
+
+def _runs_table(groups: dict[str, list[Run]]) -> list[str]:
+  rows = ["Per run:", "", "| variant | seed | held-out acc. @ step 0 | final held-out acc. | "
+          "training reward, last 25% | trajectories trained | dropped | wall-clock |",
+          "|---|---|---|---|---|---|---|---|"]
+  for name, runs in groups.items():
+    for r in runs:
+      rows.append(f"| {_label(name)} | {r.seed} | {r.accuracy_at(0):.3f} | "
+                  f"{r.final_accuracy:.3f} | {r.final_reward():.3f} | {r.trained} | {r.dropped} "
+                  f"| {_fmt_wall(r.wall_s)} |")
+  return rows
+
+
+ANALYSES = {"ordering": _ordering, "realignment": _realignment, "stability": _stability}
+
+
+def _warm_starts(out: pathlib.Path) -> list[str]:
+  lines = []
+  for done in sorted((out / "warm_start").glob("*/DONE.json")):
+    record = json.loads(done.read_text())
+    lines.append(f"| {done.parent.name} | {record['sft_steps']} | "
+                 f"{record['final_sft_loss']:.3f} | {_fmt_wall(record['wall_s'])} |")
+  if not lines:
+    return []
+  return ["Warm-starts (one per seed and setting, shared by all variants):", "",
+          "| warm-start | SFT steps | final SFT loss | wall-clock |", "|---|---|---|---|", *lines,
+          ""]
+
+
+def write_report(out: pathlib.Path, report: pathlib.Path) -> pathlib.Path:
+  """Writes `report` (markdown) and its figures under `report.parent / "results"`."""
+  figures = report.parent / "results"
+  summary = ["| claim | setting | seeds | budget per run (trajectories) | verdict |",
+             "|---|---|---|---|---|"]
+  sections = []
+  for claim in claims_lib.CLAIMS:
+    path = out / "claims" / f"{claim.name}.json"
+    header = f"## Claim {claim.number}: {claim.title}"
+    command = f"`.venv/bin/python -m experiments.{claim.name} --seeds 3`"
+    if not path.is_file():
+      summary.append(f"| {claim.number} | {claim.setting} | - | - | not run |")
+      sections += [header, "", f"Not run yet: {command}.", ""]
+      continue
+    manifest = json.loads(path.read_text())
+    groups = _load(out, manifest)
+    figure = figures / f"{claim.name}.png"
+    verdict, body = ANALYSES[claim.kind](claim, manifest, groups, figure)
+    seeds = min(len(runs) for runs in groups.values())
+    budget = manifest["steps"] * manifest["batch_trajectories"]
+    summary.append(f"| {claim.number} | {claim.setting} | {seeds} | {budget} | {verdict} |")
+    wall = sum(r.wall_s for runs in groups.values() for r in runs)
+    ran = " ".join([f"--seeds {len(manifest['seeds'])}", *(["--quick"] if manifest["quick"] else
+                                                         []),
+                    *(f"--set {o}" for o in manifest["extra_overrides"])])
+    sections += [header, "", f"Paper: {claim.paper}.", "",
+                 f"Ran: `.venv/bin/python -m experiments.{claim.name} {ran}`"
+                 + (" (**quick mode: a pipeline check, not a measurement**)" if manifest["quick"]
+                    else "") + ".", "",
+                 f"Budget: {_budget(manifest, groups)}. Init: {_shared_init(groups)}. "
+                 f"Wall-clock of all its runs: {_fmt_wall(wall)}.", ""]
+    sections += [f"Note: {claim.note}", ""] if claim.note else []
+    sections += [*body, "", f"![{claim.name}](results/{figure.name})", "",
+                 *_runs_table(groups), ""]
+  shown = out.relative_to(ROOT) if out.is_relative_to(ROOT) else out
+  text = ["# Reproducing the paper's claims at small scale", "",
+          f"Generated by `.venv/bin/python -m experiments.report --out {shown}` on "
+          f"{datetime.date.today().isoformat()}; do not edit by hand. Commands and set-up: "
+          "README, \"Reproducing the paper's claims\".", "",
+          "Method: every variant of a claim trains the same number of trajectories "
+          "(`learner.steps` x `learner.batch_trajectories`) from the same per-seed warm-start; "
+          "seeds change the model init, task stream and sampling. Numbers are means ± the "
+          "half-width of the 95% confidence interval across seeds (Student t, n - 1 degrees of "
+          "freedom). The starting policy differs much more between seeds than variants differ "
+          "within one, so each comparison is judged on the paired difference (the two variants' "
+          "values on the same seed, averaged over seeds): it agrees with the paper when the 95% "
+          "CI of the difference lies on the paper's side of 0, disagrees when it lies on the "
+          "other side, and is inconclusive when it contains 0; each sentence also says whether "
+          "the per-variant CIs in the table overlap. Held-out accuracy: greedy decoding on a "
+          "fixed set of generated "
+          "tasks never trained on. Training reward: mean outcome of the batch's trajectories "
+          "(sampled, temperature 1).", "", *summary, "", *_warm_starts(out), *sections]
+  report.parent.mkdir(parents=True, exist_ok=True)
+  report.write_text("\n".join(text).rstrip() + "\n")
+  return report
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+  parser = argparse.ArgumentParser(prog="experiments.report", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--out", default=str(ROOT / "runs" / "experiments"),
+                      help="the claim scripts' --out directory")
+  parser.add_argument("--report", default=str(ROOT / "docs" / "results.md"))
+  args = parser.parse_args(argv)
+  out = pathlib.Path(args.out).resolve()
+  if not (out / "claims").is_dir():
+    parser.exit(2, f"error: {out} holds no experiment runs (no claims/ directory); run a "
+                   "claim script first, e.g. python -m experiments.claim1_ordering --quick\n")
+  print(f"wrote {write_report(out, pathlib.Path(args.report))}")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,256 @@
+"""Runs one claim: `sao-train` per (variant, seed) in subprocesses, resumable, then the report.
+
+    python -m experiments.<claim> [--seeds N] [--quick] [--out DIR] [--set a.b=c ...]
+
+Layout under `--out` (default runs/experiments, runs/experiments-quick with --quick):
+
+    warm_start/<env>-<hash>-seed<k>/   tokenizer + SFT policy shared by every run of seed k
+    runs/<setting>/<variant>-seed<k>/  a sao-train run directory, plus experiment.json
+                                       (overrides, wall-clock per finished invocation,
+                                       done flag) and train.log
+    claims/<claim>.json                which runs make up the claim, seeds, budget
+
+Runs go one at a time (the CPU is the bottleneck). A run whose experiment.json
+says done is skipped; one that was killed resumes from its latest checkpoint
+(`--resume`); one killed before its first checkpoint starts again. The same
+variant name always means the same overrides: a run directory recorded with
+other overrides (another `--set`, or --quick) is refused, not mixed in.
+
+Every run of a seed starts from that seed's warm-start and uses seed k for the
+model init, task stream and sampler; all variants train the same number of
+trajectories (`learner.steps` x `learner.batch_trajectories`). For the style
+setting the run is split at each `env.style_schedule` switch into resumed
+invocations, each with the next style from step 0 (see claims.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+import time
+from typing import Any, Sequence
+
+from sao_jax.config import AlgorithmConfig, Config, load_config
+
+from experiments import claims as claims_lib
+from experiments import warm_start as warm_start_lib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SETTINGS_DIR = ROOT / "configs" / "experiments"
+STATE_FILE = "experiment.json"
+
+
+def setting_path(setting: str) -> pathlib.Path:
+  return SETTINGS_DIR / f"{setting}.py"
+
+
+def quick_overrides(setting: str) -> tuple[str, ...]:
+  """The setting module's QUICK_OVERRIDES (a pipeline check in minutes)."""
+  spec = importlib.util.spec_from_file_location(f"_setting_{setting}", setting_path(setting))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return tuple(module.QUICK_OVERRIDES)
+
+
+def _literal(value: Any) -> str:
+  return value if isinstance(value, str) else repr(value)
+
+
+def variant_overrides(base: Config, variant: claims_lib.Variant) -> list[str]:
+  """`--set` strings that turn `base`'s algorithm section into `variant`'s."""
+  target = AlgorithmConfig.for_variant(variant.preset, **dict(variant.fields))
+  return [f"algorithm.{f.name}={_literal(getattr(target, f.name))}"
+          for f in dataclasses.fields(target)
+          if getattr(target, f.name) != getattr(base.algorithm, f.name)]
+
+
+def seed_overrides(seed: int) -> list[str]:
+  return [f"seed={seed}", f"env.seed={seed}", f"sampler.seed={seed}"]
+
+
+def _changed(section: Any) -> dict[str, Any]:
+  """A config section's fields that differ from the defaults: new fields added to
+  sao_jax's config later (with defaults) leave the key, and existing warm-starts, as they are."""
+  default = type(section)()
+  return {f.name: getattr(section, f.name) for f in dataclasses.fields(section)
+          if getattr(section, f.name) != getattr(default, f.name)}
+
+
+def warm_start_dir(out: pathlib.Path, cfg: Config) -> pathlib.Path:
+  """Keyed by everything the warm-start depends on, so settings share it only when equal."""
+  env = {k: v for k, v in _changed(cfg.env).items() if k != "style_schedule"}
+  key = json.dumps({"model": _changed(cfg.model), "env": env, "data": _changed(cfg.data),
+                    "seed": cfg.seed, "sft": [cfg.run.sft_steps, cfg.run.sft_lr,
+                                              cfg.run.sft_batch]},
+                   sort_keys=True, default=str)
+  digest = hashlib.sha1(key.encode()).hexdigest()[:8]
+  return out / "warm_start" / f"{cfg.env.name}-{digest}-seed{cfg.seed}"
+
+
+def phases(cfg: Config, style_switches: bool) -> list[tuple[int, tuple[str, ...]]]:
+  """(end step, extra overrides) per invocation: one, or one per style phase."""
+  if not style_switches:
+    return [(cfg.learner.steps, ())]
+  schedule = cfg.env.style_schedule
+  ends = [step for step, _ in schedule[1:]] + [cfg.learner.steps]
+  return [(end, (f"env.style_schedule=((0, {style!r}),)", f"learner.steps={end}"))
+          for (_, style), end in zip(schedule, ends)]
+
+
+def latest_checkpoint(run_dir: pathlib.Path) -> int | None:
+  """The step of the newest complete orbax checkpoint in run_dir (None: none yet)."""
+  directory = run_dir / "checkpoints"
+  if not directory.is_dir():
+    return None
+  steps = [int(p.name) for p in directory.iterdir() if p.name.isdigit()]
+  return max(steps) if steps else None
+
+
+def _read_state(run_dir: pathlib.Path) -> dict | None:
+  path = run_dir / STATE_FILE
+  return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _write_state(run_dir: pathlib.Path, state: dict) -> None:
+  (run_dir / STATE_FILE).write_text(json.dumps(state, indent=2))
+
+
+def _call(command: list[str], log_path: pathlib.Path) -> tuple[int, float]:
+  """Runs `command`, appending its output to `log_path`; returns (exit code, seconds)."""
+  start = time.monotonic()
+  with open(log_path, "a", encoding="utf-8") as log:
+    log.write(f"$ {' '.join(command)}\n")
+    log.flush()
+    code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+  return code, time.monotonic() - start
+
+
+def ensure_warm_start(cfg_path: pathlib.Path, overrides: list[str], cfg: Config,
+                      out: pathlib.Path) -> pathlib.Path:
+  """The seed's warm-start directory, made by `experiments.warm_start` unless already done."""
+  directory = warm_start_dir(out, cfg)
+  if not (directory / warm_start_lib.DONE_FILE).is_file():
+    directory.mkdir(parents=True, exist_ok=True)
+    print(f"  warm-start seed {cfg.seed}: {cfg.run.sft_steps} SFT steps -> {directory}", flush=True)
+    command = [sys.executable, "-m", "experiments.warm_start", "--config", str(cfg_path),
+               "--seed", str(cfg.seed), "--out", str(directory)]
+    command += [a for o in overrides for a in ("--set", o)]
+    code, wall = _call(command, directory / "warm_start.log")
+    if code != 0:
+      raise RuntimeError(f"warm-start failed (exit {code}); see {directory / 'warm_start.log'}")
+    print(f"  warm-start seed {cfg.seed} done in {wall:.0f} s", flush=True)
+  return directory
+
+
+def run_one(claim: claims_lib.Claim, variant: claims_lib.Variant, seed: int, *, quick: bool,
+            extra: Sequence[str], out: pathlib.Path) -> pathlib.Path:
+  """Runs (or resumes, or skips) one (variant, seed) run; returns its directory."""
+  cfg_path = setting_path(claim.setting)
+  shared = [*(quick_overrides(claim.setting) if quick else ()), *extra, *seed_overrides(seed)]
+  cfg = load_config(cfg_path, shared)
+  warm = ensure_warm_start(cfg_path, shared, cfg, out)
+  run_dir = out / "runs" / claim.setting / f"{variant.name}-seed{seed}"
+  overrides = [*shared, *variant_overrides(cfg, variant), f"run.init={warm / 'policy'}",
+               f"run.tokenizer={warm / 'tokenizer.json'}", "run.sft_steps=0",
+               f"run.run_dir={run_dir}"]
+  state = _read_state(run_dir)
+  if state is not None and state["overrides"] != overrides:
+    raise RuntimeError(f"{run_dir} was run with other overrides ({state['overrides']}); "
+                       "use another --out or delete it")
+  if state is not None and state["done"]:
+    print(f"  {variant.name} seed {seed}: done, skipped", flush=True)
+    return run_dir
+  if latest_checkpoint(run_dir) is None and run_dir.exists():
+    shutil.rmtree(run_dir)  # killed before its first checkpoint: metrics would repeat steps
+  run_dir.mkdir(parents=True, exist_ok=True)
+  state = state if state is not None and latest_checkpoint(run_dir) is not None else {
+      "variant": variant.name, "seed": seed, "overrides": overrides, "invocations": [],
+      "done": False}
+  resolved = load_config(cfg_path, overrides)
+  for end, phase in phases(resolved, claim.kind == "realignment"):
+    if (latest_checkpoint(run_dir) or 0) >= end:
+      continue
+    command = [sys.executable, "-m", "sao_jax.cli.train", "--config", str(cfg_path)]
+    command += [a for o in [*overrides, *phase] for a in ("--set", o)]
+    if latest_checkpoint(run_dir) is not None:
+      command.append("--resume")
+    print(f"  {variant.name} seed {seed}: training to step {end} ...", flush=True)
+    code, wall = _call(command, run_dir / "train.log")
+    state["invocations"].append({"end_step": end, "exit_code": code, "wall_s": wall})
+    _write_state(run_dir, state)
+    if code != 0:
+      raise RuntimeError(f"sao-train exited with {code}; see {run_dir / 'train.log'}")
+  state["done"] = True
+  _write_state(run_dir, state)
+  total = sum(i["wall_s"] for i in state["invocations"])
+  print(f"  {variant.name} seed {seed}: done ({total:.0f} s)", flush=True)
+  return run_dir
+
+
+def run_claim(claim: claims_lib.Claim, *, seeds: int, quick: bool, extra: Sequence[str],
+              out: pathlib.Path) -> list[str]:
+  """Every (variant, seed) run of `claim` in turn; returns the failures (also printed)."""
+  cfg = load_config(setting_path(claim.setting),
+                    [*(quick_overrides(claim.setting) if quick else ()), *extra])
+  manifest = {"claim": claim.name, "setting": claim.setting, "quick": quick,
+              "extra_overrides": list(extra), "seeds": list(range(seeds)),
+              "variants": list(claim.variants), "steps": cfg.learner.steps,
+              "batch_trajectories": cfg.learner.batch_trajectories,
+              "switches": [step for step, _ in cfg.env.style_schedule[1:]]
+                          if claim.kind == "realignment" else [],
+              "runs": {}}
+  path = out / "claims" / f"{claim.name}.json"
+  path.parent.mkdir(parents=True, exist_ok=True)
+  failures = []
+  print(f"{claim.name}: {len(claim.variants)} variants x {seeds} seeds, "
+        f"{cfg.learner.steps} steps x {cfg.learner.batch_trajectories} trajectories each",
+        flush=True)
+  for seed in range(seeds):
+    for name in claim.variants:
+      try:
+        run_dir = run_one(claim, claims_lib.VARIANTS[name], seed, quick=quick, extra=extra,
+                          out=out)
+        manifest["runs"].setdefault(name, {})[str(seed)] = str(run_dir.relative_to(out))
+      except RuntimeError as error:
+        failures.append(f"{name} seed {seed}: {error}")
+        print(f"  FAILED {failures[-1]}", flush=True)
+      path.write_text(json.dumps(manifest, indent=2))
+  return failures
+
+
+def main(claim: claims_lib.Claim, argv: Sequence[str] | None = None) -> None:
+  """The command line of every claim script."""
+  from experiments import report  # matplotlib: only once arguments are fine
+
+  parser = argparse.ArgumentParser(prog=f"experiments.{claim.name}",
+                                   description=f"Claim {claim.number}: {claim.title}. "
+                                               f"Paper: {claim.paper}.")
+  parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (default 3)")
+  parser.add_argument("--quick", action="store_true",
+                      help="tiny budget (the setting's QUICK_OVERRIDES): checks the pipeline")
+  parser.add_argument("--out", help="runs directory (default runs/experiments[-quick])")
+  parser.add_argument("--set", dest="extra", action="append", default=[],
+                      metavar="SECTION.FIELD=VALUE",
+                      help="override for every run of every variant, e.g. learner.steps=60")
+  parser.add_argument("--report", default=str(ROOT / "docs" / "results.md"),
+                      help="report to (re)write; plots go to <report dir>/results/")
+  args = parser.parse_args(argv)
+  if args.seeds < 1:
+    parser.error(f"--seeds {args.seeds}: expected at least 1")
+  out = pathlib.Path(args.out or ROOT / "runs" / ("experiments-quick" if args.quick
+                                                  else "experiments")).resolve()
+  try:
+    failures = run_claim(claim, seeds=args.seeds, quick=args.quick, extra=args.extra, out=out)
+  except (ValueError, FileNotFoundError) as error:
+    parser.exit(2, f"error: {error}\n")
+  written = report.write_report(out, pathlib.Path(args.report))
+  print(f"report: {written}")
+  if failures:
+    parser.exit(1, "failed runs:\n" + "\n".join(failures) + "\n")

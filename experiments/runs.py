@@ -1,0 +1,80 @@
+"""One finished experiment run, read back from its sao-train outputs.
+
+`load_run(run_dir)` reads `metrics.jsonl` (the format of `sao_jax.metrics`: one
+JSON object per learner step, `{"step", "time", ...}`; evaluation rows carry
+`eval/*` keys), `config.json` and the runner's `experiment.json`. A resumed run
+may have logged a step twice (steps after its last checkpoint are redone):
+the later row wins. The reward is `reward/mean`, the mean outcome of the
+batch's trajectories; the trajectories a step trained on are counted from its
+staleness histogram (`staleness/lag_k`: one count per trajectory), which holds
+with or without sequence packing and with partial GRPO groups.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import pathlib
+
+import numpy as np
+
+from sao_jax.metrics import read_metrics
+
+
+@dataclasses.dataclass
+class Run:
+  variant: str
+  seed: int
+  steps: np.ndarray  # [N] learner steps with training metrics, ascending
+  reward: np.ndarray  # [N] mean outcome of the batch's trajectories
+  metrics: dict[str, np.ndarray]  # [N] per metric key, NaN where a step lacks it
+  eval_steps: np.ndarray  # [E]
+  eval_accuracy: np.ndarray  # [E] held-out greedy accuracy
+  trained: int  # trajectories trained on
+  dropped: int  # trajectories the learner's pipeline rejected (stale, malformed, ...)
+  wall_s: float  # sum over the runner's sao-train invocations
+  init: str  # run.init: the warm-start this run started from
+
+  def final_reward(self, fraction: float = 0.25) -> float:
+    """Mean reward over the last `fraction` of the steps."""
+    if not self.reward.size:
+      return math.nan
+    return float(np.nanmean(self.reward[-max(1, int(self.reward.size * fraction)):]))
+
+  def accuracy_at(self, step: int) -> float:
+    hit = np.nonzero(self.eval_steps == step)[0]
+    return float(self.eval_accuracy[hit[-1]]) if hit.size else math.nan
+
+  @property
+  def final_accuracy(self) -> float:
+    return float(self.eval_accuracy[-1]) if self.eval_accuracy.size else math.nan
+
+
+def load_run(run_dir: str | pathlib.Path) -> Run:
+  run_dir = pathlib.Path(run_dir)
+  config = json.loads((run_dir / "config.json").read_text())
+  state = json.loads((run_dir / "experiment.json").read_text())
+  train: dict[int, dict] = {}
+  evals: dict[int, float] = {}
+  for row in read_metrics(run_dir):
+    if row["step"] < 0:
+      continue
+    if "reward/mean" in row:
+      train[row["step"]] = row
+    if "eval/accuracy" in row:
+      evals[row["step"]] = row["eval/accuracy"]
+  steps = np.array(sorted(train), dtype=np.int64)
+  rows = [train[s] for s in steps]
+  keys = sorted({k for row in rows for k in row if k not in ("step", "time")})
+  metrics = {k: np.array([row.get(k, math.nan) for row in rows], np.float64) for k in keys}
+  last = rows[-1] if rows else {}
+  return Run(variant=state["variant"], seed=state["seed"], steps=steps,
+             reward=metrics.get("reward/mean", np.zeros(0)),
+             metrics=metrics, eval_steps=np.array(sorted(evals), np.int64),
+             eval_accuracy=np.array([evals[s] for s in sorted(evals)], np.float64),
+             trained=int(sum(v for row in rows for k, v in row.items()
+                             if k.startswith("staleness/lag_"))),
+             dropped=int(sum(v for k, v in last.items() if k.startswith("dropped/"))),
+             wall_s=float(sum(i["wall_s"] for i in state["invocations"])),
+             init=config["run"]["init"])

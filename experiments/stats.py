@@ -1,0 +1,177 @@
+"""Statistics for the experiment report: CIs across seeds, verdicts, recovery, collapse.
+
+- `summarize(values)`: mean and the half-width of the two-sided 95% confidence
+  interval of the mean, `t_{0.975, n-1} * s / sqrt(n)` with `s` the sample
+  standard deviation (ddof 1); NaN half-width for n < 2.
+- `paired_difference(better, worse)`: the per-seed differences
+  `better[s] - worse[s]` summarised like any quantity. Every variant of a seed
+  starts from that seed's warm-start, so the difference cancels what the seeds
+  share (the starting policy), which varies far more between seeds than
+  variants differ within one.
+- `verdict(difference)`: "agrees" when the 95% CI of the paired difference lies
+  above 0 (the paper's direction), "disagrees" when below, "inconclusive" when
+  it contains 0 (or n < 2), "not measurable" without a pair.
+- `intervals_overlap(a, b)`: whether the per-variant intervals overlap (stated
+  alongside: unpaired, they are wider than the paired one).
+- `recovery_steps(steps, rewards, switch)`: after a preference switch, how many
+  learner steps until the trailing mean of the post-switch reward is back at
+  90% of the pre-switch level.
+- `collapsed(rewards)`: the trailing mean at the end fell below half its best.
+- `trailing_mean`, `trailing_median`: the smoothing of curves and diagnostics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Mapping, Sequence
+
+import numpy as np
+from scipy import stats as scipy_stats
+
+CONFIDENCE = 0.95
+AGREES, DISAGREES, INCONCLUSIVE, NOT_MEASURABLE = (
+    "agrees", "disagrees", "inconclusive", "not measurable")
+
+
+@dataclasses.dataclass(frozen=True)
+class Summary:
+  """Mean and 95% CI half-width of one quantity across seeds."""
+
+  mean: float
+  half_width: float  # NaN when n < 2
+  n: int
+
+  @property
+  def low(self) -> float:
+    return self.mean - self.half_width
+
+  @property
+  def high(self) -> float:
+    return self.mean + self.half_width
+
+  def format(self, digits: int = 3) -> str:
+    if self.n == 0 or math.isnan(self.mean):
+      return "n/a"
+    if math.isnan(self.half_width):
+      return f"{self.mean:.{digits}f} (n={self.n}, no CI)"
+    return f"{self.mean:.{digits}f} ± {self.half_width:.{digits}f}"
+
+
+def t_quantile(df: int, confidence: float = CONFIDENCE) -> float:
+  """Two-sided Student-t critical value, e.g. 4.303 for df 2 at 95%."""
+  return float(scipy_stats.t.ppf(0.5 + confidence / 2, df))
+
+
+def summarize(values: Sequence[float]) -> Summary:
+  """Mean ± t-interval half-width over the finite `values`."""
+  data = np.asarray([v for v in values if v is not None and math.isfinite(v)], np.float64)
+  if data.size == 0:
+    return Summary(math.nan, math.nan, 0)
+  if data.size == 1:
+    return Summary(float(data[0]), math.nan, 1)
+  half = t_quantile(data.size - 1) * data.std(ddof=1) / math.sqrt(data.size)
+  return Summary(float(data.mean()), float(half), int(data.size))
+
+
+def band(matrix_SxN: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """Per-column mean and 95% half-width of a [seeds, points] array (NaN half-width for 1 seed)."""
+  columns = [summarize(matrix_SxN[:, j]) for j in range(matrix_SxN.shape[1])]
+  return (np.array([c.mean for c in columns]), np.array([c.half_width for c in columns]))
+
+
+def paired_difference(better: Mapping[int, float], worse: Mapping[int, float]) -> Summary:
+  """Mean ± 95% half-width of `better[s] - worse[s]` over the seeds both have."""
+  return summarize([better[s] - worse[s] for s in sorted(set(better) & set(worse))
+                    if better[s] is not None and worse[s] is not None])
+
+
+def verdict(difference: Summary) -> str:
+  """Whether the paper's `better > worse` holds, from the CI of the paired difference."""
+  if difference.n == 0 or math.isnan(difference.mean):
+    return NOT_MEASURABLE
+  if difference.n < 2:
+    return INCONCLUSIVE
+  if difference.low > 0:
+    return AGREES
+  if difference.high < 0:
+    return DISAGREES
+  return INCONCLUSIVE
+
+
+def intervals_overlap(a: Summary, b: Summary) -> bool:
+  """True when the two 95% intervals share a point (or either has none)."""
+  if a.n < 2 or b.n < 2:
+    return True
+  return not (a.low > b.high or b.low > a.high)
+
+
+def overall(verdicts: Sequence[str]) -> str:
+  """A claim with several comparisons: disagrees if any does, agrees only if all do."""
+  if not verdicts or all(v == NOT_MEASURABLE for v in verdicts):
+    return NOT_MEASURABLE
+  if DISAGREES in verdicts:
+    return DISAGREES
+  if all(v == AGREES for v in verdicts):
+    return AGREES
+  return INCONCLUSIVE
+
+
+def trailing_mean(values: Sequence[float], window: int) -> np.ndarray:
+  """Mean of the last `window` values up to each position (fewer at the start)."""
+  data = np.asarray(values, np.float64)
+  sums = np.cumsum(np.concatenate([[0.0], data]))
+  ends = np.arange(1, data.size + 1)
+  starts = np.maximum(ends - window, 0)
+  return (sums[ends] - sums[starts]) / (ends - starts)
+
+
+def trailing_median(values: Sequence[float], window: int) -> np.ndarray:
+  """Median of the last `window` finite values up to each position: robust to the
+  rare huge diagnostic (explained variance of a batch whose returns are all equal)."""
+  data = np.asarray(values, np.float64)
+  out = np.full(data.size, math.nan)
+  for end in range(1, data.size + 1):
+    recent = data[max(0, end - window):end]
+    recent = recent[np.isfinite(recent)]
+    if recent.size:
+      out[end - 1] = np.median(recent)
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Recovery:
+  """Re-alignment after one switch. `steps`: post-switch steps until the trailing
+  mean reached `fraction` of `pre_level` (None: not within the phase)."""
+
+  pre_level: float
+  steps: int | None
+  phase_steps: int
+
+
+def recovery_steps(steps: Sequence[int], rewards: Sequence[float], switch: int, end: int, *,
+                   pre_window: int, window: int, fraction: float = 0.9) -> Recovery:
+  """Steps after `switch` until the reward is back at `fraction` of its pre-switch level.
+
+  Pre-switch level: mean reward over the `pre_window` steps before `switch`.
+  Post-switch, at each step t in [switch, end) the trailing mean over the last
+  `window` post-switch steps (only those) is compared with `fraction * pre`;
+  the answer counts steps switch..t inclusive. A pre-switch level <= 0 has
+  nothing to recover: `steps` is None and `pre_level` says why.
+  """
+  steps_N = np.asarray(steps)
+  rewards_N = np.asarray(rewards, np.float64)
+  before = rewards_N[(steps_N >= switch - pre_window) & (steps_N < switch)]
+  pre = float(before.mean()) if before.size else math.nan
+  after = (steps_N >= switch) & (steps_N < end)
+  if not pre > 0:
+    return Recovery(pre, None, end - switch)
+  post_steps, post = steps_N[after], trailing_mean(rewards_N[after], window)
+  hit = np.nonzero(post >= fraction * pre)[0]
+  return Recovery(pre, int(post_steps[hit[0]] - switch + 1) if hit.size else None, end - switch)
+
+
+def collapsed(rewards: Sequence[float], *, window: int, fraction: float = 0.5) -> bool:
+  """True if the final trailing mean is below `fraction` of the best trailing mean."""
+  smooth = trailing_mean(rewards, window)
+  return bool(smooth.size and smooth.max() > 0 and smooth[-1] < fraction * smooth.max())

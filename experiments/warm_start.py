@@ -1,0 +1,110 @@
+"""The shared starting point of one seed's runs: a tokenizer and an SFT-warm-started policy.
+
+    .venv/bin/python -m experiments.warm_start --config configs/experiments/tool_math.py \\
+        --seed 0 --out DIR [--set section.field=value ...]
+
+Writes DIR/tokenizer.json and DIR/policy/ (a sao_jax params directory), then
+DIR/DONE.json (SFT steps, final SFT loss, wall-clock). Every variant of a seed
+then starts from these files (`--set run.init=DIR/policy --set
+run.tokenizer=DIR/tokenizer.json --set run.sft_steps=0`), so all variants share
+model, tokenizer and initial weights exactly, and the warm-start (on CPU the
+slow part: each math demonstration runs the sandboxed Python tool) is paid once
+per seed. It does what `sao-train` does before its first RL step (tokenizer
+from 400 demonstrations, `run.sft_steps` SFT steps from the `cfg.seed` random
+init), with one addition: demonstrations for the style environment
+(`experiments.style_demos`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import pathlib
+import time
+from typing import Iterator, Sequence
+
+from sao_jax.config import Config, load_config
+from sao_jax.data import pipeline
+from sao_jax.data.records import Trajectory
+from sao_jax.envs.base import play
+from sao_jax.envs.registry import make_env, make_tasks
+from sao_jax.models import params_io, tokenizer as tokenizer_lib
+from sao_jax.train import DEMONSTRATIONS, initial_policy
+
+from experiments import style_demos
+
+DONE_FILE = "DONE.json"
+TOKENIZER_TEXTS = 400  # demonstrations the tokenizer is trained on (as sao-train does)
+
+
+def demonstrations(cfg: Config) -> Iterator[list[dict]]:
+  """Played demonstration transcripts (messages) of the training task stream."""
+  demonstrate = {**DEMONSTRATIONS, "style": style_demos.demonstration}.get(cfg.env.name)
+  if demonstrate is None:
+    raise ValueError(f"env.name={cfg.env.name!r} has no demonstrations for a warm-start")
+  for task in make_tasks(cfg.env):
+    yield play(make_env(cfg.env), task, demonstrate(task)).messages
+
+
+def sft_batches(cfg: Config, tokenizer) -> Iterator:
+  """`run.sft_batch` demonstrations per batch, padded to the smallest fitting length bucket."""
+  demos = demonstrations(cfg)
+  while True:
+    rows = []
+    for messages in itertools.islice(demos, cfg.run.sft_batch):
+      tokens, action = tokenizer_lib.encode_chat(tokenizer, messages)
+      if tokens.size > cfg.data.length_buckets[-1]:
+        raise ValueError(f"a demonstration has {tokens.size} tokens, more than "
+                         f"data.length_buckets[-1]={cfg.data.length_buckets[-1]}")
+      rows.append(Trajectory(tokens=tokens, action_mask=action.astype("int8"),
+                             behavior_logp=(action * 0).astype("float32"),
+                             rewards=(action * 0).astype("float32"), prompt_id=0,
+                             policy_versions=(0, 0)))
+    bucket = next(b for b in cfg.data.length_buckets if b >= max(t.length for t in rows))
+    yield pipeline.pad_batch(rows, cfg.run.sft_batch, bucket, cfg.data.pad_id)
+
+
+def warm_start(cfg: Config, out: pathlib.Path) -> dict:
+  """Trains the tokenizer and the SFT policy of `cfg` into `out`; returns the DONE record."""
+  from sao_jax.learner.sft import train_sft  # JAX: after argument checks
+
+  start = time.monotonic()
+  out.mkdir(parents=True, exist_ok=True)
+  texts = [m["content"] + " " + m["role"] for messages in
+           itertools.islice(demonstrations(cfg), TOKENIZER_TEXTS) for m in messages]
+  tokenizer = tokenizer_lib.train_tokenizer(texts, cfg.model.vocab_size)
+  tokenizer.save(str(out / "tokenizer.json"))
+  losses: list[float] = []
+  policy = train_sft(initial_policy(cfg), cfg.model, sft_batches(cfg, tokenizer),
+                     steps=cfg.run.sft_steps, learning_rate=cfg.run.sft_lr,
+                     log=lambda step, metrics: losses.append(metrics["sft/loss"]))
+  params_io.save_params(out / "policy", policy, cfg.model)
+  record = {"sft_steps": cfg.run.sft_steps, "final_sft_loss": losses[-1] if losses else None,
+            "wall_s": time.monotonic() - start}
+  (out / DONE_FILE).write_text(json.dumps(record, indent=2))
+  return record
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+  parser = argparse.ArgumentParser(prog="experiments.warm_start", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--config", required=True, help="a configs/experiments/<name>.py file")
+  parser.add_argument("--seed", type=int, required=True, help="model init and task stream seed")
+  parser.add_argument("--out", required=True, help="output directory")
+  parser.add_argument("--set", dest="overrides", action="append", default=[],
+                      metavar="SECTION.FIELD=VALUE", help="override a config field (repeatable)")
+  args = parser.parse_args(argv)
+  try:
+    cfg = load_config(args.config, [*args.overrides, f"seed={args.seed}",
+                                    f"env.seed={args.seed}"])
+    if cfg.run.sft_steps <= 0:
+      raise ValueError(f"run.sft_steps={cfg.run.sft_steps}: a warm-start needs SFT steps > 0")
+    record = warm_start(cfg, pathlib.Path(args.out))
+  except (ValueError, FileNotFoundError) as error:
+    parser.exit(2, f"error: {error}\n")
+  print(f"warm-start done: {json.dumps(record)}")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,98 @@
+"""experiments.runner and claims, no training: overrides, phases, warm-start keys, resuming."""
+
+import dataclasses
+import importlib
+import json
+
+import pytest
+
+from experiments import claims, runner, style_demos, warm_start
+from sao_jax.config import AlgorithmConfig, apply_overrides, load_config
+from sao_jax.envs import style
+
+
+@pytest.mark.parametrize("name", sorted(claims.VARIANTS))
+def test_variant_overrides_give_the_variant(name):
+  variant = claims.VARIANTS[name]
+  base = load_config(runner.setting_path("tool_math"))
+  cfg = apply_overrides(base, runner.variant_overrides(base, variant)).validate()
+  assert cfg.algorithm == AlgorithmConfig.for_variant(variant.preset, **dict(variant.fields))
+  assert dataclasses.replace(cfg, algorithm=base.algorithm) == base  # nothing else changes
+
+
+def test_every_claim_has_its_script_and_known_variants():
+  for claim in claims.CLAIMS:
+    assert set(claim.variants) <= set(claims.VARIANTS)
+    assert {v for pair in claim.expected for v in pair} <= set(claim.variants)
+    module = importlib.import_module(f"experiments.{claim.name}")
+    assert f'CLAIMS_BY_NAME["{claim.name}"]' in open(module.__file__).read()
+    load_config(runner.setting_path(claim.setting), runner.quick_overrides(claim.setting))
+
+
+def test_style_runs_are_split_at_each_switch():
+  cfg = load_config(runner.setting_path("style"))
+  schedule, steps = cfg.env.style_schedule, cfg.learner.steps
+  split = runner.phases(cfg, style_switches=True)
+  assert [end for end, _ in split] == [schedule[1][0], schedule[2][0], steps]
+  for (end, overrides), (_, name) in zip(split, schedule):
+    resolved = apply_overrides(cfg, overrides).validate()
+    assert resolved.env.style_schedule == ((0, name),) and resolved.learner.steps == end
+  tool = load_config(runner.setting_path("tool_math"))
+  assert runner.phases(tool, style_switches=False) == [(tool.learner.steps, ())]
+
+
+def test_warm_starts_are_shared_only_between_equal_settings(tmp_path):
+  dirs = lambda setting, *o: runner.warm_start_dir(
+      tmp_path, load_config(runner.setting_path(setting), [*o, *runner.seed_overrides(1)]))
+  assert dirs("tool_math") == dirs("stability")  # same model, tasks and SFT: one warm-start
+  assert dirs("tool_math").name.endswith("-seed1")
+  assert dirs("tool_math") != dirs("tool_math", "run.sft_steps=5")
+  assert dirs("tool_math") != dirs("style")
+
+
+def test_style_demonstrations_pass_the_judge_in_every_style():
+  seen = set()
+  for index in range(100):
+    task = style.builtin_task(index)
+    [answer] = style_demos.demonstration(task)
+    counts = style.style_marker_counts(answer)
+    chosen = max(counts, key=counts.get)
+    assert style.rule_judge(task, answer, chosen) == (True, True), answer
+    seen.add(chosen)
+  assert seen == set(style.STYLES)
+
+
+def test_style_demonstration_rejects_foreign_prompts():
+  task = dataclasses.replace(style.builtin_task(0), prompt="Write a poem.")
+  with pytest.raises(ValueError, match="built-in style task"):
+    style_demos.demonstration(task)
+
+
+def _prepared_run(tmp_path, overrides_recorded=None, done=False):
+  """A run directory (and its warm-start marker) as the runner would find them."""
+  claim = claims.CLAIMS_BY_NAME["claim1_ordering"]
+  shared = [*runner.quick_overrides("tool_math"), *runner.seed_overrides(0)]
+  warm = runner.warm_start_dir(tmp_path, load_config(runner.setting_path("tool_math"), shared))
+  warm.mkdir(parents=True)
+  (warm / warm_start.DONE_FILE).write_text("{}")
+  run_dir = tmp_path / "runs" / "tool_math" / "sao-seed0"
+  run_dir.mkdir(parents=True)
+  expected = [*shared, f"run.init={warm / 'policy'}", f"run.tokenizer={warm / 'tokenizer.json'}",
+              "run.sft_steps=0", f"run.run_dir={run_dir}"]
+  state = {"variant": "sao", "seed": 0, "invocations": [], "done": done,
+           "overrides": expected if overrides_recorded is None else overrides_recorded}
+  (run_dir / runner.STATE_FILE).write_text(json.dumps(state))
+  return claim, run_dir
+
+
+def test_finished_runs_are_skipped(tmp_path, capsys):
+  claim, run_dir = _prepared_run(tmp_path, done=True)
+  assert runner.run_one(claim, claims.VARIANTS["sao"], 0, quick=True, extra=(),
+                        out=tmp_path) == run_dir
+  assert "done, skipped" in capsys.readouterr().out
+
+
+def test_a_run_with_other_overrides_is_refused(tmp_path):
+  claim, _ = _prepared_run(tmp_path, overrides_recorded=["learner.steps=999"])
+  with pytest.raises(RuntimeError, match="other overrides"):
+    runner.run_one(claim, claims.VARIANTS["sao"], 0, quick=True, extra=(), out=tmp_path)
