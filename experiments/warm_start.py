@@ -25,12 +25,10 @@ import time
 from typing import Iterator, Sequence
 
 from sao_jax.config import Config, load_config
-from sao_jax.data import pipeline
-from sao_jax.data.records import Trajectory
 from sao_jax.envs.base import play
 from sao_jax.envs.registry import make_env, make_tasks
 from sao_jax.models import params_io, tokenizer as tokenizer_lib
-from sao_jax.train import DEMONSTRATIONS, initial_policy
+from sao_jax.train import DEMONSTRATIONS, initial_policy, sft_batches
 
 from experiments import style_demos
 
@@ -47,24 +45,6 @@ def demonstrations(cfg: Config) -> Iterator[list[dict]]:
     yield play(make_env(cfg.env), task, demonstrate(task)).messages
 
 
-def sft_batches(cfg: Config, tokenizer) -> Iterator:
-  """`run.sft_batch` demonstrations per batch, padded to the smallest fitting length bucket."""
-  demos = demonstrations(cfg)
-  while True:
-    rows = []
-    for messages in itertools.islice(demos, cfg.run.sft_batch):
-      tokens, action = tokenizer_lib.encode_chat(tokenizer, messages)
-      if tokens.size > cfg.data.length_buckets[-1]:
-        raise ValueError(f"a demonstration has {tokens.size} tokens, more than "
-                         f"data.length_buckets[-1]={cfg.data.length_buckets[-1]}")
-      rows.append(Trajectory(tokens=tokens, action_mask=action.astype("int8"),
-                             behavior_logp=(action * 0).astype("float32"),
-                             rewards=(action * 0).astype("float32"), prompt_id=0,
-                             policy_versions=(0, 0)))
-    bucket = next(b for b in cfg.data.length_buckets if b >= max(t.length for t in rows))
-    yield pipeline.pad_batch(rows, cfg.run.sft_batch, bucket, cfg.data.pad_id)
-
-
 def warm_start(cfg: Config, out: pathlib.Path) -> dict:
   """Trains the tokenizer and the SFT policy of `cfg` into `out`; returns the DONE record."""
   from sao_jax.learner.sft import train_sft  # JAX: after argument checks
@@ -76,7 +56,7 @@ def warm_start(cfg: Config, out: pathlib.Path) -> dict:
   tokenizer = tokenizer_lib.train_tokenizer(texts, cfg.model.vocab_size)
   tokenizer.save(str(out / "tokenizer.json"))
   losses: list[float] = []
-  policy = train_sft(initial_policy(cfg), cfg.model, sft_batches(cfg, tokenizer),
+  policy = train_sft(initial_policy(cfg), cfg.model, sft_batches(cfg, tokenizer, demonstrations(cfg)),
                      steps=cfg.run.sft_steps, learning_rate=cfg.run.sft_lr,
                      log=lambda step, metrics: losses.append(metrics["sft/loss"]))
   params_io.save_params(out / "policy", policy, cfg.model)

@@ -106,8 +106,9 @@ def initial_policy(cfg: Config) -> Params:
   return params
 
 
-def _sft_batches(cfg: Config, tokenizer) -> Iterator[Batch]:
-  demos = _demonstrations(cfg)
+def sft_batches(cfg: Config, tokenizer, demos: Iterator[list[dict]]) -> Iterator[Batch]:
+  """`run.sft_batch` demonstration transcripts (chat messages) per batch, padded to
+  the smallest fitting length bucket."""
   length = cfg.data.length_buckets[-1]
   while True:
     rows = []
@@ -186,7 +187,7 @@ def run(cfg: Config, *, resume: bool = True, log=print) -> dict:
       if cfg.run.eval_every:  # the starting point, so the warm-start's effect is measured
         evaluate(-cfg.run.sft_steps, policy, 0)
       log(f"SFT warm-start: {cfg.run.sft_steps} steps on demonstrations")
-      policy = train_sft(policy, cfg.model, _sft_batches(cfg, tokenizer), steps=cfg.run.sft_steps,
+      policy = train_sft(policy, cfg.model, sft_batches(cfg, tokenizer, _demonstrations(cfg)), steps=cfg.run.sft_steps,
                          learning_rate=cfg.run.sft_lr,
                          log=lambda step, m: logger.write(step - cfg.run.sft_steps, m))
     state = state_from_params(cfg, policy, value_params_from_policy(policy, cfg.model))
