@@ -45,7 +45,8 @@ class EnvConfig:
   tool_file_size_mb: int = 16
   tool_max_output_bytes: int = 16384
   tool_site_packages: bool = False
-  # Style environment: (first learner step, style) phases, and the judge.
+  # Style environment: (first policy version, style) phases, and the judge. The
+  # sampler's policy version counts policy updates (= learner steps after critic warm-up).
   style_schedule: tuple[tuple[int, str], ...] = ((0, "academic"), (200, "cute"),
                                                  (400, "chuunibyou"))
   judge: str = "rule"

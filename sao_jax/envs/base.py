@@ -104,6 +104,11 @@ class Environment(abc.ABC):
     self.turn = 0
     self.done = True
 
+  def set_step(self, step: int) -> None:
+    """Training progress (the sampler passes its policy version before each episode),
+    for environments that change during training; by default it changes nothing."""
+    del step
+
   def reset(self, task: Task) -> list[Message]:
     """Starts an episode; returns the initial chat messages (system and/or user)."""
     self.task, self.turn, self.done = task, 0, False

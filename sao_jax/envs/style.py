@@ -2,9 +2,11 @@
 
 One turn per episode: the model answers a writing request, the judge returns
 two 0/1 verdicts, and the reward is their product. The *preferred style* is not
-in the prompt; it follows a schedule over learner steps, e.g.
-`((0, "academic"), (200, "cute"), (400, "chuunibyou"))`, and the trainer calls
-`env.set_step(step)` so the policy has to re-discover it after every switch.
+in the prompt; it follows a schedule over training progress, e.g.
+`((0, "academic"), (200, "cute"), (400, "chuunibyou"))`, so the policy has to
+re-discover it after every switch. The sampler calls `env.set_step(version)`
+before each episode with the policy version it samples with: the number of
+policy updates, which equals the learner step once critic warm-up is over.
 
 Default judge, `rule_judge` (deterministic):
 - quality = the task's keyword (`Task.answer`) appears as a whole word, case

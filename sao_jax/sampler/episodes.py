@@ -73,6 +73,9 @@ class EpisodeRunner:
 
   def start(self, task: Task, *, prompt_id: int, seed: int) -> None:
     env = self._make_env()
+    # Environments that change during training (the style schedule) see the policy
+    # version the episode starts with.
+    env.set_step(self.engine.version)
     prompt, _ = encode_chat(self._tokenizer, env.reset(task), add_generation_prompt=True)
     episode_id = self._next_id
     self._next_id += 1
