@@ -72,8 +72,9 @@ CLAIMS = (
           "each style switch; the running-mean baseline (window 128) lags",
           "style", "realignment", ("sao", "running_mean"), (("sao", "running_mean"),),
           note="each switch is applied by resuming the run from its checkpoint with the next "
-               "style (sao-train does not pass the learner step to the samplers' "
-               "environments, so an in-run `env.style_schedule` never switches)."),
+               "style, so a switch lands exactly on its learner step (an in-run "
+               "`env.style_schedule` switches by policy version, which trails the step by "
+               "the critic warm-up)."),
     Claim("claim6_stability", 6, "SAO trains ~1000 steps without collapse",
           "SAO trains stably for ~1000 steps; GRPO collapses near step 160",
           "stability", "stability", ("sao", "grpo")),
