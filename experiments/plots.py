@@ -35,21 +35,27 @@ def _aligned(runs: Sequence[Run], values: Sequence[np.ndarray], steps: Sequence[
   return np.array(common), matrix
 
 
-def _band(ax, label: str, steps: np.ndarray, matrix: np.ndarray) -> None:
+def _colors(labels) -> dict[str, str]:
+  """One color per variant in every panel, even where a variant lacks a metric."""
+  return {label: f"C{i}" for i, label in enumerate(labels)}
+
+
+def _band(ax, label: str, steps: np.ndarray, matrix: np.ndarray, color: str) -> None:
   mean, half = stats.band(matrix)
-  line, = ax.plot(steps, mean, label=f"{label} (n={matrix.shape[0]})")
+  ax.plot(steps, mean, label=f"{label} (n={matrix.shape[0]})", color=color)
   if matrix.shape[0] > 1:
-    ax.fill_between(steps, mean - half, mean + half, color=line.get_color(), alpha=0.2)
+    ax.fill_between(steps, mean - half, mean + half, color=color, alpha=0.2)
 
 
-def _curve(ax, label: str, runs: Sequence[Run], key: str | None, window: int) -> None:
+def _curve(ax, label: str, runs: Sequence[Run], key: str | None, window: int,
+           color: str) -> None:
   """Reward (`key` None; trailing mean) or a diagnostic (trailing median), with its band."""
   usable = [r for r in runs if r.steps.size and (key is None or key in r.metrics)]
   if not usable:
     return
   values = [stats.trailing_mean(r.reward, window) if key is None else
             stats.trailing_median(r.metrics[key], window) for r in usable]
-  _band(ax, label, *_aligned(usable, values, [r.steps for r in usable]))
+  _band(ax, label, *_aligned(usable, values, [r.steps for r in usable]), color)
 
 
 def _finish(fig, path: pathlib.Path) -> pathlib.Path:
@@ -69,12 +75,13 @@ def learning_curves(groups: Mapping[str, Sequence[Run]], path: pathlib.Path, *,
   the gain shows the differences that raw accuracy bands would hide.
   """
   fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
+  colors = _colors(groups)
   for label, runs in groups.items():
-    _curve(left, label, runs, None, window)
+    _curve(left, label, runs, None, window, colors[label])
     usable = [r for r in runs if r.eval_steps.size]
     if usable:
       _band(right, label, *_aligned(usable, [r.eval_accuracy - r.accuracy_at(0) for r in usable],
-                                    [r.eval_steps for r in usable]))
+                                    [r.eval_steps for r in usable]), colors[label])
   left.set_title(f"training reward (trailing mean of {window} steps)")
   right.set_title("held-out accuracy (greedy) minus its step-0 value")
   for ax in (left, right):
@@ -89,8 +96,9 @@ def realignment(groups: Mapping[str, Sequence[Run]], path: pathlib.Path, *,
                 window: int) -> pathlib.Path:
   """Reward around each preference switch; `recovery[label][i]` annotates switch i."""
   fig, ax = plt.subplots(figsize=(11, 4))
+  colors = _colors(groups)
   for label, runs in groups.items():
-    _curve(ax, label, runs, None, window)
+    _curve(ax, label, runs, None, window, colors[label])
   top = ax.get_ylim()[1]
   for i, switch in enumerate(switches):
     ax.axvline(switch, color="0.3", linestyle="--", linewidth=1)
@@ -108,9 +116,10 @@ def stability(groups: Mapping[str, Sequence[Run]], path: pathlib.Path, *,
   """Reward and the stability diagnostics, one panel each."""
   panels = (("reward", None), *((title, key) for key, title in STABILITY_METRICS))
   fig, axes = plt.subplots(3, 3, figsize=(13, 9))
+  colors = _colors(groups)
   for ax, (title, key) in zip(axes.flat, panels):
     for label, runs in groups.items():
-      _curve(ax, label, runs, key, window)
+      _curve(ax, label, runs, key, window, colors[label])
     ax.set_title(title, fontsize=9)
     ax.set_xlabel("learner step", fontsize=8)
     ax.grid(alpha=0.3)

@@ -7,7 +7,9 @@ may have logged a step twice (steps after its last checkpoint are redone):
 the later row wins. The reward is `reward/mean`, the mean outcome of the
 batch's trajectories; the trajectories a step trained on are counted from its
 staleness histogram (`staleness/lag_k`: one count per trajectory), which holds
-with or without sequence packing and with partial GRPO groups.
+with or without sequence packing and with partial GRPO groups. `policy/*`
+metrics are NaN on steps without a policy update (`policy/updated` 0: critic
+warm-up, or a skipped non-finite update), where the step logs zeros.
 """
 
 from __future__ import annotations
@@ -68,6 +70,11 @@ def load_run(run_dir: str | pathlib.Path) -> Run:
   rows = [train[s] for s in steps]
   keys = sorted({k for row in rows for k in row if k not in ("step", "time")})
   metrics = {k: np.array([row.get(k, math.nan) for row in rows], np.float64) for k in keys}
+  if "policy/updated" in metrics:
+    skipped = metrics["policy/updated"] == 0
+    for key in keys:
+      if key.startswith("policy/") and key != "policy/updated":
+        metrics[key][skipped] = math.nan
   last = rows[-1] if rows else {}
   return Run(variant=state["variant"], seed=state["seed"], steps=steps,
              reward=metrics.get("reward/mean", np.zeros(0)),

@@ -56,7 +56,8 @@ def warm_start(cfg: Config, out: pathlib.Path) -> dict:
   tokenizer = tokenizer_lib.train_tokenizer(texts, cfg.model.vocab_size)
   tokenizer.save(str(out / "tokenizer.json"))
   losses: list[float] = []
-  policy = train_sft(initial_policy(cfg), cfg.model, sft_batches(cfg, tokenizer, demonstrations(cfg)),
+  batches = sft_batches(cfg, tokenizer, demonstrations(cfg))
+  policy = train_sft(initial_policy(cfg), cfg.model, batches,
                      steps=cfg.run.sft_steps, learning_rate=cfg.run.sft_lr,
                      log=lambda step, metrics: losses.append(metrics["sft/loss"]))
   params_io.save_params(out / "policy", policy, cfg.model)

@@ -7,15 +7,15 @@ style is academic for 50 learner steps, then cute, then chuunibyou (two
 switches, 150 steps). Model and critic schedule as `configs/demo_cpu.py`; the
 learning rates are 5x the demo's (policy 1e-4, value 5e-4) for both variants,
 as in `tool_math.py`: at the demo's 2e-5 the sampled reward did not move in 20
-SAO steps, at 1e-4 it rose from ~0.2 to ~0.45 in 40. The warm-start (`experiments.warm_start`, 300
-SFT steps) teaches on-topic answers in all four styles equally
-(`experiments.style_demos`), so RL has to find the preferred one and, after
-each switch, find the next.
-The experiment script applies each switch by resuming the run from its
-checkpoint with the next style (`sao-train` alone does not pass the learner step
-to the samplers' environments). A run should show the reward rising within
-each phase, dropping at each switch and recovering; `docs/results.md` gives the
-steps to recover 90% of the pre-switch level.
+SAO steps, at 1e-4 it rose from ~0.2 to ~0.45 in 40. The warm-start
+(`experiments.warm_start`, 300 SFT steps) teaches on-topic answers in all four
+styles equally (`experiments.style_demos`), so RL has to find the preferred one
+and, after each switch, find the next. The experiment script applies each switch by
+resuming the run from its checkpoint with the next style, so a switch lands
+exactly on its learner step (an in-run schedule switches by policy version,
+which trails the learner step by the critic warm-up). A run should show the
+reward rising within each phase, dropping at each switch and recovering;
+`docs/results.md` gives the steps to recover 90% of the pre-switch level.
 """
 
 import dataclasses

@@ -125,6 +125,16 @@ def test_load_run_counts_trajectories_and_keeps_the_last_duplicate(tmp_path):
   assert run.final_reward(0.5) == pytest.approx(0.25)  # the last max(1, 3 // 2) = 1 step
 
 
+def test_load_run_blanks_policy_metrics_of_value_only_steps(tmp_path):
+  rel = write_run(tmp_path, "stability", "sao", 0, [0.1, 0.2, 0.3],
+                  extra={"policy/updated": [0, 1, 1], "policy/entropy": [0.0, 0.5, 0.4],
+                         "value/loss": [0.2, 0.1, 0.1]})
+  run = runs_lib.load_run(tmp_path / rel)
+  np.testing.assert_array_equal(run.metrics["policy/entropy"], [np.nan, 0.5, 0.4])
+  np.testing.assert_array_equal(run.metrics["value/loss"], [0.2, 0.1, 0.1])
+  np.testing.assert_array_equal(run.metrics["policy/updated"], [0, 1, 1])
+
+
 def test_report_cli_needs_runs(tmp_path):
   with pytest.raises(SystemExit) as exit_info:
     report.main(["--out", str(tmp_path), "--report", str(tmp_path / "r.md")])
