@@ -176,8 +176,9 @@ def _stability(claim, manifest, groups, figure: pathlib.Path) -> tuple[str, list
   sao = collapsed.get("sao", [])
   # A run whose reward never rose above 0 cannot collapse: that says nothing about stability.
   learned = [bool(np.nanmax(r.reward, initial=0.0) > 0) for r in groups.get("sao", [])]
+  # As for the other claims, one seed gives no verdict either way.
   verdict = (stats.NOT_MEASURABLE if not any(learned) else stats.DISAGREES if any(sao)
-             else stats.AGREES)
+             else stats.AGREES if len(sao) >= 2 else stats.INCONCLUSIVE)
   span = (f"over {steps} steps" + (f", shorter than the paper's ~{PAPER_STABLE_STEPS}: the "
                                    f"claim is tested only that far" if steps < PAPER_STABLE_STEPS
                                    else ""))
@@ -186,7 +187,8 @@ def _stability(claim, manifest, groups, figure: pathlib.Path) -> tuple[str, list
   plots.stability({_label(n): r for n, r in groups.items()}, figure, window=window)
   return verdict, [*rows, "", f"Verdict: **{verdict}** — SAO collapsed in {sum(sao)} of "
                    f"{len(sao)} seeds {span} (reward above 0 at some step in {sum(learned)} of "
-                   f"{len(learned)}). {others} Collapse: the trailing mean reward "
+                   f"{len(learned)}{'; fewer than 2 seeds' if len(sao) < 2 else ''}). {others} "
+                   f"Collapse: the trailing mean reward "
                    f"({window} steps) ends below half its best value. Diagnostic columns: the "
                    "median over the last 25% of steps per run, mean ± 95% CI across seeds."]
 

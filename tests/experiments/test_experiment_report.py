@@ -110,7 +110,16 @@ def test_stability_without_any_reward_is_not_measurable(tmp_path):
           "grpo": {"0": write_run(out, "stability", "grpo", 0, [0.0] * 20)}}
   write_manifest(out, "claim6_stability", "stability", runs, steps=20)
   section = report.write_report(out, doc).read_text().split("## Claim 6")[1]
-  assert "Verdict: **not measurable**" in section and "in 0 of 1)" in section
+  assert "Verdict: **not measurable**" in section and "in 0 of 1; fewer than 2 seeds)" in section
+
+
+def test_stability_with_one_seed_is_inconclusive(tmp_path):
+  out, doc = tmp_path / "runs", tmp_path / "results.md"
+  runs = {"sao": {"0": write_run(out, "stability", "sao", 0, np.linspace(0.2, 0.8, 20))},
+          "grpo": {"0": write_run(out, "stability", "grpo", 0, np.linspace(0.2, 0.8, 20))}}
+  write_manifest(out, "claim6_stability", "stability", runs, steps=20)
+  section = report.write_report(out, doc).read_text().split("## Claim 6")[1]
+  assert "Verdict: **inconclusive** — SAO collapsed in 0 of 1 seeds" in section
 
 
 def test_load_run_counts_trajectories_and_keeps_the_last_duplicate(tmp_path):
