@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from sao_jax.config import ModelConfig
-from sao_jax.models import attention
+from sao_jax.models import attention, moe
 from sao_jax.sharding.rules import constrain
 
 BTD = ("activation_batch", "activation_length", "activation_embed")
@@ -145,8 +145,8 @@ class MoE(nnx.Module):
 
   p = softmax(x W_router) over E experts; the k largest p_e are kept and, with
   `norm_topk_prob`, renormalised to sum to one. y = sum_{e in topk} p_e * MLP_e(x).
-  Tokens are sorted by expert and run through `jax.lax.ragged_dot`, so compute is
-  proportional to k, not E.
+  The expert computation is `sao_jax.models.moe.expert_parallel_ffn`: sorted
+  `ragged_dot`s (compute proportional to k, not E), expert-parallel under a mesh.
   """
 
   def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
@@ -160,23 +160,11 @@ class MoE(nnx.Module):
   def __call__(self, x_BxTxD: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Returns (y_BxTxD, router_logits_BxTxE in float32)."""
     cfg, dt = self.cfg, x_BxTxD.dtype
-    b, t, d = x_BxTxD.shape
-    k, e = cfg.num_experts_per_tok, cfg.num_experts
     logits_BxTxE = (x_BxTxD @ self.router[...].astype(dt)).astype(jnp.float32)
     probs_BxTxE = jax.nn.softmax(logits_BxTxE, axis=-1)
-    weight_BxTxk, expert_BxTxk = jax.lax.top_k(probs_BxTxE, k)
+    weight_BxTxK, expert_BxTxK = jax.lax.top_k(probs_BxTxE, cfg.num_experts_per_tok)
     if cfg.norm_topk_prob:
-      weight_BxTxk = weight_BxTxk / jnp.sum(weight_BxTxk, axis=-1, keepdims=True)
-    x_NxD = x_BxTxD.reshape(b * t, d)
-    expert_M = expert_BxTxk.reshape(-1)
-    order_M = jnp.argsort(expert_M, stable=True)
-    token_M = order_M // k
-    group_sizes_E = jnp.bincount(expert_M, length=e).astype(jnp.int32)
-    xs_MxD = x_NxD[token_M]
-    gate_MxF = jax.lax.ragged_dot(xs_MxD, self.gate_proj[...].astype(dt), group_sizes_E)
-    up_MxF = jax.lax.ragged_dot(xs_MxD, self.up_proj[...].astype(dt), group_sizes_E)
-    out_MxD = jax.lax.ragged_dot(jax.nn.silu(gate_MxF) * up_MxF, self.down_proj[...].astype(dt),
-                                 group_sizes_E)
-    weight_Mx1 = weight_BxTxk.reshape(-1)[order_M][:, None].astype(dt)
-    y_NxD = jnp.zeros_like(x_NxD).at[token_M].add(out_MxD * weight_Mx1)
-    return constrain(y_NxD.reshape(b, t, d), BTD), logits_BxTxE
+      weight_BxTxK = weight_BxTxK / jnp.sum(weight_BxTxK, axis=-1, keepdims=True)
+    y_BxTxD = moe.expert_parallel_ffn(x_BxTxD, expert_BxTxK, weight_BxTxK, self.gate_proj[...],
+                                      self.up_proj[...], self.down_proj[...])
+    return constrain(y_BxTxD, BTD), logits_BxTxE
