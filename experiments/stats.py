@@ -128,7 +128,8 @@ def trailing_mean(values: Sequence[float], window: int) -> np.ndarray:
 
 def trailing_median(values: Sequence[float], window: int) -> np.ndarray:
   """Median of the last `window` finite values up to each position: robust to the
-  rare huge diagnostic (explained variance of a batch whose returns are all equal)."""
+  rare huge diagnostic and to undefined (NaN) ones, such as the explained variance
+  of a batch whose returns do not vary."""
   data = np.asarray(values, np.float64)
   out = np.full(data.size, math.nan)
   for end in range(1, data.size + 1):

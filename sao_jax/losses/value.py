@@ -19,8 +19,19 @@ import jax.numpy as jnp
 from sao_jax.losses import aggregate as agg
 
 
+# Returns (rewards in [0, 1] here) with a smaller variance carry no signal.
+MIN_RETURN_VARIANCE = 1e-8
+
+
 def explained_variance(values: jax.Array, returns: jax.Array, action_mask: jax.Array) -> jax.Array:
-  """`1 - Var(G - V) / Var(G)` over masked tokens (0 when `Var(G) == 0`)."""
+  """`1 - Var(G - V) / Var(G)` over masked tokens; NaN when the returns do not vary.
+
+  "Do not vary" means Var(G) <= `MIN_RETURN_VARIANCE` (std 1e-4): below that the
+  ratio divides float32 rounding noise (a batch with every reward 0 gave -7e8),
+  and there is nothing for the critic to explain. NaN, not 0, so the metric says
+  "undefined" rather than "explains nothing"; the metrics writer skips it in
+  TensorBoard and keeps it in the JSONL.
+  """
   mask = action_mask.astype(bool)
 
   def var(x):
@@ -29,7 +40,8 @@ def explained_variance(values: jax.Array, returns: jax.Array, action_mask: jax.A
 
   var_returns = var(returns.astype(jnp.float32))
   var_residual = var(returns.astype(jnp.float32) - values.astype(jnp.float32))
-  return jnp.where(var_returns > 0, 1.0 - var_residual / jnp.maximum(var_returns, 1e-12), 0.0)
+  defined = var_returns > MIN_RETURN_VARIANCE
+  return jnp.where(defined, 1.0 - var_residual / jnp.where(defined, var_returns, 1.0), jnp.nan)
 
 
 def value_loss(values: jax.Array, old_values: jax.Array, returns: jax.Array,

@@ -43,8 +43,16 @@ def test_explained_variance_matches_numpy():
   np.testing.assert_allclose(perfect, 1.0)
 
 
-def test_explained_variance_of_constant_returns_is_zero():
-  assert losses.explained_variance(np.ones((1, 4)), np.ones((1, 4)), np.ones((1, 4))) == 0
+def test_explained_variance_is_undefined_when_returns_do_not_vary():
+  assert np.isnan(losses.explained_variance(np.ones((1, 4)), np.ones((1, 4)), np.ones((1, 4))))
+  # All rewards 0 with a bootstrapped critic target: returns differ only by rounding
+  # noise, which used to be divided by (a -7e8 metric).
+  returns = np.float32(1e-6) * np.array([[0.0, 1.0, 2.0, 3.0]], np.float32)
+  values = np.array([[0.1, -0.2, 0.3, 0.0]], np.float32)
+  assert np.isnan(losses.explained_variance(values, returns, np.ones((1, 4))))
+  # Just above the floor it is defined again.
+  returns = np.array([[0.0, 3e-4, 0.0, 3e-4]], np.float32)
+  np.testing.assert_allclose(losses.explained_variance(returns, returns, np.ones((1, 4))), 1.0)
 
 
 @pytest.mark.parametrize("loss_agg", losses.LOSS_AGGS)
