@@ -26,7 +26,7 @@ from sao_jax.config import Config
 from sao_jax.learner import state as state_lib
 from sao_jax.learner.step import train_step
 from sao_jax.models.transformer import param_shardings
-from sao_jax.sharding.rules import logical_sharding
+from sao_jax.sharding import rules
 from sao_jax.types import Batch
 
 
@@ -75,7 +75,7 @@ def state_shardings(cfg: Config, mesh: jax.sharding.Mesh) -> state_lib.TrainStat
 
 def batch_shardings(cfg: Config, mesh: jax.sharding.Mesh, length: int) -> Batch:
   """Rows over the activation-batch mesh axes; ValueError if they do not divide."""
-  two_d = logical_sharding(mesh, ("activation_batch", "activation_length"),
+  two_d = rules.logical_sharding(mesh, ("activation_batch", "activation_length"),
                            (cfg.learner.batch_rows, length))
   return Batch(*[two_d] * len(Batch._fields))
 
@@ -109,13 +109,19 @@ def compile_train_step(cfg: Config, mesh: jax.sharding.Mesh, length: int):
   The state argument is donated: its buffers are reused for the new state.
   Metrics come back replicated.
 
-  Not traced under `jax.set_mesh(mesh)`, so the model's activation hints
-  (`sharding.rules.constrain`) are inactive and the compiler propagates the
-  input shardings: measured with benchmarks/learner.py (100M model, fsdp=8),
-  enabling the hints raised per-device temporaries from 0.37 to 1.05 GiB.
+  Traced on `mesh` (the MoE layers need it for their expert-parallel
+  shard_map) but with the model's activation hints (`sharding.rules.constrain`)
+  off, so the compiler propagates the input shardings: measured with
+  benchmarks/learner.py (100M dense model, fsdp=8), the hints raised per-device
+  temporaries from 0.37 to 1.05 GiB.
   """
   replicated = NamedSharding(mesh, PartitionSpec())
   state_sh = state_shardings(cfg, mesh)
-  return jax.jit(functools.partial(train_step, cfg=cfg),
+
+  def on_mesh(state, batch, update_policy):
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), rules.activation_hints(False):
+      return train_step(state, batch, update_policy, cfg=cfg)
+
+  return jax.jit(on_mesh,
                  in_shardings=(state_sh, batch_shardings(cfg, mesh, length), replicated),
                  out_shardings=(state_sh, replicated), donate_argnums=0)

@@ -15,7 +15,9 @@ run time, and a constraint is only a hint to the compiler).
 
 from __future__ import annotations
 
-from typing import Sequence
+import contextlib
+import contextvars
+from typing import Iterator, Sequence
 
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
@@ -90,14 +92,33 @@ def logical_sharding(mesh: jax.sharding.Mesh, axes: Sequence[str | None], shape:
   return NamedSharding(mesh, logical_to_spec(axes, shape, dict(mesh.shape), strict=True, what=what))
 
 
+_HINTS = contextvars.ContextVar("sao_jax_activation_hints", default=True)
+
+
+@contextlib.contextmanager
+def activation_hints(enabled: bool) -> Iterator[None]:
+  """Turns `constrain` on or off while tracing inside this context.
+
+  A program traced on a mesh (for the expert-parallel MoE's shard_map) can still
+  leave activation shardings to the compiler's propagation; see
+  `sao_jax.learner.compile.compile_train_step` for when that is better.
+  """
+  token = _HINTS.set(enabled)
+  try:
+    yield
+  finally:
+    _HINTS.reset(token)
+
+
 def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
-  """Hints the sharding of activation `x` from logical `axes`; no-op without a mesh.
+  """Hints the sharding of activation `x` from logical `axes`; no-op without a mesh
+  or inside `activation_hints(False)`.
 
   The mesh comes from the caller's `jax.set_mesh(mesh)` context, so model code
   stays mesh-agnostic and runs unchanged on one device.
   """
   mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty:
+  if mesh.empty or not _HINTS.get():
     return x
   spec = logical_to_spec(axes, x.shape, dict(mesh.shape), strict=False)
   return jax.lax.with_sharding_constraint(x, spec)

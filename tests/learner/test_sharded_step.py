@@ -16,16 +16,18 @@ from sao_jax.sharding.mesh import make_mesh
 # round-off-level gradient entries cannot flip a whole lr between reduction orders.
 CFG = replace_model(make_config(adam_eps=1e-2), num_attention_heads=8, num_key_value_heads=4,
                     head_dim=4)
+# Every layer sparse: 4 experts, top-2, so an expert axis of 4 holds one each.
+MOE_CFG = replace_model(CFG, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)
 
 
-def run_on(mesh_cfg, devices, steps=2):
+def run_on(mesh_cfg, devices, steps=2, cfg=CFG):
   mesh = make_mesh(mesh_cfg, devices)
-  step = compile_lib.compile_train_step(CFG, mesh, LENGTH)
-  state = compile_lib.init_sharded_state(CFG, mesh, jax.random.key(0))
+  step = compile_lib.compile_train_step(cfg, mesh, LENGTH)
+  state = compile_lib.init_sharded_state(cfg, mesh, jax.random.key(0))
   metrics = []
   for i in range(steps):
     batch = compile_lib.put_batch(make_batch(10 + i, behavior_shift=0.2),
-                                  compile_lib.batch_shardings(CFG, mesh, LENGTH))
+                                  compile_lib.batch_shardings(cfg, mesh, LENGTH))
     state, m = step(state, batch, jnp.asarray(True))
     metrics.append(m)
   return mesh, state, metrics
@@ -40,8 +42,29 @@ def unsharded():
                                       C.MeshConfig(data=2, fsdp=4)],
                          ids=["fsdp2xtensor4", "data2xfsdp4"])
 def test_sharded_step_equals_unsharded(unsharded, mesh_cfg):
-  _, ref_state, ref_metrics = unsharded
-  mesh, state, metrics = run_on(mesh_cfg, jax.devices())
+  _assert_same_run(unsharded, run_on(mesh_cfg, jax.devices()))
+
+
+def test_expert_parallel_moe_step_equals_unsharded():
+  """The train step routes through the MoE's shard_map (it is traced on the mesh)."""
+  reference = run_on(C.MeshConfig(fsdp=1), jax.devices()[:1], cfg=MOE_CFG)
+  mesh_cfg = C.MeshConfig(fsdp=2, tensor=1, expert=4)
+  mesh = make_mesh(mesh_cfg, jax.devices())
+  lowered = compile_lib.compile_train_step(MOE_CFG, mesh, LENGTH).lower(
+      *_abstract_args(MOE_CFG, mesh))
+  assert "reduce_scatter" in lowered.as_text()
+  _assert_same_run(reference, run_on(mesh_cfg, jax.devices(), cfg=MOE_CFG))
+
+
+def _abstract_args(cfg, mesh):
+  state = compile_lib.init_sharded_state(cfg, mesh, jax.random.key(0))
+  batch = compile_lib.put_batch(make_batch(10), compile_lib.batch_shardings(cfg, mesh, LENGTH))
+  return state, batch, jnp.asarray(True)
+
+
+def _assert_same_run(reference, run):
+  _, ref_state, ref_metrics = reference
+  mesh, state, metrics = run
   assert mesh.devices.size == 8
   ref_leaves = jax.tree.leaves(ref_state)
   leaves = jax.tree.leaves(state)
