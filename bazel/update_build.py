@@ -6,6 +6,8 @@ tests/test_build.py checks BUILD against the tree.
 """
 
 import pathlib
+import re
+import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -29,22 +31,22 @@ py_library(
     data = glob(["configs/**/*.py", "experiments/*.py", "tpu_scripts/*.sh"]),
     imports = ["."],
     deps = [
-        requirement("jax"),
-        requirement("flax"),
-        requirement("optax"),
-        requirement("orbax-checkpoint"),
-        requirement("grain"),
-        requirement("numpy"),
-        requirement("safetensors"),
-        requirement("tokenizers"),
+{deps}
     ],
 )
 '''
 
 
+def runtime_requirements() -> list[str]:
+  """Distribution names of pyproject's [project].dependencies (versions stripped)."""
+  project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+  return [re.split(r"[<>=!~\[; ]", dep, maxsplit=1)[0] for dep in project["dependencies"]]
+
+
 def render() -> str:
   modules = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "sao_jax").rglob("*.py"))
-  text = HEADER.format(srcs="\n".join(f'        "{m}",' for m in modules))
+  text = HEADER.format(srcs="\n".join(f'        "{m}",' for m in modules),
+                       deps="\n".join(f'        requirement("{r}"),' for r in runtime_requirements()))
   for test in sorted((ROOT / "tests").rglob("test_*.py")):
     rel = test.relative_to(ROOT)
     parts = rel.parts[1:-1]

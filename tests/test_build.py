@@ -2,8 +2,11 @@
 
 import pathlib
 import re
+import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bazel"))
+import update_build  # noqa: E402  (bazel/ is not a package)
 BUILD = (ROOT / "BUILD").read_text()
 
 
@@ -38,3 +41,11 @@ def test_every_test_file_has_one_target():
 def test_target_names_are_unique():
   names = [name for name, _ in _pytest_targets()]
   assert len(names) == len(set(names)), f"duplicate pytest_test names in BUILD: {names}"
+
+
+def test_library_depends_on_every_runtime_requirement():
+  """The py_library's deps are pyproject's runtime dependencies, no more, no less."""
+  block = re.search(r'py_library\(\s*name = "sao_jax",.*?deps = \[(.*?)\]', BUILD, re.S)
+  assert block, "BUILD has no py_library named sao_jax with a deps list"
+  listed = re.findall(r'requirement\("([^"]+)"\)', block.group(1))
+  assert listed == update_build.runtime_requirements(), "run `python bazel/update_build.py`"
