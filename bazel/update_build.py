@@ -53,7 +53,7 @@ def render() -> str:
     name = "_".join([*parts, test.stem])
     data = f'glob(["{rel.parent.as_posix()}/*.py"], exclude = ["{rel.parent.as_posix()}/test_*.py"])'
     if rel.parent.as_posix() == "tests":
-      data = '["BUILD"] + glob(["sao_jax/**/*.py", "tests/**/*.py", "configs/**/*.py"])'
+      data = '["BUILD", "pyproject.toml", "bazel/update_build.py"] + glob(["sao_jax/**/*.py", "tests/**/*.py", "configs/**/*.py"])'
     text += f'\npytest_test(name = "{name}", src = "{rel.as_posix()}", data = {data})\n'
   return text
 
