@@ -7,17 +7,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sao_jax.config import ModelConfig
+from sao_jax.config import MeshConfig, ModelConfig
 from sao_jax.models import forward, transformer
+from sao_jax.sharding.mesh import make_mesh
 from tiny import DENSE, MOE, padded_batch
 
 ALL_MOE = dataclasses.replace(MOE, mlp_only_layers=())
 
 
-def _outputs(cfg):
-  """logp, entropy, router logits, values and policy gradients of one padded batch."""
-  params = transformer.init_params(cfg, jax.random.key(3))
-  value_params = transformer.init_params(cfg, jax.random.key(4), head="value")
+def _outputs(cfg, mesh=None):
+  """logp, entropy, router logits, values and policy gradients of one padded batch
+  (with `mesh`: params sharded by the rules and the program traced on the mesh)."""
+  params = transformer.init_params(cfg, jax.random.key(3), mesh=mesh)
+  value_params = transformer.init_params(cfg, jax.random.key(4), head="value", mesh=mesh)
   # A non-zero value head, so the values depend on the trunk.
   value_params["value_head"]["kernel"] = jnp.linspace(-1.0, 1.0, cfg.hidden_size)
   tokens, mask = padded_batch(2)
@@ -29,7 +31,10 @@ def _outputs(cfg):
     return (out.logp_BxT, out.entropy_BxT, out.router_logits,
             forward.value_forward(value_params, cfg, tokens, mask), grads)
 
-  return jax.jit(run)(params, value_params)
+  if mesh is None:
+    return jax.jit(run)(params, value_params)
+  with jax.set_mesh(mesh):
+    return jax.jit(run)(params, value_params)
 
 
 @pytest.mark.parametrize("base, remat", [(DENSE, "none"), (ALL_MOE, "none"), (DENSE, "full")],
@@ -39,6 +44,16 @@ def test_scanned_layers_equal_unrolled(base, remat):
   want = _outputs(unrolled)
   got = _outputs(dataclasses.replace(unrolled, scan_layers=True))
   assert len(got[2]) == len(want[2]) == (base.num_hidden_layers if base.num_experts else 0)
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(g, w, atol=1e-6, rtol=1e-5)
+
+
+def test_scanned_layers_on_a_mesh_equal_unrolled_on_one_device():
+  """Stacked layer params pinned to their shardings; MoE routed expert-parallel."""
+  unrolled = dataclasses.replace(ALL_MOE, remat_policy="full")
+  want = _outputs(unrolled)
+  mesh = make_mesh(MeshConfig(fsdp=2, tensor=1, expert=4))
+  got = _outputs(dataclasses.replace(unrolled, scan_layers=True), mesh)
   for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_allclose(g, w, atol=1e-6, rtol=1e-5)
 
