@@ -95,7 +95,7 @@ def test_overrides_parse_by_field_type():
   config = cfg.apply_overrides(cfg.Config(), [
       "algorithm.eps_low=0.2", "algorithm.eps_high=3", "model.tie_word_embeddings=False",
       "algorithm.value_clip=None", "model.mlp_only_layers=(0, 1)", "model.param_dtype=bfloat16",
-      "seed=7", "name=my run",
+      "seed=7", "name=my run", "model.scan_layers=true",
   ])
   assert config.algorithm.eps_low == 0.2
   assert config.algorithm.eps_high == 3.0 and isinstance(config.algorithm.eps_high, float)
@@ -104,6 +104,7 @@ def test_overrides_parse_by_field_type():
   assert config.model.mlp_only_layers == (0, 1)
   assert config.model.param_dtype == "bfloat16"
   assert (config.seed, config.name) == (7, "my run")
+  assert config.model.scan_layers is True  # shell-style lowercase booleans too
 
 
 @pytest.mark.parametrize("override,message", [
@@ -113,6 +114,7 @@ def test_overrides_parse_by_field_type():
     ("seed.x=1", r"'seed' is not a section"),
     ("model.hidden_size=big", r"model.hidden_size='big': cannot parse"),
     ("model.hidden_size=1.5", r"cannot parse"),
+    ("model.scan_layers=yes", r"model.scan_layers='yes'.*expected true or false"),
 ])
 def test_bad_overrides_are_named(override, message):
   with pytest.raises(ValueError, match=message):

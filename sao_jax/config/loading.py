@@ -71,6 +71,8 @@ def _parse_value(raw: str, hint: Any, key: str) -> Any:
     origin = typing.get_origin(kind) or kind
     if origin is str:
       return raw
+    if origin is bool and raw.lower() in ("true", "false"):
+      return raw.lower() == "true"
     try:
       value = ast.literal_eval(raw)
     except (ValueError, SyntaxError):
@@ -83,7 +85,8 @@ def _parse_value(raw: str, hint: Any, key: str) -> Any:
       return float(value)
     if origin is tuple and isinstance(value, (tuple, list)):
       return tuple(value)
-  raise ValueError(f"override {key}={raw!r}: cannot parse as {hint}")
+  expected = " (expected true or false)" if bool in allowed else ""
+  raise ValueError(f"override {key}={raw!r}: cannot parse as {hint}{expected}")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -118,10 +118,10 @@ def compile_train_step(cfg: Config, mesh: jax.sharding.Mesh, length: int):
   replicated = NamedSharding(mesh, PartitionSpec())
   state_sh = state_shardings(cfg, mesh)
 
-  def on_mesh(state, batch, update_policy):
+  def train_step_on_mesh(state, batch, update_policy):
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), rules.activation_hints(False):
       return train_step(state, batch, update_policy, cfg=cfg)
 
-  return jax.jit(on_mesh,
+  return jax.jit(train_step_on_mesh,
                  in_shardings=(state_sh, batch_shardings(cfg, mesh, length), replicated),
                  out_shardings=(state_sh, replicated), donate_argnums=0)

@@ -157,6 +157,13 @@ def _needed(seg_N):
 
 def _forward(q_N, k_N, v_N, seg_N, block):
   """Blocked forward; returns out [nb, B, C, K, G, H] (q dtype) and lse [nb, B, K, G, C]."""
+  # Ties the segment ids to q/k/v. Under `lax.scan` over layers, JAX's partial
+  # evaluation hoists computations that depend only on loop constants out of the
+  # loop, and the segment ids are the same in every layer: the causal/segment
+  # masks of all nb x nb block pairs were materialised up front as [nb, nb, B, K,
+  # G, C, C] arrays (8 GiB each for a 32K-token row; the cause of
+  # scan_layers' extra TPU memory). Through the barrier they count as per-layer.
+  q_N, k_N, v_N, seg_N = jax.lax.optimization_barrier((q_N, k_N, v_N, seg_N))
   nb = q_N.shape[0]
   dt = q_N.dtype
   needed_NxN = _needed(seg_N)

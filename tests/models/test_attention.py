@@ -121,3 +121,34 @@ def test_config_rejects_unknown_attention_and_remat_names():
     ModelConfig(remat_policy="some").validate()
   with pytest.raises(ValueError, match="model.attention_block=0"):
     ModelConfig(attention_block=0).validate()
+
+
+def test_blocked_attention_under_a_layer_scan_keeps_no_per_block_pair_arrays():
+  """Differentiating layers scanned over blocked attention must not materialise
+  anything per (query block, key block) pair: the [nb, nb, B, K, G, C, C] masks
+  that JAX's loop-invariant hoisting once built cost 8 GiB each at 32K tokens."""
+  nb, block = 4, 16
+  q = jax.random.normal(jax.random.key(0), (1, nb * block, 4, 8))
+  segments = jnp.ones((1, nb * block), jnp.int32)
+
+  def layer(x):
+    return jnp.tanh(attention.blocked_attention(x, x[:, :, :2], x[:, :, 2:], segments, block))
+
+  def loss(x):
+    y, _ = jax.lax.scan(lambda c, _: (layer(c), None), x, None, length=2)
+    return jnp.sum(y)
+
+  shapes = set()
+
+  def collect(jaxpr):
+    for eqn in jaxpr.eqns:
+      shapes.update(tuple(getattr(v.aval, "shape", ())) for v in eqn.outvars)
+      for param in jax.tree.leaves(eqn.params, is_leaf=lambda p: hasattr(p, "eqns")):
+        inner = getattr(param, "jaxpr", param)
+        if hasattr(inner, "eqns"):
+          collect(inner)
+
+  collect(jax.make_jaxpr(jax.grad(loss))(q).jaxpr)
+  per_pair = {s for s in shapes if len(s) >= 3 and s[:2] == (nb, nb) and s[-1] == block}
+  assert not per_pair, f"per block pair arrays: {sorted(per_pair)}"
+  assert (nb, block) in {s[:1] + s[-1:] for s in shapes if len(s) > 2}  # the walk saw the blocks
