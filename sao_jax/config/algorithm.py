@@ -11,6 +11,7 @@ from sao_jax.config.checks import check_choice, check_positive, fail
 VARIANTS = ("sao", "sao_dis_only", "grpo", "grpo_dis", "running_mean", "ppo")
 LOSS_AGGS = ("token_mean", "token_mean_kept", "seq_mean_token_mean")
 GAE_METHODS = ("auto", "associative", "scan")
+GAE_SPANS = ("actions", "response")
 # The value model's attention: q/k/v/o projections and q/k norms of every layer
 # (identical in dense and MoE Qwen3), frozen during critic training (SAO.md §4).
 FROZEN_ATTENTION_PATTERNS = (
@@ -33,6 +34,10 @@ class AlgorithmConfig:
   lam_policy: float | None = None
   lam_critic: float = 1.0
   gae_method: str = "auto"
+  # Tokens GAE runs over: "actions" skips observation tokens (SAO.md §3);
+  # "response" is plain GAE over every token from a trajectory's first to its
+  # last action, observations included (the ppo preset; the claim-4 ablation).
+  gae_span: str = "actions"
   # Policy loss (SAO.md §2): DIS band (1 - eps_low, 1 + eps_high), PPO clip for grpo/ppo.
   eps_low: float = 0.3
   eps_high: float = 5.0
@@ -61,7 +66,7 @@ class AlgorithmConfig:
         "grpo_dis": {"group_size": 8, "value_updates_per_step": 0},
         "running_mean": {"value_updates_per_step": 0},
         "ppo": {"value_updates_per_step": 1, "eps_low": 0.2, "eps_high": 0.2,
-                "frozen_attention": False},
+                "frozen_attention": False, "gae_span": "response"},
     }
     if variant not in presets:
       fail("algorithm", "variant", variant, f"allowed values are {', '.join(VARIANTS)}")
@@ -80,6 +85,7 @@ class AlgorithmConfig:
     check_choice("algorithm", self, "variant", VARIANTS)
     check_choice("algorithm", self, "loss_agg", LOSS_AGGS)
     check_choice("algorithm", self, "gae_method", GAE_METHODS)
+    check_choice("algorithm", self, "gae_span", GAE_SPANS)
     check_choice("algorithm", self, "running_mean_scope", ("prompt", "global"))
     if not 0.0 < self.gamma <= 1.0:
       fail("algorithm", "gamma", self.gamma, "expected 0 < gamma <= 1")
@@ -115,3 +121,6 @@ class AlgorithmConfig:
     if self.variant not in ("grpo", "grpo_dis") and self.group_size != 1:
       fail("algorithm", "group_size", self.group_size,
             f"variant {self.variant!r} is single-rollout; set it to 1")
+    if not self.uses_critic and self.gae_span != "actions":
+      fail("algorithm", "gae_span", self.gae_span,
+           f"variant {self.variant!r} has no critic and so no GAE; leave it 'actions'")

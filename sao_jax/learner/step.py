@@ -2,7 +2,7 @@
 
     V_old      = value_forward(value_params)                     (critic variants)
     advantages = skip-obs GAE(lam_policy)   sao, sao_dis_only    (SAO.md §3)
-                 plain GAE over the response ppo
+                 plain GAE over the response ppo (algorithm.gae_span="response")
                  group-normalised outcome   grpo, grpo_dis       (§5)
                  outcome - running mean     running_mean         (§5)
     returns    = GAE(lam_critic) + V_old                          value targets
@@ -84,7 +84,7 @@ def _values(cfg: Config, params, batch: Batch) -> jax.Array:
 def _gae_inputs(cfg: Config, batch: Batch):
   """The GAE mask and policy lambda (per token: each segment's own) of the variant."""
   alg = cfg.algorithm
-  mask = _response_mask(batch) if alg.variant == "ppo" else batch.action_mask
+  mask = _response_mask(batch) if alg.gae_span == "response" else batch.action_mask
   lam = alg.lam_policy if alg.lam_policy is not None else losses.length_adaptive_lam(
       mask, alg.lam_alpha, segment_ids=batch.attention_mask)
   return mask, lam

@@ -1,5 +1,6 @@
 """The SAO train step: golden values, critic schedule, guards, micro-batching, variants."""
 
+import dataclasses
 import functools
 
 import jax
@@ -181,3 +182,31 @@ def test_state_from_shared_trunk_can_be_donated():
   step = jax.jit(functools.partial(train_step, cfg=cfg), donate_argnums=0)
   state, metrics = step(state, make_batch(8), jnp.asarray(True))
   assert np.isfinite(float(metrics["policy/loss"]))
+
+
+def test_gae_span_response_runs_plain_gae_over_observations_too():
+  """gae_span="response": GAE over every token from the first to the last action
+  (the observation at 7:9 included), advantages kept on action tokens only."""
+  from sao_jax import losses
+  from sao_jax.learner import step as step_lib
+  batch = jax.tree.map(jnp.asarray, make_batch(3))
+  values = jax.random.normal(jax.random.key(0), batch.rewards.shape)
+  plain = make_config("sao")
+  plain = dataclasses.replace(plain, algorithm=dataclasses.replace(plain.algorithm,
+                                                                   gae_span="response"))
+  adv, _ = step_lib.advantages(plain, batch, values, None)
+  ends = np.asarray(batch.attention_mask).sum(axis=1)
+  span = np.zeros(batch.rewards.shape, np.int32)
+  for b, end in enumerate(ends):
+    span[b, 3:end] = 1  # first action token 3, last end - 1
+  lam = losses.length_adaptive_lam(jnp.asarray(span), plain.algorithm.lam_alpha,
+                                   segment_ids=batch.attention_mask)
+  want, _ = losses.gae(batch.rewards, values, jnp.asarray(span), gamma=1.0, lam=lam,
+                       segment_ids=batch.attention_mask)
+  want = np.where(np.asarray(batch.action_mask) > 0, want, 0.0)
+  np.testing.assert_allclose(adv, want, atol=1e-6)
+  skip_obs, _ = step_lib.advantages(make_config("sao"), batch, values, None)
+  assert not np.allclose(skip_obs, adv)  # the observation's values now enter the deltas
+  assert C.AlgorithmConfig.for_variant("ppo").gae_span == "response"
+  with pytest.raises(ValueError, match=r"algorithm.gae_span.*'grpo' has no critic"):
+    C.AlgorithmConfig.for_variant("grpo", gae_span="response").validate()
