@@ -2,7 +2,8 @@
 
     .venv/bin/python -m experiments.claim4_skip_obs_gae [--seeds 3] [--quick] [--out DIR]
 
-Variants: sao, ppo (plain GAE over the whole response).
+Variants: sao, sao_plain_gae (the same, GAE over the whole response span), ppo
+(plain GAE, PPO clip, K=1, attention not frozen).
 Setting: `configs/experiments/tool_math.py`. Runs `sao-train` per (variant, seed)
 (`experiments.runner`), then rewrites docs/results.md.
 """

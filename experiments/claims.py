@@ -45,6 +45,7 @@ VARIANTS = {v.name: v for v in (
     # (baseline 0); the paper's global window of 128 outcomes is the meaningful one.
     Variant("running_mean", "running-mean baseline (global, W=128)", "running_mean",
             (("running_mean_window", 128), ("running_mean_scope", "global"))),
+    Variant("sao_plain_gae", "SAO with plain GAE", "sao", (("gae_span", "response"),)),
     Variant("ppo", "PPO with plain GAE", "ppo"),
 )}
 
@@ -61,12 +62,13 @@ CLAIMS = (
           "AIME25 97.3 (SAO) / 79.8 (running mean); BeyondAIME 74.8 / 55.3",
           "tool_math", "ordering", ("sao", "running_mean"), (("sao", "running_mean"),)),
     Claim("claim4_skip_obs_gae", 4, "skip-observation GAE beats plain GAE on multi-turn traces",
-          "the paper motivates skip-observation GAE for agent traces (SAO.md §3); the plain-GAE "
-          "baseline here is the `ppo` variant", "tool_math", "ordering", ("sao", "ppo"),
-          (("sao", "ppo"),),
-          note="`ppo` differs from `sao` in more than the GAE mask (PPO clip instead of DIS, "
-               "K=1, no frozen attention): sao_jax selects the GAE mask by variant, so the "
-               "mask alone cannot be switched yet."),
+          "the paper motivates skip-observation GAE for agent traces (SAO.md §3); here SAO is "
+          "compared with itself on plain GAE (`algorithm.gae_span=response`: observation "
+          "tokens inside the GAE recursion), and with PPO, which also uses plain GAE",
+          "tool_math", "ordering", ("sao", "sao_plain_gae", "ppo"),
+          (("sao", "sao_plain_gae"), ("sao", "ppo")),
+          note="`sao_plain_gae` changes only the GAE span; `ppo` also differs in its loss "
+               "(PPO clip instead of DIS), K=1 and no frozen attention."),
     Claim("claim5_realignment", 5, "SAO re-aligns faster than a running-mean baseline after a "
           "preference switch", "online learning with an LLM judge: SAO re-aligns quickly after "
           "each style switch; the running-mean baseline (window 128) lags",
