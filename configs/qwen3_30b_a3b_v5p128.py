@@ -14,19 +14,18 @@ Prove it compiles and fits before paying for the slice (CPU + libtpu):
 
     .venv/bin/sao-plan --config configs/qwen3_30b_a3b_v5p128.py --topology v5p:4x4x4
 
-Status (measured with libtpu on a 2-core CPU machine): with `scan_layers=True`
-the plan compiles in 3 minutes (unrolled, it had not finished after 16), and it
-does NOT fit: the TPU compiler needs 411 GiB of temporaries per chip against
-95.7 GiB. Two causes, both open:
-  1. The MoE routes with one argsort over all tokens of the global batch, which
-     the SPMD partitioner cannot shard: routed activations of all 64 chips'
-     tokens land on every chip (~70 GB per [tokens*k, hidden] array). The fix
-     is expert-parallel dispatch with `shard_map` (local routing, all-to-all).
-  2. Scanning over layers stacks the per-layer params at use; on TPU that
-     raises temporaries (Qwen3-8B on v5p:2x2x4: 181 GiB scanned vs a fit at
-     92.5% unrolled), so the stacked copies and their gradients are not
-     sharded like the params. Storing params stacked is the fix.
-Analytic estimate: 7.8e17 model FLOPs per step, >= 37 s per step at <= 71% MFU.
+Status (measured with libtpu on a 2-core CPU machine): fits. The train step
+needs 48.3 GiB per chip (5.8 args + 42.3 temporaries + outputs/code; 50.9% of
+95 GiB), the sampler's decode step 7.3 GiB; compile ~5 minutes on a loaded
+machine. Two fixes took it from 411 GiB of temporaries to 42:
+  1. Expert-parallel MoE (`sao_jax.models.moe`): each chip routes only its
+     expert group's tokens under shard_map; the SPMD partitioner had replicated
+     one global argsort of all 64 chips' routed pairs (411 -> 183 GiB).
+  2. Blocked attention under the layer scan: JAX hoisted the per-block-pair
+     causal/segment masks out of the loop as [16, 16, 1, 8, 4, 512, 512] arrays
+     (8 GiB each); an optimization barrier keeps them per layer (183 -> 42).
+Roofline: 7.8e17 model FLOPs per step, >= 37 s per step at <= 71% MFU (compute
+bound; the expert all-gather/reduce-scatter traffic is not modelled).
 """
 
 from sao_jax.config import (AlgorithmConfig, Config, LearnerConfig, MeshConfig, ModelConfig,
