@@ -42,6 +42,11 @@ class SamplerConfig:
   learner host serves its shards over TCP on `weights_port`; samplers on other
   hosts connect to `weights_addresses`, the "host:port" of every learner host in
   process order; empty: only this host, for same-host samplers).
+
+  Placement: with `sharded`, a sampler process lays params and KV cache out
+  over all its local devices with the top-level `mesh` config (its -1 axis
+  filled for the local device count), MoE layers expert parallel; otherwise it
+  runs on one device. A model plus cache too large for one chip needs it.
   """
 
   slots: int = 8
@@ -59,6 +64,7 @@ class SamplerConfig:
   weights_dir: str = ""
   weights_port: int = 0  # 0: any free port (same-host samplers learn it from the learner)
   weights_addresses: tuple[str, ...] = ()
+  sharded: bool = False
 
   def validate(self) -> None:
     check_positive("sampler", self, "slots", "max_seq_len", "steps_per_call", "max_new_tokens")

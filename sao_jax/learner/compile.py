@@ -27,6 +27,7 @@ from sao_jax.learner import state as state_lib
 from sao_jax.learner.step import train_step
 from sao_jax.models.transformer import param_shardings
 from sao_jax.sharding import rules
+from sao_jax.sharding.mesh import traced_on
 from sao_jax.types import Batch
 
 
@@ -117,11 +118,6 @@ def compile_train_step(cfg: Config, mesh: jax.sharding.Mesh, length: int):
   """
   replicated = NamedSharding(mesh, PartitionSpec())
   state_sh = state_shardings(cfg, mesh)
-
-  def train_step_on_mesh(state, batch, update_policy):
-    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), rules.activation_hints(False):
-      return train_step(state, batch, update_policy, cfg=cfg)
-
-  return jax.jit(train_step_on_mesh,
+  return jax.jit(traced_on(mesh, functools.partial(train_step, cfg=cfg)),
                  in_shardings=(state_sh, batch_shardings(cfg, mesh, length), replicated),
                  out_shardings=(state_sh, replicated), donate_argnums=0)

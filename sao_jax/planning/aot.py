@@ -27,7 +27,8 @@ from sao_jax.learner import state as state_lib
 from sao_jax.models import decode
 from sao_jax.models.transformer import param_shardings
 from sao_jax.planning import estimate, hardware
-from sao_jax.sharding.mesh import make_mesh
+from sao_jax.sampler import steps as sampler_steps
+from sao_jax.sharding.mesh import make_mesh, traced_on
 from sao_jax.sharding.rules import RULES, logical_to_spec
 
 
@@ -111,33 +112,19 @@ def lower_train(cfg: Config, mesh: jax.sharding.Mesh, seq_len: int):
   return step.lower(state, batch, update_policy)
 
 
-def _cache_shardings(cache, mesh: jax.sharding.Mesh):
-  """Batch rows over the activation-batch axes, KV heads over tensor; the rest replicated."""
-  names = {0: (), 1: ("activation_batch",), 2: ("activation_batch", "cache_length"),
-           4: ("activation_batch", "activation_kv_heads", "cache_length", "head_dim")}
-
-  def one(leaf):
-    if leaf.ndim not in names:
-      raise ValueError(f"KV cache leaf of shape {leaf.shape} has no planned sharding; extend "
-                       "sao_jax.planning.aot._cache_shardings for it")
-    spec = logical_to_spec(names[leaf.ndim], leaf.shape, dict(mesh.shape), strict=False)
-    return NamedSharding(mesh, spec)
-
-  return jax.tree.map(one, cache)
-
-
 def lower_decode(cfg: Config, mesh: jax.sharding.Mesh, batch: int, max_len: int):
   """One sampler decode step (`decode.decode_step`) on a cache of `max_len` slots."""
   model = cfg.model
   params = _abstract(state_lib.abstract_state(cfg).policy_params,
                      param_shardings(model, mesh, "lm"))
   cache_shapes = jax.eval_shape(functools.partial(decode.init_cache, model, batch, max_len))
-  cache_sh = _cache_shardings(cache_shapes, mesh)
+  cache_sh = sampler_steps.cache_shardings(cache_shapes, mesh)
   cache = _abstract(cache_shapes, cache_sh)
   tokens_sh = NamedSharding(mesh, logical_to_spec(("activation_batch",), (batch,), dict(mesh.shape),
                                                   strict=False))
   tokens = jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=tokens_sh)
-  step = jax.jit(lambda p, c, t: decode.decode_step(p, model, c, t),
+  # Traced on the mesh like the sampler's programs (MoE layers expert parallel).
+  step = jax.jit(traced_on(mesh, lambda p, c, t: decode.decode_step(p, model, c, t)),
                  out_shardings=(NamedSharding(mesh, PartitionSpec()), cache_sh), donate_argnums=1)
   return step.lower(params, cache, tokens)
 

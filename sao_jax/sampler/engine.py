@@ -67,7 +67,7 @@ import numpy as np
 
 from sao_jax.config import ModelConfig
 from sao_jax.config.sampler import SamplerConfig
-from sao_jax.models.transformer import Params
+from sao_jax.models.transformer import Params, param_shardings
 from sao_jax.sampler import steps as device_steps
 
 
@@ -125,7 +125,8 @@ class Engine:
 
   def __init__(self, cfg: SamplerConfig, model_cfg: ModelConfig, params: Params, *,
                version: int = 0, stop_token_ids: Sequence[int] = (),
-               detokenize: Callable[[Sequence[int]], str] | None = None):
+               detokenize: Callable[[Sequence[int]], str] | None = None,
+               mesh: jax.sharding.Mesh | None = None):
     cfg.validate()
     bad = [i for i in stop_token_ids if not 0 <= i < model_cfg.vocab_size]
     if bad:
@@ -137,9 +138,11 @@ class Engine:
     self._stops = frozenset(int(i) for i in stop_token_ids)
     self._patterns = [re.compile(p, re.DOTALL) for p in cfg.stop_patterns]
     self._detokenize = detokenize
-    self._steps = device_steps.compile_steps(model_cfg, cfg, tuple(self._stops))
-    self._cache = device_steps.new_cache(model_cfg, cfg)
-    self._params, self._version = params, int(version)
+    self._steps = device_steps.compile_steps(model_cfg, cfg, tuple(self._stops), mesh)
+    self._cache = device_steps.new_cache(model_cfg, cfg, mesh)
+    # On a mesh, every params version is laid out by the sharding rules.
+    self._shardings = None if mesh is None else param_shardings(model_cfg, mesh)
+    self._params, self._version = self._place(params), int(version)
     self._episodes: dict[Hashable, _Episode] = {}
     self._queue: list[Hashable] = []
     n = cfg.slots
@@ -164,7 +167,10 @@ class Engine:
 
   def set_params(self, params: Params, version: int) -> None:
     """New weights (same structure) for every call from the next one on."""
-    self._params, self._version = params, int(version)
+    self._params, self._version = self._place(params), int(version)
+
+  def _place(self, params: Params) -> Params:
+    return params if self._shardings is None else jax.device_put(params, self._shardings)
 
   def room(self, episode_id: Hashable) -> int:
     """How many tokens `submit` may still append to this episode (one must stay free to sample)."""

@@ -24,6 +24,7 @@ import dataclasses
 import zlib
 from typing import Callable, Iterator
 
+import jax
 import numpy as np
 
 from sao_jax.data.records import Trajectory
@@ -35,9 +36,9 @@ from sao_jax.sampler.engine import Engine, Turn, stop_token_ids
 
 
 def make_engine(cfg: SamplerConfig, model_cfg: ModelConfig, params: Params, tokenizer, *,
-                version: int = 0) -> Engine:
+                version: int = 0, mesh: jax.sharding.Mesh | None = None) -> Engine:
   """An `Engine` whose stop tokens and stop-pattern text come from `tokenizer`."""
-  return Engine(cfg, model_cfg, params, version=version,
+  return Engine(cfg, model_cfg, params, version=version, mesh=mesh,
                 stop_token_ids=stop_token_ids(tokenizer, cfg.stop_tokens),
                 detokenize=lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False))
 

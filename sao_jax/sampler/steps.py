@@ -22,6 +22,11 @@ marks the steps in which slot n sampled a token.
 The token at trajectory position t (the number of tokens before it, which is
 the cache length of its row when it is sampled) is drawn with key
 fold_in(key(seed), t) (`sampling.token_keys`). The cache argument is donated.
+
+On a mesh (`sampler.sharded`), params are laid out by the sharding rules and
+the cache by `cache_shardings` (slots over the batch axes, KV heads over
+tensor); both programs are traced on the mesh, so MoE layers run expert
+parallel, and their results equal the single-device programs'.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ from sao_jax.config.sampler import SamplerConfig
 from sao_jax.models import decode as kv
 from sao_jax.models.transformer import Params
 from sao_jax.sampler.sampling import sample, token_keys
+from sao_jax.sharding.mesh import traced_on
+from sao_jax.sharding.rules import logical_to_spec
 
 
 class Sampling(NamedTuple):
@@ -95,26 +102,48 @@ def decode(params: Params, cache: kv.KVCache, token_N: jax.Array, active_N: jax.
   return cache, tokens_KxN, logp_KxN, emitted_KxN
 
 
-def compile_steps(cfg: ModelConfig, sampler: SamplerConfig,
-                  stop_token_ids: tuple[int, ...]) -> Steps:
-  """`prefill` and `decode` jitted with the configs bound and the cache donated.
+def compile_steps(cfg: ModelConfig, sampler: SamplerConfig, stop_token_ids: tuple[int, ...],
+                  mesh: jax.sharding.Mesh | None = None) -> Steps:
+  """`prefill` and `decode` jitted with the configs bound and the cache donated
+  (traced on `mesh` when given; shardings follow the inputs').
 
   Shapes are static per engine (N slots, max_seq_len, one chunk size per
   prefill bucket), so each program compiles once per bucket and never again.
-  Engines whose model config and sampling knobs agree share the programs.
+  Engines whose model config, sampling knobs and mesh agree share the programs.
   """
   return _compiled(cfg, Sampling(float(sampler.temperature), sampler.top_k, float(sampler.top_p),
-                                 sampler.steps_per_call, tuple(sorted(stop_token_ids))))
+                                 sampler.steps_per_call, tuple(sorted(stop_token_ids))), mesh)
 
 
 @functools.lru_cache(maxsize=None)
-def _compiled(cfg: ModelConfig, sampling: Sampling) -> Steps:
-  return Steps(prefill=jax.jit(functools.partial(prefill, cfg=cfg, sampling=sampling),
-                               donate_argnums=1),
-               decode=jax.jit(functools.partial(decode, cfg=cfg, sampling=sampling),
-                              donate_argnums=1))
+def _compiled(cfg: ModelConfig, sampling: Sampling, mesh: jax.sharding.Mesh | None) -> Steps:
+  def jitted(program):
+    program = functools.partial(program, cfg=cfg, sampling=sampling)
+    return jax.jit(program if mesh is None else traced_on(mesh, program), donate_argnums=1)
+
+  return Steps(prefill=jitted(prefill), decode=jitted(decode))
 
 
-def new_cache(cfg: ModelConfig, sampler: SamplerConfig) -> kv.KVCache:
-  """An empty cache of `slots` rows of `max_seq_len` tokens."""
-  return kv.init_cache(cfg, sampler.slots, sampler.max_seq_len)
+def cache_shardings(cache, mesh: jax.sharding.Mesh):
+  """Slots over the activation-batch axes, KV heads over tensor, the rest whole
+  (axes that do not divide are left out)."""
+  names = {0: (), 1: ("activation_batch",), 2: ("activation_batch", "cache_length"),
+           4: ("activation_batch", "activation_kv_heads", "cache_length", "head_dim")}
+
+  def one(leaf):
+    if leaf.ndim not in names:
+      raise ValueError(f"KV cache leaf of shape {leaf.shape} has no sharding; extend "
+                       "sao_jax.sampler.steps.cache_shardings for it")
+    spec = logical_to_spec(names[leaf.ndim], leaf.shape, dict(mesh.shape), strict=False)
+    return jax.sharding.NamedSharding(mesh, spec)
+
+  return jax.tree.map(one, cache)
+
+
+def new_cache(cfg: ModelConfig, sampler: SamplerConfig,
+              mesh: jax.sharding.Mesh | None = None) -> kv.KVCache:
+  """An empty cache of `slots` rows of `max_seq_len` tokens (created sharded on `mesh`)."""
+  init = functools.partial(kv.init_cache, cfg, sampler.slots, sampler.max_seq_len)
+  if mesh is None:
+    return init()
+  return jax.jit(init, out_shardings=cache_shardings(jax.eval_shape(init), mesh))()

@@ -61,6 +61,7 @@ def _run(spec: WorkerSpec, stop: Any, parent_pid: int) -> None:
   from sao_jax.models.tokenizer import load_tokenizer
   from sao_jax.sampler import weights
   from sao_jax.sampler.episodes import EpisodeRunner, make_engine, prompt_slot
+  from sao_jax.sharding.mesh import make_mesh
 
   cfg = spec.cfg
   tokenizer = load_tokenizer(spec.tokenizer_path)
@@ -77,8 +78,11 @@ def _run(spec: WorkerSpec, stop: Any, parent_pid: int) -> None:
   if got is None:
     return
   params, version = got
-  engine = make_engine(cfg.sampler, cfg.model, jax.device_put(params), tokenizer,
-                       version=version)
+  # sampler.sharded: the engine lays params out over this process's devices.
+  mesh = make_mesh(cfg.mesh, jax.local_devices()) if cfg.sampler.sharded else None
+  place = jax.device_put if mesh is None else (lambda tree: tree)
+  engine = make_engine(cfg.sampler, cfg.model, place(params), tokenizer, version=version,
+                       mesh=mesh)
   runner = EpisodeRunner(engine, tokenizer, lambda: make_env(cfg.env),
                          max_episodes=cfg.sampler.slots * 2)
   tasks = make_tasks(cfg.env)
@@ -89,7 +93,7 @@ def _run(spec: WorkerSpec, stop: Any, parent_pid: int) -> None:
   while alive():
     got = subscriber.poll()
     if got is not None:
-      engine.set_params(jax.device_put(got[0]), got[1])
+      engine.set_params(place(got[0]), got[1])
     while runner.in_flight + group <= runner.max_episodes:
       task = next(tasks)
       for _ in range(group):

@@ -10,11 +10,13 @@ written for compiler propagation instead.
 
 from __future__ import annotations
 
-from typing import Sequence
+import functools
+from typing import Callable, Sequence
 
 import jax
 
 from sao_jax.config import MESH_AXES, MeshConfig
+from sao_jax.sharding import rules
 
 
 def make_mesh(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> jax.sharding.Mesh:
@@ -24,3 +26,21 @@ def make_mesh(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> j
   return jax.make_mesh(
       tuple(sizes[axis] for axis in MESH_AXES), MESH_AXES,
       axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES), devices=devices)
+
+
+def traced_on(mesh: jax.sharding.Mesh, fn: Callable) -> Callable:
+  """`fn`, traced with `mesh` as the abstract mesh and activation hints off.
+
+  Jit the result with shardings on `mesh`. The model's MoE layers need the mesh
+  at trace time for their expert-parallel shard_map; activation shardings are
+  left to the compiler's propagation from the inputs (see
+  `sao_jax.learner.compile.compile_train_step` for why).
+  """
+
+  def on_mesh(*args, **kwargs):
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), rules.activation_hints(False):
+      return fn(*args, **kwargs)
+
+  inner = fn.func if isinstance(fn, functools.partial) else fn
+  on_mesh.__name__ = f"{getattr(inner, '__name__', 'program')}_on_mesh"
+  return on_mesh
