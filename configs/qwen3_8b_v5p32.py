@@ -50,5 +50,6 @@ def get_config() -> Config:
       algorithm=AlgorithmConfig.for_variant("sao"),
       learner=LearnerConfig(batch_trajectories=64, micro_batches=4, policy_lr=1e-6,
                             value_lr=5e-6),
-      sampler=SamplerConfig(slots=64, max_seq_len=32768, prefill_buckets=(512, 2048, 8192)),
+      sampler=SamplerConfig(slots=64, max_seq_len=32768, prefill_buckets=(512, 2048, 8192),
+                            sharded=True),
   )
