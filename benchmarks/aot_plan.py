@@ -3,7 +3,8 @@
   .venv/bin/python benchmarks/aot_plan.py [--only qwen3_8b_v5p32]
 
 Needs libtpu at the jax version (`pip install "jax[tpu]==<jax version>"`), no TPU:
-each config's train step and sampler decode step are compiled for its topology
+each config's train step is compiled for its learner topology and the sampler decode
+step for one sampler host
 with `sao_jax.planning.aot.plan` (see `sao-plan`). Prints each plan's table and
 one line per config:
 
@@ -26,14 +27,16 @@ import jax
 from sao_jax.config import load_config
 from sao_jax.planning import aot
 
-CONFIGS = {"qwen3_8b_v5p32": "v5p:2x2x4", "qwen3_30b_a3b_v5p128": "v5p:4x4x4"}
+# config -> (learner topology, one sampler host: sao-sampler runs an engine per host)
+CONFIGS = {"qwen3_8b_v5p32": ("v5p:2x2x4", "v5p:2x2x1"),
+           "qwen3_30b_a3b_v5p128": ("v5p:4x4x4", "v5p:2x2x1")}
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def plan_one(name: str, topology: str) -> dict:
+def plan_one(name: str, topology: str, sampler_topology: str) -> dict:
   cfg = load_config(ROOT / "configs" / f"{name}.py")
   start = time.perf_counter()
-  result = aot.plan(cfg, topology, cfg.sampler.max_seq_len)
+  result = aot.plan(cfg, topology, cfg.sampler.max_seq_len, sampler_topology=sampler_topology)
   seconds = time.perf_counter() - start
   print(aot.format_plan(result))
   try:
@@ -43,6 +46,7 @@ def plan_one(name: str, topology: str) -> dict:
     print(f"DOES NOT FIT: {error}")
   fraction = max(p.memory.total for p in result.programs()) / result.device.hbm_bytes
   return {"name": "aot_plan", "config": name, "topology": topology,
+          "sampler_topology": sampler_topology,
           "hbm_fraction": round(fraction, 4), "estimated_mfu": round(result.roofline.mfu, 4),
           "tokens_per_s": round(result.roofline.tokens_per_s),
           "step_seconds": round(result.roofline.step_seconds, 3),
@@ -57,9 +61,9 @@ def main() -> None:
   parser.add_argument("--only", choices=sorted(CONFIGS), default=None)
   args = parser.parse_args()
   jax.config.update("jax_platforms", "cpu")
-  for name, topology in CONFIGS.items():
+  for name, (topology, sampler_topology) in CONFIGS.items():
     if args.only in (None, name):
-      print(f"RESULT {json.dumps(plan_one(name, topology))}", flush=True)
+      print(f"RESULT {json.dumps(plan_one(name, topology, sampler_topology))}", flush=True)
 
 
 if __name__ == "__main__":

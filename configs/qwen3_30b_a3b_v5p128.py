@@ -10,14 +10,20 @@ Memory: experts split 4 ways over `expert` (32 per shard), everything else
 fsdp over 16; the batch splits over all 64 chips, one 32K-token trajectory
 per chip in each of the 2 micro-batches; blocked attention and full remat.
 
-Prove it compiles and fits before paying for the slice (CPU + libtpu):
+Samplers: `sao-sampler` runs one engine per sampler host, sharded over that
+host's 4 chips (`sampler.sharded`), with 64 slots of 32K tokens: 16.4 GiB of
+params and 48 GiB of KV cache per chip. (128 slots per host would need 112.6
+GiB of the 95.)
 
-    .venv/bin/sao-plan --config configs/qwen3_30b_a3b_v5p128.py --topology v5p:4x4x4
+Prove it compiles and fits before paying for the slices (CPU + libtpu):
+
+    .venv/bin/sao-plan --config configs/qwen3_30b_a3b_v5p128.py --topology v5p:4x4x4 \
+        --sampler-topology v5p:2x2x1
 
 Status (measured with libtpu on a 2-core CPU machine): fits. The train step
 needs 48.3 GiB per chip (5.8 args + 42.3 temporaries + outputs/code; 50.9% of
-95 GiB), the sampler's decode step 7.3 GiB; compile ~5 minutes on a loaded
-machine. Two fixes took it from 411 GiB of temporaries to 42:
+95 GiB), a sampler host's decode step 64.5 GiB (67.9%); compile ~5 minutes on
+a loaded machine. Two fixes took it from 411 GiB of temporaries to 42:
   1. Expert-parallel MoE (`sao_jax.models.moe`): each chip routes only its
      expert group's tokens under shard_map; the SPMD partitioner had replicated
      one global argsort of all 64 chips' routed pairs (411 -> 183 GiB).
@@ -48,6 +54,6 @@ def get_config() -> Config:
       algorithm=AlgorithmConfig.for_variant("sao"),
       learner=LearnerConfig(batch_trajectories=128, micro_batches=2, policy_lr=1e-6,
                             value_lr=5e-6),
-      sampler=SamplerConfig(slots=128, max_seq_len=32768, prefill_buckets=(512, 2048, 8192),
+      sampler=SamplerConfig(slots=64, max_seq_len=32768, prefill_buckets=(512, 2048, 8192),
                             sharded=True),
   )

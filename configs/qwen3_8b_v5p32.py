@@ -12,20 +12,25 @@ per layer plus one layer's working set; the 36 layers run as one `lax.scan`
 (`scan_layers`), which compiles in minutes and needs less memory than unrolled
 (88.0 GiB, 92.7%, and 13 minutes to compile).
 
-Prove it compiles and fits before paying for the slice (CPU + libtpu; ~9 min on
+Samplers: one engine per sampler host, sharded over its 4 chips
+(`sampler.sharded`), 64 slots of 32K tokens: 4.1 GiB of params and 72 GiB of KV
+cache per chip (76.0 GiB, 80.0%).
+
+Prove it compiles and fits before paying for the slices (CPU + libtpu; ~9 min on
 2 busy cores):
 
-    .venv/bin/sao-plan --config configs/qwen3_8b_v5p32.py --topology v5p:2x2x4
+    .venv/bin/sao-plan --config configs/qwen3_8b_v5p32.py --topology v5p:2x2x4 \
+        --sampler-topology v5p:2x2x1
 
 It prints (abridged; GiB per chip) and exits 0:
 
     program      topology    mesh        args    temps  outputs  aliased  code   total    HBM   used
     train_step   v5p:2x2x4   fsdp=16     5.16    71.46     5.16     5.16  0.43   77.06  95.00  81.1%
-    decode_step  v5p:2x2x4   fsdp=16    18.95     0.03    18.04    18.00  0.06   19.08  95.00  20.1%
+    decode_step  v5p:2x2x1   fsdp=4     75.81     0.09    72.04    72.00  0.09   76.03  95.00  80.0%
     train FLOPs/step: model 5.018e+17, with recompute 6.830e+17 (4.269e+16 per device); ...
     roofline on 16 x v5p (459 TFLOP/s bf16 each): step >= 93.0 s, MFU <= 73.5%,
       tokens/s <= 22,549 (compute bound; communication not modelled)
-    decode step (batch 64, cache 32768): >= 10.51 ms ... -> <= 6,092 tokens/s
+    decode step (batch 64, cache 32768): >= 34.87 ms ... -> <= 1,835 tokens/s
     fits: every program is within 95% of 95 GiB HBM per device
 
 The train step's temporaries (71.5 GiB) leave ~13 GiB: a longer sequence or more

@@ -59,7 +59,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                       help="tokens per trajectory and KV-cache slots (default: "
                       "sampler.max_seq_len)")
   parser.add_argument("--sampler-topology", default=None,
-                      help="the sampler's slice (default: the learner's topology)")
+                      help="the devices one sampler engine spans (default: the learner's "
+                      "topology). sao-sampler runs one engine per host, so pass one host, "
+                      "e.g. v5p:2x2x1 (4 chips)")
   parser.add_argument("--sampler-batch", type=int, default=None,
                       help="sequences decoded at once (default: sampler.slots)")
   parser.add_argument("--sampler-mesh", type=_mesh, default=None,
