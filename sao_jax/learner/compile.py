@@ -77,7 +77,7 @@ def state_shardings(cfg: Config, mesh: jax.sharding.Mesh) -> state_lib.TrainStat
 def batch_shardings(cfg: Config, mesh: jax.sharding.Mesh, length: int) -> Batch:
   """Rows over the activation-batch mesh axes; ValueError if they do not divide."""
   two_d = rules.logical_sharding(mesh, ("activation_batch", "activation_length"),
-                           (cfg.learner.batch_rows, length))
+                                 (cfg.learner.batch_rows, length))
   return Batch(*[two_d] * len(Batch._fields))
 
 

@@ -51,7 +51,7 @@ def expert_ffn(x_NxD: jax.Array, expert_NxK: jax.Array, weight_NxK: jax.Array,
   Pairs that chose another expert contribute nothing, so summing the outputs of
   disjoint expert ranges gives the full MoE output. Compute dtype is x's.
   """
-  n, k = expert_NxK.shape
+  k = expert_NxK.shape[1]
   num_local = gate_ExDxF.shape[0]
   local_M = expert_NxK.reshape(-1) - first_expert
   is_local_M = (local_M >= 0) & (local_M < num_local)

@@ -140,7 +140,8 @@ class Engine:
     self._detokenize = detokenize
     self._steps = device_steps.compile_steps(model_cfg, cfg, tuple(self._stops), mesh)
     self._cache = device_steps.new_cache(model_cfg, cfg, mesh)
-    # On a mesh, every params version is laid out by the sharding rules.
+    # Every params version is placed here: by the sharding rules on a mesh,
+    # otherwise on the default device (arrays already on devices stay put).
     self._shardings = None if mesh is None else param_shardings(model_cfg, mesh)
     self._params, self._version = self._place(params), int(version)
     self._episodes: dict[Hashable, _Episode] = {}
@@ -170,7 +171,7 @@ class Engine:
     self._params, self._version = self._place(params), int(version)
 
   def _place(self, params: Params) -> Params:
-    return params if self._shardings is None else jax.device_put(params, self._shardings)
+    return jax.device_put(params, self._shardings)
 
   def room(self, episode_id: Hashable) -> int:
     """How many tokens `submit` may still append to this episode (one must stay free to sample)."""

@@ -80,9 +80,7 @@ def _run(spec: WorkerSpec, stop: Any, parent_pid: int) -> None:
   params, version = got
   # sampler.sharded: the engine lays params out over this process's devices.
   mesh = make_mesh(cfg.mesh, jax.local_devices()) if cfg.sampler.sharded else None
-  place = jax.device_put if mesh is None else (lambda tree: tree)
-  engine = make_engine(cfg.sampler, cfg.model, place(params), tokenizer, version=version,
-                       mesh=mesh)
+  engine = make_engine(cfg.sampler, cfg.model, params, tokenizer, version=version, mesh=mesh)
   runner = EpisodeRunner(engine, tokenizer, lambda: make_env(cfg.env),
                          max_episodes=cfg.sampler.slots * 2)
   tasks = make_tasks(cfg.env)
@@ -93,7 +91,7 @@ def _run(spec: WorkerSpec, stop: Any, parent_pid: int) -> None:
   while alive():
     got = subscriber.poll()
     if got is not None:
-      engine.set_params(place(got[0]), got[1])
+      engine.set_params(got[0], got[1])
     while runner.in_flight + group <= runner.max_episodes:
       task = next(tasks)
       for _ in range(group):
