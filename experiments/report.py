@@ -212,13 +212,19 @@ def _warm_starts(out: pathlib.Path) -> list[str]:
   lines = []
   for done in sorted((out / "warm_start").glob("*/DONE.json")):
     record = json.loads(done.read_text())
+    validation = "-"
+    if record.get("target_accuracy"):  # SFT stopped at a validation-accuracy target
+      validation = (f"{record['validation'][-1][1]:.3f} (target {record['target_accuracy']:.2f}"
+                    f"{'' if record['reached_target'] else ', not reached'})")
     lines.append(f"| {done.parent.name} | {record['sft_steps']} | "
-                 f"{record['final_sft_loss']:.3f} | {_fmt_wall(record['wall_s'])} |")
+                 f"{record['final_sft_loss']:.3f} | {validation} | "
+                 f"{_fmt_wall(record['wall_s'])} |")
   if not lines:
     return []
-  return ["Warm-starts (one per seed and setting, shared by all variants):", "",
-          "| warm-start | SFT steps | final SFT loss | wall-clock |", "|---|---|---|---|", *lines,
-          ""]
+  return ["Warm-starts (one per seed and setting, shared by all variants; validation accuracy: "
+          "greedy, on tasks disjoint from the held-out set, at the last SFT check):", "",
+          "| warm-start | SFT steps | final SFT loss | validation accuracy | wall-clock |",
+          "|---|---|---|---|---|", *lines, ""]
 
 
 def write_report(out: pathlib.Path, report: pathlib.Path) -> pathlib.Path:

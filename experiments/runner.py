@@ -86,10 +86,12 @@ def _changed(section: Any) -> dict[str, Any]:
 def warm_start_dir(out: pathlib.Path, cfg: Config) -> pathlib.Path:
   """Keyed by everything the warm-start depends on, so settings share it only when equal."""
   env = {k: v for k, v in _changed(cfg.env).items() if k != "style_schedule"}
+  sft = [cfg.run.sft_steps, cfg.run.sft_lr, cfg.run.sft_batch]
+  if cfg.run.sft_target_accuracy:  # appended only when set: older keys stay valid
+    sft += [cfg.run.sft_target_accuracy, cfg.run.sft_check_every, cfg.run.eval_episodes,
+            cfg.run.eval_seed]
   key = json.dumps({"model": _changed(cfg.model), "env": env, "data": _changed(cfg.data),
-                    "seed": cfg.seed, "sft": [cfg.run.sft_steps, cfg.run.sft_lr,
-                                              cfg.run.sft_batch]},
-                   sort_keys=True, default=str)
+                    "seed": cfg.seed, "sft": sft}, sort_keys=True, default=str)
   digest = hashlib.sha1(key.encode()).hexdigest()[:8]
   return out / "warm_start" / f"{cfg.env.name}-{digest}-seed{cfg.seed}"
 
@@ -138,7 +140,10 @@ def ensure_warm_start(cfg_path: pathlib.Path, overrides: list[str], cfg: Config,
   directory = warm_start_dir(out, cfg)
   if not (directory / warm_start_lib.DONE_FILE).is_file():
     directory.mkdir(parents=True, exist_ok=True)
-    print(f"  warm-start seed {cfg.seed}: {cfg.run.sft_steps} SFT steps -> {directory}", flush=True)
+    target = (f" (fewer once validation accuracy >= {cfg.run.sft_target_accuracy})"
+              if cfg.run.sft_target_accuracy else "")
+    print(f"  warm-start seed {cfg.seed}: {cfg.run.sft_steps} SFT steps{target} -> {directory}",
+          flush=True)
     command = [sys.executable, "-m", "experiments.warm_start", "--config", str(cfg_path),
                "--seed", str(cfg.seed), "--out", str(directory)]
     command += [a for o in overrides for a in ("--set", o)]

@@ -4,14 +4,15 @@
         --seed 0 --out DIR [--set section.field=value ...]
 
 Writes DIR/tokenizer.json and DIR/policy/ (a sao_jax params directory), then
-DIR/DONE.json (SFT steps, final SFT loss, wall-clock). Every variant of a seed
+DIR/DONE.json (SFT steps done, final SFT loss, the validation-accuracy checks
+when `run.sft_target_accuracy` is set, wall-clock). Every variant of a seed
 then starts from these files (`--set run.init=DIR/policy --set
 run.tokenizer=DIR/tokenizer.json --set run.sft_steps=0`), so all variants share
 model, tokenizer and initial weights exactly, and the warm-start (on CPU the
 slow part: each math demonstration runs the sandboxed Python tool) is paid once
 per seed. It does what `sao-train` does before its first RL step (tokenizer
-from 400 demonstrations, `run.sft_steps` SFT steps from the `cfg.seed` random
-init), with one addition: demonstrations for the style environment
+from 400 demonstrations, `sao_jax.train.sft_warm_start` from the `cfg.seed`
+random init, stopping at `run.sft_target_accuracy` when set), with one addition: demonstrations for the style environment
 (`experiments.style_demos`).
 """
 
@@ -28,7 +29,7 @@ from sao_jax.config import Config, load_config
 from sao_jax.envs.base import play
 from sao_jax.envs.registry import make_env, make_tasks
 from sao_jax.models import params_io, tokenizer as tokenizer_lib
-from sao_jax.train import DEMONSTRATIONS, initial_policy, sft_batches
+from sao_jax.train import DEMONSTRATIONS, initial_policy, sft_warm_start
 
 from experiments import style_demos
 
@@ -47,22 +48,15 @@ def demonstrations(cfg: Config) -> Iterator[list[dict]]:
 
 def warm_start(cfg: Config, out: pathlib.Path) -> dict:
   """Trains the tokenizer and the SFT policy of `cfg` into `out`; returns the DONE record."""
-  from sao_jax.learner.sft import train_sft  # JAX: after argument checks
-
   start = time.monotonic()
   out.mkdir(parents=True, exist_ok=True)
   texts = [m["content"] + " " + m["role"] for messages in
            itertools.islice(demonstrations(cfg), TOKENIZER_TEXTS) for m in messages]
   tokenizer = tokenizer_lib.train_tokenizer(texts, cfg.model.vocab_size)
   tokenizer.save(str(out / "tokenizer.json"))
-  losses: list[float] = []
-  batches = sft_batches(cfg, tokenizer, demonstrations(cfg))
-  policy = train_sft(initial_policy(cfg), cfg.model, batches,
-                     steps=cfg.run.sft_steps, learning_rate=cfg.run.sft_lr,
-                     log=lambda step, metrics: losses.append(metrics["sft/loss"]))
+  policy, record = sft_warm_start(cfg, tokenizer, initial_policy(cfg), demonstrations(cfg))
   params_io.save_params(out / "policy", policy, cfg.model)
-  record = {"sft_steps": cfg.run.sft_steps, "final_sft_loss": losses[-1] if losses else None,
-            "wall_s": time.monotonic() - start}
+  record["wall_s"] = time.monotonic() - start
   (out / DONE_FILE).write_text(json.dumps(record, indent=2))
   return record
 

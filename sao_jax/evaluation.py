@@ -24,10 +24,13 @@ from sao_jax.sampler.episodes import EpisodeRunner, make_engine, run_to_completi
 
 class Evaluator:
 
-  def __init__(self, cfg: Config, tokenizer, params: Params, *, version: int = 0):
+  def __init__(self, cfg: Config, tokenizer, params: Params, *, version: int = 0,
+               seed: int | None = None):
+    """`seed`: the task source's seed, `run.eval_seed` unless given."""
     sampler = dataclasses.replace(cfg.sampler, top_k=1, temperature=1.0)
     self._cfg = cfg
-    self._env_cfg = dataclasses.replace(cfg.env, seed=cfg.run.eval_seed)
+    self._env_cfg = dataclasses.replace(
+        cfg.env, seed=cfg.run.eval_seed if seed is None else seed)
     self._engine = make_engine(sampler, cfg.model, params, tokenizer, version=version)
     self._engine.warmup()
     self._runner = EpisodeRunner(self._engine, tokenizer, lambda: make_env(self._env_cfg),

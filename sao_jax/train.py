@@ -6,7 +6,8 @@
 2. Initial policy: random, a Hugging Face directory or a sao_jax params
    directory (`run.init`); the critic copies its trunk with a fresh head.
 3. Optional SFT warm-start (`run.sft_steps`) on the environment's
-   demonstrations; skipped when resuming from a checkpoint.
+   demonstrations, ended early once validation accuracy reaches
+   `run.sft_target_accuracy` (`sft_warm_start`); skipped when resuming.
 4. Samplers: `run.num_samplers` processes (spawn) generate continuously with the
    newest published weights and stream trajectories through the transport; the
    learner's grain pipeline filters stale/malformed ones and batches the rest.
@@ -126,6 +127,56 @@ def sft_batches(cfg: Config, tokenizer, demos: Iterator[list[dict]]) -> Iterator
     yield pipeline.pad_batch(rows, cfg.run.sft_batch, bucket, cfg.data.pad_id)
 
 
+def sft_warm_start(cfg: Config, tokenizer, policy: Params, demos: Iterator[list[dict]], *,
+                   log_metrics=lambda step, metrics: None, log=print) -> tuple[Params, dict]:
+  """SFT of `policy` on `demos` (chat transcripts) as `cfg.run` says; returns (policy, record).
+
+  With `run.sft_target_accuracy` > 0, every `run.sft_check_every` steps the
+  policy plays `run.eval_episodes` greedy validation episodes (task seed
+  `run.eval_seed + 1`, disjoint from the held-out evaluation set) and SFT stops
+  at the first check whose accuracy reaches the target. The record holds the
+  steps done, the last SFT loss and every (step, validation accuracy) check;
+  `reached_target` is False when `run.sft_steps` ran out first (the last check
+  is then taken at the end, so the record says where the policy landed).
+  """
+  run = cfg.run
+  losses: list[float] = []
+  checks: list[tuple[int, float]] = []
+  validator = None
+
+  def validate(steps_done: int, params: Params) -> bool:
+    nonlocal validator
+    params = jax.device_get(params)
+    if validator is None:
+      validator = Evaluator(cfg, tokenizer, params, seed=run.eval_seed + 1)
+    accuracy = validator.evaluate(params, 0)["eval/accuracy"]
+    checks.append((steps_done, accuracy))
+    log(f"SFT step {steps_done}: validation accuracy {accuracy:.3f} "
+        f"(target {run.sft_target_accuracy:.2f})")
+    return accuracy >= run.sft_target_accuracy
+
+  def log_step(step: int, metrics: dict) -> None:
+    losses.append(metrics["sft/loss"])
+    log_metrics(step, metrics)
+
+  target = run.sft_target_accuracy
+  log(f"SFT warm-start: {run.sft_steps} steps on demonstrations"
+      + (f", or fewer once validation accuracy reaches {target:.2f}" if target else ""))
+  policy, steps_done = train_sft(
+      policy, cfg.model, sft_batches(cfg, tokenizer, demos), steps=run.sft_steps,
+      learning_rate=run.sft_lr, log=log_step, stop=validate if target else None,
+      check_every=run.sft_check_every)
+  record = {"sft_steps": steps_done, "final_sft_loss": losses[-1] if losses else None}
+  if target:
+    reached = steps_done < run.sft_steps or validate(steps_done, policy)
+    if not reached:
+      log(f"SFT warm-start: validation accuracy {checks[-1][1]:.3f} after all "
+          f"run.sft_steps={run.sft_steps} is below run.sft_target_accuracy={target}; "
+          "RL starts from there (raise run.sft_steps to reach the target)")
+    record.update(target_accuracy=target, reached_target=reached, validation=checks)
+  return policy, record
+
+
 def _transport(cfg: Config):
   """The learner's end of the transport. A directory is partitioned between the
   learner hosts (each reads only its shard of the records, whole GRPO groups in
@@ -186,10 +237,9 @@ def run(cfg: Config, *, resume: bool = True, log=print) -> dict:
     if cfg.run.sft_steps:
       if cfg.run.eval_every:  # the starting point, so the warm-start's effect is measured
         evaluate(-cfg.run.sft_steps, policy, 0)
-      log(f"SFT warm-start: {cfg.run.sft_steps} steps on demonstrations")
-      policy = train_sft(policy, cfg.model, sft_batches(cfg, tokenizer, _demonstrations(cfg)), steps=cfg.run.sft_steps,
-                         learning_rate=cfg.run.sft_lr,
-                         log=lambda step, m: logger.write(step - cfg.run.sft_steps, m))
+      policy, _ = sft_warm_start(cfg, tokenizer, policy, _demonstrations(cfg), log=log,
+                                 log_metrics=lambda step, m: logger.write(
+                                     step - cfg.run.sft_steps, m))
     state = state_from_params(cfg, policy, value_params_from_policy(policy, cfg.model))
     if jax.process_count() > 1:  # every host holds the same full state on its own device;
       state = jax.device_get(state)  # from host memory, each places the shards it holds

@@ -55,6 +55,9 @@ def test_variant_presets_follow_the_paper():
     ("model", {"mlp_only_layers": (5,)}, r"model.mlp_only_layers=\(5,\)"),
     ("mesh", {"fsdp": -1, "tensor": -1}, r"mesh.tensor=-1.*only one axis"),
     ("mesh", {"data": 0}, r"mesh.data=0"),
+    ("run", {"sft_target_accuracy": 1.5}, r"run.sft_target_accuracy=1.5.*\[0, 1\]"),
+    ("run", {"sft_target_accuracy": 0.5}, r"run.sft_target_accuracy=0.5.*run.sft_steps"),
+    ("run", {"sft_steps": 10, "sft_check_every": 0}, r"run.sft_check_every=0.*positive"),
 ])
 def test_bad_values_are_named(section, changes, message):
   base = cfg.Config()

@@ -17,6 +17,11 @@ class RunConfig:
   and saves it in the run directory (for from-scratch runs without a hub).
   Evaluation runs greedy decoding on `eval_episodes` held-out tasks (the task
   generator with `eval_seed` instead of `env.seed`) every `eval_every` steps.
+  `sft_target_accuracy` > 0 ends the warm-start early, at the first multiple of
+  `sft_check_every` steps where greedy accuracy on `eval_episodes` validation
+  tasks (seed `eval_seed + 1`, so the held-out set the run reports on plays no
+  part in choosing the stop) reaches it: RL then starts from a chosen accuracy
+  rather than from wherever `sft_steps` happen to land.
   `num_samplers` sampler processes run beside the learner; 0 starts none: the
   samplers run elsewhere (`sao-sampler` on another slice) and the learner reads
   their trajectories from `data.transport="directory"`.
@@ -28,6 +33,8 @@ class RunConfig:
   sft_steps: int = 0  # supervised warm-start on environment demonstrations
   sft_lr: float = 3e-3
   sft_batch: int = 32
+  sft_target_accuracy: float = 0.0  # 0: all sft_steps
+  sft_check_every: int = 25
   eval_every: int = 20
   eval_episodes: int = 64
   eval_seed: int = 1_000_003
@@ -42,6 +49,12 @@ class RunConfig:
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         fail("run", name, value, "expected an integer >= 0 (0 disables)")
-    check_positive("run", self, "sft_batch", "eval_episodes")
+    check_positive("run", self, "sft_batch", "eval_episodes", "sft_check_every")
+    if not 0.0 <= self.sft_target_accuracy <= 1.0:
+      fail("run", "sft_target_accuracy", self.sft_target_accuracy,
+           "expected an accuracy in [0, 1] (0 runs all run.sft_steps)")
+    if self.sft_target_accuracy and not self.sft_steps:
+      fail("run", "sft_target_accuracy", self.sft_target_accuracy,
+           "a target needs a warm-start: set run.sft_steps to the most SFT steps to spend")
     if self.sft_lr <= 0:
       fail("run", "sft_lr", self.sft_lr, "expected a positive learning rate")

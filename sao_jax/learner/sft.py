@@ -11,7 +11,7 @@ observation and template tokens are context only. Same forward as RL
 from __future__ import annotations
 
 import functools
-from typing import Iterator
+from typing import Callable, Iterator
 
 import jax
 import optax
@@ -37,8 +37,15 @@ def _step(params, opt_state, batch, *, cfg: ModelConfig, optimizer):
 
 
 def train_sft(params: Params, cfg: ModelConfig, batches: Iterator[Batch], *, steps: int,
-              learning_rate: float, log=lambda step, metrics: None) -> Params:
-  """`steps` AdamW steps (cosine-decayed `learning_rate`) over `batches`; returns params."""
+              learning_rate: float, log=lambda step, metrics: None,
+              stop: Callable[[int, Params], bool] | None = None,
+              check_every: int = 1) -> tuple[Params, int]:
+  """Up to `steps` AdamW steps (cosine-decayed `learning_rate`) over `batches`.
+
+  After every `check_every` steps, `stop(steps_done, params)` may end training
+  early (the schedule is not shortened: the stop is a point on the full run).
+  Returns (params, steps done).
+  """
   schedule = optax.warmup_cosine_decay_schedule(0.0, learning_rate, max(steps // 10, 1), steps,
                                                 learning_rate * 0.1)
   optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule))
@@ -47,4 +54,7 @@ def train_sft(params: Params, cfg: ModelConfig, batches: Iterator[Batch], *, ste
   for step in range(steps):
     params, opt_state, metrics = step_fn(params, opt_state, next(batches))
     log(step, {k: float(v) for k, v in jax.device_get(metrics).items()})
-  return params
+    done = step + 1
+    if stop is not None and done < steps and done % check_every == 0 and stop(done, params):
+      return params, done
+  return params, steps

@@ -47,6 +47,8 @@ def test_warm_starts_are_shared_only_between_equal_settings(tmp_path):
   assert dirs("tool_math") == dirs("stability")  # same model, tasks and SFT: one warm-start
   assert dirs("tool_math").name.endswith("-seed1")
   assert dirs("tool_math") != dirs("tool_math", "run.sft_steps=5")
+  assert (dirs("tool_math", "run.sft_target_accuracy=0.3")
+          != dirs("tool_math", "run.sft_target_accuracy=0.4"))
   assert dirs("tool_math") != dirs("style")
 
 

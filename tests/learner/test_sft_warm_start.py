@@ -1,0 +1,87 @@
+"""SFT warm-start: early stop at a validation-accuracy target, and what it records."""
+
+import itertools
+import pathlib
+
+import jax
+import numpy as np
+
+from sao_jax import evaluation, train
+from sao_jax.config import load_config
+from sao_jax.learner.sft import train_sft
+from sao_jax.models import tokenizer as tokenizer_lib
+from sao_jax.models.transformer import init_params
+
+from learner_fixtures import MODEL, make_batch
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.head_dim=8",
+        "model.num_attention_heads=4", "model.num_key_value_heads=2", "model.vocab_size=384",
+        "run.sft_batch=2", "run.eval_episodes=2", "sampler.slots=2",
+        "sampler.max_new_tokens=16"]
+
+
+def test_a_stop_ends_training_at_a_check_with_the_params_of_that_step():
+  batches = lambda: (make_batch(seed) for seed in itertools.count())
+  params = init_params(MODEL, jax.random.key(0))
+  seen, calls = {}, []
+
+  def record(done, p):  # never stops; keeps each check's params
+    calls.append(done)
+    seen[done] = jax.device_get(p)
+    return False
+
+  _, steps = train_sft(params, MODEL, batches(), steps=7, learning_rate=1e-2, stop=record,
+                       check_every=2)
+  assert steps == 7 and calls == [2, 4, 6]  # no check after the last step: training ends anyway
+
+  logged = []
+  stopped, steps = train_sft(init_params(MODEL, jax.random.key(0)), MODEL, batches(), steps=7,
+                             learning_rate=1e-2, stop=lambda done, p: done == 4, check_every=2,
+                             log=lambda step, m: logged.append(step))
+  assert steps == 4 and logged == [0, 1, 2, 3]
+  # The same 4 steps of the same 7-step schedule: stopping changes nothing before the stop.
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(stopped), seen[4])
+
+
+def _tokenizer(cfg):
+  texts = [m["content"] + " " + m["role"]
+           for messages in itertools.islice(train._demonstrations(cfg), 50) for m in messages]
+  return tokenizer_lib.train_tokenizer(texts, cfg.model.vocab_size)
+
+
+def test_warm_start_stops_at_the_first_check_reaching_the_target(monkeypatch):
+  cfg = load_config(ROOT / "configs" / "demo_cpu.py",
+                    TINY + ["run.sft_steps=12", "run.sft_check_every=3",
+                            "run.sft_target_accuracy=0.5"])
+  tokenizer = _tokenizer(cfg)
+  scripted = iter([0.25, 0.5, 1.0])
+  seeds = []
+  original_init = evaluation.Evaluator.__init__
+
+  def init(self, *args, seed=None, **kwargs):
+    seeds.append(seed)
+    original_init(self, *args, seed=seed, **kwargs)
+
+  monkeypatch.setattr(evaluation.Evaluator, "__init__", init)
+  monkeypatch.setattr(evaluation.Evaluator, "evaluate",
+                      lambda self, params, version: {"eval/accuracy": next(scripted)})
+  _, record = train.sft_warm_start(cfg, tokenizer, train.initial_policy(cfg),
+                                   train._demonstrations(cfg), log=lambda line: None)
+  assert record["sft_steps"] == 6 and record["reached_target"]
+  assert record["validation"] == [(3, 0.25), (6, 0.5)]
+  assert seeds == [cfg.run.eval_seed + 1]  # validation tasks, not the held-out set
+
+
+def test_warm_start_that_misses_the_target_says_where_it_landed():
+  cfg = load_config(ROOT / "configs" / "demo_cpu.py",
+                    TINY + ["run.sft_steps=4", "run.sft_check_every=2",
+                            "run.sft_target_accuracy=1.0"])
+  lines = []
+  _, record = train.sft_warm_start(cfg, _tokenizer(cfg), train.initial_policy(cfg),
+                                   train._demonstrations(cfg), log=lines.append)
+  assert record["sft_steps"] == 4 and not record["reached_target"]
+  assert [step for step, _ in record["validation"]] == [2, 4]  # a check, then the final one
+  assert all(0.0 <= accuracy < 1.0 for _, accuracy in record["validation"])
+  assert "below run.sft_target_accuracy=1.0" in lines[-1]
+  assert np.isfinite(record["final_sft_loss"])
