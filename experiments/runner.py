@@ -10,7 +10,9 @@ Layout under `--out` (default runs/experiments, runs/experiments-quick with --qu
                                        done flag) and train.log
     claims/<claim>.json                which runs make up the claim, seeds, budget
 
-Runs go one at a time (the CPU is the bottleneck). A run whose experiment.json
+Runs go one at a time, or `--jobs N` at once (a run is a learner and a sampler
+process that take turns, so on 2 cores two runs at once finish sooner than two
+in turn; they share the CPU, so per-run wall-clock grows). A run whose experiment.json
 says done is skipped; one that was killed resumes from its latest checkpoint
 (`--resume`); one killed before its first checkpoint starts again. The same
 variant name always means the same overrides: a run directory recorded with
@@ -26,6 +28,8 @@ invocations, each with the next style from step 0 (see claims.py).
 from __future__ import annotations
 
 import argparse
+import collections
+import concurrent.futures
 import dataclasses
 import hashlib
 import importlib.util
@@ -34,6 +38,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from typing import Any, Sequence
 
@@ -45,6 +50,10 @@ from experiments import warm_start as warm_start_lib
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SETTINGS_DIR = ROOT / "configs" / "experiments"
 STATE_FILE = "experiment.json"
+# One lock per warm-start directory: runs of the same seed in parallel jobs wait
+# for the first to make it instead of making it twice.
+_WARM_START_LOCKS: collections.defaultdict[pathlib.Path, threading.Lock] = (
+    collections.defaultdict(threading.Lock))
 
 
 def setting_path(setting: str) -> pathlib.Path:
@@ -138,6 +147,12 @@ def ensure_warm_start(cfg_path: pathlib.Path, overrides: list[str], cfg: Config,
                       out: pathlib.Path) -> pathlib.Path:
   """The seed's warm-start directory, made by `experiments.warm_start` unless already done."""
   directory = warm_start_dir(out, cfg)
+  with _WARM_START_LOCKS[directory]:
+    return _make_warm_start(cfg_path, overrides, cfg, directory)
+
+
+def _make_warm_start(cfg_path: pathlib.Path, overrides: list[str], cfg: Config,
+                     directory: pathlib.Path) -> pathlib.Path:
   if not (directory / warm_start_lib.DONE_FILE).is_file():
     directory.mkdir(parents=True, exist_ok=True)
     target = (f" (fewer once validation accuracy >= {cfg.run.sft_target_accuracy})"
@@ -200,8 +215,10 @@ def run_one(claim: claims_lib.Claim, variant: claims_lib.Variant, seed: int, *, 
 
 
 def run_claim(claim: claims_lib.Claim, *, seeds: int, quick: bool, extra: Sequence[str],
-              out: pathlib.Path) -> list[str]:
-  """Every (variant, seed) run of `claim` in turn; returns the failures (also printed)."""
+              out: pathlib.Path, jobs: int = 1) -> list[str]:
+  """Every (variant, seed) run of `claim`, `jobs` at a time; returns the failures (also
+  printed). Runs are started variant by variant across seeds, so parallel jobs first
+  make different seeds' warm-starts rather than wait on one."""
   cfg = load_config(setting_path(claim.setting),
                     [*(quick_overrides(claim.setting) if quick else ()), *extra])
   manifest = {"claim": claim.name, "setting": claim.setting, "quick": quick,
@@ -210,23 +227,31 @@ def run_claim(claim: claims_lib.Claim, *, seeds: int, quick: bool, extra: Sequen
               "batch_trajectories": cfg.learner.batch_trajectories,
               "switches": [step for step, _ in cfg.env.style_schedule[1:]]
                           if claim.kind == "realignment" else [],
-              "runs": {}}
+              "runs": {name: {} for name in claim.variants}}
   path = out / "claims" / f"{claim.name}.json"
   path.parent.mkdir(parents=True, exist_ok=True)
   failures = []
   print(f"{claim.name}: {len(claim.variants)} variants x {seeds} seeds, "
-        f"{cfg.learner.steps} steps x {cfg.learner.batch_trajectories} trajectories each",
-        flush=True)
-  for seed in range(seeds):
-    for name in claim.variants:
-      try:
-        run_dir = run_one(claim, claims_lib.VARIANTS[name], seed, quick=quick, extra=extra,
-                          out=out)
-        manifest["runs"].setdefault(name, {})[str(seed)] = str(run_dir.relative_to(out))
-      except RuntimeError as error:
-        failures.append(f"{name} seed {seed}: {error}")
-        print(f"  FAILED {failures[-1]}", flush=True)
-      path.write_text(json.dumps(manifest, indent=2))
+        f"{cfg.learner.steps} steps x {cfg.learner.batch_trajectories} trajectories each"
+        + (f", {jobs} at a time" if jobs > 1 else ""), flush=True)
+  with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+    pending = {pool.submit(run_one, claim, claims_lib.VARIANTS[name], seed, quick=quick,
+                           extra=extra, out=out): (name, seed)
+               for name in claim.variants for seed in range(seeds)}
+    try:
+      for future in concurrent.futures.as_completed(pending):
+        name, seed = pending[future]
+        try:
+          manifest["runs"][name][str(seed)] = str(future.result().relative_to(out))
+        except RuntimeError as error:  # this run failed; the others go on
+          failures.append(f"{name} seed {seed}: {error}")
+          print(f"  FAILED {failures[-1]}", flush=True)
+        manifest["runs"][name] = dict(sorted(manifest["runs"][name].items(),
+                                             key=lambda kv: int(kv[0])))
+        path.write_text(json.dumps(manifest, indent=2))
+    except BaseException:  # a bad config (every run would fail alike) or Ctrl-C: start no more
+      pool.shutdown(cancel_futures=True)
+      raise
   return failures
 
 
@@ -240,6 +265,8 @@ def main(claim: claims_lib.Claim, argv: Sequence[str] | None = None) -> None:
   parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (default 3)")
   parser.add_argument("--quick", action="store_true",
                       help="tiny budget (the setting's QUICK_OVERRIDES): checks the pipeline")
+  parser.add_argument("--jobs", type=int, default=1,
+                      help="runs at once (default 1; 2 suits a 2-core machine)")
   parser.add_argument("--out", help="runs directory (default runs/experiments[-quick])")
   parser.add_argument("--set", dest="extra", action="append", default=[],
                       metavar="SECTION.FIELD=VALUE",
@@ -249,10 +276,13 @@ def main(claim: claims_lib.Claim, argv: Sequence[str] | None = None) -> None:
   args = parser.parse_args(argv)
   if args.seeds < 1:
     parser.error(f"--seeds {args.seeds}: expected at least 1")
+  if args.jobs < 1:
+    parser.error(f"--jobs {args.jobs}: expected at least 1")
   out = pathlib.Path(args.out or ROOT / "runs" / ("experiments-quick" if args.quick
                                                   else "experiments")).resolve()
   try:
-    failures = run_claim(claim, seeds=args.seeds, quick=args.quick, extra=args.extra, out=out)
+    failures = run_claim(claim, seeds=args.seeds, quick=args.quick, extra=args.extra, out=out,
+                         jobs=args.jobs)
   except (ValueError, FileNotFoundError) as error:
     parser.exit(2, f"error: {error}\n")
   written = report.write_report(out, pathlib.Path(args.report))

@@ -1,7 +1,8 @@
 """A claim script end to end in --quick mode (slow: ~10 min on 2 loaded cores).
 
-Runs claim 1 for 2 seeds into a temporary directory: two warm-starts, six
-sao-train runs, the report; then runs it again, which must skip every run.
+Runs claim 1 for 2 seeds, two runs at a time (`--jobs 2`), into a temporary
+directory: two warm-starts, six sao-train runs, the report; then runs it
+again, which must skip every run.
 """
 
 import json
@@ -19,8 +20,11 @@ def test_claim1_quick_end_to_end(tmp_path):
   out, doc = tmp_path / "runs", tmp_path / "docs" / "results.md"
   command = [sys.executable, "-m", "experiments.claim1_ordering", "--quick", "--seeds", "2",
              "--out", str(out), "--report", str(doc)]
-  first = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=3600)
+  first = subprocess.run([*command, "--jobs", "2"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=3600)
   assert first.returncode == 0, first.stdout + first.stderr
+  for seed in (0, 1):  # each made once, though two runs of the seed may start together
+    assert first.stdout.count(f"warm-start seed {seed} done") == 1, first.stdout
   text = doc.read_text()
   section = text.split("## Claim 1")[1].split("## Claim 2")[0]
   assert "quick mode" in section

@@ -1,8 +1,11 @@
 """experiments.runner and claims, no training: overrides, phases, warm-start keys, resuming."""
 
+import concurrent.futures
 import dataclasses
 import importlib
 import json
+import pathlib
+import time
 
 import pytest
 
@@ -98,3 +101,23 @@ def test_a_run_with_other_overrides_is_refused(tmp_path):
   claim, _ = _prepared_run(tmp_path, overrides_recorded=["learner.steps=999"])
   with pytest.raises(RuntimeError, match="other overrides"):
     runner.run_one(claim, claims.VARIANTS["sao"], 0, quick=True, extra=(), out=tmp_path)
+
+
+def test_parallel_runs_of_a_seed_make_its_warm_start_once(tmp_path, monkeypatch):
+  calls = []
+
+  def fake_call(command, log_path):  # a slow warm-start that writes its DONE marker
+    calls.append(command)
+    time.sleep(0.2)
+    out = pathlib.Path(command[command.index("--out") + 1])
+    (out / warm_start.DONE_FILE).write_text("{}")
+    return 0, 0.2
+
+  monkeypatch.setattr(runner, "_call", fake_call)
+  path = runner.setting_path("tool_math")
+  shared = [*runner.quick_overrides("tool_math"), *runner.seed_overrides(0)]
+  cfg = load_config(path, shared)
+  with concurrent.futures.ThreadPoolExecutor(3) as pool:
+    dirs = list(pool.map(lambda _: runner.ensure_warm_start(path, shared, cfg, tmp_path),
+                         range(3)))
+  assert len(calls) == 1 and len(set(dirs)) == 1
