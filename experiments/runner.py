@@ -169,6 +169,16 @@ def _make_warm_start(cfg_path: pathlib.Path, overrides: list[str], cfg: Config,
   return directory
 
 
+def run_overrides(cfg: Config, shared: Sequence[str], variant: claims_lib.Variant,
+                  warm: pathlib.Path, run_dir: pathlib.Path) -> list[str]:
+  """`--set` strings of one run: `shared` (quick, extra, seed), the variant, and a start
+  from the seed's warm-start instead of SFT (its accuracy target off with it)."""
+  return [*shared, *variant_overrides(cfg, variant), f"run.init={warm / 'policy'}",
+          f"run.tokenizer={warm / 'tokenizer.json'}", "run.sft_steps=0",
+          *(["run.sft_target_accuracy=0.0"] if cfg.run.sft_target_accuracy else []),
+          f"run.run_dir={run_dir}"]
+
+
 def run_one(claim: claims_lib.Claim, variant: claims_lib.Variant, seed: int, *, quick: bool,
             extra: Sequence[str], out: pathlib.Path) -> pathlib.Path:
   """Runs (or resumes, or skips) one (variant, seed) run; returns its directory."""
@@ -177,9 +187,7 @@ def run_one(claim: claims_lib.Claim, variant: claims_lib.Variant, seed: int, *, 
   cfg = load_config(cfg_path, shared)
   warm = ensure_warm_start(cfg_path, shared, cfg, out)
   run_dir = out / "runs" / claim.setting / f"{variant.name}-seed{seed}"
-  overrides = [*shared, *variant_overrides(cfg, variant), f"run.init={warm / 'policy'}",
-               f"run.tokenizer={warm / 'tokenizer.json'}", "run.sft_steps=0",
-               f"run.run_dir={run_dir}"]
+  overrides = run_overrides(cfg, shared, variant, warm, run_dir)
   state = _read_state(run_dir)
   if state is not None and state["overrides"] != overrides:
     raise RuntimeError(f"{run_dir} was run with other overrides ({state['overrides']}); "

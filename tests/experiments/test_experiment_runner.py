@@ -47,7 +47,8 @@ def test_style_runs_are_split_at_each_switch():
 def test_warm_starts_are_shared_only_between_equal_settings(tmp_path):
   dirs = lambda setting, *o: runner.warm_start_dir(
       tmp_path, load_config(runner.setting_path(setting), [*o, *runner.seed_overrides(1)]))
-  assert dirs("tool_math") == dirs("stability")  # same model, tasks and SFT: one warm-start
+  assert dirs("tool_math") == dirs("tool_math", "learner.steps=7")  # RL fields: one warm-start
+  assert dirs("tool_math") != dirs("stability")  # other tasks and SFT
   assert dirs("tool_math").name.endswith("-seed1")
   assert dirs("tool_math") != dirs("tool_math", "run.sft_steps=5")
   assert (dirs("tool_math", "run.sft_target_accuracy=0.3")
@@ -121,3 +122,18 @@ def test_parallel_runs_of_a_seed_make_its_warm_start_once(tmp_path, monkeypatch)
     dirs = list(pool.map(lambda _: runner.ensure_warm_start(path, shared, cfg, tmp_path),
                          range(3)))
   assert len(calls) == 1 and len(set(dirs)) == 1
+
+
+@pytest.mark.parametrize("claim", claims.CLAIMS, ids=lambda c: c.name)
+def test_every_run_of_every_claim_has_a_valid_config(claim, tmp_path):
+  path = runner.setting_path(claim.setting)
+  for quick in (False, True):
+    shared = [*(runner.quick_overrides(claim.setting) if quick else ()),
+              *runner.seed_overrides(0)]
+    cfg = load_config(path, shared)
+    for name in claim.variants:
+      overrides = runner.run_overrides(cfg, shared, claims.VARIANTS[name], tmp_path / "warm",
+                                       tmp_path / name)
+      resolved = load_config(path, overrides)  # validates
+      assert resolved.run.sft_steps == 0 and resolved.run.init == str(tmp_path / "warm" / "policy")
+      assert resolved.algorithm.variant == claims.VARIANTS[name].preset
