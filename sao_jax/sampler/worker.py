@@ -26,11 +26,13 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import os
+import queue
 import time
 import traceback
 from typing import Any, Callable
 
 from sao_jax.config import Config
+from sao_jax.data.transport import TransportClosed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +58,6 @@ def worker_main(spec: WorkerSpec, stop: Any, errors: Any, parent_pid: int) -> No
 def _run(spec: WorkerSpec, stop: Any, parent_pid: int) -> None:
   import jax
 
-  from sao_jax.data.transport import TransportClosed
   from sao_jax.envs.registry import make_env, make_tasks
   from sao_jax.models.tokenizer import load_tokenizer
   from sao_jax.sampler import weights
@@ -99,11 +100,24 @@ def _run(spec: WorkerSpec, stop: Any, parent_pid: int) -> None:
         started += 1
     for traj in runner.step():
       traj.info["worker"] = spec.worker_id
-      try:
-        spec.transport.put(traj)
-      except TransportClosed:
+      if not hand_over(spec.transport, traj, alive):
         return
   subscriber.close()
+
+
+def hand_over(transport, traj, alive: Callable[[], bool], poll_s: float = 1.0) -> bool:
+  """Puts `traj`, waiting while the transport is full (backpressure) but re-checking
+  `alive` every `poll_s`: a learner killed with a full queue never closes it, and a
+  sampler blocked in `put` would outlive it. False: the sampler should exit."""
+  while alive():
+    try:
+      transport.put(traj, timeout=poll_s)
+      return True
+    except queue.Full:
+      continue
+    except TransportClosed:
+      return False
+  return False
 
 
 class SamplerSupervisor:

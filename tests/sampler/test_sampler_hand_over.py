@@ -1,0 +1,76 @@
+"""The sampler's hand-over to the transport: backpressure, but no orphan when the learner dies."""
+
+import multiprocessing
+import os
+import signal
+import time
+
+import numpy as np
+import psutil
+
+from sao_jax.data.records import Trajectory
+from sao_jax.data.transport import QueueTransport
+from sao_jax.sampler.worker import hand_over
+
+
+def make_traj(seed=0):
+  tokens = np.arange(6, dtype=np.int32) + seed
+  action = np.array([0, 0, 1, 1, 1, 1], np.int8)
+  return Trajectory(tokens=tokens, action_mask=action, behavior_logp=-0.5 * action.astype(
+      np.float32), rewards=np.array([0, 0, 0, 0, 0, 1], np.float32), prompt_id=seed,
+                    policy_versions=(0, 0))
+
+
+def test_waits_while_full_then_puts():
+  transport = QueueTransport(capacity=1)
+  transport.put(make_traj(seed=0))
+  checks = []
+
+  def alive():  # the learner takes a trajectory after the second check
+    checks.append(time.monotonic())
+    if len(checks) == 2:
+      transport.get(timeout=1.0)
+    return True
+
+  assert hand_over(transport, make_traj(seed=1), alive, poll_s=0.05)
+  assert len(checks) >= 2 and transport.get(timeout=1.0).tokens.tolist() == make_traj(
+      seed=1).tokens.tolist()
+
+
+def test_stops_waiting_once_not_alive_or_closed():
+  transport = QueueTransport(capacity=1)
+  transport.put(make_traj())
+  flags = iter([True, True, False])
+  start = time.monotonic()
+  assert not hand_over(transport, make_traj(), lambda: next(flags), poll_s=0.05)
+  assert time.monotonic() - start < 5.0
+  transport.close()
+  assert not hand_over(transport, make_traj(), lambda: True, poll_s=0.05)
+
+
+def _sampler(transport, parent_pid):
+  hand_over(transport, make_traj(), lambda: os.getppid() == parent_pid, poll_s=0.1)
+
+
+def _learner(report):
+  """Fills the queue, starts a sampler that blocks on it, then waits to be killed."""
+  context = multiprocessing.get_context("spawn")
+  transport = QueueTransport(capacity=1, context=context)
+  transport.put(make_traj())
+  sampler = context.Process(target=_sampler, args=(transport, os.getpid()))
+  sampler.start()
+  report.put(sampler.pid)
+  time.sleep(600)
+
+
+def test_a_sigkilled_learner_with_a_full_queue_leaves_no_sampler():
+  context = multiprocessing.get_context("spawn")
+  report = context.Queue()
+  learner = context.Process(target=_learner, args=(report,))
+  learner.start()
+  sampler = psutil.Process(report.get(timeout=60))
+  time.sleep(1.0)  # the sampler is now waiting on the full queue
+  assert sampler.is_running()
+  os.kill(learner.pid, signal.SIGKILL)
+  learner.join(timeout=10)
+  sampler.wait(timeout=20)  # raises psutil.TimeoutExpired if it outlives the learner
