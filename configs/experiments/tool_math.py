@@ -5,7 +5,7 @@
 
 The demo's task (`configs/demo_cpu.py`: the same 0.36M-parameter model,
 sampler and critic schedule; generated arithmetic with a Python tool) with a
-warm-start that stops half-way: SFT (batches of 16 demonstrations, at most 300
+warm-start that stops half-way: SFT (batches of 16 demonstrations, at most 600
 steps) ends at the first multiple of 5 steps where greedy accuracy on 64
 validation tasks reaches 0.5 (`run.sft_target_accuracy`). Every seed so starts
 RL from about the same accuracy, with room to rise; a fixed step count put
@@ -43,7 +43,7 @@ def get_config() -> Config:
   return dataclasses.replace(
       base, name="exp_tool_math",
       learner=dataclasses.replace(base.learner, steps=100, policy_lr=1e-4, value_lr=5e-4),
-      run=dataclasses.replace(base.run, run_dir="runs/exp_tool_math", sft_steps=300,
+      run=dataclasses.replace(base.run, run_dir="runs/exp_tool_math", sft_steps=600,
                               sft_batch=16, sft_target_accuracy=0.5, sft_check_every=5,
                               eval_every=20, eval_episodes=64),
       checkpoint=dataclasses.replace(base.checkpoint, save_every_steps=20))
