@@ -134,7 +134,8 @@ def sft_warm_start(cfg: Config, tokenizer, policy: Params, demos: Iterator[list[
   With `run.sft_target_accuracy` > 0, every `run.sft_check_every` steps the
   policy plays `run.eval_episodes` greedy validation episodes (task seed
   `run.eval_seed + 1`, disjoint from the held-out evaluation set) and SFT stops
-  at the first check whose accuracy reaches the target. The record holds the
+  at the first check whose accuracy reaches the target (each check is also
+  passed to `log_metrics` as `sft/validation_accuracy`). The record holds the
   steps done, the last SFT loss and every (step, validation accuracy) check;
   `reached_target` is False when `run.sft_steps` ran out first (the last check
   is then taken at the end, so the record says where the policy landed).
@@ -151,6 +152,7 @@ def sft_warm_start(cfg: Config, tokenizer, policy: Params, demos: Iterator[list[
       validator = Evaluator(cfg, tokenizer, params, seed=run.eval_seed + 1)
     accuracy = validator.evaluate(params, 0)["eval/accuracy"]
     checks.append((steps_done, accuracy))
+    log_metrics(steps_done - 1, {"sft/validation_accuracy": accuracy})
     log(f"SFT step {steps_done}: validation accuracy {accuracy:.3f} "
         f"(target {run.sft_target_accuracy:.2f})")
     return accuracy >= run.sft_target_accuracy
@@ -223,6 +225,10 @@ def run(cfg: Config, *, resume: bool = True, log=print) -> dict:
     raise ValueError(f"run.eval_every={cfg.run.eval_every}: in-run evaluation needs the whole "
                      f"policy on one host, and this learner spans {jax.process_count()} hosts; "
                      "set run.eval_every=0 and evaluate checkpoints with sao-eval")
+  if jax.process_count() > 1 and cfg.run.sft_target_accuracy and cfg.run.sft_steps:
+    raise ValueError(f"run.sft_target_accuracy={cfg.run.sft_target_accuracy}: checking it "
+                     "needs the whole policy on one host; warm-start on one host "
+                     "(python -m experiments.warm_start) and start this run from it (run.init)")
   batch_size, batch_tokens = local_batch_sizes(cfg, jax.process_count())
   (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
   tokenizer = prepare_tokenizer(cfg, run_dir)

@@ -5,6 +5,7 @@ import pathlib
 
 import jax
 import numpy as np
+import pytest
 
 from sao_jax import evaluation, train
 from sao_jax.config import load_config
@@ -66,9 +67,14 @@ def test_warm_start_stops_at_the_first_check_reaching_the_target(monkeypatch):
   monkeypatch.setattr(evaluation.Evaluator, "__init__", init)
   monkeypatch.setattr(evaluation.Evaluator, "evaluate",
                       lambda self, params, version: {"eval/accuracy": next(scripted)})
+  logged = []
   _, record = train.sft_warm_start(cfg, tokenizer, train.initial_policy(cfg),
-                                   train._demonstrations(cfg), log=lambda line: None)
+                                   train._demonstrations(cfg), log=lambda line: None,
+                                   log_metrics=lambda step, m: logged.append((step, m)))
   assert record["sft_steps"] == 6 and record["reached_target"]
+  assert [(s, m) for s, m in logged if "sft/validation_accuracy" in m] == [
+      (2, {"sft/validation_accuracy": 0.25}), (5, {"sft/validation_accuracy": 0.5})]
+  assert [s for s, m in logged if "sft/loss" in m] == list(range(6))
   assert record["validation"] == [(3, 0.25), (6, 0.5)]
   assert seeds == [cfg.run.eval_seed + 1]  # validation tasks, not the held-out set
 
@@ -85,3 +91,12 @@ def test_warm_start_that_misses_the_target_says_where_it_landed():
   assert all(0.0 <= accuracy < 1.0 for _, accuracy in record["validation"])
   assert "below run.sft_target_accuracy=1.0" in lines[-1]
   assert np.isfinite(record["final_sft_loss"])
+
+
+def test_a_multi_host_learner_refuses_an_accuracy_target(monkeypatch, tmp_path):
+  cfg = load_config(ROOT / "configs" / "demo_cpu.py",
+                    TINY + ["run.sft_steps=4", "run.sft_target_accuracy=0.5", "run.eval_every=0",
+                            f"run.run_dir={tmp_path}"])
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  with pytest.raises(ValueError, match=r"run.sft_target_accuracy=0.5.*experiments.warm_start"):
+    train.run(cfg)
