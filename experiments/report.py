@@ -208,9 +208,12 @@ def _runs_table(groups: dict[str, list[Run]]) -> list[str]:
 ANALYSES = {"ordering": _ordering, "realignment": _realignment, "stability": _stability}
 
 
-def _warm_starts(out: pathlib.Path) -> list[str]:
+def _warm_starts(out: pathlib.Path, used: set[str]) -> list[str]:
+  """The table of the warm-starts (directory names) that reported runs started from."""
   lines = []
   for done in sorted((out / "warm_start").glob("*/DONE.json")):
+    if done.parent.name not in used:  # e.g. of an earlier version of a setting
+      continue
     record = json.loads(done.read_text())
     validation = "-"
     if record.get("target_accuracy"):  # SFT stopped at a validation-accuracy target
@@ -233,6 +236,7 @@ def write_report(out: pathlib.Path, report: pathlib.Path) -> pathlib.Path:
   summary = ["| claim | setting | seeds | budget per run (trajectories) | verdict |",
              "|---|---|---|---|---|"]
   sections = []
+  used_warm_starts: set[str] = set()
   for claim in claims_lib.CLAIMS:
     path = out / "claims" / f"{claim.name}.json"
     header = f"## Claim {claim.number}: {claim.title}"
@@ -243,6 +247,8 @@ def write_report(out: pathlib.Path, report: pathlib.Path) -> pathlib.Path:
       continue
     manifest = json.loads(path.read_text())
     groups = _load(out, manifest)
+    used_warm_starts |= {pathlib.Path(r.init).parent.name for runs in groups.values()
+                         for r in runs}
     figure = figures / f"{claim.name}.png"
     verdict, body = ANALYSES[claim.kind](claim, manifest, groups, figure)
     seeds = min(len(runs) for runs in groups.values())
@@ -278,7 +284,7 @@ def write_report(out: pathlib.Path, report: pathlib.Path) -> pathlib.Path:
           "the per-variant CIs in the table overlap. Held-out accuracy: greedy decoding on a "
           "fixed set of generated "
           "tasks never trained on. Training reward: mean outcome of the batch's trajectories "
-          "(sampled, temperature 1).", "", *summary, "", *_warm_starts(out), *sections]
+          "(sampled, temperature 1).", "", *summary, "", *_warm_starts(out, used_warm_starts), *sections]
   report.parent.mkdir(parents=True, exist_ok=True)
   report.write_text("\n".join(text).rstrip() + "\n")
   return report

@@ -152,20 +152,23 @@ def test_report_cli_needs_runs(tmp_path):
   assert exit_info.value.code == 2
 
 
-def test_warm_start_table_says_whether_sft_reached_its_target(tmp_path):
+def test_warm_start_table_lists_the_runs_starts_and_whether_sft_reached_its_target(tmp_path):
   out, doc = tmp_path / "runs", tmp_path / "results.md"
   _ordering_claim(out, {"sao": 0.9, "grpo_dis": 0.7, "grpo": 0.4})
-  records = {"math_tool-aaaa-seed0": {"sft_steps": 300, "final_sft_loss": 0.5, "wall_s": 60.0},
-             "math_tool-bbbb-seed1": {"sft_steps": 125, "final_sft_loss": 0.25, "wall_s": 90.0,
+  # The synthetic runs of seed k start from warm/seed{k}/policy.
+  records = {"seed0": {"sft_steps": 300, "final_sft_loss": 0.5, "wall_s": 60.0},
+             "math_tool-unused-seed0": {"sft_steps": 7, "final_sft_loss": 0.5, "wall_s": 1.0},
+             "seed1": {"sft_steps": 125, "final_sft_loss": 0.25, "wall_s": 90.0,
                                       "target_accuracy": 0.5, "reached_target": True,
                                       "validation": [[100, 0.375], [125, 0.515625]]},
-             "math_tool-cccc-seed2": {"sft_steps": 300, "final_sft_loss": 0.125, "wall_s": 120.0,
+             "seed2": {"sft_steps": 300, "final_sft_loss": 0.125, "wall_s": 120.0,
                                       "target_accuracy": 0.5, "reached_target": False,
                                       "validation": [[300, 0.25]]}}
   for name, record in records.items():
     (out / "warm_start" / name).mkdir(parents=True)
     (out / "warm_start" / name / "DONE.json").write_text(json.dumps(record))
   text = report.write_report(out, doc).read_text()
-  assert "| math_tool-aaaa-seed0 | 300 | 0.500 | - | 1.0 min |" in text
-  assert "| math_tool-bbbb-seed1 | 125 | 0.250 | 0.516 (target 0.50) | 1.5 min |" in text
-  assert "| math_tool-cccc-seed2 | 300 | 0.125 | 0.250 (target 0.50, not reached) |" in text
+  assert "| seed0 | 300 | 0.500 | - | 1.0 min |" in text
+  assert "| seed1 | 125 | 0.250 | 0.516 (target 0.50) | 1.5 min |" in text
+  assert "| seed2 | 300 | 0.125 | 0.250 (target 0.50, not reached) |" in text
+  assert "unused" not in text  # no run started from it
