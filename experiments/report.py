@@ -113,7 +113,25 @@ def _ordering(claim, manifest, groups, figure: pathlib.Path) -> tuple[str, list[
   _, reward_sentence = _comparisons(claim, reward, "Training reward (last 25% of steps)")
   plots.learning_curves({_label(n): r for n, r in groups.items()}, figure, window=window)
   return verdict, [*rows, "", f"Verdict (on final held-out accuracy): **{verdict}**. "
-                   f"{sentence} {reward_sentence}"]
+                   f"{sentence} {reward_sentence}", "", _evaluation_noise(groups)]
+
+
+def _evaluation_noise(groups: dict[str, list[Run]]) -> str:
+  """How noisy one final held-out accuracy is by itself: the binomial standard error
+  sqrt(p (1 - p) / n) of n greedy episodes, averaged over runs. A paired difference of
+  two runs carries sqrt(2) of it, which a CI from few seeds can understate."""
+  errors = [math.sqrt(r.final_accuracy * (1 - r.final_accuracy) / r.eval_episodes)
+            for runs in groups.values() for r in runs if math.isfinite(r.final_accuracy)]
+  if not errors:
+    return ""
+  error = sum(errors) / len(errors)
+  episodes = sorted({r.eval_episodes for runs in groups.values() for r in runs})
+  return (f"Noise of one evaluation: a final held-out accuracy from "
+          f"{'/'.join(map(str, episodes))} episodes has a binomial standard error of "
+          f"{error:.3f} (mean over runs), so the same-seed difference of two runs carries "
+          f"about {math.sqrt(2) * error:.3f} of evaluation noise alone; with few seeds the "
+          "CI of a difference can come out narrower than that, and such a verdict rests on "
+          "little.")
 
 
 def _realignment(claim, manifest, groups, figure: pathlib.Path) -> tuple[str, list[str]]:

@@ -37,6 +37,7 @@ class Run:
   dropped: int  # trajectories the learner's pipeline rejected (stale, malformed, ...)
   wall_s: float  # sum over the runner's sao-train invocations
   init: str  # run.init: the warm-start this run started from
+  eval_episodes: int  # run.eval_episodes: the size of each held-out evaluation
 
   def final_reward(self, fraction: float = 0.25) -> float:
     """Mean reward over the last `fraction` of the steps."""
@@ -84,4 +85,4 @@ def load_run(run_dir: str | pathlib.Path) -> Run:
                              if k.startswith("staleness/lag_"))),
              dropped=int(sum(v for k, v in last.items() if k.startswith("dropped/"))),
              wall_s=float(sum(i["wall_s"] for i in state["invocations"])),
-             init=config["run"]["init"])
+             init=config["run"]["init"], eval_episodes=config["run"]["eval_episodes"])

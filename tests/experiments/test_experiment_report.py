@@ -37,6 +37,10 @@ def test_ordering_report_agrees(tmp_path):
     for seed in range(3):
       assert f"| {label} | {seed} |" in section  # the per-run table
   assert "Verdict (on final held-out accuracy): **agrees**" in section
+  # Final accuracies ~0.9/0.7/0.4 of 64 episodes: binomial SEs ~0.038/0.057/0.061.
+  noise = section.split("Noise of one evaluation: ")[1].split(" (mean over runs)")[0]
+  assert noise.startswith("a final held-out accuracy from 64 episodes has a binomial")
+  assert 0.045 < float(noise.split("error of ")[1]) < 0.060, noise
   assert "40 learner steps x 16 trajectories = 640 trajectories per run" in section
   assert "same step-0 held-out accuracy" in section
   assert "| 1 | tool_math | 3 | 640 | agrees |" in text
