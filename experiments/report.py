@@ -302,7 +302,8 @@ def write_report(out: pathlib.Path, report: pathlib.Path) -> pathlib.Path:
           "the per-variant CIs in the table overlap. Held-out accuracy: greedy decoding on a "
           "fixed set of generated "
           "tasks never trained on. Training reward: mean outcome of the batch's trajectories "
-          "(sampled, temperature 1).", "", *summary, "", *_warm_starts(out, used_warm_starts), *sections]
+          "(sampled, temperature 1).", "", *summary, "", *_warm_starts(out, used_warm_starts),
+          *sections]
   report.parent.mkdir(parents=True, exist_ok=True)
   report.write_text("\n".join(text).rstrip() + "\n")
   return report

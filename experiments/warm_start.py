@@ -12,8 +12,8 @@ model, tokenizer and initial weights exactly, and the warm-start (on CPU the
 slow part: each math demonstration runs the sandboxed Python tool) is paid once
 per seed. It does what `sao-train` does before its first RL step (tokenizer
 from 400 demonstrations, `sao_jax.train.sft_warm_start` from the `cfg.seed`
-random init, stopping at `run.sft_target_accuracy` when set), with one addition: demonstrations for the style environment
-(`experiments.style_demos`).
+random init, stopping at `run.sft_target_accuracy` when set), with one
+addition: demonstrations for the style environment (`experiments.style_demos`).
 """
 
 from __future__ import annotations

@@ -225,7 +225,7 @@ def run(cfg: Config, *, resume: bool = True, log=print) -> dict:
     raise ValueError(f"run.eval_every={cfg.run.eval_every}: in-run evaluation needs the whole "
                      f"policy on one host, and this learner spans {jax.process_count()} hosts; "
                      "set run.eval_every=0 and evaluate checkpoints with sao-eval")
-  if jax.process_count() > 1 and cfg.run.sft_target_accuracy and cfg.run.sft_steps:
+  if jax.process_count() > 1 and cfg.run.sft_target_accuracy:  # validate: sft_steps > 0
     raise ValueError(f"run.sft_target_accuracy={cfg.run.sft_target_accuracy}: checking it "
                      "needs the whole policy on one host; warm-start on one host "
                      "(python -m experiments.warm_start) and start this run from it (run.init)")
