@@ -10,49 +10,32 @@ then starts from these files (`--set run.init=DIR/policy --set
 run.tokenizer=DIR/tokenizer.json --set run.sft_steps=0`), so all variants share
 model, tokenizer and initial weights exactly, and the warm-start (on CPU the
 slow part: each math demonstration runs the sandboxed Python tool) is paid once
-per seed. It does what `sao-train` does before its first RL step (tokenizer
-from 400 demonstrations, `sao_jax.train.sft_warm_start` from the `cfg.seed`
-random init, stopping at `run.sft_target_accuracy` when set), with one
-addition: demonstrations for the style environment (`experiments.style_demos`).
+per seed. It does what `sao-train` does before its first RL step
+(`sao_jax.train.train_run_tokenizer`, then `sao_jax.train.sft_warm_start` on
+`sao_jax.train.demonstrations` from the `cfg.seed` random init, stopping at
+`run.sft_target_accuracy` when set).
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import pathlib
 import time
-from typing import Iterator, Sequence
+from typing import Sequence
 
 from sao_jax.config import Config, load_config
-from sao_jax.envs.base import play
-from sao_jax.envs.registry import make_env, make_tasks
-from sao_jax.models import params_io, tokenizer as tokenizer_lib
-from sao_jax.train import DEMONSTRATIONS, initial_policy, sft_warm_start
-
-from experiments import style_demos
+from sao_jax.models import params_io
+from sao_jax.train import demonstrations, initial_policy, sft_warm_start, train_run_tokenizer
 
 DONE_FILE = "DONE.json"
-TOKENIZER_TEXTS = 400  # demonstrations the tokenizer is trained on (as sao-train does)
-
-
-def demonstrations(cfg: Config) -> Iterator[list[dict]]:
-  """Played demonstration transcripts (messages) of the training task stream."""
-  demonstrate = {**DEMONSTRATIONS, "style": style_demos.demonstration}.get(cfg.env.name)
-  if demonstrate is None:
-    raise ValueError(f"env.name={cfg.env.name!r} has no demonstrations for a warm-start")
-  for task in make_tasks(cfg.env):
-    yield play(make_env(cfg.env), task, demonstrate(task)).messages
 
 
 def warm_start(cfg: Config, out: pathlib.Path) -> dict:
   """Trains the tokenizer and the SFT policy of `cfg` into `out`; returns the DONE record."""
   start = time.monotonic()
   out.mkdir(parents=True, exist_ok=True)
-  texts = [m["content"] + " " + m["role"] for messages in
-           itertools.islice(demonstrations(cfg), TOKENIZER_TEXTS) for m in messages]
-  tokenizer = tokenizer_lib.train_tokenizer(texts, cfg.model.vocab_size)
+  tokenizer = train_run_tokenizer(cfg)
   tokenizer.save(str(out / "tokenizer.json"))
   policy, record = sft_warm_start(cfg, tokenizer, initial_policy(cfg), demonstrations(cfg))
   params_io.save_params(out / "policy", policy, cfg.model)

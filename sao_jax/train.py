@@ -41,7 +41,7 @@ from sao_jax.config import Config
 from sao_jax.data import pipeline
 from sao_jax.data.records import Trajectory
 from sao_jax.data.transport import DirectoryTransport, QueueTransport
-from sao_jax.envs import coding_generator, math_tasks
+from sao_jax.envs import coding_generator, math_tasks, style
 from sao_jax.envs.base import play
 from sao_jax.envs.registry import make_env, make_tasks
 from sao_jax.evaluation import Evaluator
@@ -59,10 +59,12 @@ from sao_jax.types import Batch
 
 # Scripted ideal turns per environment, for the SFT warm-start and the tokenizer.
 DEMONSTRATIONS = {"math_tool": math_tasks.demonstration,
-                  "coding": coding_generator.solution_actions}
+                  "coding": coding_generator.solution_actions,
+                  "style": style.demonstration}
+TOKENIZER_DEMONSTRATIONS = 400  # transcripts a run's own tokenizer is trained on
 
 
-def _demonstrations(cfg: Config) -> Iterator[list[dict]]:
+def demonstrations(cfg: Config) -> Iterator[list[dict]]:
   """Played demonstration transcripts (messages) of the training task source."""
   if cfg.env.name not in DEMONSTRATIONS:
     raise ValueError(f"run.sft_steps={cfg.run.sft_steps} but env.name={cfg.env.name!r} has no "
@@ -72,6 +74,13 @@ def _demonstrations(cfg: Config) -> Iterator[list[dict]]:
     yield play(make_env(cfg.env), task, demo(task)).messages
 
 
+def train_run_tokenizer(cfg: Config):
+  """A tokenizer of `model.vocab_size` tokens trained on the first demonstration transcripts."""
+  texts = [m["content"] + " " + m["role"] for messages in
+           itertools.islice(demonstrations(cfg), TOKENIZER_DEMONSTRATIONS) for m in messages]
+  return tokenizer_lib.train_tokenizer(texts, cfg.model.vocab_size)
+
+
 def prepare_tokenizer(cfg: Config, run_dir: pathlib.Path):
   """The configured tokenizer, or one trained on the environment's texts (saved in run_dir)."""
   if cfg.run.tokenizer:
@@ -79,9 +88,7 @@ def prepare_tokenizer(cfg: Config, run_dir: pathlib.Path):
   elif (run_dir / "tokenizer.json").is_file():
     tokenizer = tokenizer_lib.load_tokenizer(run_dir)
   else:
-    texts = [m["content"] + " " + m["role"]
-             for messages in itertools.islice(_demonstrations(cfg), 400) for m in messages]
-    tokenizer = tokenizer_lib.train_tokenizer(texts, cfg.model.vocab_size)
+    tokenizer = train_run_tokenizer(cfg)
     tokenizer.save(str(run_dir / "tokenizer.json"))
   if tokenizer.get_vocab_size() > cfg.model.vocab_size:
     raise ValueError(f"the tokenizer has {tokenizer.get_vocab_size()} tokens but "
@@ -243,7 +250,7 @@ def run(cfg: Config, *, resume: bool = True, log=print) -> dict:
     if cfg.run.sft_steps:
       if cfg.run.eval_every:  # the starting point, so the warm-start's effect is measured
         evaluate(-cfg.run.sft_steps, policy, 0)
-      policy, _ = sft_warm_start(cfg, tokenizer, policy, _demonstrations(cfg), log=log,
+      policy, _ = sft_warm_start(cfg, tokenizer, policy, demonstrations(cfg), log=log,
                                  log_metrics=lambda step, m: logger.write(
                                      step - cfg.run.sft_steps, m))
     state = state_from_params(cfg, policy, value_params_from_policy(policy, cfg.model))

@@ -1,16 +1,19 @@
 """Claim 6 of SAO.md §7 at small scale: a long (1000-step) run of SAO and of GRPO.
 
-    .venv/bin/python -m experiments.claim6_stability --seeds 3
+    .venv/bin/python -m experiments.claim6_stability --seeds 3 --jobs 2
 
-`configs/experiments/tool_math.py` (same model, learning rates and sampler) on
-that setting's first version, where its runs were made: mixed arithmetic and
-word problems, a fixed 300-step warm-start (no accuracy target), trained for
-1000 learner steps (16,000 trajectories per run), evaluated every 100 steps,
-checkpointed every 50 so a killed run loses little. The report plots reward,
-KL to the behavior policy, entropy, policy and value gradient norms, DIS mask
-fractions, PPO clip fraction and value explained variance, and counts runs
-whose reward collapses (trailing mean ending below half its best). A stable
-run keeps its reward and shows no growth in KL or gradient norms.
+The first version of `configs/experiments/tool_math.py`, spelled out here so that
+later changes to that setting leave these runs (and their warm-starts) alone:
+`configs/demo_cpu.py`'s model, sampler and critic schedule on mixed arithmetic
+and word problems (difficulty 1, up to 3 turns), a fixed 300-step SFT
+warm-start of 16 demonstrations per step (no accuracy target), policy lr 1e-4
+and value lr 5e-4, trained for 1000 learner steps (16,000 trajectories per
+run), evaluated every 100 steps on 64 held-out episodes, checkpointed every 50
+so a killed run loses little. The report plots reward, KL to the behavior
+policy, entropy, policy and value gradient norms, DIS mask fractions, PPO clip
+fraction and value explained variance, and counts runs whose reward collapses
+(trailing mean ending below half its best). A stable run keeps its reward and
+shows no growth in KL or gradient norms.
 """
 
 import dataclasses
@@ -18,7 +21,7 @@ import pathlib
 
 from sao_jax.config import Config, load_config
 
-BASE = pathlib.Path(__file__).resolve().parent / "tool_math.py"
+BASE = pathlib.Path(__file__).resolve().parents[1] / "demo_cpu.py"
 
 QUICK_OVERRIDES = ("learner.steps=6", "learner.critic_warmup_steps=1", "run.sft_steps=10",
                    "run.sft_batch=8", "run.eval_every=6", "run.eval_episodes=8",
@@ -29,8 +32,8 @@ def get_config() -> Config:
   base = load_config(BASE)
   return dataclasses.replace(
       base, name="exp_stability",
-      env=dataclasses.replace(base.env, problem_kind="mixed"),
-      learner=dataclasses.replace(base.learner, steps=1000),
-      run=dataclasses.replace(base.run, run_dir="runs/exp_stability", eval_every=100,
-                              sft_target_accuracy=0.0, sft_check_every=25),
+      env=dataclasses.replace(base.env, difficulty=1, problem_kind="mixed", max_turns=3),
+      learner=dataclasses.replace(base.learner, steps=1000, policy_lr=1e-4, value_lr=5e-4),
+      run=dataclasses.replace(base.run, run_dir="runs/exp_stability", sft_steps=300,
+                              sft_batch=16, eval_every=100, eval_episodes=64),
       checkpoint=dataclasses.replace(base.checkpoint, save_every_steps=50))

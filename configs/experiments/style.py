@@ -9,7 +9,7 @@ learning rates are 5x the demo's (policy 1e-4, value 5e-4) for both variants,
 as in `tool_math.py`: at the demo's 2e-5 the sampled reward did not move in 20
 SAO steps, at 1e-4 it rose from ~0.2 to ~0.45 in 40. The warm-start
 (`experiments.warm_start`, 300 SFT steps) teaches on-topic answers in all four
-styles equally (`experiments.style_demos`), so RL has to find the preferred one
+styles equally (`sao_jax.envs.style.demonstration`), so RL has to find the preferred one
 and, after each switch, find the next. The experiment script applies each switch by
 resuming the run from its checkpoint with the next style, so a switch lands
 exactly on its learner step (an in-run schedule switches by policy version,

@@ -21,6 +21,10 @@ cannot answer is an environment failure, never reward 0.
 Built-in tasks (`builtin_task`) ask to explain a topic in a word range and to
 mention a keyword; JSONL tasks (`tasks.load_jsonl`) work too: `answer` is the
 keyword, optional `min_words` / `max_words` keys (defaults 20 and 200).
+
+Demonstrations (`demonstration`, the SFT warm-start's scripted answers) write
+every style equally often, so a warm-started policy favours none of them and RL
+has a preference to find, and after each switch to find again.
 """
 
 from __future__ import annotations
@@ -54,6 +58,12 @@ _TOPICS = (("why the sky is blue", "scattering"), ("how vaccines work", "immune"
            ("what causes tides", "moon"), ("how bees make honey", "nectar"),
            ("how volcanoes erupt", "magma"), ("how a rainbow forms", "refraction"),
            ("what photosynthesis is", "sunlight"), ("how a bicycle stays upright", "balance"))
+
+# Neutral sentences for demonstrations: none contains a marker of any style (tests check it).
+_FILLER = ("It is a simple idea once you see it.", "Many people notice it every day.",
+           "People have studied it for a long time.", "The details are easy to follow.",
+           "It explains a lot about the world around us.", "A small example makes it clear.")
+_BUILTIN_PROMPT = re.compile(r"^Explain (?P<topic>.+?) in \d+ to \d+ words\.")
 
 Judge = Callable[[Task, str, str], tuple[bool, bool]]
 
@@ -158,3 +168,27 @@ def iterate_builtin(*, seed: int = 0) -> Iterator[Task]:
   """Built-in style tasks 0, 1, 2, ... without end."""
   for index in itertools.count():
     yield builtin_task(index, seed=seed)
+
+
+def demonstration(task: Task) -> list[str]:
+  """One scripted assistant turn for a built-in task that passes the judge in one style.
+
+  The style is chosen by a hash of the task id, so across tasks every style is
+  equally likely. Two of its markers open the answer side by side (a small model
+  keeps them consistent more easily), then the keyword, then neutral filler up
+  to `min_words + 15` words: ranges are 60 or 100 words wide, so the length has
+  slack on both sides.
+  """
+  match = _BUILTIN_PROMPT.match(task.prompt)
+  if match is None:
+    raise ValueError(f"task {task.id!r}: style demonstrations need a built-in style task "
+                     f"('Explain <topic> in N to M words. ...'), got {task.prompt!r}")
+  rng = random.Random(f"sao-style-demo/{task.id}")
+  style = rng.choice(STYLES)
+  first, second = rng.sample(STYLE_MARKERS[style], 2)
+  words = [first, second, f"{match['topic']} comes down to {task.answer}."]
+  filler = list(_FILLER)
+  rng.shuffle(filler)
+  while len(" ".join(words).split()) < task.metadata["min_words"] + 15:
+    words.append(filler[len(words) % len(filler)])
+  return [" ".join(words)]

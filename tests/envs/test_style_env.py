@@ -1,6 +1,7 @@
-"""Style environment: schedule, rule judge, HTTP judge (against a local server)."""
+"""Style environment: schedule, rule judge, HTTP judge (against a local server), demonstrations."""
 
 import contextlib
+import dataclasses
 import http.server
 import json
 import socket
@@ -179,3 +180,26 @@ def test_judge_settings_are_validated(monkeypatch, kwargs, message):
   monkeypatch.delenv("SAO_UNSET_KEY_VAR", raising=False)
   with pytest.raises(ValueError, match=message):
     judge.HttpJudge(**kwargs)
+
+
+def test_demonstrations_pass_the_judge_in_every_style():
+  seen = set()
+  for index in range(100):
+    task = style.builtin_task(index)
+    [answer] = style.demonstration(task)
+    counts = style.style_marker_counts(answer)
+    chosen = max(counts, key=counts.get)
+    assert style.rule_judge(task, answer, chosen) == (True, True), answer
+    seen.add(chosen)
+  assert seen == set(style.STYLES)
+
+
+def test_demonstration_filler_is_neutral():
+  for sentence in style._FILLER:
+    assert style.style_marker_counts(sentence) == dict.fromkeys(style.STYLES, 0), sentence
+
+
+def test_demonstration_rejects_foreign_prompts():
+  task = dataclasses.replace(style.builtin_task(0), prompt="Write a poem.")
+  with pytest.raises(ValueError, match="built-in style task"):
+    style.demonstration(task)

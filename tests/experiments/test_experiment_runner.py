@@ -9,9 +9,8 @@ import time
 
 import pytest
 
-from experiments import claims, runner, style_demos, warm_start
+from experiments import claims, runner, warm_start
 from sao_jax.config import AlgorithmConfig, apply_overrides, load_config
-from sao_jax.envs import style
 
 
 @pytest.mark.parametrize("name", sorted(claims.VARIANTS))
@@ -54,24 +53,6 @@ def test_warm_starts_are_shared_only_between_equal_settings(tmp_path):
   assert (dirs("tool_math", "run.sft_target_accuracy=0.3")
           != dirs("tool_math", "run.sft_target_accuracy=0.4"))
   assert dirs("tool_math") != dirs("style")
-
-
-def test_style_demonstrations_pass_the_judge_in_every_style():
-  seen = set()
-  for index in range(100):
-    task = style.builtin_task(index)
-    [answer] = style_demos.demonstration(task)
-    counts = style.style_marker_counts(answer)
-    chosen = max(counts, key=counts.get)
-    assert style.rule_judge(task, answer, chosen) == (True, True), answer
-    seen.add(chosen)
-  assert seen == set(style.STYLES)
-
-
-def test_style_demonstration_rejects_foreign_prompts():
-  task = dataclasses.replace(style.builtin_task(0), prompt="Write a poem.")
-  with pytest.raises(ValueError, match="built-in style task"):
-    style_demos.demonstration(task)
 
 
 def _prepared_run(tmp_path, overrides_recorded=None, done=False):
@@ -137,3 +118,13 @@ def test_every_run_of_every_claim_has_a_valid_config(claim, tmp_path):
       resolved = load_config(path, overrides)  # validates
       assert resolved.run.sft_steps == 0 and resolved.run.init == str(tmp_path / "warm" / "policy")
       assert resolved.algorithm.variant == claims.VARIANTS[name].preset
+
+
+def test_stability_setting_keeps_the_warm_starts_its_runs_started_from():
+  """docs/results.md's claim 6 runs started from these warm-starts (the first tool_math
+  setting). If this fails, a config change moved the stability setting: rerun claim 6 and
+  update the keys, or undo the change."""
+  keys = [runner.warm_start_dir(pathlib.Path("out"), load_config(
+      runner.setting_path("stability"), runner.seed_overrides(seed))).name for seed in range(3)]
+  assert keys == ["math_tool-6e0b8b38-seed0", "math_tool-103c6f66-seed1",
+                  "math_tool-a8227efd-seed2"]

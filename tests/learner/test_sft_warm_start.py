@@ -47,7 +47,7 @@ def test_a_stop_ends_training_at_a_check_with_the_params_of_that_step():
 
 def _tokenizer(cfg):
   texts = [m["content"] + " " + m["role"]
-           for messages in itertools.islice(train._demonstrations(cfg), 50) for m in messages]
+           for messages in itertools.islice(train.demonstrations(cfg), 50) for m in messages]
   return tokenizer_lib.train_tokenizer(texts, cfg.model.vocab_size)
 
 
@@ -69,7 +69,7 @@ def test_warm_start_stops_at_the_first_check_reaching_the_target(monkeypatch):
                       lambda self, params, version: {"eval/accuracy": next(scripted)})
   logged = []
   _, record = train.sft_warm_start(cfg, tokenizer, train.initial_policy(cfg),
-                                   train._demonstrations(cfg), log=lambda line: None,
+                                   train.demonstrations(cfg), log=lambda line: None,
                                    log_metrics=lambda step, m: logged.append((step, m)))
   assert record["sft_steps"] == 6 and record["reached_target"]
   assert [(s, m) for s, m in logged if "sft/validation_accuracy" in m] == [
@@ -85,7 +85,7 @@ def test_warm_start_that_misses_the_target_says_where_it_landed():
                             "run.sft_target_accuracy=1.0"])
   lines = []
   _, record = train.sft_warm_start(cfg, _tokenizer(cfg), train.initial_policy(cfg),
-                                   train._demonstrations(cfg), log=lines.append)
+                                   train.demonstrations(cfg), log=lines.append)
   assert record["sft_steps"] == 4 and not record["reached_target"]
   assert [step for step, _ in record["validation"]] == [2, 4]  # a check, then the final one
   assert all(0.0 <= accuracy < 1.0 for _, accuracy in record["validation"])
@@ -100,3 +100,24 @@ def test_a_multi_host_learner_refuses_an_accuracy_target(monkeypatch, tmp_path):
   monkeypatch.setattr(jax, "process_count", lambda: 2)
   with pytest.raises(ValueError, match=r"run.sft_target_accuracy=0.5.*experiments.warm_start"):
     train.run(cfg)
+
+
+@pytest.mark.parametrize("env,config", [("math_tool", "demo_cpu.py"),
+                                        ("style", "experiments/style.py"),
+                                        ("coding", "coding_cpu.py")])
+def test_every_environment_has_demonstrations_that_earn_full_reward(env, config):
+  """`sao-train` can warm-start on every built-in environment: its scripted
+  transcripts play through the real environment and are judged correct (style:
+  on-topic and in some style; which style the schedule prefers is RL's to find)."""
+  from sao_jax.envs.base import play
+  from sao_jax.envs.registry import make_env, make_tasks
+
+  cfg = load_config(ROOT / "configs" / config)
+  assert cfg.env.name == env
+  for task in itertools.islice(make_tasks(cfg.env), 3):
+    played = play(make_env(cfg.env), task, train.DEMONSTRATIONS[env](task))
+    if env == "style":
+      assert played.result.info["quality"], played.messages
+    else:
+      assert played.result.reward == 1.0, played.messages
+  assert all(len(messages) >= 2 for messages in itertools.islice(train.demonstrations(cfg), 3))
