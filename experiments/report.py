@@ -17,6 +17,7 @@ below the tables is written by hand.
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime
 import json
 import math
@@ -226,26 +227,28 @@ def _runs_table(groups: dict[str, list[Run]]) -> list[str]:
 ANALYSES = {"ordering": _ordering, "realignment": _realignment, "stability": _stability}
 
 
-def _warm_starts(out: pathlib.Path, used: set[str]) -> list[str]:
-  """The table of the warm-starts (directory names) that reported runs started from."""
+def _warm_starts(out: pathlib.Path, used: dict[str, set[str]]) -> list[str]:
+  """The table of the warm-starts that reported runs started from, with the settings
+  of those runs (`used`: warm-start directory name -> settings)."""
   lines = []
-  for done in sorted((out / "warm_start").glob("*/DONE.json")):
-    if done.parent.name not in used:  # e.g. of an earlier version of a setting
+  for name in sorted(used, key=lambda n: (sorted(used[n]), n)):
+    done = out / "warm_start" / name / "DONE.json"
+    if not done.is_file():  # a run from elsewhere (--set run.init=...): nothing to show
       continue
     record = json.loads(done.read_text())
     validation = "-"
     if record.get("target_accuracy"):  # SFT stopped at a validation-accuracy target
       validation = (f"{record['validation'][-1][1]:.3f} (target {record['target_accuracy']:.2f}"
                     f"{'' if record['reached_target'] else ', not reached'})")
-    lines.append(f"| {done.parent.name} | {record['sft_steps']} | "
+    lines.append(f"| {name} | {', '.join(sorted(used[name]))} | {record['sft_steps']} | "
                  f"{record['final_sft_loss']:.3f} | {validation} | "
                  f"{_fmt_wall(record['wall_s'])} |")
   if not lines:
     return []
   return ["Warm-starts (one per seed and setting, shared by all variants; validation accuracy: "
           "greedy, on tasks disjoint from the held-out set, at the last SFT check):", "",
-          "| warm-start | SFT steps | final SFT loss | validation accuracy | wall-clock |",
-          "|---|---|---|---|---|", *lines, ""]
+          "| warm-start | setting | SFT steps | final SFT loss | validation accuracy | wall-clock |",
+          "|---|---|---|---|---|---|", *lines, ""]
 
 
 def write_report(out: pathlib.Path, report: pathlib.Path) -> pathlib.Path:
@@ -254,7 +257,7 @@ def write_report(out: pathlib.Path, report: pathlib.Path) -> pathlib.Path:
   summary = ["| claim | setting | seeds | budget per run (trajectories) | verdict |",
              "|---|---|---|---|---|"]
   sections = []
-  used_warm_starts: set[str] = set()
+  used_warm_starts: collections.defaultdict[str, set[str]] = collections.defaultdict(set)
   for claim in claims_lib.CLAIMS:
     path = out / "claims" / f"{claim.name}.json"
     header = f"## Claim {claim.number}: {claim.title}"
@@ -265,8 +268,8 @@ def write_report(out: pathlib.Path, report: pathlib.Path) -> pathlib.Path:
       continue
     manifest = json.loads(path.read_text())
     groups = _load(out, manifest)
-    used_warm_starts |= {pathlib.Path(r.init).parent.name for runs in groups.values()
-                         for r in runs}
+    for run in (r for runs in groups.values() for r in runs):
+      used_warm_starts[pathlib.Path(run.init).parent.name].add(claim.setting)
     figure = figures / f"{claim.name}.png"
     verdict, body = ANALYSES[claim.kind](claim, manifest, groups, figure)
     seeds = min(len(runs) for runs in groups.values())

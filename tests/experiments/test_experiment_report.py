@@ -168,11 +168,15 @@ def test_warm_start_table_lists_the_runs_starts_and_whether_sft_reached_its_targ
              "seed2": {"sft_steps": 300, "final_sft_loss": 0.125, "wall_s": 120.0,
                                       "target_accuracy": 0.5, "reached_target": False,
                                       "validation": [[300, 0.25]]}}
+  # A second setting's run from seed 0's warm-start: the table names both settings.
+  rel = write_run(out, "stability", "sao", 0, [0.5] * STEPS)
+  write_manifest(out, "claim6_stability", "stability", {"sao": {"0": rel}}, steps=STEPS)
   for name, record in records.items():
     (out / "warm_start" / name).mkdir(parents=True)
     (out / "warm_start" / name / "DONE.json").write_text(json.dumps(record))
   text = report.write_report(out, doc).read_text()
-  assert "| seed0 | 300 | 0.500 | - | 1.0 min |" in text
-  assert "| seed1 | 125 | 0.250 | 0.516 (target 0.50) | 1.5 min |" in text
-  assert "| seed2 | 300 | 0.125 | 0.250 (target 0.50, not reached) |" in text
+  assert "| warm-start | setting | SFT steps |" in text
+  assert "| seed0 | stability, tool_math | 300 | 0.500 | - | 1.0 min |" in text
+  assert "| seed1 | tool_math | 125 | 0.250 | 0.516 (target 0.50) | 1.5 min |" in text
+  assert "| seed2 | tool_math | 300 | 0.125 | 0.250 (target 0.50, not reached) |" in text
   assert "unused" not in text  # no run started from it
