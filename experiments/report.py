@@ -173,6 +173,11 @@ def _realignment(claim, manifest, groups, figure: pathlib.Path) -> tuple[str, li
                    + " A pre-switch reward of 0 leaves nothing to recover (n/a)."]
 
 
+# Diagnostics whose growth over a run signals drift toward instability (entropy: collapse).
+GROWTH_METRICS = (("policy/kl_k3", "KL"), ("policy/grad_norm", "policy grad norm"),
+                  ("value/grad_norm", "value grad norm"), ("policy/entropy", "entropy"))
+
+
 def _stability(claim, manifest, groups, figure: pathlib.Path) -> tuple[str, list[str]]:
   steps = manifest["steps"]
   window = max(1, steps // 20)
@@ -192,6 +197,12 @@ def _stability(claim, manifest, groups, figure: pathlib.Path) -> tuple[str, list
     rows.append(f"| {_label(name)} | {len(runs)} | {sum(collapsed[name])} of {len(runs)} | "
                 f"{stats.summarize([r.final_reward() for r in runs]).format()} | {skips:.0f} | "
                 + " | ".join(cells) + " |")
+  growth_rows = ["| variant | " + " | ".join(f"{title} growth" for _, title in GROWTH_METRICS)
+                 + " |", "|---|" + "---|" * len(GROWTH_METRICS)]
+  for name, runs in groups.items():
+    growth_rows.append(f"| {_label(name)} | " + " | ".join(
+        stats.summarize([stats.growth(r.metrics[key]) for r in runs if key in r.metrics])
+        .format(2) for key, _ in GROWTH_METRICS) + " |")
   sao = collapsed.get("sao", [])
   # A run whose reward never rose above 0 cannot collapse: that says nothing about stability.
   learned = [bool(np.nanmax(r.reward, initial=0.0) > 0) for r in groups.get("sao", [])]
@@ -209,7 +220,12 @@ def _stability(claim, manifest, groups, figure: pathlib.Path) -> tuple[str, list
                    f"{len(learned)}{'; fewer than 2 seeds' if len(sao) < 2 else ''}). {others} "
                    f"Collapse: the trailing mean reward "
                    f"({window} steps) ends below half its best value. Diagnostic columns: the "
-                   "median over the last 25% of steps per run, mean ± 95% CI across seeds."]
+                   "median over the last 25% of steps per run, mean ± 95% CI across seeds.", "",
+                   *growth_rows, "",
+                   "Growth: a run's median over the last quarter of its policy updates divided "
+                   "by the median over the first quarter (1: steady; a run drifting toward "
+                   "instability shows KL and gradient norms growing well above 1), mean ± 95% "
+                   "CI across seeds."]
 
 
 def _runs_table(groups: dict[str, list[Run]]) -> list[str]:
@@ -247,7 +263,8 @@ def _warm_starts(out: pathlib.Path, used: dict[str, set[str]]) -> list[str]:
     return []
   return ["Warm-starts (one per seed and setting, shared by all variants; validation accuracy: "
           "greedy, on tasks disjoint from the held-out set, at the last SFT check):", "",
-          "| warm-start | setting | SFT steps | final SFT loss | validation accuracy | wall-clock |",
+          "| warm-start | setting | SFT steps | final SFT loss | validation accuracy "
+          "| wall-clock |",
           "|---|---|---|---|---|---|", *lines, ""]
 
 

@@ -176,3 +176,19 @@ def collapsed(rewards: Sequence[float], *, window: int, fraction: float = 0.5) -
   """True if the final trailing mean is below `fraction` of the best trailing mean."""
   smooth = trailing_mean(rewards, window)
   return bool(smooth.size and smooth.max() > 0 and smooth[-1] < fraction * smooth.max())
+
+
+def growth(values: Sequence[float], *, min_points: int = 8) -> float:
+  """Median over the last quarter of the finite values / median over the first quarter.
+
+  How much a diagnostic (KL, gradient norm) grew over a run: ~1 for a steady run,
+  >> 1 for one drifting toward instability. NaN with fewer than `min_points`
+  finite values or a first-quarter median of 0 (no scale to compare against).
+  """
+  finite = np.asarray(values, dtype=float)
+  finite = finite[np.isfinite(finite)]
+  if finite.size < min_points:
+    return math.nan
+  quarter = finite.size // 4
+  first, last = float(np.median(finite[:quarter])), float(np.median(finite[-quarter:]))
+  return last / first if first != 0 else math.nan

@@ -99,7 +99,8 @@ def test_stability_report(tmp_path):
       rewards = np.linspace(0.2, 0.9, steps)
       if variant == "grpo":
         rewards[60:] = 0.0  # collapse
-      extra = {"policy/kl_k3": np.full(steps, 0.01), "policy/entropy": np.full(steps, 0.5)}
+      kl = np.full(steps, 0.01) if variant == "sao" else np.linspace(0.01, 0.1, steps)
+      extra = {"policy/kl_k3": kl, "policy/entropy": np.full(steps, 0.5)}
       rel = write_run(out, "stability", variant, seed, rewards.tolist(), extra=extra)
       runs.setdefault(variant, {})[str(seed)] = rel
   write_manifest(out, "claim6_stability", "stability", runs, steps=steps)
@@ -108,6 +109,13 @@ def test_stability_report(tmp_path):
          in section
   assert "GRPO collapsed in 2 of 2 seeds." in section
   assert "| SAO | 2 | 0 of 2 |" in section and "| GRPO | 2 | 2 of 2 |" in section
+  # Growth of KL: steady for SAO; GRPO's rises 10x linearly, so its last quarter's median
+  # over its first quarter's is (0.01 + 0.09 * 87/99) / (0.01 + 0.09 * 12/99) ~= 4.26.
+  growth = section.split("| variant | KL growth | policy grad norm growth |")[1]
+  assert "| SAO | 1.00 ± 0.00 | n/a |" in growth
+  grpo = growth.split("| GRPO | ")[1].split(" ")[0]
+  assert float(grpo) == pytest.approx((0.01 + 0.09 * 87 / 99) / (0.01 + 0.09 * 12 / 99),
+                                      rel=1e-3)
 
 
 def test_stability_without_any_reward_is_not_measurable(tmp_path):

@@ -147,3 +147,13 @@ def test_collapsed():
   peaked = np.concatenate([np.linspace(0.0, 1.0, 25), np.zeros(25)])
   assert stats.collapsed(peaked, window=5)
   assert not stats.collapsed(np.zeros(20), window=5)  # never learned: nothing to collapse
+
+
+def test_growth_compares_the_last_quarter_with_the_first():
+  assert stats.growth([2.0] * 12) == 1.0
+  # NaN steps (value-only updates) are skipped: the finite values are 1..16, quarters of 4.
+  values = [math.nan, math.nan, *range(1, 17)]
+  assert stats.growth(values) == pytest.approx(np.median([13, 14, 15, 16])
+                                               / np.median([1, 2, 3, 4]))
+  assert math.isnan(stats.growth([1.0] * 7))  # too few points to split into quarters
+  assert math.isnan(stats.growth([0.0] * 4 + [1.0] * 8))  # no first-quarter scale
