@@ -111,18 +111,34 @@ def realignment(groups: Mapping[str, Sequence[Run]], path: pathlib.Path, *,
   return _finish(fig, path)
 
 
+SEED_STYLES = ("-", "--", ":", "-.")
+
+
+def _per_run(ax, label: str, runs: Sequence[Run], key: str | None, window: int,
+             color: str) -> None:
+  """One line per run (seed: line style): reward (`key` None; trailing mean) or a
+  diagnostic (trailing median)."""
+  for i, run in enumerate(r for r in runs if r.steps.size and (key is None or key in r.metrics)):
+    values = (stats.trailing_mean(run.reward, window) if key is None else
+              stats.trailing_median(run.metrics[key], window))
+    ax.plot(run.steps, values, color=color, linestyle=SEED_STYLES[i % len(SEED_STYLES)],
+            linewidth=1, label=f"{label} seed {run.seed}")
+
+
 def stability(groups: Mapping[str, Sequence[Run]], path: pathlib.Path, *,
               window: int) -> pathlib.Path:
-  """Reward and the stability diagnostics, one panel each."""
+  """Reward and the stability diagnostics, one panel each, one line per run: a
+  collapse happens to a run, and seeds that start at very different levels would
+  hide it inside a mean and its band."""
   panels = (("reward", None), *((title, key) for key, title in STABILITY_METRICS))
   fig, axes = plt.subplots(3, 3, figsize=(13, 9))
   colors = _colors(groups)
   for ax, (title, key) in zip(axes.flat, panels):
     for label, runs in groups.items():
-      _curve(ax, label, runs, key, window, colors[label])
+      _per_run(ax, label, runs, key, window, colors[label])
     ax.set_title(title, fontsize=9)
     ax.set_xlabel("learner step", fontsize=8)
     ax.grid(alpha=0.3)
     if ax.lines:
-      ax.legend(fontsize=7)
+      ax.legend(fontsize=6)
   return _finish(fig, path)
