@@ -47,14 +47,24 @@ def _band(ax, label: str, steps: np.ndarray, matrix: np.ndarray, color: str) -> 
     ax.fill_between(steps, mean - half, mean + half, color=color, alpha=0.2)
 
 
+def _plottable(runs: Sequence[Run], key: str | None) -> list[Run]:
+  """The runs with steps and, for a diagnostic `key`, that metric."""
+  return [r for r in runs if r.steps.size and (key is None or key in r.metrics)]
+
+
+def _smoothed(run: Run, key: str | None, window: int) -> np.ndarray:
+  """Reward (`key` None): trailing mean; a diagnostic: trailing median (robust to spikes)."""
+  return (stats.trailing_mean(run.reward, window) if key is None else
+          stats.trailing_median(run.metrics[key], window))
+
+
 def _curve(ax, label: str, runs: Sequence[Run], key: str | None, window: int,
            color: str) -> None:
-  """Reward (`key` None; trailing mean) or a diagnostic (trailing median), with its band."""
-  usable = [r for r in runs if r.steps.size and (key is None or key in r.metrics)]
+  """Reward or a diagnostic (`_smoothed`), mean with its band across runs."""
+  usable = _plottable(runs, key)
   if not usable:
     return
-  values = [stats.trailing_mean(r.reward, window) if key is None else
-            stats.trailing_median(r.metrics[key], window) for r in usable]
+  values = [_smoothed(r, key, window) for r in usable]
   _band(ax, label, *_aligned(usable, values, [r.steps for r in usable]), color)
 
 
@@ -116,13 +126,11 @@ SEED_STYLES = ("-", "--", ":", "-.")
 
 def _per_run(ax, label: str, runs: Sequence[Run], key: str | None, window: int,
              color: str) -> None:
-  """One line per run (seed: line style): reward (`key` None; trailing mean) or a
-  diagnostic (trailing median)."""
-  for i, run in enumerate(r for r in runs if r.steps.size and (key is None or key in r.metrics)):
-    values = (stats.trailing_mean(run.reward, window) if key is None else
-              stats.trailing_median(run.metrics[key], window))
-    ax.plot(run.steps, values, color=color, linestyle=SEED_STYLES[i % len(SEED_STYLES)],
-            linewidth=1, label=f"{label} seed {run.seed}")
+  """Reward or a diagnostic (`_smoothed`), one line per run (seed: line style)."""
+  for i, run in enumerate(_plottable(runs, key)):
+    ax.plot(run.steps, _smoothed(run, key, window), color=color,
+            linestyle=SEED_STYLES[i % len(SEED_STYLES)], linewidth=1,
+            label=f"{label} seed {run.seed}")
 
 
 def stability(groups: Mapping[str, Sequence[Run]], path: pathlib.Path, *,

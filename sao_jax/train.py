@@ -74,10 +74,11 @@ def demonstrations(cfg: Config) -> Iterator[list[dict]]:
     yield play(make_env(cfg.env), task, demo(task)).messages
 
 
-def train_run_tokenizer(cfg: Config):
-  """A tokenizer of `model.vocab_size` tokens trained on the first demonstration transcripts."""
+def train_run_tokenizer(cfg: Config, transcripts: int = TOKENIZER_DEMONSTRATIONS):
+  """A tokenizer of `model.vocab_size` tokens trained on the first `transcripts`
+  demonstration transcripts."""
   texts = [m["content"] + " " + m["role"] for messages in
-           itertools.islice(demonstrations(cfg), TOKENIZER_DEMONSTRATIONS) for m in messages]
+           itertools.islice(demonstrations(cfg), transcripts) for m in messages]
   return tokenizer_lib.train_tokenizer(texts, cfg.model.vocab_size)
 
 

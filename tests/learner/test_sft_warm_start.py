@@ -9,8 +9,9 @@ import pytest
 
 from sao_jax import evaluation, train
 from sao_jax.config import load_config
+from sao_jax.envs.base import play
+from sao_jax.envs.registry import make_env, make_tasks
 from sao_jax.learner.sft import train_sft
-from sao_jax.models import tokenizer as tokenizer_lib
 from sao_jax.models.transformer import init_params
 
 from learner_fixtures import MODEL, make_batch
@@ -46,9 +47,7 @@ def test_a_stop_ends_training_at_a_check_with_the_params_of_that_step():
 
 
 def _tokenizer(cfg):
-  texts = [m["content"] + " " + m["role"]
-           for messages in itertools.islice(train.demonstrations(cfg), 50) for m in messages]
-  return tokenizer_lib.train_tokenizer(texts, cfg.model.vocab_size)
+  return train.train_run_tokenizer(cfg, transcripts=50)  # fewer than a run's 400: faster
 
 
 def test_warm_start_stops_at_the_first_check_reaching_the_target(monkeypatch):
@@ -109,9 +108,6 @@ def test_every_environment_has_demonstrations_that_earn_full_reward(env, config)
   """`sao-train` can warm-start on every built-in environment: its scripted
   transcripts play through the real environment and are judged correct (style:
   on-topic and in some style; which style the schedule prefers is RL's to find)."""
-  from sao_jax.envs.base import play
-  from sao_jax.envs.registry import make_env, make_tasks
-
   cfg = load_config(ROOT / "configs" / config)
   assert cfg.env.name == env
   for task in itertools.islice(make_tasks(cfg.env), 3):
