@@ -174,13 +174,16 @@ def _gae_associative(rewards, values, mask, end, gamma, lam):
   log_a_BxT = jnp.log(gamma * lam)  # -inf for a = 0: a^0 = 1 is guarded
 
   def compose_counted(later, earlier):
-    n_l, ended_l, _, b_l = later
+    n_l, ended_l, log_a_l, b_l = later
     n_e, ended_e, log_a_e, b_e = earlier
     power = jnp.where(n_e == 0, 1.0, jnp.exp(n_e.astype(jnp.float32) * log_a_e))
     factor = jnp.where(ended_e, 0.0, power)
-    # The composed span's log a is the earlier part's: it matters only while the
-    # span holds no end, and then both parts lie in one segment.
-    return n_e + n_l, ended_e | ended_l, log_a_e, b_e + factor * b_l
+    # A span's log a is that of its action tokens: it matters only while the span
+    # holds no end, and then all of them lie in one segment and share one lam. It
+    # must not come from a part without action tokens: a padding hole inside a
+    # segment carries lam = 0 (log a = -inf), which would cut the recurrence.
+    log_a = jnp.where(n_e > 0, log_a_e, log_a_l)
+    return n_e + n_l, ended_e | ended_l, log_a, b_e + factor * b_l
 
   _, _, _, advantages = jax.lax.associative_scan(
       compose_counted, (mask.astype(jnp.int32), end, log_a_BxT, delta_BxT), reverse=True, axis=1)

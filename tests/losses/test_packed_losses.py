@@ -191,3 +191,30 @@ def test_loss_aggregation_per_segment_equals_unpacked(loss_fn, loss_agg):
   denominator = losses.loss_denominator(packed["action"], "seq_mean_token_mean",
                                         segment_ids=packed["seg"])
   assert float(denominator) == len(LENGTHS)  # one per segment, not per row
+
+
+@pytest.mark.parametrize("method", ["scan", "associative"])
+def test_gae_through_a_padding_hole_inside_a_segment(method):
+  """Padding inside a segment carries lam = 0 (log(gamma * lam) = -inf); it must pass
+  the recurrence through like an observation token, not cut it (the associative form
+  once took a span's lam from its padding part: 0.26 / 0.19 instead of 0.61 / 0.59)."""
+  seg = np.array([[1, 1, 1, 0, 0, 1, 1, 1, 2, 2, 2, 0]], np.int32)
+  mask = np.array([[0, 1, 1, 0, 0, 1, 1, 1, 0, 1, 1, 0]], bool)
+  rewards = np.zeros((1, 12), np.float32)
+  rewards[0, [7, 10]] = 1.0
+  values = np.random.default_rng(0).normal(size=(1, 12)).astype(np.float32)
+  lam = losses.length_adaptive_lam(jnp.asarray(mask), alpha=1.5, segment_ids=jnp.asarray(seg))
+  adv, ret = jax.jit(losses.gae, static_argnames="method")(
+      rewards, values, mask, gamma=1.0, lam=lam, method=method, segment_ids=seg)
+  # Each segment alone, as a Python loop over its action tokens (SAO.md §3).
+  want = np.zeros(12)
+  for segment in (1, 2):
+    positions = np.flatnonzero(mask[0] & (seg[0] == segment))
+    lam_s = 1 - 1 / (1.5 * len(positions))
+    next_value = next_adv = 0.0
+    for t in positions[::-1]:
+      next_adv = rewards[0, t] + next_value - values[0, t] + lam_s * next_adv
+      next_value = values[0, t]
+      want[t] = next_adv
+  np.testing.assert_allclose(adv[0], want, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(ret[0], np.where(mask[0], want + values[0], 0), rtol=1e-5, atol=1e-6)
