@@ -27,7 +27,9 @@ next batch, or earlier when it is full. The shape is always `[rows, row_length]`
 one compiled step. `BatchInfo.padding_fraction` says what padding costs.
 
 Staleness (SAO.md §1): `lag = current policy version - first policy version`,
-with the version read when the trajectory is admitted. SAO.md counts learner
+checked when the trajectory is admitted and again when a unit held back for a
+later batch is taken into it (`StaleFilter`), so the check holds for the version
+the batch is trained at. SAO.md counts learner
 steps; we count policy updates, which is the same once the critic warm-up is
 over, and does not age trajectories during value-only steps (value
 pretraining, critic warm-up), when the policy does not change. Nothing is dropped silently:
@@ -100,13 +102,47 @@ def _decode(texts: list[str]) -> list[Trajectory]:
   return [records.from_bytes(base64.b64decode(text)) for text in texts]
 
 
+class StaleFilter:
+  """Drops members of a unit with `lag = current_version() - first policy version >
+  max_lag`, counting each in `drops` (SAO.md §1)."""
+
+  def __init__(self, current_version: Callable[[], int], max_lag: int, drops: Drops):
+    self.current_version, self._max_lag, self._drops = current_version, max_lag, drops
+
+  def is_stale(self, traj: Trajectory, version: int) -> bool:
+    return version - traj.policy_versions[0] > self._max_lag
+
+  def keep(self, unit: list[Trajectory]) -> list[Trajectory]:
+    """The members of `unit` that are not stale now; the others are counted."""
+    version = self.current_version()
+    kept = []
+    for traj in unit:
+      if self.is_stale(traj, version):
+        self._drops["stale"] += 1
+        self._drops.examples["stale"] = f"lag {version - traj.policy_versions[0]}"
+      else:
+        kept.append(traj)
+    return kept
+
+
 class _CarryingIterator(_Iterator):
   """A batcher that may hold back one unit (a trajectory or a whole group) that did
-  not fit its batch; the unit opens the next batch and is part of the state."""
+  not fit its batch; the unit opens the next batch and is part of the state. The
+  policy may have moved on meanwhile, so the held-back unit passes `stale` again
+  when it is taken (`_take_carry`)."""
 
-  def __init__(self, parent):
+  def __init__(self, parent, stale: StaleFilter):
     super().__init__(parent)
     self._carry: list[Trajectory] = []
+    self._stale = stale
+
+  def _take_carry(self) -> list[Trajectory]:
+    """The held-back unit, less the members that have gone stale (counted)."""
+    unit, self._carry = self._carry, []
+    kept = self._stale.keep(unit)
+    if len(kept) < len(unit):
+      self._counts["stale"] = self._counts.get("stale", 0) + len(unit) - len(kept)
+    return kept
 
   def get_state(self) -> dict:
     # The unit held back for the next batch was consumed upstream: it lives only here.
@@ -189,11 +225,10 @@ class _GroupIterator(_Iterator):
 class AdmitDataset(grain.IterDataset):
   """Filters each unit's members; counts every drop in `drops`."""
 
-  def __init__(self, parent: grain.IterDataset, *, current_version: Callable[[], int],
-               max_lag: int,
+  def __init__(self, parent: grain.IterDataset, *, stale: StaleFilter,
                max_length: int, vocab_size: int, drops: Drops, num_prompt_slots: int | None = None):
     super().__init__(parent)
-    self._kwargs = dict(current_version=current_version, max_lag=max_lag, max_length=max_length,
+    self._kwargs = dict(stale=stale, max_length=max_length,
                         vocab_size=vocab_size, drops=drops, num_prompt_slots=num_prompt_slots)
 
   def __iter__(self):
@@ -202,10 +237,9 @@ class AdmitDataset(grain.IterDataset):
 
 class _AdmitIterator(_Iterator):
 
-  def __init__(self, parent, *, current_version, max_lag, max_length, vocab_size, drops,
-               num_prompt_slots):
+  def __init__(self, parent, *, stale, max_length, vocab_size, drops, num_prompt_slots):
     super().__init__(parent)
-    self._current_version, self._max_lag, self._max_length = current_version, max_lag, max_length
+    self._stale, self._max_length = stale, max_length
     self._vocab_size, self._drops, self._slots = vocab_size, drops, num_prompt_slots
 
   def _reason(self, traj: Trajectory, version: int) -> str | None:
@@ -218,14 +252,14 @@ class _AdmitIterator(_Iterator):
       return "prompt_id_out_of_range"
     if traj.length > self._max_length:
       return "too_long"
-    if version - traj.policy_versions[0] > self._max_lag:
+    if self._stale.is_stale(traj, version):
       return "stale"
     return None
 
   def __next__(self) -> list[Trajectory]:
     while True:
       unit = next(self._parent)
-      version = self._current_version()
+      version = self._stale.current_version()
       kept = []
       for traj in unit:
         reason = self._reason(traj, version)
@@ -246,10 +280,9 @@ class BatchDataset(grain.IterDataset):
   """(Batch, BatchInfo) of `batch_size` rows padded to a length bucket."""
 
   def __init__(self, parent: grain.IterDataset, *, batch_size: int, buckets: tuple[int, ...],
-               pad_id: int, current_version: Callable[[], int]):
+               pad_id: int, stale: StaleFilter):
     super().__init__(parent)
-    self._kwargs = dict(batch_size=batch_size, buckets=buckets, pad_id=pad_id,
-                        current_version=current_version)
+    self._kwargs = dict(batch_size=batch_size, buckets=buckets, pad_id=pad_id, stale=stale)
 
   def __iter__(self):
     return _BatchIterator(self._parent.__iter__(), **self._kwargs)
@@ -298,14 +331,12 @@ def _info(trajs: list[Trajectory], version: int, padding_rows: int, capacity: in
 
 class _BatchIterator(_CarryingIterator):
 
-  def __init__(self, parent, *, batch_size, buckets, pad_id, current_version):
-    super().__init__(parent)
+  def __init__(self, parent, *, batch_size, buckets, pad_id, stale):
+    super().__init__(parent, stale)
     self._batch_size, self._buckets, self._pad_id = batch_size, buckets, pad_id
-    self._current_version = current_version
 
   def __next__(self) -> tuple[Batch, BatchInfo]:
-    rows = self._carry
-    self._carry = []
+    rows = self._take_carry()
     while len(rows) < self._batch_size:
       try:
         unit = next(self._parent)
@@ -319,7 +350,7 @@ class _BatchIterator(_CarryingIterator):
       rows = rows + unit
     longest = max(traj.length for traj in rows)
     length = next(b for b in self._buckets if b >= longest)
-    info = _info(rows, self._current_version(), self._batch_size - len(rows),
+    info = _info(rows, self._stale.current_version(), self._batch_size - len(rows),
                  self._batch_size * length)
     self._counts["batches"] = self._counts.get("batches", 0) + 1
     return pad_batch(rows, self._batch_size, length, self._pad_id), info
@@ -329,10 +360,10 @@ class PackDataset(grain.IterDataset):
   """(Batch, BatchInfo) of `rows` rows of `row_length` tokens, trajectories packed first-fit."""
 
   def __init__(self, parent: grain.IterDataset, *, rows: int, row_length: int,
-               max_trajectories: int, pad_id: int, current_version: Callable[[], int]):
+               max_trajectories: int, pad_id: int, stale: StaleFilter):
     super().__init__(parent)
     self._kwargs = dict(rows=rows, row_length=row_length, max_trajectories=max_trajectories,
-                        pad_id=pad_id, current_version=current_version)
+                        pad_id=pad_id, stale=stale)
 
   def __iter__(self):
     return _PackIterator(self._parent.__iter__(), **self._kwargs)
@@ -354,10 +385,10 @@ def first_fit(unit: list[Trajectory], free: list[int]) -> list[int] | None:
 
 class _PackIterator(_CarryingIterator):
 
-  def __init__(self, parent, *, rows, row_length, max_trajectories, pad_id, current_version):
-    super().__init__(parent)
+  def __init__(self, parent, *, rows, row_length, max_trajectories, pad_id, stale):
+    super().__init__(parent, stale)
     self._rows, self._row_length, self._max = rows, row_length, max_trajectories
-    self._pad_id, self._current_version = pad_id, current_version
+    self._pad_id = pad_id
 
   def __next__(self) -> tuple[Batch, BatchInfo]:
     rows: list[list[Trajectory]] = [[] for _ in range(self._rows)]
@@ -365,7 +396,7 @@ class _PackIterator(_CarryingIterator):
     count = 0
     # Full: the cap is reached or no row has room for even a 1-token trajectory.
     while count < self._max and max(free) > 0:
-      unit, self._carry = self._carry, []
+      unit = self._take_carry()
       if not unit:
         try:
           unit = next(self._parent)
@@ -382,7 +413,7 @@ class _PackIterator(_CarryingIterator):
         free[row] -= traj.length
       count += len(unit)
     trajs = [traj for row in rows for traj in row]
-    info = _info(trajs, self._current_version(), sum(1 for row in rows if not row),
+    info = _info(trajs, self._stale.current_version(), sum(1 for row in rows if not row),
                  self._rows * self._row_length)
     self._counts["batches"] = self._counts.get("batches", 0) + 1
     return pack_rows(rows, self._rows, self._row_length, self._pad_id), info
@@ -415,13 +446,13 @@ def learner_pipeline(transport, *, batch_size: int, group_size: int, max_lag: in
           f"might never fit one batch; raise batch_tokens to at least {group_size * row_length}")
   dataset = TransportDataset(transport, should_stop=should_stop)
   dataset = GroupDataset(dataset, group_size)
-  dataset = AdmitDataset(dataset, current_version=current_version, max_lag=max_lag,
-                         max_length=row_length if packed else buckets[-1],
+  stale = StaleFilter(current_version, max_lag, drops)
+  dataset = AdmitDataset(dataset, stale=stale, max_length=row_length if packed else buckets[-1],
                          vocab_size=vocab_size, drops=drops, num_prompt_slots=num_prompt_slots)
   if packed:
     dataset = PackDataset(dataset, rows=rows, row_length=row_length, max_trajectories=batch_size,
-                          pad_id=pad_id, current_version=current_version)
+                          pad_id=pad_id, stale=stale)
   else:
     dataset = BatchDataset(dataset, batch_size=batch_size, buckets=buckets, pad_id=pad_id,
-                           current_version=current_version)
+                           stale=stale)
   return iter(dataset)

@@ -124,3 +124,31 @@ def test_members_of_an_unfinished_group_survive_a_resume():
   batch, _ = next(_resumed(trajs[3:], state, batch_size=2, group_size=2))
   np.testing.assert_array_equal(batch.prompt_ids[:, 0], [2, 2])
   np.testing.assert_array_equal(batch.tokens[0, :10], trajs[1].tokens)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_a_held_back_unit_is_checked_for_staleness_again(packed):
+  """SAO.md §1: the lag check holds when a trajectory is trained. Version 0
+  trajectories admitted at version 4 (lag 4 = max_lag) and held back while the
+  policy moves to 5 have lag 5 when the next batch takes them: dropped, counted."""
+  version = {"now": 4}
+  if packed:  # rows of 8: two 5-token trajectories fill both rows, the third waits
+    trajs = [make_traj(length=5, versions=(0, 0), seed=s) for s in range(3)]
+    kwargs = dict(batch_size=8, group_size=1, batch_tokens=16, row_length=8)
+  else:  # groups of 3 in batches of 4: the second group waits
+    trajs = [make_traj(length=5, versions=(0, 0), prompt_id=p, seed=s)
+             for s, p in enumerate([1, 1, 1, 2, 2, 2])]
+    kwargs = dict(batch_size=4, group_size=3)
+  fresh = [make_traj(length=5, versions=(4, 4), prompt_id=3, seed=10 + s)
+           for s in range(kwargs["group_size"])]
+  drops = pipeline.Drops()
+  it = pipeline.learner_pipeline(ListTransport(trajs + fresh), max_lag=4, buckets=(8,),
+                                 pad_id=0, vocab_size=50, current_version=lambda: version["now"],
+                                 drops=drops, **kwargs)
+  _, info = next(it)
+  np.testing.assert_array_equal(info.lags, [4] * (2 if packed else 3))
+  version["now"] = 5  # a policy update
+  batch, info = next(it)
+  np.testing.assert_array_equal(info.lags, [1] * len(fresh))
+  assert dict(drops) == {"stale": 1 if packed else 3} and drops.examples["stale"] == "lag 5"
+  assert set(np.unique(batch.prompt_ids)) == {-1, 3}
