@@ -272,7 +272,7 @@ def run(cfg: Config, *, resume: bool = True, log=print) -> dict:
       max_lag=cfg.data.max_lag, buckets=cfg.data.length_buckets, pad_id=cfg.data.pad_id,
       vocab_size=cfg.model.vocab_size, current_version=lambda: published["version"], drops=drops,
       num_prompt_slots=(cfg.algorithm.running_mean_slots
-                        if cfg.algorithm.variant == "running_mean" else None),
+                        if cfg.algorithm.spec.advantage == "running_mean" else None),
       batch_tokens=batch_tokens, row_length=cfg.learner.row_length)
   # Padding share per batch: what bucketing wastes and packing (learner.batch_tokens) saves.
   with_host_metrics = ((batch, {**batch_metrics(info, drops),

@@ -148,3 +148,20 @@ def test_cli_prints_resolved_config(capsys):
   with pytest.raises(SystemExit) as exit_info:
     cfg.main([str(ROOT / "configs" / "tiny_cpu.py"), "--set", "seed=x"])
   assert exit_info.value.code == 2
+
+
+def test_every_variant_row_names_an_implemented_estimator_and_loss():
+  from sao_jax.learner import step
+  assert set(step.ADVANTAGE_ESTIMATORS) == set(cfg.algorithm.ADVANTAGE_ESTIMATORS)
+  assert set(step.POLICY_LOSSES) == set(cfg.algorithm.POLICY_LOSSES)
+  for name, row in cfg.VARIANTS.items():
+    algorithm = cfg.AlgorithmConfig.for_variant(name)
+    assert (algorithm.uses_critic, algorithm.policy_loss) == (row.advantage == "gae",
+                                                             row.policy_loss)
+
+
+def test_a_variant_row_with_an_unknown_estimator_is_refused():
+  with pytest.raises(ValueError, match=r"Variant.advantage='vtrace'.*gae"):
+    cfg.algorithm.Variant(advantage="vtrace", policy_loss="dis")
+  with pytest.raises(ValueError, match=r"Variant.grouped"):
+    cfg.algorithm.Variant(advantage="gae", policy_loss="dis", grouped=True)

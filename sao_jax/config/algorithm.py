@@ -4,11 +4,66 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any
+import types
+from typing import Any, Mapping
 
 from sao_jax.config.checks import check_choice, check_positive, fail
 
-VARIANTS = ("sao", "sao_dis_only", "grpo", "grpo_dis", "running_mean", "ppo")
+# Advantage estimators and policy losses a variant can name; the learner step
+# maps each name to its function (`sao_jax.learner.step`).
+ADVANTAGE_ESTIMATORS = ("gae", "group", "running_mean")
+POLICY_LOSSES = ("dis", "ppo_clip")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Variant:
+  """One row of the variant table (SAO.md §5).
+
+  advantage: which estimator turns rewards into per-token advantages ("gae"
+    needs the critic's values; "group" needs `grouped`).
+  policy_loss: "dis" (SAO.md §2) or "ppo_clip".
+  grouped: n >= 2 rollouts per prompt, trained only as whole groups.
+  preset: the paper's settings of the variant's other `AlgorithmConfig` fields.
+  """
+
+  advantage: str
+  policy_loss: str
+  grouped: bool = False
+  preset: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+  def __post_init__(self):
+    if self.advantage not in ADVANTAGE_ESTIMATORS:
+      raise ValueError(f"Variant.advantage={self.advantage!r}: allowed values are "
+                       f"{', '.join(ADVANTAGE_ESTIMATORS)}")
+    if self.policy_loss not in POLICY_LOSSES:
+      raise ValueError(f"Variant.policy_loss={self.policy_loss!r}: allowed values are "
+                       f"{', '.join(POLICY_LOSSES)}")
+    if self.grouped != (self.advantage == "group"):
+      raise ValueError("Variant.grouped: group advantages need groups, and only they do")
+
+  @property
+  def uses_critic(self) -> bool:
+    return self.advantage == "gae"
+
+
+# The one table of algorithm variants: validation, the learner step, the data
+# pipeline and the job read it. A new variant is one row (plus a loss function
+# if its policy loss or advantage estimator is new).
+VARIANTS: Mapping[str, Variant] = types.MappingProxyType({
+    "sao": Variant(advantage="gae", policy_loss="dis"),
+    "sao_dis_only": Variant(advantage="gae", policy_loss="dis",
+                            preset={"value_updates_per_step": 1, "frozen_attention": False}),
+    "grpo": Variant(advantage="group", policy_loss="ppo_clip", grouped=True,
+                    preset={"group_size": 8, "eps_low": 0.2, "eps_high": 0.28,
+                            "value_updates_per_step": 0}),
+    "grpo_dis": Variant(advantage="group", policy_loss="dis", grouped=True,
+                        preset={"group_size": 8, "value_updates_per_step": 0}),
+    "running_mean": Variant(advantage="running_mean", policy_loss="dis",
+                            preset={"value_updates_per_step": 0}),
+    "ppo": Variant(advantage="gae", policy_loss="ppo_clip",
+                   preset={"value_updates_per_step": 1, "eps_low": 0.2, "eps_high": 0.2,
+                           "frozen_attention": False, "gae_span": "response"}),
+})
 LOSS_AGGS = ("token_mean", "token_mean_kept", "seq_mean_token_mean")
 GAE_METHODS = ("auto", "associative", "scan")
 GAE_SPANS = ("actions", "response")
@@ -58,28 +113,22 @@ class AlgorithmConfig:
   @classmethod
   def for_variant(cls, variant: str, **overrides: Any) -> "AlgorithmConfig":
     """The paper's settings for `variant` (SAO.md §5), with `overrides` on top."""
-    presets: dict[str, dict[str, Any]] = {
-        "sao": {},
-        "sao_dis_only": {"value_updates_per_step": 1, "frozen_attention": False},
-        "grpo": {"group_size": 8, "eps_low": 0.2, "eps_high": 0.28,
-                 "value_updates_per_step": 0},
-        "grpo_dis": {"group_size": 8, "value_updates_per_step": 0},
-        "running_mean": {"value_updates_per_step": 0},
-        "ppo": {"value_updates_per_step": 1, "eps_low": 0.2, "eps_high": 0.2,
-                "frozen_attention": False, "gae_span": "response"},
-    }
-    if variant not in presets:
+    if variant not in VARIANTS:
       fail("algorithm", "variant", variant, f"allowed values are {', '.join(VARIANTS)}")
-    return cls(variant=variant, **{**presets[variant], **overrides})
+    return cls(variant=variant, **{**VARIANTS[variant].preset, **overrides})
+
+  @property
+  def spec(self) -> Variant:
+    """The variant's row of `VARIANTS`."""
+    return VARIANTS[self.variant]
 
   @property
   def uses_critic(self) -> bool:
-    return self.variant in ("sao", "sao_dis_only", "ppo")
+    return self.spec.uses_critic
 
   @property
   def policy_loss(self) -> str:
-    """'ppo_clip' for grpo and ppo, else 'dis'."""
-    return "ppo_clip" if self.variant in ("grpo", "ppo") else "dis"
+    return self.spec.policy_loss
 
   def validate(self) -> None:
     check_choice("algorithm", self, "variant", VARIANTS)
@@ -115,10 +164,10 @@ class AlgorithmConfig:
         re.compile(pattern)
       except re.error as error:
         fail("algorithm", "frozen_patterns", pattern, f"not a valid regex ({error})")
-    if self.variant in ("grpo", "grpo_dis") and self.group_size < 2:
+    if self.spec.grouped and self.group_size < 2:
       fail("algorithm", "group_size", self.group_size,
             f"variant {self.variant!r} needs >= 2 rollouts per prompt (paper: 8)")
-    if self.variant not in ("grpo", "grpo_dis") and self.group_size != 1:
+    if not self.spec.grouped and self.group_size != 1:
       fail("algorithm", "group_size", self.group_size,
             f"variant {self.variant!r} is single-rollout; set it to 1")
     if not self.uses_critic and self.gae_span != "actions":

@@ -98,22 +98,39 @@ def value_targets(cfg: Config, batch: Batch, values: jax.Array) -> jax.Array:
   return returns
 
 
+def _gae_advantages(cfg: Config, batch: Batch, values: jax.Array, baseline):
+  alg = cfg.algorithm
+  mask, lam = _gae_inputs(cfg, batch)
+  adv, _ = losses.gae(batch.rewards, values, mask, gamma=alg.gamma, lam=lam, method=alg.gae_method,
+                      segment_ids=batch.attention_mask)
+  return jnp.where(batch.action_mask.astype(bool), adv, 0.0), baseline
+
+
+def _group_advantages(cfg: Config, batch: Batch, values: None, baseline):
+  del cfg, values
+  return losses.grpo_advantages(batch.rewards, batch.action_mask, batch.prompt_ids,
+                                segment_ids=batch.attention_mask), baseline
+
+
+def _running_mean_advantages(cfg: Config, batch: Batch, values: None, baseline):
+  del values
+  return losses.running_mean_advantages(batch.rewards, batch.action_mask, batch.prompt_ids,
+                                        baseline, scope=cfg.algorithm.running_mean_scope,
+                                        segment_ids=batch.attention_mask)
+
+
+# Each name of `sao_jax.config.algorithm.ADVANTAGE_ESTIMATORS` (the variant
+# table's `advantage` column) -> (cfg, batch, values, baseline) -> (adv, baseline).
+ADVANTAGE_ESTIMATORS = {"gae": _gae_advantages, "group": _group_advantages,
+                        "running_mean": _running_mean_advantages}
+# Each name of `sao_jax.config.algorithm.POLICY_LOSSES` -> its loss function.
+POLICY_LOSSES = {"dis": losses.dis_policy_loss, "ppo_clip": losses.ppo_clip_loss}
+
+
 def advantages(cfg: Config, batch: Batch, values: jax.Array | None,
                baseline: losses.RunningMeanState):
   """Per-token advantages of the variant (0 off the action mask) and the new baseline."""
-  alg = cfg.algorithm
-  seg = batch.attention_mask
-  if alg.variant in ("grpo", "grpo_dis"):
-    return losses.grpo_advantages(batch.rewards, batch.action_mask, batch.prompt_ids,
-                                  segment_ids=seg), baseline
-  if alg.variant == "running_mean":
-    return losses.running_mean_advantages(batch.rewards, batch.action_mask, batch.prompt_ids,
-                                          baseline, scope=alg.running_mean_scope,
-                                          segment_ids=seg)
-  mask, lam = _gae_inputs(cfg, batch)
-  adv, _ = losses.gae(batch.rewards, values, mask, gamma=alg.gamma, lam=lam, method=alg.gae_method,
-                      segment_ids=seg)
-  return jnp.where(batch.action_mask.astype(bool), adv, 0.0), baseline
+  return ADVANTAGE_ESTIMATORS[cfg.algorithm.spec.advantage](cfg, batch, values, baseline)
 
 
 def _accumulate(cfg: Config, loss_fn: Callable, params, batch: Batch, per_token: tuple):
@@ -156,7 +173,7 @@ def _guarded_update(optimizer: optax.GradientTransformation, params, opt_state, 
 
 def _policy_update(cfg: Config, state: state_lib.TrainState, batch: Batch, adv: jax.Array):
   alg = cfg.algorithm
-  loss_impl = losses.dis_policy_loss if alg.policy_loss == "dis" else losses.ppo_clip_loss
+  loss_impl = POLICY_LOSSES[alg.policy_loss]
   denominator = (losses.loss_denominator(batch.action_mask, alg.loss_agg,
                                          segment_ids=batch.attention_mask)
                  if cfg.learner.micro_batches > 1 else None)

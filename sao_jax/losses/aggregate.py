@@ -20,9 +20,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from sao_jax.config.algorithm import LOSS_AGGS
 from sao_jax.losses import segments
-
-LOSS_AGGS = ("token_mean", "token_mean_kept", "seq_mean_token_mean")
 
 
 def _check(loss_agg: str) -> None:

@@ -38,10 +38,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from sao_jax.config.algorithm import GAE_METHODS
 from sao_jax.losses import segments
 from sao_jax.types import segment_ends
-
-METHODS = ("auto", "associative", "scan")
 
 
 def length_adaptive_lam(action_mask_BxT: jax.Array, alpha: float,
@@ -84,9 +83,9 @@ def gae(rewards: jax.Array, values: jax.Array, action_mask: jax.Array, *,
     `returns = advantages + values` on action tokens (the value targets when `lam`
     is the critic's lambda).
   """
-  if method not in METHODS:
+  if method not in GAE_METHODS:
     raise ValueError(f"gae method={method!r} is invalid: allowed values are "
-                     f"{', '.join(map(repr, METHODS))}.")
+                     f"{', '.join(map(repr, GAE_METHODS))}.")
   if rewards.ndim != 2 or rewards.shape != values.shape or rewards.shape != action_mask.shape:
     raise ValueError(
         f"gae expects rewards, values and action_mask of one shape [B, T]; got "
