@@ -27,7 +27,8 @@ Training-inference mismatch: on lag-0 action tokens (sampled entirely by the
 policy version this step starts from, `batch.behavior_version`) the recomputed
 log-prob should equal the sampler's `behavior_logp`;
 `mismatch/lag0_abs_logp = sum |logp - behavior_logp| / mismatch/lag0_tokens`
-over them, summed over micro-batches before dividing.
+over them, summed over micro-batches before dividing; NaN (undefined, skipped by
+plots and means) when the step has no lag-0 tokens or updates no policy.
 
 The step is a plain function; `sao_jax.learner.compile` jits it with shardings.
 """
@@ -202,8 +203,7 @@ def _policy_update(cfg: Config, state: state_lib.TrainState, batch: Batch, adv: 
   metrics = {f"policy/{k}": v for k, v in metrics.items()}
   metrics.update({"policy/loss": loss, "policy/grad_norm": grad_norm,
                   "policy/updated": finite.astype(jnp.float32),
-                  "mismatch/lag0_abs_logp": gap_sum / jnp.maximum(lag0_tokens, 1.0),
-                  "mismatch/lag0_tokens": lag0_tokens})
+                  "mismatch/lag0_abs_logp_sum": gap_sum, "mismatch/lag0_tokens": lag0_tokens})
   return state.replace(policy_params=params, policy_opt_state=opt_state,
                        policy_version=state.policy_version + finite.astype(jnp.int32),
                        nonfinite_skips=state.nonfinite_skips + (~finite).astype(jnp.int32)), metrics
@@ -287,6 +287,12 @@ def train_step(state: state_lib.TrainState, batch: Batch, update_policy: jax.Arr
 
   state, policy_metrics = jax.lax.cond(
       update_policy, lambda s: _policy_update(cfg, s, batch, adv), skip, state)
+  gap_sum = policy_metrics.pop("mismatch/lag0_abs_logp_sum")
+  lag0_tokens = policy_metrics["mismatch/lag0_tokens"]
+  # Undefined without lag-0 tokens (also on value-only steps): NaN, not a 0 that
+  # would read as "sampler and learner agree".
+  policy_metrics["mismatch/lag0_abs_logp"] = jnp.where(
+      lag0_tokens > 0, gap_sum / jnp.maximum(lag0_tokens, 1.0), jnp.nan)
   metrics.update(policy_metrics)
 
   if alg.uses_critic and cfg.learner.advantage_values == "before_critic_update":

@@ -159,10 +159,16 @@ def test_lag0_mismatch_metric(micro_batches):
   assert metrics["mismatch/lag0_tokens"] == lag0_tokens
 
 
-def test_no_lag0_tokens_reads_zero():
+def test_no_lag0_tokens_reads_nan():
+  """Without lag-0 tokens the mismatch is undefined: NaN, never a 0 that reads as
+  "sampler and learner agree" (also on value-only steps, which update no policy)."""
   cfg = make_config()
-  _, metrics = _run(cfg, make_batch(10))  # behavior_version -1: several versions
-  assert metrics["mismatch/lag0_tokens"] == 0.0 and metrics["mismatch/lag0_abs_logp"] == 0.0
+  batch = make_batch(10)  # behavior_version -1: several versions
+  for update_policy in (True, False):
+    state = state_lib.init_state(cfg, jax.random.key(0))
+    _, metrics = _step(cfg)(state, batch, jnp.asarray(update_policy))
+    assert float(metrics["mismatch/lag0_tokens"]) == 0.0
+    assert np.isnan(float(metrics["mismatch/lag0_abs_logp"]))
 
 
 def test_packing_config_errors_name_the_field_and_fix():
