@@ -12,7 +12,7 @@ from sao_jax.config.learner import CheckpointConfig, LearnerConfig
 from sao_jax.config.mesh import MeshConfig
 from sao_jax.config.model import ModelConfig
 from sao_jax.config.run import RunConfig
-from sao_jax.config.sampler import SamplerConfig
+from sao_jax.config.sampler import SamplerConfig, check_untruncated
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -38,6 +38,7 @@ class Config:
         value.validate()
     if not isinstance(self.seed, int) or isinstance(self.seed, bool):
       fail("config", "seed", self.seed, "expected an integer")
+    check_untruncated(self.sampler)  # a run's sampler is a training sampler
     if self.algorithm.loss_agg == "token_mean_kept" and self.learner.micro_batches > 1:
       fail("learner", "micro_batches", self.learner.micro_batches,
             "token_mean_kept normalises by the kept tokens of the whole batch, unknown "

@@ -28,7 +28,9 @@ class SamplerConfig:
 
   Sampling: softmax(logits / temperature), restricted to the `top_k` most likely
   tokens (0 = no limit) and to the smallest set whose probability reaches `top_p`
-  (1.0 = no limit). The token for trajectory position t of an episode with seed
+  (1.0 = no limit). A training run refuses truncation (`check_untruncated`):
+  `behavior_logp` is the full tempered distribution's, which DIS needs to be the
+  one the token was drawn from (SAO.md §2). The token for trajectory position t of an episode with seed
   s is drawn with the key fold_in(key(s), t); an episode's seed is
   `seed` + its index, chosen by the caller. A turn ends on one of
   `stop_tokens` (sampled and kept as the turn's last action token), when its
@@ -107,3 +109,20 @@ class SamplerConfig:
       except (re.error, TypeError) as err:
         fail("sampler", "stop_patterns", self.stop_patterns,
              f"{pattern!r} is not a regular expression ({err})")
+
+
+def check_untruncated(sampler: SamplerConfig) -> None:
+  """Refuses top-k / top-p truncation in a training run's sampler (SAO.md §2).
+
+  The sampler records `behavior_logp` under the full tempered distribution p and
+  the learner's DIS ratio compares against p; a truncated draw comes from q != p,
+  a difference no ratio corrects. Evaluation may truncate (it takes no ratio).
+  """
+  if sampler.top_k != 0:
+    fail("sampler", "top_k", sampler.top_k,
+         "training samples the full tempered distribution that behavior_logp and the DIS "
+         "ratio assume (SAO.md §2); set top_k=0 (evaluation decodes greedily on its own)")
+  if sampler.top_p < 1.0:
+    fail("sampler", "top_p", sampler.top_p,
+         "training samples the full tempered distribution that behavior_logp and the DIS "
+         "ratio assume (SAO.md §2); set top_p=1.0")

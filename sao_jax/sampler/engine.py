@@ -48,8 +48,9 @@ continuation whose parked cache was evicted recomputes its prefix, which can dif
 from the cached values in the last float bits.) `behavior_logp` is the log-prob
 under the full temperature-scaled distribution, log_softmax(logits / T)[token],
 not renormalised after top-k/top-p truncation: the learner reproduces exactly
-that distribution with `policy_forward(..., temperature=T)`, and the DIS ratio
-absorbs the gap between it and the truncated distribution actually sampled.
+that distribution with `policy_forward(..., temperature=T)`. It is the sampling
+distribution only without truncation, which training configs therefore refuse
+(`sampling` module docstring); evaluation may truncate (greedy top_k = 1).
 
 Versions: `set_params` takes effect at the next prefill or decode call; every
 sampled token records the version that produced it, and turns and trajectories

@@ -19,8 +19,11 @@ only, never of the other rows.
 `behavior_logp` is log p(token) = log_softmax(z)[token]: the full
 temperature-scaled distribution, NOT q renormalised after truncation. The
 learner scores tokens with `policy_forward(..., temperature=T)`, which computes
-exactly this distribution; the DIS ratio exp(logp_theta - behavior_logp) then
-absorbs the difference between p and the truncated q the sampler really used.
+exactly p, so the DIS ratio exp(logp_theta - behavior_logp) is correct only when
+q = p: with truncation the token came from q, which neither the recorded log-prob
+nor the learner knows. Training configs therefore refuse top-k / top-p
+(`sao_jax.config.sampler.check_untruncated`, SAO.md §2); truncation is for
+evaluation (greedy: top_k = 1), where no ratio is taken.
 
 Keys: token_keys folds the trajectory position of the token into the episode's
 seed, key = fold_in(key(seed), index), so a sequence's tokens do not depend on

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from sao_jax import config as C
 from sao_jax.sampler import sampling
 
 LOGITS_4 = np.asarray([1.0, 0.5, -0.3, 2.0], np.float32)
@@ -76,3 +77,14 @@ def test_keys_depend_on_seed_and_position():
   keys = sampling.token_keys(jnp.asarray([0, 0, 1], jnp.uint32), jnp.asarray([0, 1, 0]))
   draws = np.asarray(jax.vmap(lambda k: jax.random.uniform(k))(keys))
   assert len(set(draws.tolist())) == 3
+
+
+@pytest.mark.parametrize("field,value", [("top_k", 5), ("top_p", 0.9)])
+def test_a_training_config_refuses_truncation(field, value):
+  """behavior_logp is log p under the full tempered softmax; a truncated draw comes
+  from q != p, which the DIS ratio cannot correct (SAO.md §2): refused by name."""
+  cfg = C.Config(sampler=C.SamplerConfig(**{field: value}))
+  with pytest.raises(ValueError, match=rf"sampler\.{field}={value!r} is invalid: .*DIS"):
+    cfg.validate()
+  C.Config().validate()  # untruncated: accepted
+  C.SamplerConfig(**{field: value}).validate()  # evaluation's own sampler may truncate
