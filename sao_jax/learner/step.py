@@ -7,7 +7,10 @@
                  outcome - running mean     running_mean         (§5)
     returns    = GAE(lam_critic) + V_old                          value targets
     policy     <- one DIS or PPO-clip update                      (skipped on value-only steps)
-    critic     <- K clipped value updates on the same batch       (§4)
+    critic     <- K clipped value updates on the same batch       (§4), on the tokens
+                  its GAE runs over: action tokens, or the whole response span
+                  for gae_span="response", whose GAE bootstraps through
+                  observation-token values (SAO.md §5)
 
 `advantage_values="after_critic_update"` runs the K value updates first and
 computes the advantages from the updated critic (targets still from V_old).
@@ -29,6 +32,13 @@ log-prob should equal the sampler's `behavior_logp`;
 `mismatch/lag0_abs_logp = sum |logp - behavior_logp| / mismatch/lag0_tokens`
 over them, summed over micro-batches before dividing; NaN (undefined, skipped by
 plots and means) when the step has no lag-0 tokens or updates no policy.
+
+Diagnostics of the training dynamics, every step: `advantage/mean`, `/std` and
+`/neg_frac` (share of action tokens with A < 0); `value/bias` = mean(V_old - G)
+over action tokens (critic variants; G the value target); `policy/update_norm`,
+the global L2 norm of the policy's parameter change (0 when no update was
+applied); `response/action_tokens_p50`, `_p90`, `_max`: percentiles (linear
+interpolation) of action tokens per trajectory in the batch.
 
 The step is a plain function; `sao_jax.learner.compile` jits it with shardings.
 """
@@ -199,9 +209,13 @@ def _policy_update(cfg: Config, state: state_lib.TrainState, batch: Batch, adv: 
   loss, grads, metrics = _accumulate(cfg, loss_fn, state.policy_params, batch, (adv,))
   params, opt_state, finite, grad_norm = _guarded_update(
       state_lib.policy_optimizer(cfg), state.policy_params, state.policy_opt_state, grads, loss)
+  update_norm = optax.tree.norm(jax.tree.map(
+      lambda new, old: new.astype(jnp.float32) - old.astype(jnp.float32), params,
+      state.policy_params))
   gap_sum, lag0_tokens = metrics.pop("lag0_abs_logp_sum"), metrics.pop("lag0_tokens")
   metrics = {f"policy/{k}": v for k, v in metrics.items()}
   metrics.update({"policy/loss": loss, "policy/grad_norm": grad_norm,
+                  "policy/update_norm": update_norm,
                   "policy/updated": finite.astype(jnp.float32),
                   "mismatch/lag0_abs_logp_sum": gap_sum, "mismatch/lag0_tokens": lag0_tokens})
   return state.replace(policy_params=params, policy_opt_state=opt_state,
@@ -211,26 +225,31 @@ def _policy_update(cfg: Config, state: state_lib.TrainState, batch: Batch, adv: 
 
 def _value_updates(cfg: Config, state: state_lib.TrainState, batch: Batch, old_values: jax.Array,
                    returns: jax.Array):
-  """K clipped value updates on one batch; frozen leaves get no gradient at all."""
+  """K clipped value updates on one batch; frozen leaves get no gradient at all.
+
+  The value loss covers the tokens the variant's GAE reads values on (its mask):
+  a value the advantages bootstrap through must be one the critic was trained on.
+  """
   alg = cfg.algorithm
   frozen = state_lib.frozen_value_mask(cfg, state.value_params)
   optimizer = state_lib.value_optimizer(cfg, frozen)
-  denominator = (losses.loss_denominator(batch.action_mask, alg.loss_agg,
+  critic_mask, _ = _gae_inputs(cfg, batch)
+  denominator = (losses.loss_denominator(critic_mask, alg.loss_agg,
                                          segment_ids=batch.attention_mask)
                  if cfg.learner.micro_batches > 1 else None)
 
-  def loss_fn(params, mb: Batch, old_mb, returns_mb):
+  def loss_fn(params, mb: Batch, old_mb, returns_mb, mask_mb):
     # stop_gradient on frozen leaves: XLA then skips their weight gradients.
     params = jax.tree.map(lambda p, f: jax.lax.stop_gradient(p) if f else p, params, frozen)
     values = value_forward(params, cfg.model, mb.tokens, mb.attention_mask)
-    return losses.value_loss(values, old_mb, returns_mb, mb.action_mask, clip_eps=alg.value_clip,
+    return losses.value_loss(values, old_mb, returns_mb, mask_mb, clip_eps=alg.value_clip,
                              loss_agg=alg.loss_agg, denominator=denominator,
                              segment_ids=mb.attention_mask)
 
   history = []
   for _ in range(alg.value_updates_per_step):
     loss, grads, metrics = _accumulate(cfg, loss_fn, state.value_params, batch,
-                                       (old_values, returns))
+                                       (old_values, returns, critic_mask))
     params, opt_state, finite, grad_norm = _guarded_update(
         optimizer, state.value_params, state.value_opt_state, grads, loss)
     state = state.replace(value_params=params, value_opt_state=opt_state,
@@ -239,6 +258,17 @@ def _value_updates(cfg: Config, state: state_lib.TrainState, batch: Batch, old_v
                     "value/clip_frac": metrics["value_clip_frac"]})
   # Report the mean over the K updates.
   return state, jax.tree.map(lambda *xs: jnp.mean(jnp.stack(xs)), *history)
+
+
+def _response_lengths(batch: Batch) -> Metrics:
+  """p50 / p90 (linear interpolation) / max of action tokens per trajectory; NaN
+  for a batch without trajectories."""
+  seg = batch.attention_mask
+  per_start = segments.reduce(batch.action_mask.astype(jnp.float32), seg)
+  lengths = jnp.where(segment_starts(seg), per_start, jnp.nan)
+  p50, p90 = jnp.nanpercentile(lengths, jnp.asarray([50.0, 90.0]))
+  return {"response/action_tokens_p50": p50, "response/action_tokens_p90": p90,
+          "response/action_tokens_max": jnp.nanmax(lengths)}
 
 
 def update_policy_at(cfg: Config, step: int) -> jax.Array:
@@ -261,6 +291,7 @@ def train_step(state: state_lib.TrainState, batch: Batch, update_policy: jax.Arr
   metrics: Metrics = {"reward/mean": jnp.sum(outcome * exists) / jnp.maximum(jnp.sum(exists), 1.0),
                       "tokens/action": jnp.sum(action.astype(jnp.float32)),
                       "tokens/total": jnp.sum((seg != 0).astype(jnp.float32))}
+  metrics.update(_response_lengths(batch))
 
   old_values = returns = None
   if alg.uses_critic:
@@ -268,6 +299,7 @@ def train_step(state: state_lib.TrainState, batch: Batch, update_policy: jax.Arr
     returns = value_targets(cfg, batch, old_values)
     metrics["value/explained_variance"] = losses.explained_variance(old_values, returns, action)
     metrics["value/mean"] = losses.aggregate.masked_mean(old_values, action)
+    metrics["value/bias"] = losses.aggregate.masked_mean(old_values - returns, action)
 
   advantage_values = old_values
   if alg.uses_critic and cfg.learner.advantage_values == "after_critic_update":
@@ -280,6 +312,8 @@ def train_step(state: state_lib.TrainState, batch: Batch, update_policy: jax.Arr
   metrics["advantage/mean"] = losses.aggregate.masked_mean(adv, action)
   metrics["advantage/std"] = jnp.sqrt(losses.aggregate.masked_mean(
       jnp.square(adv - metrics["advantage/mean"]), action))
+  metrics["advantage/neg_frac"] = losses.aggregate.masked_mean(
+      (adv < 0).astype(jnp.float32), action)
 
   def skip(state):
     shapes = jax.eval_shape(lambda s: _policy_update(cfg, s, batch, adv)[1], state)

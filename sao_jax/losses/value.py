@@ -55,7 +55,8 @@ def value_loss(values: jax.Array, old_values: jax.Array, returns: jax.Array,
     values: `[B, T]` current critic outputs (differentiable).
     old_values: `[B, T]` critic outputs when the targets were computed.
     returns: `[B, T]` value targets G (constants).
-    action_mask: `[B, T]` 1 on action tokens.
+    action_mask: `[B, T]` 1 on the tokens the critic trains on (the action tokens;
+      the response span for plain GAE, `gae_span="response"`).
     clip_eps: `eps_v`, or None for the unclipped loss.
     loss_agg, denominator, segment_ids: as in `aggregate.aggregate`.
 

@@ -210,3 +210,57 @@ def test_gae_span_response_runs_plain_gae_over_observations_too():
   assert C.AlgorithmConfig.for_variant("ppo").gae_span == "response"
   with pytest.raises(ValueError, match=r"algorithm.gae_span.*'grpo' has no critic"):
     C.AlgorithmConfig.for_variant("grpo", gae_span="response").validate()
+
+
+def test_dynamics_diagnostics_have_their_defined_values():
+  """advantage/neg_frac, value/bias, policy/update_norm and the response-length
+  percentiles against their definitions on a constructed batch."""
+  from sao_jax.learner import step as step_lib
+  cfg = make_config()
+  batch = make_batch(11, behavior_shift=0.1)
+  state, _ = run(cfg, make_batch(5), steps=2)  # a trained critic: V != 0, advantages of both signs
+  old_policy = leaves(state.policy_params)
+  jb = jax.tree.map(jnp.asarray, batch)
+  values = step_lib._values(cfg, state.value_params, jb)
+  returns = step_lib.value_targets(cfg, jb, values)
+  adv, _ = step_lib.advantages(cfg, jb, values, state.baseline)
+  new_state, metrics = run(cfg, batch, state=state)
+  action = batch.action_mask > 0
+  np.testing.assert_allclose(metrics["advantage/neg_frac"], np.mean(np.asarray(adv)[action] < 0))
+  assert 0 < metrics["advantage/neg_frac"] < 1
+  np.testing.assert_allclose(metrics["value/bias"],
+                             np.mean((np.asarray(values) - np.asarray(returns))[action]), rtol=1e-5)
+  delta = np.sqrt(sum(np.sum((new - old.astype(np.float64)) ** 2)
+                      for new, old in zip(leaves(new_state.policy_params), old_policy)))
+  np.testing.assert_allclose(metrics["policy/update_norm"], delta, rtol=1e-4)
+  assert metrics["policy/update_norm"] > 0
+  per_trajectory = action.sum(axis=1)  # one trajectory per row: 11, 10, 9, 11, ...
+  for name, want in (("p50", np.percentile(per_trajectory, 50)),
+                     ("p90", np.percentile(per_trajectory, 90)), ("max", per_trajectory.max())):
+    np.testing.assert_allclose(metrics[f"response/action_tokens_{name}"], want, rtol=1e-6)
+  _, value_only = run(cfg, batch, update_policy=False)
+  assert value_only["policy/update_norm"] == 0.0
+
+
+def test_the_critic_trains_on_the_span_its_gae_reads():
+  """gae_span="response" bootstraps through values on observation tokens, so the
+  value loss covers them too (SAO.md §5): the first update's loss (V = V_old, so
+  unclipped) is 0.5 (V - G)^2 averaged over the response span, not the action tokens."""
+  from sao_jax import losses
+  from sao_jax.learner import step as step_lib
+  for variant in ("ppo", "sao"):
+    cfg = make_config(variant)
+    batch = jax.tree.map(jnp.asarray, make_batch(12))
+    state = state_lib.init_state(cfg, jax.random.key(0))
+    values = step_lib._values(cfg, state.value_params, batch)
+    returns = step_lib.value_targets(cfg, batch, values)
+    span = step_lib._response_mask(batch) if variant == "ppo" else batch.action_mask
+    want, _ = losses.value_loss(values, values, returns, span, clip_eps=None,
+                                loss_agg=cfg.algorithm.loss_agg,
+                                segment_ids=batch.attention_mask)
+    cfg1 = dataclasses.replace(cfg, algorithm=dataclasses.replace(cfg.algorithm,
+                                                                  value_updates_per_step=1))
+    _, metrics = run(cfg1, jax.tree.map(np.asarray, batch), state=state)
+    np.testing.assert_allclose(metrics["value/loss"], float(want), rtol=1e-5, err_msg=variant)
+  obs = np.asarray(step_lib._response_mask(batch)) & ~np.asarray(batch.action_mask, bool)
+  assert obs.any()  # the fixture has observation tokens inside the response
