@@ -27,8 +27,15 @@ METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "curves.png"
 
 
+# Engine finish reasons of a turn cut by a length limit (sao_jax.sampler.engine).
+LENGTH_CUTS = ("max_new_tokens", "max_seq_len")
+
+
 def batch_metrics(info: BatchInfo, drops: Drops) -> dict[str, float]:
-  """Host-side metrics of a batch: staleness histogram, version spans, drops so far."""
+  """Host-side metrics of a batch: staleness histogram, version spans, drops so far,
+  and the share of episodes that ended by the turn budget (`episodes/max_turns_frac`)
+  or by a length limit: out of context, or a last turn cut at max_new_tokens /
+  max_seq_len (`episodes/length_cut_frac`)."""
   out = {"staleness/mean": float(np.mean(info.lags)) if info.lags.size else 0.0,
          "staleness/max": float(np.max(info.lags)) if info.lags.size else 0.0,
          "staleness/multi_version_frac": float(np.mean(info.version_spans > 0))
@@ -37,6 +44,10 @@ def batch_metrics(info: BatchInfo, drops: Drops) -> dict[str, float]:
          "batch/mean_length": float(np.mean(info.lengths)) if info.lengths.size else 0.0}
   for lag in range(int(out["staleness/max"]) + 1):
     out[f"staleness/lag_{lag}"] = float(np.sum(info.lags == lag))
+  if info.ends:
+    out["episodes/max_turns_frac"] = float(np.mean([end == "max_turns" for end, _ in info.ends]))
+    out["episodes/length_cut_frac"] = float(np.mean(
+        [end == "truncated" or last in LENGTH_CUTS for end, last in info.ends]))
   for reason, count in drops.items():
     out[f"dropped/{reason}"] = float(count)
   return out

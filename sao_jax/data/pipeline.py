@@ -69,6 +69,9 @@ class BatchInfo:
   lengths: np.ndarray  # [trajectories] tokens
   padding_rows: int  # rows without any trajectory
   capacity: int  # tokens in the batch arrays, rows * T
+  # [trajectories] (why the episode ended, why its last turn ended): the sampler's
+  # `info["end"]` and `info["last_turn_end"]` ("" when not recorded).
+  ends: tuple[tuple[str, str], ...] = ()
 
   @property
   def padding_fraction(self) -> float:
@@ -326,7 +329,8 @@ def _info(trajs: list[Trajectory], version: int, padding_rows: int, capacity: in
       lags=np.array([version - t.policy_versions[0] for t in trajs]),
       version_spans=np.array([t.policy_versions[1] - t.policy_versions[0] for t in trajs]),
       lengths=np.array([t.length for t in trajs]),
-      padding_rows=padding_rows, capacity=capacity)
+      padding_rows=padding_rows, capacity=capacity,
+      ends=tuple((str(t.info.get("end", "")), str(t.info.get("last_turn_end", ""))) for t in trajs))
 
 
 class _BatchIterator(_CarryingIterator):

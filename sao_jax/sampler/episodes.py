@@ -15,7 +15,10 @@ credited only for tokens it sampled.
 
 An environment failure ends the episode with `env_failure` set, so the learner
 counts and drops it instead of training on reward 0. An episode that runs out of
-context is finished with reward 0 and `info["truncated"] = True`.
+context is finished with reward 0 and `info["truncated"] = True`. `info["end"]`
+is why the episode ended (the environment's reason, e.g. "answer" or
+"max_turns", or "truncated") and `info["last_turn_end"]` why its last turn did
+(the engine's finish_reason: "max_new_tokens" / "max_seq_len" = cut by length).
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class _Live:
   task: Task
   prompt_id: int
   turns: int = 0
+  last_turn_end: str = ""  # the engine's finish_reason of the latest turn
 
 
 class EpisodeRunner:
@@ -97,6 +101,7 @@ class EpisodeRunner:
     live.turns += 1
     action = self._tokenizer.decode(turn.tokens.tolist(), skip_special_tokens=True)
     result = live.env.step(action)
+    live.last_turn_end = turn.finish_reason
     if result.done:
       return self._finish(turn.episode_id, reward=result.reward or 0.0,
                           failure=result.failure, reason=result.reason)
@@ -123,7 +128,8 @@ class EpisodeRunner:
                       prompt_id=live.prompt_id, policy_versions=tuple(versions),
                       env_failure=failure,
                       info={"task": live.task.id, "turns": live.turns, "end": reason or "",
-                            "truncated": reason == "truncated"})
+                            "truncated": reason == "truncated",
+                            "last_turn_end": live.last_turn_end})
 
 
 def run_to_completion(runner: EpisodeRunner, tasks: Iterator[Task], count: int, *,

@@ -152,3 +152,17 @@ def test_a_held_back_unit_is_checked_for_staleness_again(packed):
   np.testing.assert_array_equal(info.lags, [1] * len(fresh))
   assert dict(drops) == {"stale": 1 if packed else 3} and drops.examples["stale"] == "lag 5"
   assert set(np.unique(batch.prompt_ids)) == {-1, 3}
+
+
+def test_batch_info_carries_why_episodes_ended_and_the_metrics_count_them():
+  from sao_jax.metrics import batch_metrics
+  ends = [("answer", "stop_token"), ("max_turns", "stop_pattern"), ("truncated", "max_seq_len"),
+          ("answer", "max_new_tokens")]
+  trajs = [make_traj(seed=s, info={"end": end, "last_turn_end": last})
+           for s, (end, last) in enumerate(ends)]
+  it, drops = build(trajs, batch_size=4)
+  _, info = next(it)
+  assert info.ends == tuple(ends)
+  metrics = batch_metrics(info, drops)
+  assert metrics["episodes/max_turns_frac"] == 0.25
+  assert metrics["episodes/length_cut_frac"] == 0.5  # out of context; last turn cut at max_new_tokens
