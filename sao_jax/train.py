@@ -41,7 +41,7 @@ from sao_jax.config import Config
 from sao_jax.data import pipeline
 from sao_jax.data.records import Trajectory
 from sao_jax.data.transport import DirectoryTransport, QueueTransport
-from sao_jax.envs import coding_generator, math_tasks, style
+from sao_jax.envs import coding_generator, math_tasks, sanity, style
 from sao_jax.envs.base import play
 from sao_jax.envs.registry import make_env, make_tasks
 from sao_jax.evaluation import Evaluator
@@ -60,7 +60,8 @@ from sao_jax.types import Batch
 # Scripted ideal turns per environment, for the SFT warm-start and the tokenizer.
 DEMONSTRATIONS = {"math_tool": math_tasks.demonstration,
                   "coding": coding_generator.solution_actions,
-                  "style": style.demonstration}
+                  "style": style.demonstration,
+                  "sanity": sanity.demonstration}
 TOKENIZER_DEMONSTRATIONS = 400  # transcripts a run's own tokenizer is trained on
 
 

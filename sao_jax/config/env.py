@@ -9,7 +9,7 @@ from sao_jax.config.checks import fail
 
 # Task sources each environment accepts; the first is the default.
 ENV_TASK_SOURCES = {"math_tool": ("generator", "jsonl"), "style": ("builtin", "jsonl"),
-                    "coding": ("generator", "dir", "jsonl")}
+                    "coding": ("generator", "dir", "jsonl"), "sanity": ("generator",)}
 ENV_JUDGES = ("rule", "http")
 ENV_PROBLEM_KINDS = ("arithmetic", "word", "mixed")
 ENV_CODING_BUG_KINDS = ("off_by_one", "wrong_operator", "missing_edge_case", "wrong_value", "mixed")

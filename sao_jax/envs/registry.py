@@ -4,7 +4,8 @@
     tasks = make_tasks(config)    # an endless iterator of Task
 
 Environments: "math_tool" (`math_tool.MathToolEnv`), "style"
-(`style.StyleEnv`) and "coding" (`coding.CodingEnv`). Task sources (the first
+(`style.StyleEnv`), "coding" (`coding.CodingEnv`) and "sanity" (`sanity.SanityEnv`,
+generated tasks only). Task sources (the first
 is the default when `task_source` is empty): for math_tool "generator" (seeded
 `math_tasks.generate_task`) or "jsonl"; for style "builtin"
 (`style.builtin_task`) or "jsonl"; for coding "generator" (seeded
@@ -19,7 +20,7 @@ from __future__ import annotations
 from typing import Callable, Iterator
 
 from sao_jax.envs import (coding, coding_generator, coding_tasks, judge, math_tasks, math_tool,
-                          sandbox, style, tasks)
+                          sandbox, sanity, style, tasks)
 from sao_jax.envs.base import Environment, Task
 from sao_jax.config import EnvConfig
 
@@ -58,6 +59,7 @@ ENVIRONMENTS: dict[str, Callable[[EnvConfig], Environment]] = {
     "math_tool": _math_env,
     "style": _style_env,
     "coding": _coding_env,
+    "sanity": lambda c: sanity.SanityEnv(max_observation_chars=c.max_observation_chars),
 }
 
 TASK_SOURCES: dict[str, dict[str, Callable[[EnvConfig], Iterator[Task]]]] = {
@@ -78,6 +80,7 @@ TASK_SOURCES: dict[str, dict[str, Callable[[EnvConfig], Iterator[Task]]]] = {
         "jsonl": lambda c: tasks.iterate_shuffled(coding_tasks.load_jsonl(c.jsonl_path),
                                                   seed=c.seed),
     },
+    "sanity": {"generator": lambda c: sanity.iterate_generated(seed=c.seed)},
 }
 
 
