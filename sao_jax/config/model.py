@@ -43,6 +43,10 @@ class ModelConfig:
   norm_topk_prob: bool = True
   decoder_sparse_step: int = 1
   mlp_only_layers: tuple[int, ...] = ()
+  # Weight of the router's load-balancing loss in the policy loss (MoE only;
+  # `sao_jax.models.moe.load_balancing_loss`); Qwen3-MoE checkpoints carry it in
+  # config.json, and 0.001 is Qwen3-MoE's default.
+  router_aux_loss_coef: float = 0.001
   # Numerics and memory.
   param_dtype: str = "float32"
   compute_dtype: str = "float32"
@@ -66,6 +70,10 @@ class ModelConfig:
                     "head_dim", "max_position_embeddings", "num_experts_per_tok",
                     "moe_intermediate_size", "decoder_sparse_step", "logits_chunk",
                     "attention_block")
+    coef = self.router_aux_loss_coef
+    if isinstance(coef, bool) or not isinstance(coef, (int, float)) or not coef >= 0:
+      fail("model", "router_aux_loss_coef", coef,
+           "expected a number >= 0 (0 disables the MoE load-balancing loss)")
     if self.num_attention_heads % self.num_key_value_heads:
       fail("model", "num_key_value_heads", self.num_key_value_heads,
             f"must divide num_attention_heads={self.num_attention_heads}")

@@ -38,7 +38,9 @@ Diagnostics of the training dynamics, every step: `advantage/mean`, `/std` and
 over action tokens (critic variants; G the value target); `policy/update_norm`,
 the global L2 norm of the policy's parameter change (0 when no update was
 applied); `response/action_tokens_p50`, `_p90`, `_max`: percentiles (linear
-interpolation) of action tokens per trajectory in the batch.
+interpolation) of action tokens per trajectory in the batch. MoE policies add
+`model.router_aux_loss_coef` x the router's load-balancing loss to the policy
+loss and report `policy/router_aux_loss` and `policy/router_balance`.
 
 The step is a plain function; `sao_jax.learner.compile` jits it with shardings.
 """
@@ -55,7 +57,8 @@ from sao_jax import losses
 from sao_jax.config import Config
 from sao_jax.learner import state as state_lib
 from sao_jax.losses import segments
-from sao_jax.models.forward import policy_forward, value_forward
+from sao_jax.models import moe
+from sao_jax.models.forward import policy_forward, router_balance, value_forward
 from sao_jax.types import Batch, segment_starts
 
 Metrics = dict[str, jax.Array]
@@ -198,6 +201,14 @@ def _policy_update(cfg: Config, state: state_lib.TrainState, batch: Batch, adv: 
                               loss_agg=alg.loss_agg, denominator=denominator,
                               segment_ids=mb.attention_mask)
     metrics["entropy"] = losses.aggregate.masked_mean(out.entropy_BxT, mb.action_mask)
+    if cfg.model.num_experts:
+      # MoE: the router's load-balancing loss of the checkpoint's recipe (SAO.md §5),
+      # per micro-batch, so 1/micro_batches of it each.
+      aux = moe.load_balancing_loss(out.router_logits, mb.attention_mask,
+                                    cfg.model.num_experts_per_tok)
+      loss = loss + cfg.model.router_aux_loss_coef * aux / cfg.learner.micro_batches
+      metrics["router_aux_loss"] = aux
+      metrics["router_balance"] = router_balance(out.router_logits, mb.attention_mask, cfg.model)
     # Lag 0: sampled entirely by the weights this step starts from, so any
     # difference is numerics (sampler vs learner), not staleness.
     lag0 = mb.action_mask.astype(bool) & (mb.behavior_version == state.policy_version)

@@ -40,7 +40,7 @@ _COMMON_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_
                   "num_attention_heads", "num_key_value_heads", "rms_norm_eps",
                   "max_position_embeddings")
 _MOE_FIELDS = ("num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
-               "decoder_sparse_step")
+               "decoder_sparse_step", "router_aux_loss_coef")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -140,3 +140,30 @@ def expert_parallel_ffn(x_BxTxD: jax.Array, expert_BxTxK: jax.Array, weight_BxTx
       in_specs=(token_spec, token_spec, token_spec, in_up_spec, in_up_spec, down_spec),
       out_specs=token_spec,
   )(x_BxTxD, expert_BxTxK, weight_BxTxK, gate_ExDxF, up_ExDxF, down_ExFxD)
+
+
+def load_balancing_loss(router_logits: tuple[jax.Array, ...], seg_BxT: jax.Array,
+                        top_k: int) -> jax.Array:
+  """The router's auxiliary load-balancing loss, Qwen3-MoE's formulation
+  (`transformers`' `load_balancing_loss_func` with an attention mask):
+
+      loss = E * sum_e f_e * P_e
+
+  pooled over every MoE layer's real tokens (`seg_BxT != 0`): f_e = top-k
+  assignments to expert e per token-row, P_e = mean router probability of e.
+  Perfect balance gives k; gradients flow through P only (top-k is discrete).
+  0.0 for a dense model (no router logits).
+  """
+  if not router_logits:
+    return jnp.zeros((), jnp.float32)
+  w_BxT = (seg_BxT != 0).astype(jnp.float32)
+  num_experts = router_logits[0].shape[-1]
+  counts_E = jnp.zeros((num_experts,), jnp.float32)
+  probs_E = jnp.zeros((num_experts,), jnp.float32)
+  for logits_BxTxE in router_logits:
+    p_BxTxE = jax.nn.softmax(logits_BxTxE.astype(jnp.float32), axis=-1)
+    _, expert_BxTxK = jax.lax.top_k(p_BxTxE, top_k)
+    counts_E += jnp.einsum("btke,bt->e", jax.nn.one_hot(expert_BxTxK, num_experts), w_BxT)
+    probs_E += jnp.einsum("bte,bt->e", p_BxTxE, w_BxT)
+  rows = jnp.maximum(len(router_logits) * jnp.sum(w_BxT), 1.0)
+  return num_experts * jnp.sum((counts_E / rows) * (probs_E / rows))

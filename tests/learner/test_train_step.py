@@ -264,3 +264,22 @@ def test_the_critic_trains_on_the_span_its_gae_reads():
     np.testing.assert_allclose(metrics["value/loss"], float(want), rtol=1e-5, err_msg=variant)
   obs = np.asarray(step_lib._response_mask(batch)) & ~np.asarray(batch.action_mask, bool)
   assert obs.any()  # the fixture has observation tokens inside the response
+
+
+def test_moe_policy_loss_includes_the_router_load_balancing_loss():
+  """MoE policies add model.router_aux_loss_coef x the router's load-balancing loss
+  (Qwen3-MoE's recipe) to the policy loss, and report it and the router balance."""
+  from learner_fixtures import replace_model
+  base = replace_model(make_config("grpo"), num_experts=4, num_experts_per_tok=2,
+                       moe_intermediate_size=16)
+  batch = make_batch(13, behavior_shift=0.1)
+  losses_by_coef = {}
+  for coef in (0.0, 0.5):
+    _, metrics = run(replace_model(base, router_aux_loss_coef=coef), batch)
+    losses_by_coef[coef] = metrics["policy/loss"]
+    assert metrics["policy/router_aux_loss"] >= 2.0 - 1e-6  # >= k, equal when balanced
+    assert metrics["policy/router_balance"] > 0
+  np.testing.assert_allclose(losses_by_coef[0.5] - losses_by_coef[0.0],
+                             0.5 * metrics["policy/router_aux_loss"], rtol=1e-4)
+  with pytest.raises(ValueError, match=r"model.router_aux_loss_coef=-1"):
+    C.ModelConfig(router_aux_loss_coef=-1).validate()

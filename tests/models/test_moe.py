@@ -83,3 +83,26 @@ def test_expert_parallel_equals_one_device(mesh_cfg, batch):
   if mesh_cfg.expert > 1 and batch % (mesh_cfg.fsdp * mesh_cfg.expert) == 0:
     # Each device routes its expert group's tokens and hands the outputs back.
     assert "all_gather" in hlo and "reduce_scatter" in hlo
+
+
+def test_load_balancing_loss_matches_transformers():
+  """Qwen3-MoE's router aux loss (transformers' load_balancing_loss_func, with the
+  attention mask excluding padding) on the same router logits."""
+  torch = pytest.importorskip("torch")
+  from transformers.models.qwen3_moe import modeling_qwen3_moe
+
+  batch, length, layers = 3, 7, 3
+  keys = jax.random.split(jax.random.key(1), layers)
+  # Skewed logits so the loss is far from its balanced value K.
+  logits = tuple(jax.random.normal(k, (batch, length, E)) * 2.0 + jnp.arange(E)[None, None] * 0.3
+                 for k in keys)
+  seg = np.ones((batch, length), np.int32)
+  seg[1, 5:] = 0
+  seg[2, 2:] = 0
+  got = moe.load_balancing_loss(logits, jnp.asarray(seg), K)
+  want = modeling_qwen3_moe.load_balancing_loss_func(
+      tuple(torch.from_numpy(np.asarray(l).reshape(batch * length, E)) for l in logits),
+      num_experts=E, top_k=K, attention_mask=torch.from_numpy(seg))
+  np.testing.assert_allclose(float(got), float(want), rtol=1e-5)
+  assert float(got) > K * 1.05  # unbalanced routing costs more than balance (K)
+  assert float(moe.load_balancing_loss((), jnp.asarray(seg), K)) == 0.0
