@@ -6,9 +6,12 @@ From scratch on a 2-core CPU in about 10 minutes: a byte-level BPE tokenizer is
 trained on the environment's texts, a 0.36M-parameter model gets a short SFT
 warm-start on demonstrations (write a python block that prints the expression,
 read the tool output, answer in \\boxed{}), then SAO trains it with one sampler
-process streaming single rollouts. Held-out accuracy (greedy, 64 tasks never
-trained on) is printed at step 0 (after SFT) and every 10 steps; it starts near
-the SFT level and should rise. Outputs go to runs/demo_cpu/: metrics.jsonl,
+process streaming single rollouts. The warm-start stops once greedy accuracy on
+validation tasks reaches 0.4 (`run.sft_target_accuracy`), well below the
+ceiling, so the RL phase has something to show: held-out accuracy (greedy, 256
+tasks never trained on; standard error ~0.03) is printed at step 0 (after SFT)
+and every 20 steps, and the final summary prints it after SFT, after RL and
+the difference (RL's own gain). Outputs go to runs/demo_cpu/: metrics.jsonl,
 tensorboard/, checkpoints/, curves.png.
 """
 
@@ -33,5 +36,6 @@ def get_config() -> Config:
       sampler=SamplerConfig(slots=8, max_seq_len=384, prefill_buckets=(32, 128, 256),
                             max_new_tokens=48, temperature=1.0),
       run=RunConfig(run_dir="runs/demo_cpu", sft_steps=300, sft_lr=3e-3, sft_batch=32,
-                    eval_every=10, eval_episodes=64),
+                    sft_target_accuracy=0.4, sft_check_every=25,
+                    eval_every=20, eval_episodes=256),
   )

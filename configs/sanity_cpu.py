@@ -33,7 +33,7 @@ def sanity_config(variant: str = "sao") -> Config:
       env=EnvConfig(name="sanity", max_turns=1),
       data=DataConfig(max_lag=4, length_buckets=(48, 64), transport_capacity=64),
       sampler=SamplerConfig(slots=16, max_seq_len=64, prefill_buckets=(48, 64),
-                            steps_per_call=4, max_new_tokens=4, stop_patterns=()),
+                            steps_per_call=1, max_new_tokens=1, stop_patterns=()),
       run=RunConfig(run_dir="runs/sanity_cpu", sft_steps=60, sft_lr=3e-3, sft_batch=32,
                     eval_every=0, eval_episodes=64),
   )

@@ -49,7 +49,7 @@ from sao_jax.learner import compile as compile_lib
 from sao_jax.learner.loop import run_learner
 from sao_jax.learner.sft import train_sft
 from sao_jax.learner.state import state_from_params
-from sao_jax.metrics import MetricsLogger, batch_metrics, plot_curves
+from sao_jax.metrics import MetricsLogger, batch_metrics, plot_curves, read_metrics
 from sao_jax.models import hf, params_io, tokenizer as tokenizer_lib
 from sao_jax.models.transformer import Params, init_params
 from sao_jax.models.value import value_params_from_policy
@@ -221,6 +221,19 @@ def local_batch_sizes(cfg: Config, hosts: int) -> tuple[int, int | None]:
   return trajectories, learner.batch_rows // hosts * learner.row_length
 
 
+def rl_gain(run_dir: pathlib.Path) -> dict[str, float]:
+  """Held-out accuracy at RL step 0 (after any warm-start), at the last evaluation,
+  and their difference: what the RL phase itself gained. Read from metrics.jsonl,
+  so a resumed run reports it too; empty without evaluations at and after step 0."""
+  evals = [(row["step"], row["eval/accuracy"]) for row in read_metrics(run_dir)
+           if "eval/accuracy" in row and row["step"] >= 0]
+  if not evals or evals[0][0] != 0:
+    return {}
+  start, final = evals[0][1], evals[-1][1]
+  return {"eval/accuracy_after_sft": start, "eval/accuracy_after_rl": final,
+          "eval/rl_gain": final - start}
+
+
 def run(cfg: Config, *, resume: bool = True, log=print) -> dict:
   """Trains as configured; returns the final summary (also in RUN_DIR/summary.json)."""
   distributed.initialize()  # a multi-host learner: join the cluster the environment names
@@ -331,5 +344,10 @@ def run(cfg: Config, *, resume: bool = True, log=print) -> dict:
   summary.update({"steps_done": result.steps_done, "stopped_by": result.stopped_by,
                   "dropped": dict(drops), "sampler_restarts": supervisor.restarts,
                   "plot": str(plot_curves(run_dir))})
+  summary.update(rl_gain(run_dir))
+  if "eval/rl_gain" in summary:
+    log(f"held-out accuracy ({cfg.run.eval_episodes} episodes): after SFT "
+        f"{summary['eval/accuracy_after_sft']:.3f}, after RL {summary['eval/accuracy_after_rl']:.3f}, "
+        f"RL gain {summary['eval/rl_gain']:+.3f}")
   (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
   return summary
