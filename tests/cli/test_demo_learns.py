@@ -1,12 +1,10 @@
-"""The CPU demo's learning claim (slow: the full `make demo` run, ~10 min on 2 cores).
+"""The CPU demo's learning claim for the RL phase (slow: the full `make demo` run).
 
-Thresholds: a randomly initialised model solves ~0 held-out tasks (it cannot
-produce a correct \\boxed{} answer by chance); in our runs the SFT warm-start
-brought greedy held-out accuracy to ~0.86 and SAO to 0.92-1.0 on the 64
-held-out tasks (standard error ~0.04). We require the final accuracy to be at
-least 0.6 and 0.5 above the starting point: far above chance, with room for
-machine and seed variance, and failing if either SFT or the RL phase breaks
-the policy.
+The warm-start stops once validation accuracy reaches `run.sft_target_accuracy`
+(0.4), so RL starts well below the ceiling, and the claim is about RL's own gain:
+held-out accuracy (greedy, 256 tasks, standard error ~0.03 per evaluation) from
+RL step 0 to the final step, as the summary reports it (`train.rl_gain`), not
+the gain from random init that SFT alone carries.
 """
 
 import json
@@ -21,13 +19,29 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
-def test_demo_learns(tmp_path):
+def test_demo_rl_phase_gains(tmp_path):
   cfg = load_config(ROOT / "configs" / "demo_cpu.py", [f"run.run_dir={tmp_path}"])
   summary = train.run(cfg)
-  rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-  evals = [(r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r]
-  start, final = evals[0], evals[-1]
-  assert start[0] == -cfg.run.sft_steps and final[0] == cfg.learner.steps
-  assert start[1] <= 0.1, evals
-  assert final[1] >= 0.6 and final[1] >= start[1] + 0.5, evals
   assert summary["steps_done"] == cfg.learner.steps
+  rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  evals = [(r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r and r["step"] >= 0]
+  assert evals[0][0] == 0 and evals[-1][0] == cfg.learner.steps
+  assert summary["eval/accuracy_after_sft"] == evals[0][1]
+  assert summary["eval/accuracy_after_rl"] == evals[-1][1]
+  # Below the ceiling at the start (the warm-start stopped early) ...
+  assert summary["eval/accuracy_after_sft"] <= 0.7, evals
+  # ... and RL's own gain: > 3 standard errors of the difference of two 256-episode
+  # evaluations (sqrt(2) * 0.03).
+  assert summary["eval/rl_gain"] >= 0.15, evals
+
+
+def test_rl_gain_is_measured_from_rl_step_zero(tmp_path):
+  """train.rl_gain: the warm-start's evaluations (negative steps) are not RL's."""
+  evals = [(-300, 0.0), (0, 0.41), (20, 0.5), (60, 0.62)]
+  (tmp_path / "metrics.jsonl").write_text("".join(
+      json.dumps({"step": s, "eval/accuracy": a}) + "\n" for s, a in evals)
+      + json.dumps({"step": 61, "reward/mean": 0.5}) + "\n")
+  assert train.rl_gain(tmp_path) == pytest.approx(
+      {"eval/accuracy_after_sft": 0.41, "eval/accuracy_after_rl": 0.62, "eval/rl_gain": 0.21})
+  (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 5, "eval/accuracy": 0.3}) + "\n")
+  assert train.rl_gain(tmp_path) == {}  # no evaluation at RL step 0 (e.g. eval_every=0)
