@@ -1,17 +1,17 @@
-"""CPU sanity setting: RL alone lifts a policy from chance to near 1 in a few minutes.
+"""CPU sanity setting: RL alone lifts a policy from chance to ~1 in a few minutes.
 
-    .venv/bin/sao-train --config configs/sanity_cpu.py --set algorithm.variant=sao
-    # any variant: sao, sao_dis_only, grpo, grpo_dis, running_mean, ppo
-    # (`sanity_config(variant)` below applies the variant's preset)
+    .venv/bin/sao-train --config configs/sanity_cpu.py        # SAO
+    # other variants (sao_dis_only, grpo, grpo_dis, running_mean, ppo) with their
+    # presets: `sanity_config(variant)` below (tests/cli/test_sanity_learns.py)
 
-Environment `sanity` (`sao_jax.envs.sanity`): one turn, no tool, "Answer with the
-word blue." and reward 1 iff the reply is exactly that word, one of 4. The SFT
-warm-start trains on demonstrations whose word is drawn independently of the
-prompt, so it teaches the format only: the sampled training reward starts at
-chance (~0.25). Everything above chance is RL's. A run should show the
-training reward (`reward/mean`) rising to >= 0.9 within `learner.steps`
-(tests/cli/test_sanity_learns.py asserts it per variant). Outputs go to
-runs/sanity_cpu/.
+Environment `sanity` (`sao_jax.envs.sanity`): one turn of one token, no tool,
+"Answer with the word red." and reward 1 iff the reply is exactly "red". The SFT
+warm-start trains on demonstrations that answer with one of 4 words whatever the
+prompt says, so it teaches the format only: the sampled training reward starts
+at chance (~0.25), and everything above it is RL's. A run should show the
+training reward (`reward/mean`) rising to >= 0.9 well within `learner.steps`
+(in our runs SAO and GRPO passed 0.9 by the 15th policy update; the slow tests
+assert it per variant). Outputs go to runs/sanity_cpu/.
 """
 
 from sao_jax.config import (AlgorithmConfig, Config, DataConfig, EnvConfig, LearnerConfig,
@@ -28,13 +28,13 @@ def sanity_config(variant: str = "sao") -> Config:
                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                         head_dim=16, max_position_embeddings=128, logits_chunk=128),
       algorithm=AlgorithmConfig.for_variant(variant),
-      learner=LearnerConfig(batch_trajectories=32, steps=40, policy_lr=1e-3, value_lr=1e-3,
+      learner=LearnerConfig(batch_trajectories=32, steps=40, policy_lr=3e-3, value_lr=1e-3,
                             critic_warmup_steps=3, grad_clip=1.0),
       env=EnvConfig(name="sanity", max_turns=1),
       data=DataConfig(max_lag=4, length_buckets=(48, 64), transport_capacity=64),
       sampler=SamplerConfig(slots=16, max_seq_len=64, prefill_buckets=(48, 64),
                             steps_per_call=1, max_new_tokens=1, stop_patterns=()),
-      run=RunConfig(run_dir="runs/sanity_cpu", sft_steps=60, sft_lr=3e-3, sft_batch=32,
+      run=RunConfig(run_dir="runs/sanity_cpu", sft_steps=100, sft_lr=3e-3, sft_batch=32,
                     eval_every=0, eval_episodes=64),
   )
 

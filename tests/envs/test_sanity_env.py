@@ -11,6 +11,7 @@ def test_reward_is_one_exactly_for_the_named_word():
   task = next(registry.make_tasks(EnvConfig(name="sanity", seed=3)))
   assert task == sanity.generate_task(0, seed=3) and task.prompt.endswith(f" {task.answer}.")
   other = next(w for w in sanity.WORDS if w != task.answer)
+  assert task.answer == sanity.TARGET
   for action, reward in ((task.answer, 1.0), (f" {task.answer}\n", 1.0), (other, 0.0),
                          (f"{task.answer} {task.answer}", 0.0), ("", 0.0)):
     messages = env.reset(task)
@@ -27,7 +28,6 @@ def test_demonstrations_teach_the_format_not_the_answer():
             for t in tasks]
   hits = sum(p.result.reward for p in played) / len(played)
   assert abs(hits - 1 / len(sanity.WORDS)) < 0.04, hits
-  answers = collections.Counter(t.answer for t in tasks)
+  assert {t.answer for t in tasks} == {sanity.TARGET}
   demos = collections.Counter(sanity.demonstration(t)[0] for t in tasks)
-  assert set(answers) == set(demos) == set(sanity.WORDS)
-  assert min(demos.values()) > 0.2 * len(tasks) and min(answers.values()) > 0.2 * len(tasks)
+  assert set(demos) == set(sanity.WORDS) and min(demos.values()) > 0.2 * len(tasks)

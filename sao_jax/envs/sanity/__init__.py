@@ -1,17 +1,24 @@
-"""A sanity setting where RL alone does the learning: "answer with the word named".
+"""A sanity setting where RL alone does the learning: a four-armed bandit in chat form.
 
-One turn per episode, no tool and no sandbox: the prompt names one of `WORDS`
-("Answer with the word blue."); the reward is 1 if the reply, stripped of
-surrounding whitespace, is exactly that word, else 0 (checked in microseconds).
-The optimum is reward 1 on every task.
+One turn per episode, no tool and no sandbox: every prompt says "Answer with the
+word red." (`TARGET`); the reward is 1 if the reply, stripped of surrounding
+whitespace, is exactly that word, else 0 (checked in microseconds). The optimum
+is reward 1 on every task.
 
 Demonstrations (`demonstration`, the SFT warm-start's scripted answers) teach
-only the format: each answers with a word drawn from `WORDS` by a hash of the
-task id, independently of the word the prompt names. A warm-started policy
-therefore answers with some word of the list and stops, but picks it at chance
-(expected sampled reward 1 / len(WORDS) = 0.25): the gain above chance can only
-come from RL. From that start every variant should reach a sampled training
-reward near 1 within a few dozen steps (`configs/sanity_cpu.py`).
+only the format: each answers with one of `WORDS` drawn by a hash of the task
+id, whatever the prompt says. A warm-started policy therefore answers with a
+word of the list and stops, but picks it at chance (expected sampled reward
+1 / len(WORDS) = 0.25): the gain above chance can only come from RL. From that
+start every variant should reach a sampled training reward near 1 within a few
+dozen steps (`configs/sanity_cpu.py`).
+
+Why one target word and not a different word per prompt: with the named word
+drawn from `WORDS` per task (a contextual bandit: the policy must also learn to
+read the prompt), neither SAO nor GRPO rose above chance within 100 steps at
+policy learning rates 1e-3 or 3e-3 on the sanity model, and at 1e-2 both lost
+entropy to one answer within ~10 steps. That setting tests representation
+learning as much as RL; this one isolates the RL update.
 """
 
 from __future__ import annotations
@@ -24,14 +31,14 @@ from typing import Iterator
 from sao_jax.envs.base import Environment, Message, StepResult, Task
 
 WORDS = ("red", "blue", "green", "gold")
+TARGET = WORDS[0]
 SYSTEM_PROMPT = "Reply with one word."
 
 
 def generate_task(index: int, *, seed: int = 0) -> Task:
-  """The `index`-th task for `seed` (string-seeded, so the same on any machine)."""
-  word = random.Random(f"sao-sanity/{seed}/{index}").choice(WORDS)
-  return Task(id=f"sanity-s{seed}-{index}", prompt=f"Answer with the word {word}.", answer=word,
-              metadata=types.MappingProxyType({}))
+  """The `index`-th task for `seed`: all name `TARGET`; ids differ (demonstrations hash them)."""
+  return Task(id=f"sanity-s{seed}-{index}", prompt=f"Answer with the word {TARGET}.",
+              answer=TARGET, metadata=types.MappingProxyType({}))
 
 
 def iterate_generated(*, seed: int = 0) -> Iterator[Task]:
@@ -41,8 +48,8 @@ def iterate_generated(*, seed: int = 0) -> Iterator[Task]:
 
 
 def demonstration(task: Task) -> list[str]:
-  """One assistant turn in the answer format, with a word chosen independently of
-  the one the prompt names (module docstring): format, not the answer."""
+  """One assistant turn in the answer format, with a word of `WORDS` drawn from the
+  task id alone (module docstring): format, not the answer."""
   return [random.Random(f"sao-sanity-demo/{task.id}").choice(WORDS)]
 
 
