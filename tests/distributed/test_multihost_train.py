@@ -38,8 +38,11 @@ def free_port() -> int:
 def device_metrics(run_dir: pathlib.Path) -> list[dict]:
   """Per-step metrics of the train step itself (not the host's data metrics)."""
   rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-  host = ("staleness/", "batch/", "dropped/", "time/", "perf/")
-  return [{k: v for k, v in row.items() if k != "time" and not k.startswith(host)}
+  host = ("staleness/", "batch/", "dropped/", "time/", "perf/", "episodes/")
+  # NaN (an undefined metric, e.g. mismatch/lag0_abs_logp without lag-0 tokens)
+  # as text, so that equal rows compare equal.
+  return [{k: "nan" if v != v else v for k, v in row.items()
+           if k != "time" and not k.startswith(host)}
           for row in rows if "loss/value" in row or "reward/mean" in row]
 
 
