@@ -80,6 +80,15 @@ TASK_SOURCES: dict[str, dict[str, Callable[[EnvConfig], Iterator[Task]]]] = {
     },
 }
 
+# Scripted ideal turns per environment (task -> the assistant turns that earn full
+# reward): what the SFT warm-start (`sao_jax.warm_start`) imitates and a run's own
+# tokenizer is trained on.
+DEMONSTRATIONS: dict[str, Callable[[Task], list[str]]] = {
+    "math_tool": math_tasks.demonstration,
+    "coding": coding_generator.solution_actions,
+    "style": style.demonstration,
+}
+
 
 def _known(name: str, table: dict, what: str) -> None:
   if name not in table:

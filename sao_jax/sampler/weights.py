@@ -31,7 +31,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from sao_jax.checkpoint import storage_path
+from sao_jax.storage import storage_path
 from sao_jax.config import SamplerConfig
 from sao_jax.sampler import weights_net
 
@@ -199,6 +199,18 @@ def make_publisher(cfg: SamplerConfig, template: Any):
   host = "0.0.0.0" if cfg.weights_addresses else "127.0.0.1"
   return weights_net.NetworkWeights(template, host=host, port=cfg.weights_port,
                                     addresses=cfg.weights_addresses)
+
+
+def remote_spec(cfg: SamplerConfig, template: Any):
+  """The spec a sampler on another host (`sao-sampler`) subscribes with to the
+  channel `cfg.weights` names: the learner hosts' network servers or the shared
+  directory (shared memory reaches only the learner's own processes)."""
+  if cfg.weights == "network":
+    return weights_net.NetworkSpec(tuple(cfg.weights_addresses), template)
+  if cfg.weights == "directory":
+    return DirectorySpec(str(storage_path(cfg.weights_dir)), template)
+  raise ValueError(f"sampler.weights={cfg.weights!r} cannot reach a sampler on another host; "
+                   "set sampler.weights='network' or 'directory'")
 
 
 def subscribe(spec: SharedMemorySpec | DirectorySpec | weights_net.NetworkSpec):

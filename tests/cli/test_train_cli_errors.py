@@ -47,7 +47,7 @@ def test_jsonl_with_a_bad_row_names_its_line(tmp_path, capsys):
 
 
 def test_existing_checkpoints_are_looked_up_in_the_bucket(monkeypatch, capsys):
-  from sao_jax import checkpoint
+  from sao_jax import train
 
   class Bucket:  # what storage_path returns for gs:// (an epath.Path), without the network
     def __init__(self, url):
@@ -62,7 +62,7 @@ def test_existing_checkpoints_are_looked_up_in_the_bucket(monkeypatch, capsys):
     def __str__(self):
       return self.url
 
-  monkeypatch.setattr(checkpoint, "storage_path", Bucket)
+  monkeypatch.setattr(train, "storage_path", Bucket)
   with pytest.raises(SystemExit) as exit_info:
     train_cli.main(["--config", DEMO, "--set", "checkpoint.directory=gs://bucket/run/ckpt"])
   assert exit_info.value.code == 2

@@ -45,12 +45,11 @@ def device_metrics(run_dir: pathlib.Path) -> list[dict]:
 
 @pytest.mark.slow  # three JAX processes on 2 cores, a train step compiled per learner host
 def test_two_process_learner_and_remote_sampler(tmp_path):
-  from sao_jax import train
+  from sao_jax import warm_start
   from sao_jax.config import load_config
 
-  tokenizer = tmp_path / "tokenizer"
-  tokenizer.mkdir()
-  train.prepare_tokenizer(load_config(CONFIG, MODEL), tokenizer)  # shared by all three
+  tokenizer = tmp_path / "tokenizer"  # shared by all three: written as that run's own copy
+  warm_start.prepare_tokenizer(load_config(CONFIG, MODEL + [f"run.run_dir={tokenizer}"]))
   ports = [free_port() for _ in range(2)]
   common = MODEL + [
       f"run.tokenizer={tokenizer / 'tokenizer.json'}", "run.num_samplers=0", "run.eval_every=0",
