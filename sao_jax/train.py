@@ -41,7 +41,9 @@ from sao_jax.config import Config
 from sao_jax.data import pipeline
 from sao_jax.data.records import Trajectory
 from sao_jax.data.transport import DirectoryTransport, QueueTransport
-from sao_jax.envs import coding_generator, math_tasks, style
+from sao_jax.envs.coding import generator as coding_generator
+from sao_jax.envs.math import tasks as math_tasks
+from sao_jax.envs.style import env as style
 from sao_jax.envs.base import play
 from sao_jax.envs.registry import make_env, make_tasks
 from sao_jax.evaluation import Evaluator
