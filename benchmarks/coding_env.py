@@ -31,7 +31,9 @@ import time
 import jax
 
 from sao_jax import config as C
-from sao_jax.envs import coding, coding_generator, sandbox
+from sao_jax.envs import sandbox
+from sao_jax.envs.coding import env as coding
+from sao_jax.envs.coding import generator as coding_generator
 from sao_jax.envs.base import play
 from sao_jax.models.tokenizer import train_tokenizer
 from sao_jax.models.transformer import init_params

@@ -20,7 +20,7 @@ are the visible tests and the hidden tests use the same names. Each test checks
 one call against the correct function's result with exactly the same builtin
 types, so an object whose `==` always holds cannot pass. Hidden tests cover
 every case (the template's edge cases plus random ones); visible tests cover a
-few. Tasks carry their files in memory (`coding_tasks` describes the metadata)
+few. Tasks carry their files in memory (`sao_jax.envs.coding.tasks` describes the metadata)
 and their fix as `metadata["fix"]`: whole-function `{"path", "old", "new"}`
 edits.
 
@@ -36,11 +36,13 @@ import random
 import types
 from typing import Any, Callable, Iterator
 
-from sao_jax.envs import coding_bugs, tasks
+from sao_jax.config.env import ENV_CODING_BUG_KINDS
+from sao_jax.envs import tasks
 from sao_jax.envs.base import Task
-from sao_jax.envs.coding_tools import format_tool_call
+from sao_jax.envs.coding import bugs as coding_bugs
+from sao_jax.envs.coding.tools import format_tool_call
 
-KINDS = coding_bugs.KINDS + ("mixed",)
+KINDS = ENV_CODING_BUG_KINDS
 MAX_DIFFICULTY = 5
 TESTS_DIR = "tests"
 # difficulty -> (functions, modules, bugs)
@@ -182,7 +184,7 @@ def solution_actions(task: Task) -> list[str]:
   fix = task.metadata.get("fix")
   if not fix:
     raise ValueError(f"task {task.id!r} has no 'fix' in its metadata; only generated tasks "
-                     "(coding_generator.generate_task) carry their fix.")
+                     "(sao_jax.envs.coding.generator.generate_task) carry their fix.")
   actions = []
   for edit in fix:
     actions.append(f"Let me read {edit['path']}.\n\n" + format_tool_call("view", path=edit["path"]))

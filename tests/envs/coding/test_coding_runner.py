@@ -4,7 +4,8 @@ import os
 
 import pytest
 
-from sao_jax.envs import coding_runner, sandbox
+from sao_jax.envs import sandbox
+from sao_jax.envs.coding import runner as coding_runner
 
 LIMITS = sandbox.SandboxLimits(wall_time_s=5.0, cpu_time_s=1, memory_mb=256)
 

@@ -8,7 +8,9 @@ import tarfile
 
 import pytest
 
-from sao_jax.envs import coding_bugs, coding_generator, coding_tasks
+from sao_jax.envs.coding import bugs as coding_bugs
+from sao_jax.envs.coding import generator as coding_generator
+from sao_jax.envs.coding import tasks as coding_tasks
 
 HIDDEN = "from calc import add\n\n\ndef test_small():\n    assert add(1, 2) == 3\n"
 

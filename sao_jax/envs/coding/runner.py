@@ -35,7 +35,7 @@ import json
 import os
 import secrets
 
-from sao_jax.envs import math_tool, sandbox
+from sao_jax.envs import sandbox
 
 # Failure details (captured output, traceback) kept per test, from the end.
 _DETAIL_CHARS = 2000
@@ -171,7 +171,7 @@ def run_test_file(root: str, path: str, source: str,
   report += [f"FAIL {name} (no result: the test process ended before this test finished)"
              for name in expected if name not in verdicts]
   passed = frozenset(name for name, verdict in verdicts.items() if verdict == "PASS")
-  body = math_tool.format_tool_output(
+  body = sandbox.format_tool_output(
       dataclasses.replace(result, stdout="\n".join(report).strip("\n")), limits)
   header = f"{path}: {len(passed)} of {len(expected)} tests passed"
   return FileResult(path=path, names=expected, passed=passed, report=f"{header}\n{body}")

@@ -5,9 +5,12 @@ import json
 import os
 import re
 
-from sao_jax.envs import coding, coding_generator, coding_tasks, sandbox
+from sao_jax.envs import sandbox
+from sao_jax.envs.coding import env as coding
+from sao_jax.envs.coding import generator as coding_generator
+from sao_jax.envs.coding import tasks as coding_tasks
 from sao_jax.envs.base import play
-from sao_jax.envs.coding_tools import format_tool_call as call
+from sao_jax.envs.coding.tools import format_tool_call as call
 
 LIMITS = sandbox.SandboxLimits(wall_time_s=5.0, cpu_time_s=1, memory_mb=256, max_output_bytes=2000)
 SUBMIT = call("submit")

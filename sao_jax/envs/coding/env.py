@@ -1,14 +1,14 @@
 r"""Coding agent environment (SWE-style, SAO.md §6): fix a repository with tools.
 
 An episode works on a fresh copy of the task's repository with the visible
-tests at `<tests_dir>/` (task formats: `coding_tasks`, generated tasks:
-`coding_generator`). Each assistant turn may hold one tool call, a fenced block
+tests at `<tests_dir>/` (task formats: `tasks`, generated tasks:
+`generator`). Each assistant turn may hold one tool call, a fenced block
 
     ```tool
     {"name": "edit", "args": {"path": "mathutil.py", "old": "b + 1", "new": "b"}}
     ```
 
-(format and parsing rules: `coding_tools`; only the first block of a turn
+(format and parsing rules: `tools`; only the first block of a turn
 runs). Tools, with their arguments (`?` = optional):
 
 - `list {path?="."}`: files and directories under `path`.
@@ -17,7 +17,7 @@ runs). Tools, with their arguments (`?` = optional):
 - `edit {path, old, new}`: replace the one occurrence of `old` in a file.
 - `create {path, content}`: create a new file (not overwrite one).
 - `run_tests {path?}`: run one test file, or every visible test file
-  (`coding_runner`), and report each test.
+  (`runner`), and report each test.
 - `python {code}`: run Python in the sandbox (`sao_jax.envs.sandbox`) with the
   repository copy as working directory and first `sys.path` entry.
 - `submit {}`: end the episode and grade it.
@@ -39,7 +39,7 @@ grading copy cannot be made; the task has no hidden tests) is
 `StepResult.fail`, not reward 0. So is a sandbox harness failure during
 `run_tests` or `python`.
 
-Containment: file tools are confined to the copy (`coding_tools.Workspace`);
+Containment: file tools are confined to the copy (`tools.Workspace`);
 `run_tests` and `python` run under the sandbox's limits (time, memory, output,
 no network, no writes outside the copy); the episode's directory is deleted when
 the episode ends, on the next `reset`, on `close()` or when the environment is
@@ -53,9 +53,10 @@ import shutil
 import tempfile
 import weakref
 
-from sao_jax.envs import coding_runner, coding_tasks, math_tool, sandbox
+from sao_jax.envs import sandbox
 from sao_jax.envs.base import Environment, Message, StepResult, Task
-from sao_jax.envs.coding_tools import ToolCall, ToolError, Workspace, parse_tool_call
+from sao_jax.envs.coding import runner, tasks
+from sao_jax.envs.coding.tools import ToolCall, ToolError, Workspace, parse_tool_call
 
 SYSTEM_PROMPT = """\
 You are fixing a bug in a Python repository. Use tools: a message may contain one tool call, \
@@ -109,7 +110,7 @@ class CodingEnv(Environment):
     self._cleanup = weakref.finalize(self, shutil.rmtree, self.episode_dir, True)
     self.tests_dir = task.metadata["tests_dir"]
     task_files = os.path.join(self.episode_dir, "task")
-    coding_tasks.materialize(task, task_files)
+    tasks.materialize(task, task_files)
     root = os.path.join(self.episode_dir, "work")
     os.rename(os.path.join(task_files, "repo"), root)
     os.rename(os.path.join(task_files, "tests_visible"), os.path.join(root, self.tests_dir))
@@ -152,7 +153,7 @@ class CodingEnv(Environment):
     if call.name == "python":
       result = sandbox.run_python(call.args["code"], self.sandbox_limits,
                                   workdir=self.workspace.root)
-      return self._relative(math_tool.format_tool_output(result, self.sandbox_limits))
+      return self._relative(sandbox.format_tool_output(result, self.sandbox_limits))
     tool = {"list": self.workspace.list, "view": self.workspace.view,
             "search": self.workspace.search, "edit": self.workspace.edit,
             "create": self.workspace.create}[call.name]
@@ -160,13 +161,13 @@ class CodingEnv(Environment):
 
   def _run_visible_tests(self, path: str | None) -> str:
     root = self.workspace.root
-    paths = coding_runner.discover(root, self.tests_dir) if path is None else [path]
+    paths = runner.discover(root, self.tests_dir) if path is None else [path]
     if not paths:
       raise ToolError(f"no test*.py files in {self.tests_dir}/; pass a test file as path.")
     results = []
     for rel in paths:
       source = self.workspace.read_text(rel)
-      results.append(coding_runner.run_test_file(
+      results.append(runner.run_test_file(
           root, os.path.relpath(self.workspace.resolve(rel), root), source, self.sandbox_limits))
     passed = sum(len(r.passed) for r in results)
     total = sum(len(r.names) for r in results)
@@ -197,13 +198,13 @@ class CodingEnv(Environment):
     task_files = os.path.join(self.episode_dir, "task")
     grading = os.path.join(self.episode_dir, "grade")
     passed = total = 0
-    for rel in coding_runner.discover(task_files, "tests_hidden"):
-      coding_tasks.copy_tree(self.workspace.root, grading, skip=(self.tests_dir,))
-      coding_tasks.copy_tree(os.path.join(task_files, "tests_hidden"),
+    for rel in runner.discover(task_files, "tests_hidden"):
+      tasks.copy_tree(self.workspace.root, grading, skip=(self.tests_dir,))
+      tasks.copy_tree(os.path.join(task_files, "tests_hidden"),
                              os.path.join(grading, self.tests_dir))
       with open(os.path.join(task_files, rel), encoding="utf-8") as f:
         source = f.read()
-      result = coding_runner.run_test_file(
+      result = runner.run_test_file(
           grading, os.path.join(self.tests_dir, os.path.basename(rel)), source,
           self.sandbox_limits)
       shutil.rmtree(grading)

@@ -9,7 +9,7 @@ from sao_jax.envs import sandbox
 
 LIMITS = sandbox.SandboxLimits(wall_time_s=3.0, cpu_time_s=1, memory_mb=256,
                                max_output_bytes=1000)
-PROJECT_FILE = pathlib.Path(__file__).resolve().parents[2] / "pyproject.toml"
+PROJECT_FILE = pathlib.Path(__file__).resolve().parents[3] / "pyproject.toml"
 
 
 def run(code, limits=LIMITS):
@@ -133,12 +133,12 @@ def test_limits_cannot_be_raised_from_inside():
 
 
 def test_invalid_limits_name_the_field():
-  with pytest.raises(ValueError, match="sandbox.cpu_time_s=0"):
+  with pytest.raises(ValueError, match="env.tool.cpu_time_s=0"):
     run("print(1)", sandbox.SandboxLimits(cpu_time_s=0))
 
 
 def test_a_broken_interpreter_is_a_harness_error(monkeypatch):
-  monkeypatch.setattr(sandbox.sys, "executable", "/nonexistent/python")
+  monkeypatch.setattr(sandbox.process.sys, "executable", "/nonexistent/python")
   with pytest.raises(sandbox.SandboxError):
     run("print(1)")
 

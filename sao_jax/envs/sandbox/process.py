@@ -76,6 +76,8 @@ import sysconfig
 import tempfile
 import time
 
+from sao_jax.config.env import SandboxLimits
+
 # The bootstrap writes this to stderr right before running the code; its absence
 # means the harness, not the model, failed.
 _READY = "\x00sao-sandbox-ready\n"
@@ -91,32 +93,6 @@ _ISOLATE = ("unshare", "--net", "--pid", "--fork", "--kill-child",
             "--bounding-set=-all,+dac_read_search", "--no-new-privs")
 _READ_CHUNK = 65536
 _DRAIN_S = 5.0  # After a kill, how long to wait for the pipes to close.
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SandboxLimits:
-  """Resource limits for one run. Sizes in MiB / bytes, times in seconds."""
-
-  wall_time_s: float = 10.0
-  cpu_time_s: int = 5
-  memory_mb: int = 1024
-  file_size_mb: int = 16
-  max_open_files: int = 64
-  max_output_bytes: int = 16384
-  # Let the code import the caller's installed packages (e.g. sympy, numpy),
-  # read-only. Off by default: the stdlib alone is the smaller surface.
-  site_packages: bool = False
-
-  def validate(self) -> None:
-    if not self.wall_time_s > 0:
-      raise ValueError(f"sandbox.wall_time_s={self.wall_time_s!r} is invalid: expected seconds > 0.")
-    for name in ("cpu_time_s", "memory_mb", "file_size_mb", "max_open_files", "max_output_bytes"):
-      value = getattr(self, name)
-      if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"sandbox.{name}={value!r} is invalid: expected a positive integer.")
-    if self.max_open_files < 16:
-      raise ValueError(f"sandbox.max_open_files={self.max_open_files!r} is invalid: the "
-                       "interpreter needs at least 16.")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,11 @@
+"""Run untrusted, model-written Python in a separate, limited process
+(`process`: what is enforced and by what) and turn the result into an
+observation (`output`)."""
+
+from sao_jax.config.env import SandboxLimits
+from sao_jax.envs.sandbox.output import format_tool_output
+from sao_jax.envs.sandbox.process import (SandboxError, SandboxResult, namespaces_available,
+                                          run_python)
+
+__all__ = ["SandboxError", "SandboxLimits", "SandboxResult", "format_tool_output",
+           "namespaces_available", "run_python"]
