@@ -187,18 +187,20 @@ def sft_warm_start(cfg: Config, tokenizer, policy: Params, demos: Iterator[list[
   return policy, record
 
 
-def _transport(cfg: Config):
+def _transport(cfg: Config, drops: pipeline.Drops):
   """The learner's end of the transport. A directory is partitioned between the
   learner hosts (each reads only its shard of the records, whole GRPO groups in
-  group mode) and reopened: a previous run's close marker would turn writers away."""
+  group mode) and reopened: a previous run's close marker would turn writers away.
+  Records it quarantines are counted in `drops`."""
   if cfg.data.transport == "queue":
     if jax.process_count() > 1:
       raise ValueError(f"data.transport='queue' cannot feed a learner of {jax.process_count()} "
                        "hosts; use data.transport='directory'")
     return QueueTransport(cfg.data.transport_capacity)
   transport = DirectoryTransport(
-      cfg.data.transport_dir, cfg.data.transport_capacity,
-      shard=(jax.process_index(), jax.process_count()), by_prompt=cfg.algorithm.group_size > 1)
+      cfg.data.transport_dir, cfg.data.transport_capacity, max_tokens=cfg.sampler.max_seq_len,
+      shard=(jax.process_index(), jax.process_count()), by_prompt=cfg.algorithm.group_size > 1,
+      drops=drops)
   transport.reopen()
   return transport
 
@@ -260,13 +262,13 @@ def run(cfg: Config, *, resume: bool = True, log=print) -> dict:
     return jax.device_put(state, compile_lib.state_shardings(cfg, mesh))
 
   publisher = weights.make_publisher(cfg.sampler, jax.eval_shape(lambda: initial_policy(cfg)))
-  transport = _transport(cfg)
+  drops = pipeline.Drops()
+  transport = _transport(cfg, drops)
   supervisor = SamplerSupervisor(
       [WorkerSpec(cfg=cfg, tokenizer_path=tokenizer_path, weights=publisher.spec,
                   transport=transport, worker_id=i) for i in range(cfg.run.num_samplers)],
       log=log)
   published = {"version": -1}
-  drops = pipeline.Drops()
   batches = pipeline.learner_pipeline(
       transport, batch_size=batch_size, group_size=cfg.algorithm.group_size,
       max_lag=cfg.data.max_lag, buckets=cfg.data.length_buckets, pad_id=cfg.data.pad_id,

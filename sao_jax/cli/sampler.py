@@ -68,7 +68,8 @@ def run(cfg: Config, *, workers: int = 1, first_worker: int = 0, log=print,
 
   stop = stop or threading.Event()
   tokenizer = pathlib.Path(cfg.run.tokenizer or pathlib.Path(cfg.run.run_dir) / "tokenizer.json")
-  transport = DirectoryTransport(cfg.data.transport_dir, cfg.data.transport_capacity)
+  transport = DirectoryTransport(cfg.data.transport_dir, cfg.data.transport_capacity,
+                                 max_tokens=cfg.sampler.max_seq_len)
   if not (_wait_for(f"the tokenizer {tokenizer} (the learner writes it)", tokenizer.exists,
                     stop, log)
           and _wait_for(f"the learner to reopen {transport.directory} (a previous run closed "
