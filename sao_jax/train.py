@@ -277,8 +277,11 @@ def run(cfg: Config, *, resume: bool = True, log=print) -> dict:
                         if cfg.algorithm.variant == "running_mean" else None),
       batch_tokens=batch_tokens, row_length=cfg.learner.row_length)
   # Padding share per batch: what bucketing wastes and packing (learner.batch_tokens) saves.
+  # Weight-channel connection errors by reason (a network publisher counts them).
+  peer_errors = getattr(publisher, "stats", {})
   with_host_metrics = ((batch, {**batch_metrics(info, drops),
-                                "batch/padding_frac": info.padding_fraction})
+                                "batch/padding_frac": info.padding_fraction,
+                                **{f"weights/errors/{k}": float(v) for k, v in peer_errors.items()}})
                        for batch, info in batches)
   summary: dict = {}
 
@@ -330,7 +333,8 @@ def run(cfg: Config, *, resume: bool = True, log=print) -> dict:
     publisher.close()
     logger.close()
   summary.update({"steps_done": result.steps_done, "stopped_by": result.stopped_by,
-                  "dropped": dict(drops), "sampler_restarts": supervisor.restarts,
+                  "dropped": dict(drops), "weight_channel_errors": dict(peer_errors),
+                  "sampler_restarts": supervisor.restarts,
                   "plot": str(plot_curves(run_dir))})
   (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
   return summary

@@ -63,7 +63,7 @@ def run(cfg: Config, *, workers: int = 1, first_worker: int = 0, log=print,
   from sao_jax.checkpoint import storage_path
   from sao_jax.data.transport import DirectoryTransport
   from sao_jax.models.transformer import abstract_params
-  from sao_jax.sampler import weights, weights_net
+  from sao_jax.sampler import weights, weights_net, weights_wire
   from sao_jax.sampler.worker import SamplerSupervisor, WorkerSpec
 
   stop = stop or threading.Event()
@@ -77,7 +77,8 @@ def run(cfg: Config, *, workers: int = 1, first_worker: int = 0, log=print,
     return 0
   template = abstract_params(cfg.model, "lm")  # what the learner publishes: the policy
   if cfg.sampler.weights == "network":
-    spec = weights_net.NetworkSpec(tuple(cfg.sampler.weights_addresses), template)
+    spec = weights_net.NetworkSpec(tuple(cfg.sampler.weights_addresses), template,
+                                   secret=weights_wire.load_secret(cfg.sampler))
   else:
     spec = weights.DirectorySpec(str(storage_path(cfg.sampler.weights_dir)), template)
   supervisor = SamplerSupervisor(

@@ -195,10 +195,7 @@ def make_publisher(cfg: SamplerConfig, template: Any):
     return SharedMemoryWeights(template)
   if cfg.weights == "directory":
     return DirectoryWeights(cfg.weights_dir, template)
-  # Samplers on other hosts need every interface; same-host ones only loopback.
-  host = "0.0.0.0" if cfg.weights_addresses else "127.0.0.1"
-  return weights_net.NetworkWeights(template, host=host, port=cfg.weights_port,
-                                    addresses=cfg.weights_addresses)
+  return weights_net.from_config(cfg, template)
 
 
 def subscribe(spec: SharedMemorySpec | DirectorySpec | weights_net.NetworkSpec):
