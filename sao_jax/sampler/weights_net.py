@@ -86,6 +86,8 @@ def _first_difference(got: list[dict], want: list[dict]) -> str | None:
   if len(got) != len(want):
     return f"{len(got)} leaves instead of {len(want)}"
   for g, w in zip(got, want):
+    if not isinstance(g, dict) or g.keys() != w.keys():
+      return f"a leaf described as {str(g)[:80]} where {w['path']} is expected"
     if g != w:
       return f"leaf {g['path']} {tuple(g['shape'])} {g['dtype']} where {w['path']} " \
              f"{tuple(w['shape'])} {w['dtype']} is expected"
@@ -154,8 +156,11 @@ class _Handler(socketserver.BaseRequestHandler):
     try:
       wire.server_handshake(sock, channel._secret)
       while True:
-        payload = wire.recv_frame(sock, wire.MAX_REQUEST_BYTES,
-                                  time.monotonic() + _IDLE_SECONDS)
+        try:
+          payload = wire.recv_frame(sock, wire.MAX_REQUEST_BYTES,
+                                    time.monotonic() + _IDLE_SECONDS)
+        except TimeoutError:
+          return  # idle (e.g. held back by a full transport): it reconnects when it polls
         if payload is None:
           return  # the subscriber closed between requests
         request = wire.parse(payload, wire.MAX_REQUEST_BYTES, "request")
@@ -208,6 +213,7 @@ class NetworkWeights:
     self._lock = threading.Lock()
     self._connections: set[socket.socket] = set()
     self.stats: collections.Counter = collections.Counter()  # connection errors by reason
+    self._stats_lock = threading.Lock()
     self._keep, self.timeout = keep, timeout
     # Read once here: server threads must not touch the JAX runtime.
     self._process = {"process_index": jax.process_index(), "process_count": jax.process_count()}
@@ -226,7 +232,8 @@ class NetworkWeights:
                             secret=secret)
 
   def _count(self, error: PeerError, client_address) -> None:
-    wire.count_error(self.stats, error, f"subscriber {client_address[0]}:{client_address[1]}")
+    with self._stats_lock:  # handler threads count concurrently
+      wire.count_error(self.stats, error, f"subscriber {client_address[0]}:{client_address[1]}")
 
   @property
   def versions(self) -> list[int]:
@@ -355,7 +362,7 @@ class NetworkSubscriber:
         return None
       leaves = self._fetch(version)
     except PeerError as error:  # its connection is closed: the stream position is lost
-      wire.count_error(self.stats, error, "weight channel subscriber")
+      wire.count_error(self.stats, error, "subscriber")
       return None
     if leaves is None:
       return None
