@@ -122,10 +122,15 @@ class DirectoryTransport:
     self._seq = 0
     self.shard, self.by_prompt = shard, by_prompt
 
+  def __getstate__(self) -> dict:
+    # The reader's drop counter stays with the reader (a copy writes, never quarantines).
+    return {**self.__dict__, "drops": None}
+
   def __setstate__(self, state: dict) -> None:
     """A copy in another process (a spawned sampler, or its restart) is a new writer:
     with the sender's id and counter it would overwrite the sender's unread records."""
     self.__dict__.update(state)
+    self.drops = collections.Counter()
     self._writer_id = f"{state['_writer_id']}.{uuid.uuid4().hex[:8]}"
     self._seq = 0
 

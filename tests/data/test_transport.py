@@ -100,7 +100,8 @@ def test_directory_readers_split_the_records_without_overlap(tmp_path, by_prompt
 
 
 def test_directory_copies_in_other_processes_are_new_writers(tmp_path):
-  writer = DirectoryTransport(tmp_path, capacity=8, max_tokens=MAX_TOKENS)
+  # The learner's end, with its pipeline's drop counter, is what spawned samplers get.
+  writer = DirectoryTransport(tmp_path, capacity=8, max_tokens=MAX_TOKENS, drops=pipeline.Drops())
   copies = [pickle.loads(pickle.dumps(writer)) for _ in range(2)]
   for seed, copy in enumerate(copies):  # same sequence number 0 in each copy
     copy.put(make_traj(seed=seed))
