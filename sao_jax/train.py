@@ -276,12 +276,13 @@ def run(cfg: Config, *, resume: bool = True, log=print) -> dict:
       num_prompt_slots=(cfg.algorithm.running_mean_slots
                         if cfg.algorithm.variant == "running_mean" else None),
       batch_tokens=batch_tokens, row_length=cfg.learner.row_length)
-  # Padding share per batch: what bucketing wastes and packing (learner.batch_tokens) saves.
   # Weight-channel connection errors by reason (a network publisher counts them).
   peer_errors = getattr(publisher, "stats", {})
+  # Padding share per batch: what bucketing wastes and packing (learner.batch_tokens) saves.
   with_host_metrics = ((batch, {**batch_metrics(info, drops),
                                 "batch/padding_frac": info.padding_fraction,
-                                **{f"weights/errors/{k}": float(v) for k, v in peer_errors.items()}})
+                                **{f"weights/errors/{k}": float(v)
+                                   for k, v in peer_errors.items()}})
                        for batch, info in batches)
   summary: dict = {}
 

@@ -205,8 +205,12 @@ class NetworkWeights:
       if not wire.is_loopback(host):
         raise ValueError(f"weight channel: serving on {host} (other hosts) needs a shared "
                          "secret; set sampler.weights_secret_file (create it with "
-                         "`head -c 32 /dev/urandom > weights.secret`) or sampler.weights_secret_env")
+                         "`head -c 32 /dev/urandom > weights.secret`) or "
+                         "sampler.weights_secret_env")
       secret = secrets.token_bytes(32)
+    if len(secret) < wire.MIN_SECRET_BYTES:
+      raise ValueError(f"weight channel: a secret of {len(secret)} bytes; it needs at least "
+                       f"{wire.MIN_SECRET_BYTES} (`head -c 32 /dev/urandom > weights.secret`)")
     self._secret, self.max_connections = secret, max_connections
     self._leaves = _describe(template)
     self._snapshots: dict[int, _Snapshot] = {}

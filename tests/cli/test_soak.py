@@ -15,6 +15,8 @@ import json
 import os
 import pathlib
 import socket
+import subprocess
+import sys
 import threading
 import time
 import zipfile
@@ -22,11 +24,9 @@ import zipfile
 import numpy as np
 import pytest
 
-from sao_jax import train
-from sao_jax.config import load_config
 from sao_jax.data import records
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+CONFIG = pathlib.Path(__file__).resolve().parents[2] / "configs" / "demo_cpu.py"
 STEPS = 4
 TINY = [
     "model.hidden_size=32", "model.intermediate_size=64", "model.head_dim=8",
@@ -61,8 +61,11 @@ def zip_bomb() -> bytes:
 
 def garbage_client(port: int, stop: threading.Event, sent: list) -> None:
   """Connects, sends one kind of garbage, disconnects; again until `stop`."""
-  attacks = [(1 << 40).to_bytes(8, "big"), frame(b"[" * 50_000 + b"]" * 50_000),
-             frame(json.dumps({"op": "get", "version": 0}).encode()), os.urandom(64)]
+  attacks = [(1 << 40).to_bytes(8, "big"),  # "a 1 TiB request follows": oversized
+             frame(b"[" * 200 + b"]" * 200),  # nesting: bad_frame
+             frame(b"\xff\xfe not JSON"),  # bad_frame
+             frame(json.dumps({"op": "get", "version": 0}).encode()),  # no handshake: bad_hello
+             os.urandom(64)]
   while not stop.wait(0.1):
     try:
       with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
@@ -93,22 +96,30 @@ def test_training_survives_garbage_peers_and_poisoned_records(tmp_path):
   transport_dir = tmp_path / "trajectories"
   transport_dir.mkdir()
   port = free_port()
-  cfg = load_config(ROOT / "configs" / "demo_cpu.py", TINY + [
+  overrides = TINY + [
       f"run.run_dir={tmp_path / 'run'}", "data.transport=directory",
       f"data.transport_dir={transport_dir}", "sampler.weights=network",
-      f"sampler.weights_port={port}"])
+      f"sampler.weights_port={port}"]
   stop, sent, written = threading.Event(), [], []
   attackers = [threading.Thread(target=garbage_client, args=(port, stop, sent), daemon=True),
                threading.Thread(target=poison_writer, args=(transport_dir, stop, written),
                                 daemon=True)]
   for thread in attackers:
     thread.start()
-  try:
-    summary = train.run(cfg, resume=False, log=print)
+  log = tmp_path / "train.log"
+  args = [sys.executable, "-m", "sao_jax.cli.train", "--config", str(CONFIG)]
+  args += [a for o in overrides for a in ("--set", o)]
+  try:  # a subprocess, so a hang fails the test instead of stalling the suite
+    with log.open("w") as out:
+      process = subprocess.run(args, stdout=out, stderr=subprocess.STDOUT, timeout=1200,
+                               env={**os.environ, "JAX_PLATFORMS": "cpu",
+                                    "PYTHONUNBUFFERED": "1"})
   finally:
     stop.set()
     for thread in attackers:
       thread.join(timeout=10)
+  assert process.returncode == 0, log.read_text()[-3000:]
+  summary = json.loads((tmp_path / "run" / "summary.json").read_text())
 
   assert summary["steps_done"] == STEPS and summary["stopped_by"] == "steps", summary
   assert summary["sampler_restarts"] == 0, summary
@@ -123,7 +134,8 @@ def test_training_survives_garbage_peers_and_poisoned_records(tmp_path):
   assert dropped and set(dropped) <= {"quarantined_unreadable", "quarantined_bad_name",
                                       "quarantined_oversized"}, summary["dropped"]
   assert sum(dropped.values()) == len(quarantined)
-  rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+  metrics = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+  rows = [json.loads(line) for line in metrics]
   last = [r for r in rows if "reward/mean" in r][-1]
   assert any(k.startswith("dropped/quarantined_") for k in last), last
   assert any(k.startswith("weights/errors/") for k in last), last

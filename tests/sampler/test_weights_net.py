@@ -247,6 +247,8 @@ def test_secret_from_the_environment_and_bad_secrets_are_named(tmp_path, monkeyp
       weights_wire.load_secret(cfg)
   with pytest.raises(ValueError, match="serving on 0.0.0.0 .* needs a shared secret"):
     weights_net.NetworkWeights(params(0), host="0.0.0.0")
+  with pytest.raises(ValueError, match="a secret of 4 bytes; it needs at least 16"):
+    weights_net.NetworkWeights(params(0), secret=b"1234")
 
 
 @pytest.mark.parametrize("fields, message", [
