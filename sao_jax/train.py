@@ -93,18 +93,22 @@ def run(cfg: Config, *, resume: bool = True, log=print) -> dict:
 
   publisher = weights.make_publisher(cfg.sampler,
                                      jax.eval_shape(lambda: warm_start.initial_policy(cfg)))
-  transport = learner_transport(cfg)
+  drops = pipeline.Drops()
+  transport = learner_transport(cfg, drops)
   supervisor = SamplerSupervisor(
       [WorkerSpec(cfg=cfg, tokenizer_path=cfg.run.tokenizer_file, weights=publisher.spec,
                   transport=transport, worker_id=i) for i in range(cfg.run.num_samplers)],
       log=log)
   published = {"version": -1}
-  drops = pipeline.Drops()
   batches = learner_batches(cfg, transport, current_version=lambda: published["version"],
                             drops=drops)
+  # Weight-channel connection errors by reason (a network publisher counts them).
+  peer_errors = getattr(publisher, "stats", {})
   # Padding share per batch: what bucketing wastes and packing (learner.batch_tokens) saves.
   with_host_metrics = ((batch, {**batch_metrics(info, drops),
-                                "batch/padding_frac": info.padding_fraction})
+                                "batch/padding_frac": info.padding_fraction,
+                                **{f"weights/errors/{k}": float(v)
+                                   for k, v in peer_errors.items()}})
                        for batch, info in batches)
   summary: dict = {}
 
@@ -156,7 +160,8 @@ def run(cfg: Config, *, resume: bool = True, log=print) -> dict:
     publisher.close()
     logger.close()
   summary.update({"steps_done": result.steps_done, "stopped_by": result.stopped_by,
-                  "dropped": dict(drops), "sampler_restarts": supervisor.restarts,
+                  "dropped": dict(drops), "weight_channel_errors": dict(peer_errors),
+                  "sampler_restarts": supervisor.restarts,
                   "plot": str(plot_curves(run_dir))})
   (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
   return summary

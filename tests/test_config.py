@@ -83,7 +83,8 @@ def test_samplers_elsewhere_need_a_directory_transport_and_a_remote_weight_chann
   with pytest.raises(ValueError, match=r"sampler.weights_addresses=\(\).*host:port"):
     dataclasses.replace(directory, sampler=cfg.SamplerConfig(weights="network")).validate()
   dataclasses.replace(directory, sampler=cfg.SamplerConfig(
-      weights="network", weights_addresses=("10.0.0.2:8477",))).validate()
+      weights="network", weights_addresses=("10.0.0.2:8477",),
+      weights_secret_env="SAO_WEIGHTS_SECRET")).validate()
   with pytest.raises(ValueError, match=r"run.num_samplers=-1"):
     cfg.RunConfig(num_samplers=-1).validate()
 

@@ -1,7 +1,7 @@
 """The learner's data path, built from the config: its end of the transport and
 its share of every batch.
 
-    transport = learner_transport(cfg)              # queue, or this host's directory shard
+    transport = learner_transport(cfg, drops)       # queue, or this host's directory shard
     batches   = learner_batches(cfg, transport, current_version=..., drops=...)
 
 Multi-host learner: every host builds the pipeline for its share of each batch
@@ -21,17 +21,19 @@ from sao_jax.data import pipeline
 from sao_jax.data.transport import DirectoryTransport, QueueTransport
 
 
-def learner_transport(cfg: Config):
+def learner_transport(cfg: Config, drops: pipeline.Drops):
   """The learner's end of the transport. A directory is partitioned between the
-  learner hosts and reopened: a previous run's close marker would turn writers away."""
+  learner hosts and reopened: a previous run's close marker would turn writers away.
+  Records it quarantines are counted in `drops`."""
   if cfg.data.transport == "queue":
     if jax.process_count() > 1:
       raise ValueError(f"data.transport='queue' cannot feed a learner of {jax.process_count()} "
                        "hosts; use data.transport='directory'")
     return QueueTransport(cfg.data.transport_capacity)
   transport = DirectoryTransport(
-      cfg.data.transport_dir, cfg.data.transport_capacity,
-      shard=(jax.process_index(), jax.process_count()), by_prompt=cfg.algorithm.group_size > 1)
+      cfg.data.transport_dir, cfg.data.transport_capacity, max_tokens=cfg.sampler.max_seq_len,
+      shard=(jax.process_index(), jax.process_count()), by_prompt=cfg.algorithm.group_size > 1,
+      drops=drops)
   transport.reopen()
   return transport
 

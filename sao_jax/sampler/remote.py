@@ -46,7 +46,8 @@ def run(cfg: Config, *, workers: int = 1, first_worker: int = 0, log=print,
   cfg.check_remote_samplers()
   stop = stop or threading.Event()
   tokenizer = pathlib.Path(cfg.run.tokenizer_source)
-  transport = DirectoryTransport(cfg.data.transport_dir, cfg.data.transport_capacity)
+  transport = DirectoryTransport(cfg.data.transport_dir, cfg.data.transport_capacity,
+                                 max_tokens=cfg.sampler.max_seq_len)
   if not (_wait_for(f"the tokenizer {tokenizer} (the learner writes it)", tokenizer.exists,
                     stop, log)
           and _wait_for(f"the learner to reopen {transport.directory} (a previous run closed "

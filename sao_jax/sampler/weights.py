@@ -33,7 +33,7 @@ import orbax.checkpoint as ocp
 
 from sao_jax.storage import storage_path
 from sao_jax.config import SamplerConfig
-from sao_jax.sampler import weights_net
+from sao_jax.sampler import weights_net, weights_wire
 
 _HEADER_WORDS = 8  # [latest_slot, version_0, version_1, seq_0, seq_1, ...]
 _HEADER_BYTES = _HEADER_WORDS * 8
@@ -195,10 +195,7 @@ def make_publisher(cfg: SamplerConfig, template: Any):
     return SharedMemoryWeights(template)
   if cfg.weights == "directory":
     return DirectoryWeights(cfg.weights_dir, template)
-  # Samplers on other hosts need every interface; same-host ones only loopback.
-  host = "0.0.0.0" if cfg.weights_addresses else "127.0.0.1"
-  return weights_net.NetworkWeights(template, host=host, port=cfg.weights_port,
-                                    addresses=cfg.weights_addresses)
+  return weights_net.from_config(cfg, template)
 
 
 def remote_spec(cfg: SamplerConfig, template: Any):
@@ -206,7 +203,8 @@ def remote_spec(cfg: SamplerConfig, template: Any):
   channel `cfg.weights` names: the learner hosts' network servers or the shared
   directory (shared memory reaches only the learner's own processes)."""
   if cfg.weights == "network":
-    return weights_net.NetworkSpec(tuple(cfg.weights_addresses), template)
+    return weights_net.NetworkSpec(tuple(cfg.weights_addresses), template,
+                                   secret=weights_wire.load_secret(cfg))
   if cfg.weights == "directory":
     return DirectorySpec(str(storage_path(cfg.weights_dir)), template)
   raise ValueError(f"sampler.weights={cfg.weights!r} cannot reach a sampler on another host; "
