@@ -4,8 +4,8 @@ observation (`output`)."""
 
 from sao_jax.config.env import SandboxLimits
 from sao_jax.envs.sandbox.output import format_tool_output
-from sao_jax.envs.sandbox.process import (SandboxError, SandboxResult, namespaces_available,
-                                          run_python)
+from sao_jax.envs.sandbox.process import (IsolationUnavailable, SandboxError, SandboxResult,
+                                          require_isolation, run_python)
 
-__all__ = ["SandboxError", "SandboxLimits", "SandboxResult", "format_tool_output",
-           "namespaces_available", "run_python"]
+__all__ = ["IsolationUnavailable", "SandboxError", "SandboxLimits", "SandboxResult",
+           "format_tool_output", "require_isolation", "run_python"]

@@ -95,7 +95,7 @@ def test_turn_without_code_or_answer_gets_a_reminder():
 
 
 def test_sandbox_harness_failure_is_an_environment_failure(monkeypatch):
-  def broken(code, limits):
+  def broken(code, limits, **kwargs):
     raise sandbox.SandboxError("interpreter missing")
   monkeypatch.setattr(sandbox, "run_python", broken)
   env = make_env()
