@@ -111,8 +111,8 @@ def require_isolation(isolation: str) -> None:
 
 def _read_roots(site_packages: bool) -> list[str]:
   """Directories the code may read: where this interpreter's stdlib lives."""
-  roots = {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"],
-           os.path.dirname(os.__file__)}
+  # Not "platstdlib": in a virtualenv that is the venv's lib/, site-packages included.
+  roots = {sysconfig.get_paths()["stdlib"], os.path.dirname(os.__file__)}
   roots.update(p for p in sys.path if p.endswith(("lib-dynload", ".zip")))
   if site_packages:
     roots.update((sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]))
