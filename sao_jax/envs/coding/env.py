@@ -49,7 +49,6 @@ garbage-collected.
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 import weakref
 
@@ -109,7 +108,7 @@ class CodingEnv(Environment):
   def _reset(self, task: Task) -> list[Message]:
     self.close()
     self.episode_dir = os.path.realpath(tempfile.mkdtemp(prefix="sao_coding_"))
-    self._cleanup = weakref.finalize(self, shutil.rmtree, self.episode_dir, True)
+    self._cleanup = weakref.finalize(self, sandbox.remove_tree, self.episode_dir)
     self.tests_dir = task.metadata["tests_dir"]
     task_files = os.path.join(self.episode_dir, "task")
     tasks.materialize(task, task_files)
@@ -213,7 +212,7 @@ class CodingEnv(Environment):
   def _grading_copy(self, sources: dict[str, bytes]) -> str:
     """A fresh directory holding only `sources` (the agent's `.py` files)."""
     grading = os.path.join(self.episode_dir, "grade")
-    shutil.rmtree(grading, ignore_errors=True)
+    sandbox.remove_tree(grading)
     grader.write_tree(sources, grading)
     return grading
 

@@ -5,7 +5,7 @@ observation (`output`)."""
 from sao_jax.config.env import SandboxLimits
 from sao_jax.envs.sandbox.output import format_tool_output
 from sao_jax.envs.sandbox.process import (IsolationUnavailable, SandboxError, SandboxResult,
-                                          require_isolation, run_python)
+                                          remove_tree, require_isolation, run_python)
 
 __all__ = ["IsolationUnavailable", "SandboxError", "SandboxLimits", "SandboxResult",
-           "format_tool_output", "require_isolation", "run_python"]
+           "format_tool_output", "remove_tree", "require_isolation", "run_python"]
