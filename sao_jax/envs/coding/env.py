@@ -18,8 +18,9 @@ runs). Tools, with their arguments (`?` = optional):
 - `create {path, content}`: create a new file (not overwrite one).
 - `run_tests {path?}`: run one test file, or every visible test file
   (`runner`), and report each test.
-- `python {code}`: run Python in the sandbox (`sao_jax.envs.sandbox`) with the
-  repository copy as working directory and first `sys.path` entry.
+- `python {code}`: run Python in the sandbox (`sao_jax.envs.sandbox`) on a
+  throwaway copy of the repository (working directory and first `sys.path`
+  entry); what it writes is discarded, only `edit` and `create` change files.
 - `submit {}`: end the episode and grade it.
 
 Observations have role "tool". A turn without a tool block gets a reminder of
@@ -28,22 +29,24 @@ edit text, out-of-range view, escaping path, ... gets an `error: ...`
 observation. Either way the episode goes on and the turn counts.
 
 Reward, at `submit` or when the turn budget runs out (the last turn's tool runs
-first): each hidden test file runs on its own fresh grading copy made of the
-agent's files minus its `<tests_dir>/`, plus the hidden tests at
-`<tests_dir>/`; test names come from the task's pristine copy. So editing or
-deleting tests never changes the reward, nor does code that rewrites test files
-while one of them runs. Reward 1 if every hidden test passes, else 0; with
-`partial_reward=True` the fraction that pass. A harness failure (the sandbox or
-test runner cannot start, e.g. killed by the time limit before it came up; the
-grading copy cannot be made; the task has no hidden tests) is
-`StepResult.fail`, not reward 0. So is a sandbox harness failure during
-`run_tests` or `python`.
+first), by `grader`: only the agent's `.py` files outside `<tests_dir>/` (the
+walk bounded by `walk`) reach a fresh grading copy. Generated tasks are graded
+by calls whose expected values never leave this process; task directories run
+each hidden test file on its own copy plus the hidden tests. Reward 1 if every
+hidden test passes, else 0; with `partial_reward=True` the fraction that pass.
+A working copy over the limits (too many or too deep files, too long paths, too
+many bytes) is reward 0 with `info["grading_error"]`: the agent's own doing. A
+harness failure (the sandbox or test runner cannot start, e.g. killed by the
+time limit before it came up; the grading copy cannot be written; the task has
+no hidden tests) is `StepResult.fail`, not reward 0. So is a sandbox harness
+failure during `run_tests` or `python`.
 
-Containment: file tools are confined to the copy (`tools.Workspace`);
-`run_tests` and `python` run under the sandbox's limits (time, memory, output,
-no network, no writes outside the copy); the episode's directory is deleted when
-the episode ends, on the next `reset`, on `close()` or when the environment is
-garbage-collected.
+Containment: file tools are confined to the copy (`tools.Workspace`) and bounded
+(`walk`); `run_tests`, `python` and grading run in the kernel sandbox
+(`sao_jax.envs.sandbox`: only their own copy is mounted, so episodes never see
+each other's files and the hidden tests are never there); the episode's
+directory (which only this process can enter) is deleted when the episode ends,
+on the next `reset`, on `close()` or when the environment is garbage-collected.
 """
 
 from __future__ import annotations

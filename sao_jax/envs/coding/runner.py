@@ -24,7 +24,9 @@ anything. No START line means the runner itself never came up: that raises
 
 Not enforced: the code under test shares the runner's interpreter, so code
 written to inspect the runner's frames could read the mark and forge verdicts.
-As with pytest-based graders, a test is only as strong as in-process isolation.
+As with pytest-based graders, a test is only as strong as in-process isolation;
+that is why generated tasks are graded by `grader.grade_calls` instead, and
+this runner grades only task directories with arbitrary test files.
 """
 
 from __future__ import annotations
