@@ -4,8 +4,9 @@ observation (`output`)."""
 
 from sao_jax.config.env import SandboxLimits
 from sao_jax.envs.sandbox.output import format_tool_output
+from sao_jax.envs.sandbox.files import remove_tree
 from sao_jax.envs.sandbox.process import (IsolationUnavailable, SandboxError, SandboxResult,
-                                          remove_tree, require_isolation, run_python)
+                                          require_isolation, run_python)
 
 __all__ = ["IsolationUnavailable", "SandboxError", "SandboxLimits", "SandboxResult",
            "format_tool_output", "remove_tree", "require_isolation", "run_python"]

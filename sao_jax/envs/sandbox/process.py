@@ -49,7 +49,6 @@ import dataclasses
 import json
 import os
 import selectors
-import shutil
 import signal
 import subprocess
 import sys
@@ -58,7 +57,7 @@ import tempfile
 import time
 
 from sao_jax.config.env import SANDBOX_MODES, SandboxLimits
-from sao_jax.envs.sandbox import bwrap
+from sao_jax.envs.sandbox import bwrap, files
 
 # The bootstrap writes this to stderr right before running the code; its absence
 # means the harness, not the model, failed.
@@ -119,49 +118,6 @@ def _read_roots(site_packages: bool) -> list[str]:
   return sorted(os.path.realpath(r) for r in roots)
 
 
-def remove_tree(path: str) -> None:
-  """Deletes `path` and everything below it, best effort (errors are skipped, a
-  missing path is fine), without recursion: a tree 1200 directories deep costs
-  no Python stack (`shutil.rmtree` recurses)."""
-  stack, failed = [path], set()
-  while stack:
-    top = stack[-1]
-    try:
-      with os.scandir(top) as listing:
-        subdirs = []
-        for item in listing:
-          if item.is_dir(follow_symlinks=False):
-            subdirs.append(item.path)
-          else:
-            os.unlink(item.path)
-      subdirs = [d for d in subdirs if d not in failed]
-      if subdirs:
-        stack += subdirs
-        continue
-      os.rmdir(top)
-    except OSError:
-      failed.add(top)  # Not retried: its parent then fails too, and the walk ends.
-    stack.pop()
-
-
-def _readable_copy(src: str, dst: str) -> None:
-  """Copies the directories and regular files under `src` to `dst`, world-readable
-  (the sandbox reads them as an unprivileged user); links and special files are
-  left out. Iterative: deep trees cost no Python stack. The caller bounds `src`."""
-  stack = [""]
-  while stack:
-    rel = stack.pop()
-    os.mkdir(os.path.join(dst, rel), 0o755)
-    with os.scandir(os.path.join(src, rel)) as listing:
-      for item in listing:
-        path = os.path.join(rel, item.name)
-        if item.is_dir(follow_symlinks=False):
-          stack.append(path)
-        elif item.is_file(follow_symlinks=False):
-          shutil.copyfile(item.path, os.path.join(dst, path))
-          os.chmod(os.path.join(dst, path), 0o644)
-
-
 def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
                workdir: str | os.PathLike | None = None,
                isolation: str = "bwrap") -> SandboxResult:
@@ -198,7 +154,7 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
       copy_from = None
       if workdir is not None:  # Its copy (a tmpfs) sits where the original is.
         copy_from = os.path.join(scratch, "in")
-        _readable_copy(os.path.realpath(workdir), copy_from)
+        files.readable_copy(os.path.realpath(workdir), copy_from)
         settings["copy_from"] = bwrap.COPY_SOURCE
         settings["workdir"] = work = os.path.realpath(workdir)
       command = bwrap.command(
@@ -211,12 +167,12 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
       if workdir is None:
         os.mkdir(work)
       else:
-        shutil.copytree(workdir, work, symlinks=True)
+        files.readable_copy(os.path.realpath(workdir), work)
       command = [python, "-I", "-S", "-B", "-c", _BOOTSTRAP, json.dumps(settings)]
       cwd = work
     return _supervise(command, cwd, limits, wrapped=isolation == "bwrap")
   finally:
-    remove_tree(scratch)
+    files.remove_tree(scratch)
 
 
 def _supervise(command: list[str], cwd: str, limits: SandboxLimits, *,
