@@ -20,6 +20,7 @@ ENV_STYLES = ("academic", "cute", "chuunibyou", "classical")
 # How tool code is isolated (`sao_jax.envs.sandbox`): "bwrap" = kernel namespaces,
 # refused where they cannot be set up; "unisolated" = rlimits only (logged loudly).
 SANDBOX_MODES = ("bwrap", "unisolated")
+DEFAULT_SANDBOX = SANDBOX_MODES[0]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -75,7 +76,7 @@ class EnvConfig:
   coding_partial_reward: bool = False
   # Python tool sandbox (math_tool; coding's run_tests, python and grading).
   tool: SandboxLimits = dataclasses.field(default_factory=SandboxLimits)
-  sandbox: str = "bwrap"  # One of SANDBOX_MODES.
+  sandbox: str = DEFAULT_SANDBOX  # One of SANDBOX_MODES.
   # Style environment: (first policy version, style) phases, and the judge. The
   # sampler's policy version counts policy updates (= learner steps after critic warm-up).
   style_schedule: tuple[tuple[int, str], ...] = ((0, "academic"), (200, "cute"),

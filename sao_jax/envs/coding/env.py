@@ -94,7 +94,7 @@ class CodingEnv(Environment):
 
   def __init__(self, *, max_turns: int = 50, max_observation_chars: int = 8192,
                sandbox_limits: sandbox.SandboxLimits = sandbox.SandboxLimits(),
-               partial_reward: bool = False, isolation: str = "bwrap"):
+               partial_reward: bool = False, isolation: str = sandbox.DEFAULT_SANDBOX):
     super().__init__(max_turns=max_turns, max_observation_chars=max_observation_chars)
     sandbox_limits.validate()
     sandbox.require_isolation(isolation)

@@ -89,7 +89,7 @@ def write_tree(files: dict[str, bytes], dest: str) -> None:
 
 
 def grade_calls(sources_dir: str, calls: Sequence[dict[str, Any]], limits: SandboxLimits, *,
-                isolation: str = "bwrap") -> list[bool]:
+                isolation: str = sandbox.DEFAULT_SANDBOX) -> list[bool]:
   """Whether each call in `calls` returned exactly its `expected` value, running the
   sources in `sources_dir` in the sandbox (see the module docstring).
 

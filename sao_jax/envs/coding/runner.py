@@ -140,7 +140,7 @@ def discover(root: str, tests_dir: str) -> list[str]:
 
 
 def run_test_file(root: str, path: str, source: str, limits: sandbox.SandboxLimits, *,
-                  isolation: str = "bwrap") -> FileResult:
+                  isolation: str = sandbox.DEFAULT_SANDBOX) -> FileResult:
   """Runs the test file `path` (relative to `root`, whose text is `source`).
 
   Raises `sandbox.SandboxError` if the runner did not start.

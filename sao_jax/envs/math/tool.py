@@ -46,7 +46,7 @@ class MathToolEnv(Environment):
 
   def __init__(self, *, max_turns: int = 8, max_observation_chars: int = 4096,
                sandbox_limits: sandbox.SandboxLimits = sandbox.SandboxLimits(),
-               isolation: str = "bwrap"):
+               isolation: str = sandbox.DEFAULT_SANDBOX):
     super().__init__(max_turns=max_turns, max_observation_chars=max_observation_chars)
     sandbox_limits.validate()
     sandbox.require_isolation(isolation)

@@ -56,7 +56,7 @@ import sysconfig
 import tempfile
 import time
 
-from sao_jax.config.env import SANDBOX_MODES, SandboxLimits
+from sao_jax.config.env import DEFAULT_SANDBOX, SANDBOX_MODES, SandboxLimits
 from sao_jax.envs.sandbox import bwrap, files
 
 # The bootstrap writes this to stderr right before running the code; its absence
@@ -120,7 +120,7 @@ def _read_roots(site_packages: bool) -> list[str]:
 
 def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
                workdir: str | os.PathLike | None = None,
-               isolation: str = "bwrap") -> SandboxResult:
+               isolation: str = DEFAULT_SANDBOX) -> SandboxResult:
   """Runs `code` under `limits` in an empty directory, or in a throwaway copy of
   `workdir` (see the module docstring for what is enforced)."""
   limits.validate()

@@ -224,7 +224,7 @@ def test_unisolated_is_an_explicit_loud_opt_in(monkeypatch, tmp_path, caplog):
   try:
     env = registry.make_env(EnvConfig(max_turns=2, sandbox="unisolated"))
     assert "WITHOUT kernel isolation" in caplog.text
-    env.reset(registry.make_tasks(EnvConfig()).__next__())
+    env.reset(next(registry.make_tasks(EnvConfig())))
     assert env.step("```python\nprint(6 * 7)\n```").observation == "42"
   finally:
     bwrap.unavailable_reason.cache_clear()
