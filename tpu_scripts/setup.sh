@@ -11,8 +11,9 @@ Usage: tpu_scripts/setup.sh [-h|--help]
 On every worker (tpu-vm ssh --worker=all): creates the venv $VENV_DIR with
 $REMOTE_PYTHON if it is missing, installs bubblewrap (the kernel sandbox of
 tool calls; sudo apt-get) if bwrap is missing, then pip-installs
-"jax[tpu]==$JAX_VERSION" and the checkout copy.sh left in $REPO_DIR (pip install -e). Idempotent: re-running
-keeps the venv and only installs what changed. Run copy.sh first.
+"jax[tpu]==$JAX_VERSION" and the checkout copy.sh left in $REPO_DIR
+(pip install -e). Idempotent: re-running keeps the venv and only installs what
+changed. Run copy.sh first.
 
 Needs: PROJECT ZONE TPU_NAME JAX_VERSION
 EOF_USAGE

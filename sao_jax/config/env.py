@@ -106,6 +106,8 @@ class EnvConfig:
       fail("env", "coding_task_dir", self.coding_task_dir,
            "task_source='dir' needs an existing directory of task directories or archives")
     check_positive("env", self, "max_turns", "max_observation_chars")
+    if not isinstance(self.tool, SandboxLimits):
+      fail("env", "tool", self.tool, "expected a SandboxLimits (sao_jax.config.env)")
     self.tool.validate()
     if self.sandbox not in SANDBOX_MODES:
       fail("env", "sandbox", self.sandbox,
