@@ -17,6 +17,10 @@ ENV_PROBLEM_KINDS = ("arithmetic", "word", "mixed")
 CODING_BUG_KINDS = ("off_by_one", "wrong_operator", "missing_edge_case", "wrong_value")
 ENV_CODING_BUG_KINDS = CODING_BUG_KINDS + ("mixed",)
 ENV_STYLES = ("academic", "cute", "chuunibyou", "classical")
+# How tool code is isolated (`sao_jax.envs.sandbox`): "bwrap" = kernel namespaces,
+# refused where they cannot be set up; "unisolated" = rlimits only (logged loudly).
+SANDBOX_MODES = ("bwrap", "unisolated")
+DEFAULT_SANDBOX = SANDBOX_MODES[0]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -30,6 +34,8 @@ class SandboxLimits:
   file_size_mb: int = 16
   max_open_files: int = 64
   max_output_bytes: int = 16384
+  # Each private tmpfs of a run (work directory, /tmp, /dev/shm) holds at most this.
+  disk_mb: int = 64
   # Let the code import the caller's installed packages (e.g. sympy, numpy),
   # read-only. Off by default: the stdlib alone is the smaller surface.
   site_packages: bool = False
@@ -39,7 +45,7 @@ class SandboxLimits:
         not self.wall_time_s > 0):
       fail("env.tool", "wall_time_s", self.wall_time_s, "expected a number of seconds > 0")
     check_positive("env.tool", self, "cpu_time_s", "memory_mb", "file_size_mb", "max_open_files",
-                   "max_output_bytes")
+                   "max_output_bytes", "disk_mb")
     if self.max_open_files < 16:
       fail("env.tool", "max_open_files", self.max_open_files, "the interpreter needs at least 16")
     if not isinstance(self.site_packages, bool):
@@ -70,6 +76,7 @@ class EnvConfig:
   coding_partial_reward: bool = False
   # Python tool sandbox (math_tool; coding's run_tests, python and grading).
   tool: SandboxLimits = dataclasses.field(default_factory=SandboxLimits)
+  sandbox: str = DEFAULT_SANDBOX  # One of SANDBOX_MODES.
   # Style environment: (first policy version, style) phases, and the judge. The
   # sampler's policy version counts policy updates (= learner steps after critic warm-up).
   style_schedule: tuple[tuple[int, str], ...] = ((0, "academic"), (200, "cute"),
@@ -99,7 +106,12 @@ class EnvConfig:
       fail("env", "coding_task_dir", self.coding_task_dir,
            "task_source='dir' needs an existing directory of task directories or archives")
     check_positive("env", self, "max_turns", "max_observation_chars")
+    if not isinstance(self.tool, SandboxLimits):
+      fail("env", "tool", self.tool, "expected a SandboxLimits (sao_jax.config.env)")
     self.tool.validate()
+    if self.sandbox not in SANDBOX_MODES:
+      fail("env", "sandbox", self.sandbox,
+           f"allowed values are {', '.join(map(repr, SANDBOX_MODES))}")
     if isinstance(self.seed, bool) or not isinstance(self.seed, int):
       fail("env", "seed", self.seed, "expected an integer")
     if isinstance(self.difficulty, bool) or self.difficulty not in range(1, 6):

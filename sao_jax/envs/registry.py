@@ -16,6 +16,8 @@ each epoch.
 
 from __future__ import annotations
 
+import functools
+import logging
 from typing import Callable, Iterator
 
 from sao_jax.envs import tasks
@@ -30,16 +32,31 @@ from sao_jax.envs.base import Environment, Task
 from sao_jax.config import EnvConfig
 
 
+@functools.cache
+def _warn_unisolated() -> None:
+  """Once per process, loudly: tool code runs without kernel isolation."""
+  logging.getLogger(__name__).warning(
+      "env.sandbox='unisolated': model-written code runs WITHOUT kernel isolation, as this "
+      "process's user, with only resource limits. Only for trusted policies; install "
+      "bubblewrap and use env.sandbox='bwrap' otherwise.")
+
+
+def _isolation(config: EnvConfig) -> str:
+  if config.sandbox == "unisolated":
+    _warn_unisolated()
+  return config.sandbox
+
+
 def _math_env(config: EnvConfig) -> Environment:
   return math_tool.MathToolEnv(max_turns=config.max_turns,
                                max_observation_chars=config.max_observation_chars,
-                               sandbox_limits=config.tool)
+                               sandbox_limits=config.tool, isolation=_isolation(config))
 
 
 def _coding_env(config: EnvConfig) -> Environment:
   return coding.CodingEnv(max_turns=config.max_turns,
                           max_observation_chars=config.max_observation_chars,
-                          sandbox_limits=config.tool,
+                          sandbox_limits=config.tool, isolation=_isolation(config),
                           partial_reward=config.coding_partial_reward)
 
 

@@ -27,7 +27,9 @@ What `Workspace` enforces, and why:
 - `edit` replaces text that occurs exactly once; zero or several occurrences
   are errors that say which, so the model never edits the wrong spot.
 - Listings and search results are capped (`MAX_LIST_ENTRIES`, `MAX_MATCHES`)
-  with a note saying how many were left out.
+  with a note saying how many were left out; the walks behind them, and the
+  tree `edit`/`create` may grow, are bounded by `walk` (entries, depth, path
+  length, bytes, time), so the copies made for the sandbox and grading are too.
 
 Every failure is a `ToolError` whose message is the observation; none escapes
 as a crash (OS errors are converted too).
@@ -41,6 +43,8 @@ import os
 import re
 import stat
 from typing import Any
+
+from sao_jax.envs.coding import walk
 
 MAX_FILE_BYTES = 1 << 22
 MAX_LIST_ENTRIES = 500
@@ -177,7 +181,30 @@ class Workspace:
     except UnicodeDecodeError:
       raise ToolError(f"{path!r} is not UTF-8 text.") from None
 
+  def _tree(self, top: str) -> list[walk.Entry]:
+    """`walk.walk(top)`, its limits reported as a `ToolError`."""
+    try:
+      return walk.walk(top)
+    except walk.WalkLimit as e:
+      raise ToolError(f"the repository is over the limits ({e}); delete files first.") from None
+
+  def _check_room(self, full: str, size: int) -> None:
+    """Refuses a write that would take the tree over `walk`'s limits."""
+    rel = self._relative(full)
+    if len(rel) > walk.MAX_PATH_CHARS or rel.count(os.sep) > walk.MAX_DEPTH:
+      raise ToolError(f"{rel!r} is too long or too deep: at most {walk.MAX_PATH_CHARS} "
+                      f"characters and {walk.MAX_DEPTH} directories.")
+    entries = {e.rel: e.size for e in self._tree(self.root)}
+    parts = rel.split(os.sep)
+    added = sum(os.path.join(*parts[:i]) not in entries for i in range(1, len(parts) + 1))
+    if len(entries) + added > walk.MAX_ENTRIES:
+      raise ToolError(f"the repository would have more than {walk.MAX_ENTRIES} files and "
+                      "directories.")
+    if sum(entries.values()) - entries.get(rel, 0) + size > walk.MAX_TOTAL_BYTES:
+      raise ToolError(f"the repository would hold more than {walk.MAX_TOTAL_BYTES} bytes.")
+
   def _write(self, full: str, text: str) -> None:
+    self._check_room(full, len(text.encode("utf-8")))
     try:
       os.makedirs(os.path.dirname(full), exist_ok=True)
       with open(full, "w", encoding="utf-8", newline="") as f:
@@ -190,12 +217,8 @@ class Workspace:
     top = self.resolve(path)
     if not os.path.isdir(top):
       raise ToolError(f"{path!r} is not a directory.")
-    entries = []
-    for parent, dirs, files in os.walk(top):
-      dirs.sort()
-      entries += [self._relative(os.path.join(parent, d)) + "/" for d in dirs]
-      entries += [self._relative(os.path.join(parent, f)) for f in files]
-    entries.sort()
+    entries = sorted(self._relative(os.path.join(top, e.rel)) + ("/" if e.is_dir else "")
+                     for e in self._tree(top))
     if not entries:
       return f"{path!r} is empty."
     return _capped(entries, MAX_LIST_ENTRIES, "entries")
@@ -221,8 +244,7 @@ class Workspace:
       raise ToolError("search text must not be empty.")
     top = self.resolve(path)
     if os.path.isdir(top):
-      files = sorted(os.path.join(parent, name) for parent, _, names in os.walk(top)
-                     for name in names)
+      files = [os.path.join(top, e.rel) for e in self._tree(top) if not e.is_dir]
     elif os.path.isfile(top):
       files = [top]
     else:

@@ -45,10 +45,13 @@ class MathToolEnv(Environment):
   observation_role = "tool"
 
   def __init__(self, *, max_turns: int = 8, max_observation_chars: int = 4096,
-               sandbox_limits: sandbox.SandboxLimits = sandbox.SandboxLimits()):
+               sandbox_limits: sandbox.SandboxLimits = sandbox.SandboxLimits(),
+               isolation: str = sandbox.DEFAULT_SANDBOX):
     super().__init__(max_turns=max_turns, max_observation_chars=max_observation_chars)
     sandbox_limits.validate()
+    sandbox.require_isolation(isolation)
     self.sandbox_limits = sandbox_limits
+    self.isolation = isolation
     self.tool_calls = 0
 
   def _reset(self, task: Task) -> list[Message]:
@@ -65,7 +68,7 @@ class MathToolEnv(Environment):
     if code is None:
       return StepResult.next(NO_ACTION)
     try:
-      result = sandbox.run_python(code, self.sandbox_limits)
+      result = sandbox.run_python(code, self.sandbox_limits, isolation=self.isolation)
     except sandbox.SandboxError as e:
       return StepResult.fail(f"python sandbox failed: {e}", tool_calls=self.tool_calls)
     self.tool_calls += 1

@@ -2,10 +2,11 @@
 (`process`: what is enforced and by what) and turn the result into an
 observation (`output`)."""
 
-from sao_jax.config.env import SandboxLimits
+from sao_jax.config.env import DEFAULT_SANDBOX, SandboxLimits
 from sao_jax.envs.sandbox.output import format_tool_output
-from sao_jax.envs.sandbox.process import (SandboxError, SandboxResult, namespaces_available,
-                                          run_python)
+from sao_jax.envs.sandbox.files import remove_tree
+from sao_jax.envs.sandbox.process import (IsolationUnavailable, SandboxError, SandboxResult,
+                                          require_isolation, run_python)
 
-__all__ = ["SandboxError", "SandboxLimits", "SandboxResult", "format_tool_output",
-           "namespaces_available", "run_python"]
+__all__ = ["DEFAULT_SANDBOX", "IsolationUnavailable", "SandboxError", "SandboxLimits", "SandboxResult",
+           "format_tool_output", "remove_tree", "require_isolation", "run_python"]

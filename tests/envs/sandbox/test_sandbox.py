@@ -1,5 +1,6 @@
 """The Python sandbox contains model misbehaviour and reports it; the caller survives."""
 
+import dataclasses
 import os
 import pathlib
 
@@ -35,9 +36,10 @@ def test_errors_are_reported_with_a_traceback():
 
 
 def test_infinite_loop_hits_the_cpu_limit():
-  result = run("while True:\n  pass\n")
+  # Wall time well above the CPU limit, so that a loaded machine cannot hit it first.
+  limits = dataclasses.replace(LIMITS, wall_time_s=15.0)
+  result = run("while True:\n  pass\n", limits)
   assert result.killed_reason == "cpu_time" and not result.ok
-  assert result.wall_time_s < LIMITS.wall_time_s + 1
 
 
 def test_sleeping_forever_hits_the_wall_clock_limit():
@@ -62,8 +64,6 @@ def test_fork_bomb_is_contained():
 
 
 def test_threads_are_limited_by_rlimit_nproc():
-  if os.geteuid() == 0 and not sandbox.namespaces_available():
-    pytest.skip("uid 0 without the nobody drop: the kernel ignores RLIMIT_NPROC")
   result = run("import threading\nthreading.Thread(target=print).start()\n")
   assert not result.ok and "can't start new thread" in result.stderr
 
