@@ -14,8 +14,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 ## bubblewrap: the kernel sandbox every tool call runs in (env.sandbox="bwrap");
-## installed with apt-get when missing and root, else a message saying how.
-bubblewrap:
+## installed with apt-get when missing and root, else a message saying how; then
+## the interpreter is made reachable for the sandbox's unprivileged user and the
+## sandbox self-test reports (sao_jax.envs.sandbox.prepare).
+bubblewrap: $(STAMP)
 	@command -v bwrap >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; \
@@ -23,6 +25,7 @@ bubblewrap:
 	    echo "bubblewrap (bwrap) is missing: install it with 'sudo apt-get install bubblewrap';" \
 	      "tool calls are refused without it (unless env.sandbox='unisolated')" >&2; \
 	  fi; }
+	@$(PY) -m sao_jax.envs.sandbox.prepare
 
 ## test: the default suite (what CI runs); slow-marked checks excluded.
 test: $(STAMP) bubblewrap
