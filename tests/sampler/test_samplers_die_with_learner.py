@@ -57,9 +57,9 @@ def flood(spec: WorkerSpec, alive) -> None:
   """A scripted sampler run: attaches to the weights like a sampler, then hands
   over realistic trajectories as fast as the transport takes them."""
   subscriber = weights.subscribe(spec.weights)
-  handed = 0
-  while hand_over(spec.transport, realistic(handed), alive, poll_s=0.1):
-    handed += 1
+  count = 0
+  while hand_over(spec.transport, realistic(count), alive, poll_s=0.1):
+    count += 1
   subscriber.close()
 
 
