@@ -9,7 +9,9 @@ argument contains backticks. Only the first block of a turn is used.
 
 `parse_tool_call` checks the block against `TOOLS` (tool names, argument names,
 types, required arguments) and raises `ToolError` with a message for the model
-on any mismatch. `Workspace` implements the tools that only touch files
+on any mismatch and on a block that does not parse, including JSON nested
+deeper than the parser's recursion or an integer too long to convert; values it
+echoes back are shortened (`reprlib`). `Workspace` implements the tools that only touch files
 (`list`, `view`, `search`, `edit`, `create`); `run_tests`, `python` and
 `submit` need the sandbox and live in `sao_jax.envs.coding`.
 
@@ -41,6 +43,7 @@ import dataclasses
 import json
 import os
 import re
+import reprlib
 import stat
 from typing import Any
 
@@ -66,6 +69,8 @@ TOOLS: dict[str, dict[str, tuple[type, Any]]] = {
     "submit": {},
 }
 _TOOL_BLOCK = re.compile(r"```tool[ \t]*\n(.*?)^[ \t]*```", re.DOTALL | re.MULTILINE)
+_SHORT = reprlib.Repr()  # a bounded repr: a few levels deep, a few items long
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 3, 200, 200
 
 
 class ToolError(Exception):
@@ -94,6 +99,9 @@ def parse_tool_call(text: str) -> ToolCall | None:
     raise ToolError(f"the tool call is not valid JSON ({e.msg} at line {e.lineno} column "
                     f"{e.colno}); write one object like {{\"name\": \"view\", \"args\": "
                     f"{{\"path\": \"a.py\"}}}}.") from None
+  except (RecursionError, ValueError) as e:  # nesting deeper than the parser's stack, ...
+    raise ToolError(f"the tool call could not be parsed ({type(e).__name__}); write one flat "
+                    'object like {"name": "view", "args": {"path": "a.py"}}.') from None
   if not isinstance(call, dict) or not isinstance(call.get("name"), str):
     raise ToolError('the tool call must be a JSON object with a string "name" and an '
                     f'"args" object, got {match.group(1).strip()[:200]!r}.')
@@ -105,7 +113,7 @@ def parse_tool_call(text: str) -> ToolCall | None:
   if name not in TOOLS:
     raise ToolError(f"unknown tool {name!r}; tools: {', '.join(TOOLS)}.")
   if not isinstance(args, dict):
-    raise ToolError(f'"args" of {name} must be a JSON object, got {args!r}.')
+    raise ToolError(f'"args" of {name} must be a JSON object, got {_SHORT.repr(args)}.')
   spec = TOOLS[name]
   if set(args) - set(spec):
     raise ToolError(f"{name} got unknown arguments {sorted(set(args) - set(spec))}; it takes "
@@ -119,7 +127,8 @@ def parse_tool_call(text: str) -> ToolCall | None:
       continue
     value = args[arg]
     if isinstance(value, bool) or not isinstance(value, kind):
-      raise ToolError(f"{name} argument {arg!r} must be {_TYPE_NAMES[kind]}, got {value!r}.")
+      raise ToolError(f"{name} argument {arg!r} must be {_TYPE_NAMES[kind]}, got "
+                      f"{_SHORT.repr(value)}.")
     filled[arg] = value
   return ToolCall(name, filled)
 
