@@ -38,6 +38,8 @@ from sao_jax import distributed, warm_start
 from sao_jax.config import Config
 from sao_jax.data import pipeline
 from sao_jax.data.learner_data import learner_batches, learner_transport, local_batch_sizes
+from sao_jax.envs.registry import make_env
+from sao_jax.envs.sandbox import IsolationUnavailable
 from sao_jax.evaluation import Evaluator
 from sao_jax.learner import compile as compile_lib
 from sao_jax.learner.loop import run_learner
@@ -73,6 +75,12 @@ def run(cfg: Config, *, resume: bool = True, log=print) -> dict:
                      "needs the whole policy on one host; warm-start on one host "
                      "(python -m experiments.warm_start) and start this run from it (run.init)")
   local_batch_sizes(cfg, jax.process_count())  # refuse a batch the hosts cannot share, early
+  # An environment whose tools cannot be isolated here refuses now (IsolationUnavailable,
+  # saying how to get it), not later in every sampler until they run out of restarts.
+  try:
+    make_env(cfg.env).close()
+  except IsolationUnavailable as error:
+    raise ValueError(f"env.sandbox={cfg.env.sandbox!r}: {error}") from None
   (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
   tokenizer = warm_start.prepare_tokenizer(cfg)
   logger = MetricsLogger(run_dir, total_steps=cfg.learner.steps)

@@ -67,3 +67,17 @@ def test_existing_checkpoints_are_looked_up_in_the_bucket(monkeypatch, capsys):
     train_cli.main(["--config", DEMO, "--set", "checkpoint.directory=gs://bucket/run/ckpt"])
   assert exit_info.value.code == 2
   assert "gs://bucket/run/ckpt already holds checkpoints" in capsys.readouterr().err
+
+
+def test_a_learner_whose_tools_cannot_be_isolated_refuses_before_any_work(tmp_path, monkeypatch,
+                                                                          capsys):
+  from sao_jax.envs.sandbox import bwrap
+
+  # What the sandbox's self-test says on a machine without bubblewrap.
+  monkeypatch.setattr(bwrap, "unavailable_reason", lambda: "bwrap not found on PATH; install it")
+  with pytest.raises(SystemExit) as exit_info:
+    train_cli.main(["--config", DEMO, "--set", f"run.run_dir={tmp_path / 'run'}"])
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err
+  assert "env.sandbox='bwrap'" in err and "bwrap not found on PATH" in err
+  assert not (tmp_path / "run" / "checkpoints").exists()
