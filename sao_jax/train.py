@@ -108,8 +108,10 @@ def run(cfg: Config, *, resume: bool = True, log=print) -> dict:
                   transport=transport, worker_id=i) for i in range(cfg.run.num_samplers)],
       log=log)
   published = {"version": -1}
+  # Waiting for trajectories, the learner restarts samplers that died: one that died
+  # before the first step would otherwise leave it waiting forever.
   batches = learner_batches(cfg, transport, current_version=lambda: published["version"],
-                            drops=drops)
+                            drops=drops, while_waiting=supervisor.check)
   # Weight-channel connection errors by reason (a network publisher counts them).
   peer_errors = getattr(publisher, "stats", {})
   # Padding share per batch: what bucketing wastes and packing (learner.batch_tokens) saves.

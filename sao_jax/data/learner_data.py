@@ -56,10 +56,12 @@ def local_batch_sizes(cfg: Config, hosts: int) -> tuple[int, int | None]:
 
 
 def learner_batches(cfg: Config, transport, *, current_version: Callable[[], int],
-                    drops: pipeline.Drops) -> Iterator:
+                    drops: pipeline.Drops,
+                    while_waiting: Callable[[], None] = lambda: None) -> Iterator:
   """This host's (Batch, BatchInfo) stream (`pipeline.learner_pipeline`) as the
   config says: its share of each batch, staleness against `current_version()`,
-  drops counted in `drops`."""
+  drops counted in `drops`; `while_waiting()` runs at every empty poll of the
+  transport (e.g. to restart samplers that died before sending anything)."""
   batch_size, batch_tokens = local_batch_sizes(cfg, jax.process_count())
   running_mean = cfg.algorithm.spec.advantage == "running_mean"
   return pipeline.learner_pipeline(
@@ -67,4 +69,5 @@ def learner_batches(cfg: Config, transport, *, current_version: Callable[[], int
       max_lag=cfg.data.max_lag, buckets=cfg.data.length_buckets, pad_id=cfg.data.pad_id,
       vocab_size=cfg.model.vocab_size, current_version=current_version, drops=drops,
       num_prompt_slots=cfg.algorithm.running_mean_slots if running_mean else None,
-      batch_tokens=batch_tokens, row_length=cfg.learner.row_length)
+      batch_tokens=batch_tokens, row_length=cfg.learner.row_length,
+      should_stop=lambda: while_waiting() or False)
