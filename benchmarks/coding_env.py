@@ -4,9 +4,11 @@ Plays `coding_generator.solution_actions` (view, edit per bug, run the visible
 tests, submit: every episode ends with hidden-test grading) on generated tasks
 cycling through difficulties 1..5, for about `--seconds` of wall time, with the
 default sandbox limits. Task generation is included; no model is involved. Each
-test file runs in its own sandboxed interpreter, so the rate is dominated by
-interpreter start-up (`namespaces` in the output says whether the root-only
-namespace isolation was in use). Prints a per-difficulty table.
+test file and each grading runs in its own bubblewrap-isolated interpreter, so
+the rate is dominated by interpreter start-up. Prints a per-difficulty table,
+and the cost of the isolation itself: `python -I -S -c pass` run N=20 times
+directly and under the sandbox's bwrap command line (`bwrap_call_overhead_ms`:
+the mean extra milliseconds per call; `bwrap_call_ratio`: wrapped / direct).
 
 Then a short sampler run: a tiny random Qwen3 drives `--slots` coding episodes
 through the real engine and `EpisodeRunner` for `--sampler-seconds`; the
@@ -16,7 +18,7 @@ random policy rarely writes a valid tool call, so its environment time is
 mostly grading; a trained agent's would include its tool runs. Ends with
 
     RESULT {"name": "coding_env", "episodes_per_s": ..., "tool_calls_per_s": ...,
-            "env_wait_fraction": ...}
+            "env_wait_fraction": ..., "bwrap_call_overhead_ms": ..., "bwrap_call_ratio": ...}
 
     .venv/bin/python benchmarks/coding_env.py [--seconds 20] [--sampler-seconds 30]
 """
@@ -26,12 +28,17 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
+import subprocess
+import sys
 import time
 
 import jax
 
 from sao_jax import config as C
-from sao_jax.envs import coding, coding_generator, sandbox
+from sao_jax.envs.sandbox import bwrap
+from sao_jax.envs.coding import env as coding
+from sao_jax.envs.coding import generator as coding_generator
 from sao_jax.envs.base import play
 from sao_jax.models.tokenizer import train_tokenizer
 from sao_jax.models.transformer import init_params
@@ -78,6 +85,22 @@ def env_wait_fraction(seconds: float, slots: int, seed: int) -> tuple[float, int
   return in_env[0] / (time.perf_counter() - begin), finished
 
 
+def bwrap_overhead(calls: int = 20) -> tuple[float, float]:
+  """(mean extra ms per call, wrapped / direct time) of `python -I -S -c pass`."""
+  python = os.path.realpath(sys.executable)
+  direct = [python, "-I", "-S", "-c", "pass"]
+  wrapped = bwrap.command(direct, work_dir="/sao_bench", copy_from=None,
+                          read_only=bwrap.interpreter_roots(), disk_bytes=1 << 20,
+                          env={"PATH": "/usr/bin:/bin"})
+  seconds = []
+  for command in (direct, wrapped):
+    began = time.perf_counter()
+    for _ in range(calls):
+      subprocess.run(command, check=True, stdin=subprocess.DEVNULL)
+    seconds.append(time.perf_counter() - began)
+  return 1000 * (seconds[1] - seconds[0]) / calls, seconds[1] / seconds[0]
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--seconds", type=float, default=20.0, help="wall-time budget")
@@ -104,7 +127,7 @@ def main() -> None:
   elapsed = time.perf_counter() - start
   episodes = sum(s[0] for s in per_difficulty.values())
   tool_calls = sum(s[1] for s in per_difficulty.values())
-  print(f"namespaces={sandbox.namespaces_available()}  episodes={episodes}  "
+  print(f"episodes={episodes}  "
         f"tool_calls={tool_calls}  seconds={elapsed:.1f}")
   print(f"{'difficulty':>10} {'episodes':>9} {'ms/episode':>11} {'tool calls/episode':>19}")
   for difficulty, (count, calls, seconds) in sorted(per_difficulty.items()):
@@ -112,10 +135,14 @@ def main() -> None:
   wait, sampled = env_wait_fraction(args.sampler_seconds, args.slots, args.seed)
   print(f"sampler run: {sampled} episodes in {args.sampler_seconds:g} s on {args.slots} slots, "
         f"{wait:.1%} of the time waiting on the environment")
+  overhead_ms, ratio = bwrap_overhead()
+  print(f"bwrap: +{overhead_ms:.1f} ms per interpreter start ({ratio:.2f}x a direct start)")
   print("RESULT " + json.dumps({"name": "coding_env",
                                 "episodes_per_s": round(episodes / elapsed, 3),
                                 "tool_calls_per_s": round(tool_calls / elapsed, 3),
-                                "env_wait_fraction": round(wait, 3)}))
+                                "env_wait_fraction": round(wait, 3),
+                                "bwrap_call_overhead_ms": round(overhead_ms, 1),
+                                "bwrap_call_ratio": round(ratio, 2)}))
 
 
 if __name__ == "__main__":

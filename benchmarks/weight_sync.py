@@ -9,15 +9,19 @@ of a new version followed by a subscriber's `poll()` that adopts it and its
 timed until the placed arrays are ready. Both backends run in this process:
 
   * network   `NetworkWeights` serving over 127.0.0.1; the publisher copies the
-              params to host memory and checksums them (crc32), the subscriber
-              fetches, verifies and assembles every leaf.
+              params to host memory, checksums them (crc32) and signs the header
+              (HMAC-SHA256), the subscriber (authenticated once per connection)
+              fetches, checks the signature and checksums and assembles every leaf.
   * directory `DirectoryWeights`: one orbax checkpoint per version in `--dir`
               (default: a temporary directory on local disk; a bucket or NFS is
               slower), restored by the subscriber.
 
 Each backend syncs a warm-up version, then `--reps` timed new versions; medians
 are reported, and the adopted params are checked bit-exact against the published
-ones. The last line is `RESULT {json}`.
+ones. What authentication adds to a sync is timed on its own: signing the
+version's header at publish and checking it at adopt (the handshake happens once
+per connection, in the warm-up); `auth_overhead_ratio` is network sync time over
+that time minus it. The last line is `RESULT {json}`.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import numpy as np
 
 from sao_jax.config import ModelConfig
 from sao_jax.models.transformer import init_params
-from sao_jax.sampler import weights, weights_net
+from sao_jax.sampler import weights, weights_net, weights_wire
 
 # The model of benchmarks/forward.py.
 MODEL = ModelConfig(vocab_size=32768, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
@@ -71,6 +75,25 @@ def sync_times(publisher, params, reps: int) -> dict[str, float]:
           "sync": statistics.median(total)}
 
 
+def auth_seconds(params, reps: int = 20) -> float:
+  """Median seconds of what authentication adds to one sync: sign + check the header."""
+  publisher = weights_net.NetworkWeights(params)
+  try:
+    publisher.publish(params, 0)
+    framed = publisher._snapshots[0].header  # header frame, then its signature frame
+    length = weights_wire.LENGTH.unpack_from(framed)[0]
+    header = framed[weights_wire.LENGTH.size:weights_wire.LENGTH.size + length]
+    secret = publisher.spec.secret
+  finally:
+    publisher.close()
+  times = []
+  for _ in range(reps):
+    start = time.perf_counter()
+    weights_wire.check_header(secret, header, weights_wire.sign_header(secret, header))
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--reps", type=int, default=5)
@@ -93,6 +116,9 @@ def main() -> None:
           f"adopt {t['adopt']:.2f} s)  {megabytes / 1e3 / t['sync']:.2f} GB/s")
   ratio = directory["sync"] / network["sync"]
   print(f"network sync is {ratio:.1f}x faster than directory")
+  auth = auth_seconds(params)
+  overhead = network["sync"] / (network["sync"] - auth)
+  print(f"authentication: {auth * 1e6:.0f} us per sync (x{overhead:.4f} of network sync)")
   print("RESULT " + json.dumps({
       "name": "weight_sync", "params_millions": round(count / 1e6, 1),
       "param_dtype": args.param_dtype, "megabytes": round(megabytes),
@@ -102,7 +128,8 @@ def main() -> None:
       "adopt_seconds_network": round(network["adopt"], 3),
       "publish_seconds_directory": round(directory["publish"], 3),
       "adopt_seconds_directory": round(directory["adopt"], 3),
-      "directory_over_network": round(ratio, 2)}))
+      "directory_over_network": round(ratio, 2),
+      "auth_seconds_per_sync": round(auth, 6), "auth_overhead_ratio": round(overhead, 4)}))
 
 
 if __name__ == "__main__":

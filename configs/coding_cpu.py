@@ -13,6 +13,7 @@ skip-observation GAE) runs. Outputs in runs/coding_cpu/.
 
 from sao_jax.config import (AlgorithmConfig, Config, DataConfig, EnvConfig, LearnerConfig,
                             MeshConfig, ModelConfig, RunConfig, SamplerConfig)
+from sao_jax.config.env import SandboxLimits
 
 
 def get_config() -> Config:
@@ -27,7 +28,7 @@ def get_config() -> Config:
       learner=LearnerConfig(batch_trajectories=4, steps=4, policy_lr=2e-5, value_lr=1e-4,
                             critic_warmup_steps=1),
       env=EnvConfig(name="coding", difficulty=1, max_turns=12, max_observation_chars=1500,
-                    tool_wall_time_s=10.0),
+                    tool=SandboxLimits(wall_time_s=10.0)),
       data=DataConfig(max_lag=4, length_buckets=(1024, 2048, 4096), transport_capacity=16),
       sampler=SamplerConfig(slots=4, max_seq_len=4096, prefill_buckets=(64, 512, 2048),
                             max_new_tokens=160,

@@ -17,6 +17,7 @@ tensorboard/, checkpoints/, curves.png.
 
 from sao_jax.config import (AlgorithmConfig, Config, DataConfig, EnvConfig, LearnerConfig,
                             MeshConfig, ModelConfig, RunConfig, SamplerConfig)
+from sao_jax.config.env import SandboxLimits
 
 
 def get_config() -> Config:
@@ -31,7 +32,7 @@ def get_config() -> Config:
       learner=LearnerConfig(batch_trajectories=16, steps=60, policy_lr=2e-5, value_lr=1e-4,
                             critic_warmup_steps=3, grad_clip=1.0),
       env=EnvConfig(name="math_tool", difficulty=1, problem_kind="arithmetic", max_turns=3,
-                    tool_wall_time_s=5.0),
+                    tool=SandboxLimits(wall_time_s=5.0)),
       data=DataConfig(max_lag=4, length_buckets=(192, 256, 384), transport_capacity=16),
       sampler=SamplerConfig(slots=8, max_seq_len=384, prefill_buckets=(32, 128, 256),
                             max_new_tokens=48, temperature=1.0),

@@ -22,16 +22,14 @@ saves and exits cleanly.
 from __future__ import annotations
 
 import dataclasses
-import os
-import pathlib
 import signal
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
-from etils import epath
 
 from sao_jax.config import CheckpointConfig, Config
+from sao_jax.storage import storage_path
 
 FORMAT_VERSION = 1
 
@@ -49,15 +47,6 @@ def _describe_difference(saved: dict, current: dict, prefix: str = "") -> list[s
     elif a != b and not (isinstance(a, list) and isinstance(b, tuple) and a == list(b)):
       diffs.append(f"{prefix}{key}: checkpoint {a!r} vs config {b!r}")
   return diffs
-
-
-def storage_path(directory: str | os.PathLike) -> pathlib.Path | epath.Path:
-  """`directory` as orbax should get it: a bucket URL (`gs://bucket/run`) as an
-  `epath.Path`, which keeps the scheme (`pathlib` would make it CWD/gs:/bucket/run),
-  a local path made absolute."""
-  if "://" in str(directory):
-    return epath.Path(str(directory))
-  return pathlib.Path(directory).absolute()
 
 
 class Checkpointer:

@@ -48,3 +48,26 @@ class Evaluator:
             "eval/failures": float(len(trajs) - len(ok)),
             "eval/mean_turns": float(turns.mean()) if ok else 0.0,
             "eval/tool_call_rate": float(np.mean(turns > 1)) if ok else 0.0}
+
+
+def evaluate_checkpoint(cfg: Config, step: int | None = None) -> dict:
+  """Held-out evaluation of the policy in checkpoint `step` (default: the latest)
+  of the run `cfg` describes, with the run's own tokenizer; what `sao-eval` prints."""
+  from sao_jax.checkpoint import Checkpointer
+  from sao_jax.learner.state import abstract_state
+  from sao_jax.models.tokenizer import load_tokenizer
+
+  cfg = cfg.with_run_paths().validate()
+  tokenizer = load_tokenizer(cfg.run.tokenizer_file)
+  checkpointer = Checkpointer(cfg)
+  try:
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
+                            abstract_state(cfg))
+    state, _, meta = checkpointer.restore(abstract, step)
+  finally:
+    checkpointer.close()
+  version = int(state.policy_version)
+  result = Evaluator(cfg, tokenizer, state.policy_params, version=version).evaluate(
+      state.policy_params, version)
+  return {"step": meta["step"], "policy_version": version, **result}

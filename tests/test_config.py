@@ -74,13 +74,17 @@ def test_grpo_needs_a_group():
 
 def test_samplers_elsewhere_need_a_directory_transport_and_a_remote_weight_channel():
   base = cfg.Config(run=cfg.RunConfig(num_samplers=0))
-  with pytest.raises(ValueError, match=r"run.num_samplers=0.*data.transport='queue'"):
+  with pytest.raises(ValueError, match=r"data.transport='queue'.*run.num_samplers=0"):
     base.validate()
   directory = dataclasses.replace(base, data=cfg.DataConfig(transport="directory",
                                                             transport_dir="/shared/trajectories"))
-  with pytest.raises(ValueError, match=r"run.num_samplers=0.*'shared_memory'"):
+  with pytest.raises(ValueError, match=r"sampler.weights='shared_memory'.*run.num_samplers=0"):
     directory.validate()
-  dataclasses.replace(directory, sampler=cfg.SamplerConfig(weights="network")).validate()
+  with pytest.raises(ValueError, match=r"sampler.weights_addresses=\(\).*host:port"):
+    dataclasses.replace(directory, sampler=cfg.SamplerConfig(weights="network")).validate()
+  dataclasses.replace(directory, sampler=cfg.SamplerConfig(
+      weights="network", weights_addresses=("10.0.0.2:8477",),
+      weights_secret_env="SAO_WEIGHTS_SECRET")).validate()
   with pytest.raises(ValueError, match=r"run.num_samplers=-1"):
     cfg.RunConfig(num_samplers=-1).validate()
 

@@ -9,9 +9,11 @@ usage() {
 Usage: tpu_scripts/setup.sh [-h|--help]
 
 On every worker (tpu-vm ssh --worker=all): creates the venv $VENV_DIR with
-$REMOTE_PYTHON if it is missing, then pip-installs "jax[tpu]==$JAX_VERSION" and
-the checkout copy.sh left in $REPO_DIR (pip install -e). Idempotent: re-running
-keeps the venv and only installs what changed. Run copy.sh first.
+$REMOTE_PYTHON if it is missing, installs bubblewrap (the kernel sandbox of
+tool calls; sudo apt-get) if bwrap is missing, then pip-installs
+"jax[tpu]==$JAX_VERSION" and the checkout copy.sh left in $REPO_DIR
+(pip install -e). Idempotent: re-running keeps the venv and only installs what
+changed. Run copy.sh first.
 
 Needs: PROJECT ZONE TPU_NAME JAX_VERSION
 EOF_USAGE
@@ -39,6 +41,7 @@ steps=(
   "cd \"\$HOME\""
   "if [ ! -f $(shell_quote "$REPO_DIR/pyproject.toml") ]; then echo \"error: \$(hostname): no $(shell_quote "$REPO_DIR")/pyproject.toml; run tpu_scripts/copy.sh first\" >&2; exit 1; fi"
   "if [ ! -x $vpy ]; then $py -c \"import sys; sys.exit(sys.version_info < (3, 11))\" || { echo \"error: \$(hostname): $py is \$($py -V 2>&1); $need_py\" >&2; exit 1; }; $py -m venv $venv; fi"
+  "if ! command -v bwrap >/dev/null 2>&1; then sudo apt-get update -qq && sudo apt-get install -y -qq bubblewrap >/dev/null; fi"
   "$vpy -m pip install --quiet \"jax[tpu]==$JAX_VERSION\""
   "$vpy -m pip install --quiet -e $repo"
   "echo \"\$(hostname): ready, jax \$($vpy -c \"import jax; print(jax.__version__)\")\""

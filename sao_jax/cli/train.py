@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import argparse
-import pathlib
 import sys
 from typing import Sequence
 
@@ -32,17 +31,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not args.config:
       parser.error("--config is required (or --plot RUN_DIR)")
     cfg = load_config(args.config, args.overrides)
-    # After argument errors: importing JAX (with sao_jax.checkpoint) takes seconds.
-    from sao_jax.checkpoint import storage_path
-
-    # storage_path: a gs:// checkpoint directory is checked in its bucket.
-    checkpoints = storage_path(cfg.checkpoint.directory or pathlib.Path(cfg.run.run_dir) /
-                               "checkpoints")
-    if not args.resume and checkpoints.is_dir() and any(checkpoints.iterdir()):
-      parser.exit(2, f"error: {checkpoints} already holds checkpoints; pass --resume to continue "
-                     "that run or set --set run.run_dir=ANOTHER_DIR\n")
+    # After argument errors: importing JAX (with sao_jax.train) takes seconds.
     from sao_jax import train
 
+    if not args.resume:
+      train.refuse_to_overwrite(cfg)
     summary = train.run(cfg, resume=args.resume)
   except (ValueError, FileNotFoundError) as error:
     parser.exit(2, f"error: {error}\n")

@@ -5,23 +5,59 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from sao_jax.config.checks import fail
+from sao_jax.config.checks import check_positive, fail
 
 # Task sources each environment accepts; the first is the default.
 ENV_TASK_SOURCES = {"math_tool": ("generator", "jsonl"), "style": ("builtin", "jsonl"),
                     "coding": ("generator", "dir", "jsonl"), "sanity": ("generator",)}
 ENV_JUDGES = ("rule", "http")
+# Generated-task kinds: math problems, and the bugs planted in coding tasks
+# ("mixed" draws one of the others per task).
 ENV_PROBLEM_KINDS = ("arithmetic", "word", "mixed")
-ENV_CODING_BUG_KINDS = ("off_by_one", "wrong_operator", "missing_edge_case", "wrong_value", "mixed")
+CODING_BUG_KINDS = ("off_by_one", "wrong_operator", "missing_edge_case", "wrong_value")
+ENV_CODING_BUG_KINDS = CODING_BUG_KINDS + ("mixed",)
 ENV_STYLES = ("academic", "cute", "chuunibyou", "classical")
+# How tool code is isolated (`sao_jax.envs.sandbox`): "bwrap" = kernel namespaces,
+# refused where they cannot be set up; "unisolated" = rlimits only (logged loudly).
+SANDBOX_MODES = ("bwrap", "unisolated")
+DEFAULT_SANDBOX = SANDBOX_MODES[0]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SandboxLimits:
+  """Resource limits of one tool run (`sao_jax.envs.sandbox`; the `env.tool` section).
+  Sizes in MiB / bytes, times in seconds."""
+
+  wall_time_s: float = 10.0
+  cpu_time_s: int = 5
+  memory_mb: int = 1024
+  file_size_mb: int = 16
+  max_open_files: int = 64
+  max_output_bytes: int = 16384
+  # Each private tmpfs of a run (work directory, /tmp, /dev/shm) holds at most this.
+  disk_mb: int = 64
+  # Let the code import the caller's installed packages (e.g. sympy, numpy),
+  # read-only. Off by default: the stdlib alone is the smaller surface.
+  site_packages: bool = False
+
+  def validate(self) -> None:
+    if isinstance(self.wall_time_s, bool) or not isinstance(self.wall_time_s, (int, float)) or (
+        not self.wall_time_s > 0):
+      fail("env.tool", "wall_time_s", self.wall_time_s, "expected a number of seconds > 0")
+    check_positive("env.tool", self, "cpu_time_s", "memory_mb", "file_size_mb", "max_open_files",
+                   "max_output_bytes", "disk_mb")
+    if self.max_open_files < 16:
+      fail("env.tool", "max_open_files", self.max_open_files, "the interpreter needs at least 16")
+    if not isinstance(self.site_packages, bool):
+      fail("env.tool", "site_packages", self.site_packages, "expected True or False")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EnvConfig:
   """Which environment and task source, and their limits (semantics: `sao_jax.envs`).
 
-  The names accepted for `name` and `task_source` are the keys of
-  `sao_jax.envs.registry`; tests/envs check the two stay in step.
+  The names accepted for `name` and `task_source` are defined here
+  (`ENV_TASK_SOURCES`); `sao_jax.envs.registry` builds each of them.
   """
 
   name: str = "math_tool"
@@ -39,12 +75,8 @@ class EnvConfig:
   coding_task_dir: str = ""
   coding_partial_reward: bool = False
   # Python tool sandbox (math_tool; coding's run_tests, python and grading).
-  tool_wall_time_s: float = 10.0
-  tool_cpu_time_s: int = 5
-  tool_memory_mb: int = 1024
-  tool_file_size_mb: int = 16
-  tool_max_output_bytes: int = 16384
-  tool_site_packages: bool = False
+  tool: SandboxLimits = dataclasses.field(default_factory=SandboxLimits)
+  sandbox: str = DEFAULT_SANDBOX  # One of SANDBOX_MODES.
   # Style environment: (first policy version, style) phases, and the judge. The
   # sampler's policy version counts policy updates (= learner steps after critic warm-up).
   style_schedule: tuple[tuple[int, str], ...] = ((0, "academic"), (200, "cute"),
@@ -73,11 +105,13 @@ class EnvConfig:
     if self.resolved_task_source == "dir" and not os.path.isdir(self.coding_task_dir):
       fail("env", "coding_task_dir", self.coding_task_dir,
            "task_source='dir' needs an existing directory of task directories or archives")
-    for field in ("max_turns", "max_observation_chars", "tool_cpu_time_s", "tool_memory_mb",
-                  "tool_file_size_mb", "tool_max_output_bytes"):
-      value = getattr(self, field)
-      if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        fail("env", field, value, "expected a positive integer")
+    check_positive("env", self, "max_turns", "max_observation_chars")
+    if not isinstance(self.tool, SandboxLimits):
+      fail("env", "tool", self.tool, "expected a SandboxLimits (sao_jax.config.env)")
+    self.tool.validate()
+    if self.sandbox not in SANDBOX_MODES:
+      fail("env", "sandbox", self.sandbox,
+           f"allowed values are {', '.join(map(repr, SANDBOX_MODES))}")
     if isinstance(self.seed, bool) or not isinstance(self.seed, int):
       fail("env", "seed", self.seed, "expected an integer")
     if isinstance(self.difficulty, bool) or self.difficulty not in range(1, 6):
@@ -90,10 +124,9 @@ class EnvConfig:
            f"allowed values are {', '.join(map(repr, ENV_CODING_BUG_KINDS))}")
     if not isinstance(self.coding_partial_reward, bool):
       fail("env", "coding_partial_reward", self.coding_partial_reward, "expected True or False")
-    for field in ("tool_wall_time_s", "judge_timeout_s"):
-      value = getattr(self, field)
-      if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        fail("env", field, value, "expected a number of seconds > 0")
+    value = self.judge_timeout_s
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+      fail("env", "judge_timeout_s", value, "expected a number of seconds > 0")
     if isinstance(self.judge_retries, bool) or not isinstance(self.judge_retries, int) or (
         self.judge_retries < 0):
       fail("env", "judge_retries", self.judge_retries, "expected an integer >= 0")

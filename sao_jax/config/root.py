@@ -48,13 +48,33 @@ class Config:
             f"must be a multiple of algorithm.group_size={self.algorithm.group_size} so "
             "that whole groups fit a batch")
     if self.run.num_samplers == 0:
-      if self.data.transport != "directory":
-        fail("run", "num_samplers", 0,
-             f"no local samplers means samplers elsewhere (sao-sampler) send trajectories "
-             f"through a shared directory, but data.transport={self.data.transport!r}; set "
-             "data.transport='directory' and data.transport_dir")
-      if self.sampler.weights == "shared_memory":
-        fail("run", "num_samplers", 0,
-             "samplers elsewhere (sao-sampler) cannot read sampler.weights='shared_memory'; "
-             "set sampler.weights='network' (or 'directory')")
+      self.check_remote_samplers()
     return self
+
+  def check_remote_samplers(self) -> None:
+    """ValueError unless samplers on other hosts (`sao-sampler`) can reach the
+    learner: trajectories through a shared directory, weights over the network or
+    a shared directory."""
+    if self.data.transport != "directory":
+      fail("data", "transport", self.data.transport,
+           "samplers elsewhere (sao-sampler, run.num_samplers=0) send trajectories through "
+           "a shared directory; set data.transport='directory' and data.transport_dir (the "
+           "same on both sides)")
+    if self.sampler.weights == "shared_memory":
+      fail("sampler", "weights", self.sampler.weights,
+           "samplers elsewhere (sao-sampler, run.num_samplers=0) cannot read the learner's "
+           "shared memory; set sampler.weights='network' (with weights_addresses) or "
+           "'directory'")
+    if self.sampler.weights == "network" and not self.sampler.weights_addresses:
+      fail("sampler", "weights_addresses", self.sampler.weights_addresses,
+           "samplers elsewhere (sao-sampler, run.num_samplers=0) connect to the learner "
+           "hosts; list the host:port of every learner host, in process order")
+
+  def with_run_paths(self) -> "Config":
+    """This config with the paths derived from `run.run_dir` filled in (today
+    `checkpoint.directory`, default `run.default_checkpoint_dir`); every job
+    resolves paths through here."""
+    if self.checkpoint.directory is not None:
+      return self
+    return dataclasses.replace(self, checkpoint=dataclasses.replace(
+        self.checkpoint, directory=self.run.default_checkpoint_dir))

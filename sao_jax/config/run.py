@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 
 from sao_jax.config.checks import check_positive, fail
 
@@ -39,6 +40,23 @@ class RunConfig:
   eval_episodes: int = 64
   eval_seed: int = 1_000_003
   num_samplers: int = 1
+
+  @property
+  def tokenizer_file(self) -> str:
+    """The run's own tokenizer.json, which the learner writes (trained, or a copy of
+    `tokenizer`) and `sao-eval` reads."""
+    return str(pathlib.Path(self.run_dir) / "tokenizer.json")
+
+  @property
+  def tokenizer_source(self) -> str:
+    """Where a sampler on another host loads the tokenizer: `tokenizer` when set
+    (the run directory may not be shared), else the run's own copy."""
+    return self.tokenizer or self.tokenizer_file
+
+  @property
+  def default_checkpoint_dir(self) -> str:
+    """Where checkpoints go unless `checkpoint.directory` says otherwise."""
+    return str(pathlib.Path(self.run_dir) / "checkpoints")
 
   def validate(self) -> None:
     if not self.run_dir:

@@ -43,7 +43,13 @@ class SamplerConfig:
   in `weights_dir`, a directory or bucket all hosts share) or "network" (every
   learner host serves its shards over TCP on `weights_port`; samplers on other
   hosts connect to `weights_addresses`, the "host:port" of every learner host in
-  process order; empty: only this host, for same-host samplers).
+  process order; empty: only this host, for same-host samplers). Its peers
+  prove a shared secret (`sao_jax.sampler.weights_wire`): the bytes of
+  `weights_secret_file`, or of the environment variable `weights_secret_env`
+  (at most one of the two); required with `weights_addresses` (samplers on other
+  hosts), a fresh random one otherwise. Each learner host listens on its own
+  entry of `weights_addresses` (loopback without them) and serves at most
+  `weights_max_connections` connections at once.
 
   Placement: with `sharded`, a sampler process lays params and KV cache out
   over all its local devices with the top-level `mesh` config (its -1 axis
@@ -66,6 +72,9 @@ class SamplerConfig:
   weights_dir: str = ""
   weights_port: int = 0  # 0: any free port (same-host samplers learn it from the learner)
   weights_addresses: tuple[str, ...] = ()
+  weights_secret_file: str = ""
+  weights_secret_env: str = ""
+  weights_max_connections: int = 64
   sharded: bool = False
 
   def validate(self) -> None:
@@ -82,6 +91,17 @@ class SamplerConfig:
       if not host or not number.isdigit() or not 0 < int(number) < 65536:
         fail("sampler", "weights_addresses", self.weights_addresses,
              f"{address!r} is not host:port (one entry per learner host, e.g. '10.0.0.2:5617')")
+    check_positive("sampler", self, "weights_max_connections")
+    if self.weights_secret_file and self.weights_secret_env:
+      fail("sampler", "weights_secret_env", self.weights_secret_env,
+           "set one of sampler.weights_secret_file and sampler.weights_secret_env, not both")
+    if self.weights == "network" and self.weights_addresses and not (
+        self.weights_secret_file or self.weights_secret_env):
+      fail("sampler", "weights_secret_file", self.weights_secret_file,
+           "weights_addresses (samplers on other hosts) needs a shared secret: create one with "
+           "`head -c 32 /dev/urandom > weights.secret`, copy it to every learner and sampler "
+           "host and set sampler.weights_secret_file=weights.secret (or "
+           "sampler.weights_secret_env to a variable holding it)")
     buckets = self.prefill_buckets
     if (not buckets or any(isinstance(b, bool) or not isinstance(b, int) or b <= 0 for b in buckets)
         or list(buckets) != sorted(set(buckets))):

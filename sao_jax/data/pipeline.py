@@ -270,6 +270,10 @@ class _AdmitIterator(_Iterator):
           kept.append(traj)
         else:
           self._drops[reason] += 1
+          kind = traj.info.get("failure_kind") if reason == "env_failure" else None
+          if isinstance(kind, str) and kind.isidentifier() and len(kind) <= 64:
+            self._drops[f"env_failure/{kind}"] += 1  # by exception type (sampler.episodes)
+            self._drops.examples[f"env_failure/{kind}"] = traj.env_failure
           self._drops.examples[reason] = (
               traj.env_failure if reason == "env_failure" else
               f"lag {version - traj.policy_versions[0]}" if reason == "stale" else

@@ -11,7 +11,13 @@ log-probs off the action mask, token ids out of range); the pipeline rejects suc
 trajectories with the reason counted, so they never reach the loss.
 
 `to_bytes` / `from_bytes` give a compact, pickle-free encoding (an `.npz`
-archive) for record files that cross hosts.
+archive) for record files that cross hosts. `from_bytes` treats its input as
+untrusted: it accepts only the archive `to_bytes` writes (the five members,
+stored or deflated, 1-D arrays of the expected kinds, metadata of the expected
+types), never decompresses more than `max_record_bytes(max_tokens)` (a
+trajectory holds at most `sampler.max_seq_len` tokens), and raises
+`RecordError` with a short `reason` ('unreadable', 'oversized', 'malformed')
+for anything else.
 """
 
 from __future__ import annotations
@@ -19,10 +25,21 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import zipfile
+import zlib
 
 import numpy as np
 
+from sao_jax import bounded_json
+
 ARRAYS = ("tokens", "action_mask", "behavior_logp", "rewards")
+# The dtype kinds each array may have (integers for ids and the mask, floats for the rest).
+_KINDS = {"tokens": "iu", "action_mask": "iub", "behavior_logp": "f", "rewards": "f"}
+_MAX_ITEMSIZE = 8  # bytes per element of any array
+_NPY_HEADER_BYTES = 4096  # an .npy member's magic and header (numpy writes ~128)
+_META_BYTES = 1 << 20  # the JSON metadata: ids, versions, an env failure text, small info
+_META_DEPTH = 16
+_ZIP_OVERHEAD = 4096  # local and central directory entries of five members
 
 
 @dataclasses.dataclass
@@ -83,10 +100,109 @@ def to_bytes(traj: Trajectory) -> bytes:
   return buffer.getvalue()
 
 
-def from_bytes(data: bytes) -> Trajectory:
-  with np.load(io.BytesIO(data), allow_pickle=False) as archive:
-    meta = json.loads(archive["meta"].tobytes().decode())
-    arrays = {name: archive[name] for name in ARRAYS}
-  return Trajectory(**arrays, prompt_id=meta["prompt_id"],
-                    policy_versions=tuple(meta["policy_versions"]),
+class RecordError(ValueError):
+  """Bytes that are not a record `to_bytes` could have written; `reason` is a drop key."""
+
+  def __init__(self, reason: str, detail: str):
+    super().__init__(f"{reason}: {detail}")
+    self.reason = reason
+
+
+def _member_bytes(max_tokens: int) -> int:
+  return _NPY_HEADER_BYTES + _MAX_ITEMSIZE * max_tokens
+
+
+def max_record_bytes(max_tokens: int) -> int:
+  """Most bytes a record of a trajectory of at most `max_tokens` tokens can take,
+  decompressed or not: four arrays of <= 8-byte elements, the metadata, zip framing."""
+  return len(ARRAYS) * _member_bytes(max_tokens) + _NPY_HEADER_BYTES + _META_BYTES + _ZIP_OVERHEAD
+
+
+def _read_npy(raw: bytes, name: str, kinds: str, max_length: int) -> np.ndarray:
+  """The 1-D array an .npy member holds, checked before any allocation."""
+  stream = io.BytesIO(raw)
+  try:
+    version = np.lib.format.read_magic(stream)
+    read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                   (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+    if read_header is None:
+      raise RecordError("malformed", f"{name}: .npy format version {version}")
+    shape, _, dtype = read_header(stream, max_header_size=_NPY_HEADER_BYTES)
+  except RecordError:
+    raise
+  except (ValueError, SyntaxError, TypeError) as error:  # bad magic, header or dtype
+    raise RecordError("malformed", f"{name}: not an .npy array ({error})") from None
+  if dtype.hasobject or dtype.kind not in kinds or dtype.itemsize > _MAX_ITEMSIZE or (
+      len(shape) != 1):
+    raise RecordError("malformed", f"{name}: a {dtype} array of shape {shape}; expected 1-D "
+                                   f"of kind {kinds!r}")
+  if shape[0] > max_length:
+    raise RecordError("oversized", f"{name}: {shape[0]} elements, more than {max_length}")
+  if len(raw) - stream.tell() != shape[0] * dtype.itemsize:
+    raise RecordError("malformed", f"{name}: {len(raw) - stream.tell()} data bytes for "
+                                   f"{shape[0]} x {dtype}")
+  return np.frombuffer(raw, dtype, count=shape[0], offset=stream.tell()).copy()
+
+
+def _members(data: bytes, max_tokens: int) -> dict[str, bytes]:
+  """Each member's bytes, decompressed with a cap (zipfile stops at the declared size)."""
+  expected = {f"{name}.npy" for name in ("meta",) + ARRAYS}
+  try:
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+      infos = archive.infolist()
+      names = [info.filename for info in infos]
+      if sorted(names) != sorted(expected):
+        raise RecordError("malformed", f"members {names[:8]}; expected {sorted(expected)}")
+      members = {}
+      for info in infos:
+        cap = (_NPY_HEADER_BYTES + _META_BYTES if info.filename == "meta.npy"
+               else _member_bytes(max_tokens))
+        # bzip2 and lzma members decompress without a cap inside zipfile.
+        if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+          raise RecordError("malformed", f"{info.filename}: compression {info.compress_type}")
+        if info.file_size > cap:
+          raise RecordError("oversized", f"{info.filename}: {info.file_size} bytes, more than "
+                                         f"the {cap} a {max_tokens}-token trajectory needs")
+        with archive.open(info) as member:
+          members[info.filename[:-len(".npy")]] = member.read(cap + 1)
+  except RecordError:
+    raise
+  except (zipfile.BadZipFile, zlib.error, EOFError, OSError, RuntimeError, NotImplementedError,
+          ValueError) as error:  # truncated, garbage, bad CRC, encrypted
+    raise RecordError("unreadable", f"not a record archive ({error})") from None
+  return members
+
+
+def from_bytes(data: bytes, *, max_tokens: int | None = None) -> Trajectory:
+  """The trajectory `to_bytes` encoded; `RecordError` for anything else (module docstring).
+  Without `max_tokens` (this process's own bytes, e.g. checkpointed pipeline state) an
+  array may hold as many elements as `data` has bytes."""
+  max_tokens = len(data) if max_tokens is None else max_tokens
+  if len(data) > max_record_bytes(max_tokens):
+    raise RecordError("oversized", f"{len(data)} bytes, more than the "
+                                   f"{max_record_bytes(max_tokens)} of a {max_tokens}-token record")
+  members = _members(data, max_tokens)
+  arrays = {name: _read_npy(members[name], name, _KINDS[name], max_tokens) for name in ARRAYS}
+  meta_bytes = _read_npy(members["meta"], "meta", "u", _META_BYTES)
+  if meta_bytes.dtype != np.uint8:
+    raise RecordError("malformed", f"meta: {meta_bytes.dtype} instead of uint8")
+  try:
+    meta = bounded_json.loads(meta_bytes.tobytes(), max_bytes=_META_BYTES,
+                              max_depth=_META_DEPTH, what="record metadata")
+  except ValueError as error:
+    raise RecordError("malformed", str(error)) from None
+  if not isinstance(meta, dict) or set(meta) != {"prompt_id", "policy_versions", "env_failure",
+                                                 "info"}:
+    raise RecordError("malformed", f"metadata {str(meta)[:100]}")
+  versions = meta["policy_versions"]
+  if (not _is_int(meta["prompt_id"]) or not isinstance(versions, list) or len(versions) != 2
+      or not all(map(_is_int, versions))
+      or not isinstance(meta["env_failure"], (str, type(None)))
+      or not isinstance(meta["info"], dict)):
+    raise RecordError("malformed", f"metadata of the wrong types: {str(meta)[:200]}")
+  return Trajectory(**arrays, prompt_id=meta["prompt_id"], policy_versions=tuple(versions),
                     env_failure=meta["env_failure"], info=meta["info"])
+
+
+def _is_int(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)

@@ -20,14 +20,27 @@ nothing to read.
   readers), or, with `by_prompt=True` (GRPO groups, which must reach one reader
   whole), the trajectory's `prompt_id`. The partition is a function of the file
   name alone, so it needs no coordination and survives restarts.
+
+  The directory is shared, so a reader trusts nothing in it: a record that
+  is unreadable (truncated, garbage), oversized (more than
+  `records.max_record_bytes(max_tokens)`, compressed or not) or malformed (other
+  members, dtypes, shapes or metadata; a prompt id that differs from its name),
+  and a `.traj` file whose name is not `<writer>-<seq>.p<prompt id>.traj`, is
+  moved to `quarantine/<name>.<reason>` and counted in `drops` as
+  `quarantined_<reason>` (the learner passes its `pipeline.Drops`, so these reach
+  the `dropped/...` metrics). Records are parsed by `records.from_bytes`, never
+  unpickled. A file another reader takes or moves between listing and reading is
+  skipped silently.
 """
 
 from __future__ import annotations
 
+import collections
 import multiprocessing
 import os
 import pathlib
 import queue
+import re
 import time
 import uuid
 
@@ -78,43 +91,115 @@ class QueueTransport:
     return self._closed.is_set()
 
 
+# <writer>-<seq>.p<prompt id>.traj, as `DirectoryTransport.put` names records.
+_RECORD_NAME = re.compile(r"(?P<writer>.+)-(?P<seq>[0-9]{1,20})\.p(?P<prompt>-?[0-9]{1,20})\.traj")
+
+
 class DirectoryTransport:
   """Cross-host transport through record files in a shared directory."""
 
   SUFFIX = ".traj"
+  QUARANTINE = "quarantine"
 
   def __init__(self, directory: str | os.PathLike, capacity: int, writer_id: str | None = None,
-               *, shard: tuple[int, int] = (0, 1), by_prompt: bool = False):
-    """`shard=(i, n)`: this reader takes the records of key i mod n (module docstring)."""
+               *, max_tokens: int, shard: tuple[int, int] = (0, 1), by_prompt: bool = False,
+               drops: collections.Counter | None = None):
+    """`shard=(i, n)`: this reader takes the records of key i mod n (module docstring).
+    `max_tokens` (`sampler.max_seq_len`) bounds a record's size; `drops` counts the
+    quarantined ones (a `pipeline.Drops` also gets an example per reason)."""
     if capacity <= 0:
       raise ValueError(f"transport capacity={capacity} must be positive")
     if not 0 <= shard[0] < shard[1]:
       raise ValueError(f"transport shard={shard} must be (index, count) with 0 <= index < count")
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens <= 0:
+      raise ValueError(f"transport max_tokens={max_tokens!r} must be a positive integer "
+                       "(sampler.max_seq_len)")
     self.directory = pathlib.Path(directory)
     self.directory.mkdir(parents=True, exist_ok=True)
-    self.capacity = capacity
+    self.capacity, self.max_tokens = capacity, max_tokens
+    self.drops = collections.Counter() if drops is None else drops
     self._writer_id = writer_id or uuid.uuid4().hex[:12]
     self._seq = 0
     self.shard, self.by_prompt = shard, by_prompt
+
+  def __getstate__(self) -> dict:
+    # The reader's drop counter stays with the reader (a copy writes, never quarantines).
+    return {**self.__dict__, "drops": None}
 
   def __setstate__(self, state: dict) -> None:
     """A copy in another process (a spawned sampler, or its restart) is a new writer:
     with the sender's id and counter it would overwrite the sender's unread records."""
     self.__dict__.update(state)
+    self.drops = collections.Counter()
     self._writer_id = f"{state['_writer_id']}.{uuid.uuid4().hex[:8]}"
     self._seq = 0
 
-  def _pending(self) -> list[pathlib.Path]:
-    return list(self.directory.glob(f"*{self.SUFFIX}"))
+  def _pending(self) -> list[str]:
+    return [name for name in os.listdir(self.directory) if name.endswith(self.SUFFIX)]
 
-  def _mine(self, path: pathlib.Path) -> bool:
-    """Whether the record at `path` belongs to this reader's shard."""
+  def _mine(self, match: re.Match) -> bool:
+    """Whether the record named `match` belongs to this reader's shard."""
     index, count = self.shard
-    if count == 1:
-      return True
-    record, _, prompt_id = path.name[:-len(self.SUFFIX)].rpartition(".p")
-    seq = record.rpartition("-")[2]
-    return int(prompt_id if self.by_prompt else seq) % count == index
+    return int(match["prompt" if self.by_prompt else "seq"]) % count == index
+
+  def _quarantine(self, path: pathlib.Path, reason: str, detail: str) -> None:
+    """Moves `path` aside (never read again) and counts it, unless another reader was first."""
+    folder = self.directory / self.QUARANTINE
+    folder.mkdir(exist_ok=True)
+    try:
+      path.rename(folder / f"{path.name}.{reason}")
+    except FileNotFoundError:
+      return  # another reader moved or consumed it: theirs to count
+    key = f"quarantined_{reason}"
+    self.drops[key] += 1
+    examples = getattr(self.drops, "examples", None)
+    if examples is not None:
+      examples[key] = f"{path.name}: {detail}"[:300]
+
+  def _ready(self) -> list[tuple[pathlib.Path, re.Match]]:
+    """This reader's records, oldest first; stray names are quarantined on the way."""
+    found = []
+    with os.scandir(self.directory) as entries:
+      for entry in entries:
+        if not entry.name.endswith(self.SUFFIX):
+          continue  # a writer's .tmp, CLOSED, the quarantine folder
+        path = pathlib.Path(entry.path)
+        match = _RECORD_NAME.fullmatch(entry.name)
+        if match is None:
+          self._quarantine(path, "bad_name", "not <writer>-<seq>.p<prompt id>.traj")
+          continue
+        if not self._mine(match):
+          continue
+        try:
+          found.append((entry.stat().st_mtime_ns, entry.name, path, match))
+        except FileNotFoundError:
+          continue  # taken by another reader since the listing
+    return [(path, match) for _, _, path, match in sorted(found)]
+
+  def _read(self, path: pathlib.Path, match: re.Match) -> Trajectory | None:
+    """The record at `path`, consumed; None if it was quarantined or another reader took it."""
+    limit = records.max_record_bytes(self.max_tokens)
+    try:
+      with path.open("rb") as file:
+        data = file.read(limit + 1)  # never more than a record can be
+    except FileNotFoundError:
+      return None
+    except OSError as error:  # a directory named *.traj, an unreadable file
+      self._quarantine(path, "unreadable", str(error))
+      return None
+    try:
+      traj = records.from_bytes(data, max_tokens=self.max_tokens)
+    except records.RecordError as error:
+      self._quarantine(path, error.reason, str(error))
+      return None
+    if traj.prompt_id != int(match["prompt"]):
+      self._quarantine(path, "malformed", f"holds prompt {traj.prompt_id}")
+      return None
+    try:
+      path.unlink()
+    except FileNotFoundError:
+      return None  # another reader consumed it too: only one may keep it
+    return traj
 
   def reopen(self) -> None:
     """Clears a previous run's close marker, so writers of this run are not turned away."""
@@ -143,13 +228,10 @@ class DirectoryTransport:
   def get(self, timeout: float = 0.0) -> Trajectory | None:
     deadline = time.monotonic() + timeout
     while True:
-      pending = sorted(filter(self._mine, self._pending()),
-                       key=lambda p: (p.stat().st_mtime_ns, p.name))
-      if pending:
-        path = pending[0]
-        traj = records.from_bytes(path.read_bytes())
-        path.unlink()
-        return traj
+      for path, match in self._ready():
+        traj = self._read(path, match)
+        if traj is not None:
+          return traj
       if time.monotonic() >= deadline:
         return None
       time.sleep(0.02)

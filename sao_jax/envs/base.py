@@ -109,6 +109,11 @@ class Environment(abc.ABC):
     for environments that change during training; by default it changes nothing."""
     del step
 
+  def close(self) -> None:
+    """Releases what the current episode holds (files, processes). The sampler
+    calls it whenever an episode ends, however it ends; calling it twice is safe.
+    Nothing to release by default."""
+
   def reset(self, task: Task) -> list[Message]:
     """Starts an episode; returns the initial chat messages (system and/or user)."""
     self.task, self.turn, self.done = task, 0, False

@@ -3,45 +3,61 @@
     env = make_env(config)        # a fresh Environment (one per concurrent episode)
     tasks = make_tasks(config)    # an endless iterator of Task
 
-Environments: "math_tool" (`math_tool.MathToolEnv`), "style"
-(`style.StyleEnv`), "coding" (`coding.CodingEnv`) and "sanity" (`sanity.SanityEnv`,
-generated tasks only). Task sources (the first
+Environments: "math_tool" (`math.tool.MathToolEnv`), "style"
+(`style.env.StyleEnv`), "coding" (`coding.env.CodingEnv`) and "sanity"
+(`sanity.SanityEnv`, generated tasks only). Task sources (the first
 is the default when `task_source` is empty): for math_tool "generator" (seeded
-`math_tasks.generate_task`) or "jsonl"; for style "builtin"
-(`style.builtin_task`) or "jsonl"; for coding "generator" (seeded
-`coding_generator.generate_task`), "dir" (`coding_tasks.load_task_root` of
-`coding_task_dir`) or "jsonl" (`coding_tasks.load_jsonl`, a different row
+`math.tasks.generate_task`) or "jsonl"; for style "builtin"
+(`style.env.builtin_task`) or "jsonl"; for coding "generator" (seeded
+`coding.generator.generate_task`), "dir" (`coding.tasks.load_task_root` of
+`coding_task_dir`) or "jsonl" (`coding.tasks.load_jsonl`, a different row
 format from the other two). Loaded tasks come back in a fresh seeded order
 each epoch.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 from typing import Callable, Iterator
 
-from sao_jax.envs import (coding, coding_generator, coding_tasks, judge, math_tasks, math_tool,
-                          sandbox, sanity, style, tasks)
+from sao_jax.envs import sanity, tasks
+from sao_jax.envs.coding import env as coding
+from sao_jax.envs.coding import generator as coding_generator
+from sao_jax.envs.coding import tasks as coding_tasks
+from sao_jax.envs.math import tasks as math_tasks
+from sao_jax.envs.math import tool as math_tool
+from sao_jax.envs.style import env as style
+from sao_jax.envs.style import judge
 from sao_jax.envs.base import Environment, Task
 from sao_jax.config import EnvConfig
 
 
-def _sandbox_limits(config: EnvConfig) -> sandbox.SandboxLimits:
-  return sandbox.SandboxLimits(
-      wall_time_s=config.tool_wall_time_s, cpu_time_s=config.tool_cpu_time_s,
-      memory_mb=config.tool_memory_mb, file_size_mb=config.tool_file_size_mb,
-      max_output_bytes=config.tool_max_output_bytes, site_packages=config.tool_site_packages)
+@functools.cache
+def _warn_unisolated() -> None:
+  """Once per process, loudly: tool code runs without kernel isolation."""
+  logging.getLogger(__name__).warning(
+      "env.sandbox='unisolated': model-written code runs WITHOUT kernel isolation, as this "
+      "process's user, with only resource limits. Only for trusted policies; install "
+      "bubblewrap and use env.sandbox='bwrap' otherwise.")
+
+
+def _isolation(config: EnvConfig) -> str:
+  if config.sandbox == "unisolated":
+    _warn_unisolated()
+  return config.sandbox
 
 
 def _math_env(config: EnvConfig) -> Environment:
   return math_tool.MathToolEnv(max_turns=config.max_turns,
                                max_observation_chars=config.max_observation_chars,
-                               sandbox_limits=_sandbox_limits(config))
+                               sandbox_limits=config.tool, isolation=_isolation(config))
 
 
 def _coding_env(config: EnvConfig) -> Environment:
   return coding.CodingEnv(max_turns=config.max_turns,
                           max_observation_chars=config.max_observation_chars,
-                          sandbox_limits=_sandbox_limits(config),
+                          sandbox_limits=config.tool, isolation=_isolation(config),
                           partial_reward=config.coding_partial_reward)
 
 
@@ -55,6 +71,8 @@ def _style_env(config: EnvConfig) -> Environment:
                         max_observation_chars=config.max_observation_chars)
 
 
+# The names are `config.env.ENV_TASK_SOURCES` (validated there); these tables
+# say how to build each.
 ENVIRONMENTS: dict[str, Callable[[EnvConfig], Environment]] = {
     "math_tool": _math_env,
     "style": _style_env,
@@ -83,23 +101,24 @@ TASK_SOURCES: dict[str, dict[str, Callable[[EnvConfig], Iterator[Task]]]] = {
     "sanity": {"generator": lambda c: sanity.iterate_generated(seed=c.seed)},
 }
 
-
-def _known(name: str, table: dict, what: str) -> None:
-  if name not in table:
-    raise ValueError(f"unknown {what} {name!r}; known: {', '.join(map(repr, table))}.")
+# Scripted ideal turns per environment (task -> the assistant turns that earn full
+# reward): what the SFT warm-start (`sao_jax.warm_start`) imitates and a run's own
+# tokenizer is trained on.
+DEMONSTRATIONS: dict[str, Callable[[Task], list[str]]] = {
+    "math_tool": math_tasks.demonstration,
+    "coding": coding_generator.solution_actions,
+    "style": style.demonstration,
+    "sanity": sanity.demonstration,
+}
 
 
 def make_env(config: EnvConfig) -> Environment:
   """A new environment named by `config.name`."""
-  _known(config.name, ENVIRONMENTS, "environment")
   config.validate()
   return ENVIRONMENTS[config.name](config)
 
 
 def make_tasks(config: EnvConfig) -> Iterator[Task]:
   """An endless task iterator for `config.name` from `config.task_source`."""
-  _known(config.name, TASK_SOURCES, "environment")
-  source = config.resolved_task_source
-  _known(source, TASK_SOURCES[config.name], f"task source for {config.name!r}")
   config.validate()
-  return TASK_SOURCES[config.name][source](config)
+  return TASK_SOURCES[config.name][config.resolved_task_source](config)

@@ -18,6 +18,10 @@ tool outputs, and the template glue `<|im_start|>assistant\n` and the newline
 after `<|im_end|>` - is observation. Each piece is encoded separately, so the
 mask boundaries are exact and the ids equal what the sampler appends turn by
 turn.
+
+Text is forced to valid UTF-8 before encoding (`valid_utf8`): a Python string
+can hold lone surrogates (a file name with undecodable bytes as `os.listdir`
+returns it, a tool's output), which the tokenizer rejects; each becomes U+FFFD.
 """
 
 from __future__ import annotations
@@ -62,8 +66,18 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> tokenizers.Tokeniz
   return tokenizer
 
 
+def valid_utf8(text: str) -> str:
+  """`text` with every lone surrogate replaced by U+FFFD (a valid pair, which
+  UTF-8 cannot hold either, becomes the character it encodes)."""
+  try:
+    text.encode("utf-8")
+    return text
+  except UnicodeEncodeError:
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
 def _ids(tokenizer: tokenizers.Tokenizer, text: str) -> list[int]:
-  return tokenizer.encode(text, add_special_tokens=False).ids if text else []
+  return tokenizer.encode(valid_utf8(text), add_special_tokens=False).ids if text else []
 
 
 def encode_chat(tokenizer: tokenizers.Tokenizer, messages: Sequence[dict[str, str]],

@@ -19,11 +19,22 @@ context is finished with reward 0 and `info["truncated"] = True`. `info["end"]`
 is why the episode ended (the environment's reason, e.g. "answer" or
 "max_turns", or "truncated") and `info["last_turn_end"]` why its last turn did
 (the engine's finish_reason: "max_new_tokens" / "max_seq_len" = cut by length).
+
+One episode's fault is never the runner's: any exception from `env.reset`,
+`env.step` (a judge, a tool, a parser inside it) or from encoding the prompt or
+an observation ends that episode as an environment failure with
+`info["failure_kind"]` = the exception's type (environment-declared failures
+get `ENV_DECLARED`), which the learner counts as `dropped/env_failure/<kind>`.
+`failures` counts them here too; the first traceback of each kind is logged,
+later ones only counted. An episode that fails before it reaches the engine
+still yields a (token-less) failed trajectory, so a GRPO group stays complete.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import traceback
 import zlib
 from typing import Callable, Iterator
 
@@ -46,6 +57,9 @@ def make_engine(cfg: SamplerConfig, model_cfg: ModelConfig, params: Params, toke
                 detokenize=lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False))
 
 
+ENV_DECLARED = "env_declared"  # failure_kind of a failure the environment returned
+
+
 def prompt_slot(task: Task, num_slots: int) -> int:
   """A task's running-mean / group id in [0, num_slots): a stable hash of its id."""
   return zlib.crc32(task.id.encode()) % num_slots
@@ -61,75 +75,140 @@ class _Live:
 
 
 class EpisodeRunner:
-  """Drives episodes of `make_env()` environments through `engine`."""
+  """Drives episodes of `make_env()` environments through `engine`.
+
+  `failures` counts episodes that raised, by exception type; `log` receives the
+  first traceback of each type.
+  """
 
   def __init__(self, engine: Engine, tokenizer, make_env: Callable[[], Environment], *,
-               max_episodes: int):
+               max_episodes: int, log: Callable[[str], None] = print):
     self.engine, self._tokenizer, self._make_env = engine, tokenizer, make_env
     self.max_episodes = max_episodes
+    self.failures: collections.Counter[str] = collections.Counter()
+    self._log = log
+    self._logged: set[str] = set()
     self._live: dict[int, _Live] = {}
+    self._failed: list[Trajectory] = []  # failed before reaching the engine; out at next step
     self._next_id = 0
     self._im_end = tokenizer.token_to_id(IM_END)
     self._newline = tokenizer.encode("\n", add_special_tokens=False).ids
 
   @property
   def in_flight(self) -> int:
-    return len(self._live)
+    return len(self._live) + len(self._failed)
 
   def start(self, task: Task, *, prompt_id: int, seed: int) -> None:
     env = self._make_env()
-    # Environments that change during training (the style schedule) see the policy
-    # version the episode starts with.
-    env.set_step(self.engine.version)
-    prompt, _ = encode_chat(self._tokenizer, env.reset(task), add_generation_prompt=True)
-    episode_id = self._next_id
+    try:
+      # Environments that change during training (the style schedule) see the policy
+      # version the episode starts with.
+      env.set_step(self.engine.version)
+      prompt, _ = encode_chat(self._tokenizer, env.reset(task), add_generation_prompt=True)
+      self.engine.submit(self._next_id, prompt, seed=seed % 2**32)
+    except Exception as error:  # this episode's fault, never the runner's
+      self._release(env, task)
+      version = self.engine.version
+      empty = np.zeros(0, np.float32)
+      self._failed.append(Trajectory(
+          tokens=np.zeros(0, np.int32), action_mask=np.zeros(0, np.int8), behavior_logp=empty,
+          rewards=empty, prompt_id=prompt_id, policy_versions=(version, version),
+          env_failure=self._failure("reset", task, error),
+          info={"task": task.id, "turns": 0, "end": "env_failure", "truncated": False,
+                "failure_kind": type(error).__name__}))
+      return
+    self._live[self._next_id] = _Live(env, task, prompt_id)
     self._next_id += 1
-    self.engine.submit(episode_id, prompt, seed=seed % 2**32)
-    self._live[episode_id] = _Live(env, task, prompt_id)
 
   def step(self) -> list[Trajectory]:
     """One engine step; returns the episodes that finished."""
-    finished = []
+    finished, self._failed = self._failed, []
     for turn in self.engine.step():
       done = self._advance(turn)
       if done is not None:
         finished.append(done)
     return finished
 
+  def close(self) -> None:
+    """Ends every episode in flight without a trajectory, releasing what its
+    environment holds (files, processes)."""
+    for episode_id in list(self._live):
+      self.engine.finish(episode_id)
+      live = self._live.pop(episode_id)
+      self._release(live.env, live.task)
+    self._failed = []
+
   def _advance(self, turn: Turn) -> Trajectory | None:
     live = self._live[turn.episode_id]
     live.turns += 1
-    action = self._tokenizer.decode(turn.tokens.tolist(), skip_special_tokens=True)
-    result = live.env.step(action)
+    try:
+      action = self._tokenizer.decode(turn.tokens.tolist(), skip_special_tokens=True)
+      result = live.env.step(action)
+    except Exception as error:  # this episode's fault, never the runner's
+      return self._fail(turn.episode_id, "step", error)
     live.last_turn_end = turn.finish_reason
     if result.done:
       return self._finish(turn.episode_id, reward=result.reward or 0.0,
-                          failure=result.failure, reason=result.reason)
+                          failure=result.failure, reason=result.reason,
+                          kind=None if result.failure is None else ENV_DECLARED)
     glue = [] if turn.tokens.size and turn.tokens[-1] == self._im_end else [self._im_end]
     message = {"role": live.env.observation_role, "content": result.observation}
-    observation, _ = encode_chat(self._tokenizer, [message], add_generation_prompt=True)
+    try:
+      observation, _ = encode_chat(self._tokenizer, [message], add_generation_prompt=True)
+    except Exception as error:
+      return self._fail(turn.episode_id, "encode", error)
     tokens = np.concatenate([np.asarray(glue + self._newline, np.int32), observation])
     if tokens.size >= self.engine.room(turn.episode_id):
       return self._finish(turn.episode_id, reward=0.0, failure=None, reason="truncated")
     self.engine.submit(turn.episode_id, tokens)
     return None
 
+  def _failure(self, stage: str, task: Task, error: Exception) -> str:
+    """Counts `error` by type, logs its first traceback of that type; the failure text."""
+    kind = type(error).__name__
+    self.failures[kind] += 1
+    self._log_once(kind, f"episode of task {task.id!r} failed in {stage} with {kind}; it is "
+                   "dropped as an environment failure (later ones are only counted, as "
+                   f"dropped/env_failure/{kind})", error)
+    return f"{stage} raised {kind}: {str(error)[:200]}"
+
+  def _release(self, env: Environment, task: Task) -> None:
+    """`env.close()`; an error there leaks the episode's files at worst, so it is
+    logged (once per type) and the episode's outcome stands."""
+    try:
+      env.close()
+    except Exception as error:
+      self._log_once(f"close/{type(error).__name__}", f"closing the environment of task "
+                     f"{task.id!r} failed with {type(error).__name__}", error)
+
+  def _log_once(self, key: str, text: str, error: Exception) -> None:
+    if key not in self._logged:
+      self._logged.add(key)
+      self._log(f"{text}:\n" + "".join(traceback.format_exception(error, limit=-20)))
+
+  def _fail(self, episode_id: int, stage: str, error: Exception) -> Trajectory:
+    failure = self._failure(stage, self._live[episode_id].task, error)
+    return self._finish(episode_id, reward=0.0, failure=failure, reason="env_failure",
+                        kind=type(error).__name__)
+
   def _finish(self, episode_id: int, *, reward: float, failure: str | None,
-              reason: str | None) -> Trajectory:
+              reason: str | None, kind: str | None = None) -> Trajectory:
     live = self._live.pop(episode_id)
+    self._release(live.env, live.task)
     out = self.engine.finish(episode_id)
     rewards = np.zeros(out.tokens.shape, np.float32)
     action_positions = np.flatnonzero(out.action_mask)
     if action_positions.size:
       rewards[action_positions[-1]] = reward
     versions = out.policy_versions or (self.engine.version, self.engine.version)
+    info = {"task": live.task.id, "turns": live.turns, "end": reason or "",
+            "truncated": reason == "truncated", "last_turn_end": live.last_turn_end}
+    if kind is not None:
+      info["failure_kind"] = kind
     return Trajectory(tokens=out.tokens.astype(np.int32), action_mask=out.action_mask.astype(np.int8),
                       behavior_logp=out.behavior_logp.astype(np.float32), rewards=rewards,
                       prompt_id=live.prompt_id, policy_versions=tuple(versions),
-                      env_failure=failure,
-                      info={"task": live.task.id, "turns": live.turns, "end": reason or "",
-                            "truncated": reason == "truncated",
-                            "last_turn_end": live.last_turn_end})
+                      env_failure=failure, info=info)
 
 
 def run_to_completion(runner: EpisodeRunner, tasks: Iterator[Task], count: int, *,

@@ -10,7 +10,11 @@ plus a picklable subscriber spec that a sampler process turns into a subscriber:
   `multiprocessing.shared_memory` block with two slots (double buffering), each
   guarded by a sequence counter (odd while being written). A reader copies the
   newest complete slot and re-checks its counter, so it never returns a torn
-  mix of two versions, and no parameter tree is pickled per update.
+  mix of two versions, and no parameter tree is pickled per update. The block
+  is named `sao_w<owner pid>_<random>`; a learner killed before `close()`
+  leaves it in /dev/shm, and the next publisher created on the host unlinks
+  every such block whose owner is dead (`reclaim_stale_blocks`). Samplers
+  still attached keep their mapping; they die with that learner anyway.
 - `DirectoryWeights` (many hosts): each version is an orbax checkpoint in a
   shared directory or bucket (written to a temporary name, renamed when
   complete); subscribers restore the newest one.
@@ -22,7 +26,9 @@ plus a picklable subscriber spec that a sampler process turns into a subscriber:
 from __future__ import annotations
 
 import dataclasses
+import os
 import pathlib
+import secrets
 import time
 from multiprocessing import shared_memory
 from typing import Any
@@ -31,12 +37,14 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from sao_jax.checkpoint import storage_path
+from sao_jax.storage import storage_path
 from sao_jax.config import SamplerConfig
-from sao_jax.sampler import weights_net
+from sao_jax.sampler import weights_net, weights_wire
 
 _HEADER_WORDS = 8  # [latest_slot, version_0, version_1, seq_0, seq_1, ...]
 _HEADER_BYTES = _HEADER_WORDS * 8
+_BLOCK_PREFIX = "sao_w"  # + owner pid + "_" + random hex; short: macOS allows 31 chars
+SHM_DIR = "/dev/shm"  # where Linux keeps POSIX shared memory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +67,51 @@ def _layout(template: Any) -> tuple[jax.tree_util.PyTreeDef, list[_Leaf], int]:
   return treedef, layout, -(-offset // 64) * 64
 
 
+def _block_owner(name: str) -> int | None:
+  """The pid in a weight block's name, or None if `name` is not a weight block."""
+  if not name.startswith(_BLOCK_PREFIX):
+    return None
+  pid, sep, token = name[len(_BLOCK_PREFIX):].partition("_")
+  return int(pid) if sep and pid.isdigit() and token else None
+
+
+def _running(pid: int) -> bool:
+  """Whether `pid` is a live process (a zombie, killed but not yet reaped, is not)."""
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # another user's live process
+    return True
+  try:
+    with open(f"/proc/{pid}/stat", "rb") as f:  # "pid (comm) state ..."; comm may hold spaces
+      return f.read().rpartition(b")")[2].split()[0] != b"Z"
+  except (OSError, IndexError):  # no procfs (not Linux), or it exited meanwhile
+    return True
+
+
+def reclaim_stale_blocks(directory: str = SHM_DIR) -> list[str]:
+  """Unlinks the weight blocks in `directory` whose owner process is gone (a
+  learner killed before `close()`); returns their names. A live owner's block
+  (pid reuse included) is kept. Without the directory (not Linux) nothing is done.
+  Owners are looked up in this PID namespace: containers that share one /dev/shm
+  must share their PID namespace too, or a live learner's block looks stale."""
+  try:
+    names = os.listdir(directory)
+  except FileNotFoundError:
+    return []
+  reclaimed = []
+  for name in sorted(names):
+    owner = _block_owner(name)
+    if owner is not None and not _running(owner):
+      try:
+        os.unlink(os.path.join(directory, name))
+        reclaimed.append(name)
+      except FileNotFoundError:  # another publisher reclaimed it first
+        pass
+  return reclaimed
+
+
 @dataclasses.dataclass(frozen=True)
 class SharedMemorySpec:
   """What a subscriber process needs to attach: picklable, no arrays."""
@@ -70,11 +123,18 @@ class SharedMemorySpec:
 
 
 class SharedMemoryWeights:
-  """Publisher side; owns the shared-memory block (`close()` unlinks it)."""
+  """Publisher side; owns the shared-memory block (`close()` unlinks it).
+
+  Creating one first reclaims the blocks of dead learners on this host
+  (`reclaimed` names them).
+  """
 
   def __init__(self, template: Any):
     treedef, layout, slot_bytes = _layout(template)
-    self._shm = shared_memory.SharedMemory(create=True, size=_HEADER_BYTES + 2 * slot_bytes)
+    self.reclaimed = reclaim_stale_blocks()
+    self._shm = shared_memory.SharedMemory(
+        name=f"{_BLOCK_PREFIX}{os.getpid()}_{secrets.token_hex(4)}", create=True,
+        size=_HEADER_BYTES + 2 * slot_bytes)
     self._header = np.ndarray((_HEADER_WORDS,), np.int64, self._shm.buf[:_HEADER_BYTES])
     self._header[:] = 0
     self._header[1:3] = -1  # no version in either slot yet
@@ -195,10 +255,20 @@ def make_publisher(cfg: SamplerConfig, template: Any):
     return SharedMemoryWeights(template)
   if cfg.weights == "directory":
     return DirectoryWeights(cfg.weights_dir, template)
-  # Samplers on other hosts need every interface; same-host ones only loopback.
-  host = "0.0.0.0" if cfg.weights_addresses else "127.0.0.1"
-  return weights_net.NetworkWeights(template, host=host, port=cfg.weights_port,
-                                    addresses=cfg.weights_addresses)
+  return weights_net.from_config(cfg, template)
+
+
+def remote_spec(cfg: SamplerConfig, template: Any):
+  """The spec a sampler on another host (`sao-sampler`) subscribes with to the
+  channel `cfg.weights` names: the learner hosts' network servers or the shared
+  directory (shared memory reaches only the learner's own processes)."""
+  if cfg.weights == "network":
+    return weights_net.NetworkSpec(tuple(cfg.weights_addresses), template,
+                                   secret=weights_wire.load_secret(cfg))
+  if cfg.weights == "directory":
+    return DirectorySpec(str(storage_path(cfg.weights_dir)), template)
+  raise ValueError(f"sampler.weights={cfg.weights!r} cannot reach a sampler on another host; "
+                   "set sampler.weights='network' or 'directory'")
 
 
 def subscribe(spec: SharedMemorySpec | DirectorySpec | weights_net.NetworkSpec):

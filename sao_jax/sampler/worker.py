@@ -1,38 +1,55 @@
 """The sampler process: generates continuously and streams finished trajectories.
 
     supervisor = SamplerSupervisor(spec)   # in the learner process
-    supervisor.start()                     # spawns worker_main(spec)
+    supervisor.start()                     # spawns process_main(run_sampler, spec, ...)
     supervisor.check()                     # between learner steps: restart if it died
     supervisor.stop()                      # clean shutdown, no orphans
 
-`worker_main` runs in its own process (multiprocessing "spawn", never fork,
+`run_sampler` runs in its own process (multiprocessing "spawn", never fork,
 with JAX) on its own devices. It waits for the first published weights, then
 loops without ever waiting for the learner: adopt the newest weights between
 engine steps, keep the engine saturated with new episodes, hand every finished
 trajectory to the transport (which blocks when the learner is far behind: that
 is the backpressure). In group mode (GRPO) each task is started `group_size`
-times with different seeds and one prompt id.
+times with different seeds and one prompt id. An episode that fails (its
+environment raised, its observation could not be encoded) is that episode's
+failure, never the worker's (`sampler.episodes`).
 
 Until the first weights arrive an unreachable weight channel (a learner on
-another slice that has not started serving) is waited for, not an error. It
-exits when told to stop, when the transport is closed, or when its parent
-process is gone (so a SIGKILLed learner leaves no orphan sampler). An exception
-is reported to the supervisor with its traceback before the process dies; the
-supervisor logs it and starts a fresh worker, which picks up the newest weights.
+another slice that has not started serving) is waited for, not an error.
+
+Samplers die with their learner. `process_main` wraps the run:
+- the kernel SIGKILLs the worker when the learner dies by any signal (Linux
+  `PR_SET_PDEATHSIG`, set first thing in the child; a parent that died before
+  that is caught by comparing `os.getppid()` right after);
+- every blocking loop re-checks `alive()` (stop not requested, parent pid
+  unchanged), the fallback where the signal is unavailable;
+- the process ends with `os._exit`, never by flushing its queues: a queue's
+  feeder thread blocked on a full pipe that nobody will read again would hold
+  the exit (and the accelerator) forever. Trajectories not yet in the pipe are
+  dropped; the learner is stopping or gone.
+An exception is reported to the supervisor with its traceback before the
+process dies; the supervisor logs it and starts a fresh worker, which picks up
+the newest weights.
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import multiprocessing
 import os
 import queue
+import signal
+import sys
 import time
 import traceback
 from typing import Any, Callable
 
 from sao_jax.config import Config
 from sao_jax.data.transport import TransportClosed
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,16 +63,58 @@ class WorkerSpec:
   worker_id: int = 0
 
 
-def worker_main(spec: WorkerSpec, stop: Any, errors: Any, parent_pid: int) -> None:
-  """Process entry point (see module docstring)."""
+def die_with_parent(parent_pid: int) -> None:
+  """Has the kernel SIGKILL this process when its parent dies; exits now if the
+  parent is already gone (it can die between spawn and this call).
+
+  SIGKILL rather than SIGTERM: accelerator runtimes install SIGTERM handlers
+  (preemption notices), and a killed process runs no exit code that could wait
+  on a queue. The signal follows the parent *thread* that spawned us, so the
+  supervisor must start workers from a thread that lives as long as it does.
+  """
+  if sys.platform.startswith("linux"):
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+      # Not fatal: the liveness checks still end the worker, only later.
+      print(f"sampler: prctl(PR_SET_PDEATHSIG) failed ({os.strerror(ctypes.get_errno())}); "
+            "this worker exits within seconds of its learner, not at once", file=sys.stderr)
+  if os.getppid() != parent_pid:
+    exit_without_flushing(0)
+
+
+def exit_without_flushing(code: int) -> None:
+  """Ends the process now: stdio flushed, but no atexit handlers or finalizers,
+  so no join on a multiprocessing queue's feeder thread (module docstring)."""
+  for stream in (sys.stdout, sys.stderr):
+    try:
+      stream.flush()
+    except (OSError, ValueError):  # a closed or broken stream: nothing left to save
+      pass
+  os._exit(code)
+
+
+def process_main(run: Callable[[WorkerSpec, Callable[[], bool]], None], spec: WorkerSpec,
+                 stop: Any, errors: Any, parent_pid: int) -> None:
+  """Process entry point: `run(spec, alive)` inside the lifecycle of the module
+  docstring. `alive()` is False once stop is requested or the parent is gone."""
+  die_with_parent(parent_pid)
+  alive = lambda: not stop.is_set() and os.getppid() == parent_pid
+  code = 0
   try:
-    _run(spec, stop, parent_pid)
+    run(spec, alive)
   except Exception:  # report, then die: the supervisor restarts us
-    errors.put((spec.worker_id, traceback.format_exc()))
-    raise
+    code = 1
+    report = traceback.format_exc()
+    print(f"sampler {spec.worker_id} failed:\n{report}", file=sys.stderr)
+    errors.put((spec.worker_id, report))
+    # One report fits the pipe, so this returns without a reader.
+    errors.close()
+    errors.join_thread()
+  exit_without_flushing(code)
 
 
-def _run(spec: WorkerSpec, stop: Any, parent_pid: int) -> None:
+def run_sampler(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
+  """The sampler loop (module docstring)."""
   import jax
 
   from sao_jax.envs.registry import make_env, make_tasks
@@ -67,7 +126,6 @@ def _run(spec: WorkerSpec, stop: Any, parent_pid: int) -> None:
   cfg = spec.cfg
   tokenizer = load_tokenizer(spec.tokenizer_path)
   subscriber = weights.subscribe(spec.weights)
-  alive = lambda: not stop.is_set() and os.getppid() == parent_pid
   got = None
   while got is None and alive():
     try:
@@ -83,26 +141,31 @@ def _run(spec: WorkerSpec, stop: Any, parent_pid: int) -> None:
   mesh = make_mesh(cfg.mesh, jax.local_devices()) if cfg.sampler.sharded else None
   engine = make_engine(cfg.sampler, cfg.model, params, tokenizer, version=version, mesh=mesh)
   runner = EpisodeRunner(engine, tokenizer, lambda: make_env(cfg.env),
-                         max_episodes=cfg.sampler.slots * 2)
+                         max_episodes=cfg.sampler.slots * 2,
+                         log=lambda line: print(f"sampler {spec.worker_id}: {line}",
+                                                file=sys.stderr, flush=True))
   tasks = make_tasks(cfg.env)
   group = cfg.algorithm.group_size
   slots = cfg.algorithm.running_mean_slots
   seed = cfg.sampler.seed * 1_000_003 + spec.worker_id * 7919
   started = 0
-  while alive():
-    got = subscriber.poll()
-    if got is not None:
-      engine.set_params(got[0], got[1])
-    while runner.in_flight + group <= runner.max_episodes:
-      task = next(tasks)
-      for _ in range(group):
-        runner.start(task, prompt_id=prompt_slot(task, slots), seed=seed + started)
-        started += 1
-    for traj in runner.step():
-      traj.info["worker"] = spec.worker_id
-      if not hand_over(spec.transport, traj, alive):
-        return
-  subscriber.close()
+  try:
+    while alive():
+      got = subscriber.poll()
+      if got is not None:
+        engine.set_params(got[0], got[1])
+      while runner.in_flight + group <= runner.max_episodes:
+        task = next(tasks)
+        for _ in range(group):
+          runner.start(task, prompt_id=prompt_slot(task, slots), seed=seed + started)
+          started += 1
+      for traj in runner.step():
+        traj.info["worker"] = spec.worker_id
+        if not hand_over(spec.transport, traj, alive):
+          return
+  finally:
+    runner.close()
+    subscriber.close()
 
 
 def hand_over(transport, traj, alive: Callable[[], bool], poll_s: float = 1.0) -> bool:
@@ -121,11 +184,18 @@ def hand_over(transport, traj, alive: Callable[[], bool], poll_s: float = 1.0) -
 
 
 class SamplerSupervisor:
-  """Starts, watches, restarts and stops sampler processes (learner side)."""
+  """Starts, watches, restarts and stops sampler processes (learner side).
+
+  `run` is what each process runs inside `process_main` (the sampler; a test
+  can script another, picklable by reference). Call `start` and `check` from a
+  thread that lives as long as the supervisor: a worker dies with the thread
+  that spawned it (`die_with_parent`).
+  """
 
   def __init__(self, specs: list[WorkerSpec], *, log: Callable[[str], None] = print,
-               max_restarts: int = 10):
-    self._specs = specs
+               max_restarts: int = 10,
+               run: Callable[[WorkerSpec, Callable[[], bool]], None] = run_sampler):
+    self._specs, self._run = specs, run
     self._context = multiprocessing.get_context("spawn")
     self._stop = self._context.Event()
     self._errors = self._context.Queue()
@@ -134,9 +204,9 @@ class SamplerSupervisor:
     self.restarts = 0
 
   def _spawn(self, spec: WorkerSpec) -> None:
-    process = self._context.Process(target=worker_main, name=f"sao-sampler-{spec.worker_id}",
-                                    args=(spec, self._stop, self._errors, os.getpid()),
-                                    daemon=True)
+    process = self._context.Process(
+        target=process_main, name=f"sao-sampler-{spec.worker_id}",
+        args=(self._run, spec, self._stop, self._errors, os.getpid()), daemon=True)
     process.start()
     self._processes[spec.worker_id] = process
 

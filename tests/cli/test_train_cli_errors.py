@@ -47,7 +47,7 @@ def test_jsonl_with_a_bad_row_names_its_line(tmp_path, capsys):
 
 
 def test_existing_checkpoints_are_looked_up_in_the_bucket(monkeypatch, capsys):
-  from sao_jax import checkpoint
+  from sao_jax import train
 
   class Bucket:  # what storage_path returns for gs:// (an epath.Path), without the network
     def __init__(self, url):
@@ -62,8 +62,22 @@ def test_existing_checkpoints_are_looked_up_in_the_bucket(monkeypatch, capsys):
     def __str__(self):
       return self.url
 
-  monkeypatch.setattr(checkpoint, "storage_path", Bucket)
+  monkeypatch.setattr(train, "storage_path", Bucket)
   with pytest.raises(SystemExit) as exit_info:
     train_cli.main(["--config", DEMO, "--set", "checkpoint.directory=gs://bucket/run/ckpt"])
   assert exit_info.value.code == 2
   assert "gs://bucket/run/ckpt already holds checkpoints" in capsys.readouterr().err
+
+
+def test_a_learner_whose_tools_cannot_be_isolated_refuses_before_any_work(tmp_path, monkeypatch,
+                                                                          capsys):
+  from sao_jax.envs.sandbox import bwrap
+
+  # What the sandbox's self-test says on a machine without bubblewrap.
+  monkeypatch.setattr(bwrap, "unavailable_reason", lambda: "bwrap not found on PATH; install it")
+  with pytest.raises(SystemExit) as exit_info:
+    train_cli.main(["--config", DEMO, "--set", f"run.run_dir={tmp_path / 'run'}"])
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err
+  assert "env.sandbox='bwrap'" in err and "bwrap not found on PATH" in err
+  assert not (tmp_path / "run" / "checkpoints").exists()

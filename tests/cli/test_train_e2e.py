@@ -73,3 +73,34 @@ def test_train_kill_sampler_then_resume(tmp_path, capsys):
   evaluate_cli.main(args + ["--episodes", "2"])
   report = json.loads(capsys.readouterr().out)
   assert report["step"] == 5 and 0.0 <= report["eval/accuracy"] <= 1.0
+
+
+@pytest.mark.slow  # a second compiled run; the hang it guards against needs a whole learner
+def test_a_sampler_that_dies_before_the_first_step_is_restarted(tmp_path, monkeypatch):
+  """The learner restarts samplers while it waits for trajectories, not only after
+  a step: before, a sampler that died on start-up left the learner waiting forever."""
+  import functools
+
+  import dying_sampler
+  from sao_jax import train
+  from sao_jax.sampler.worker import SamplerSupervisor
+
+  monkeypatch.setenv("SAO_TEST_DIED_ONCE", str(tmp_path / "died"))
+  monkeypatch.setattr(train, "SamplerSupervisor",
+                      functools.partial(SamplerSupervisor, run=dying_sampler.die_once))
+
+  def hung(*_):
+    raise TimeoutError("the learner waited 240 s for trajectories from a dead sampler")
+
+  previous = signal.signal(signal.SIGALRM, hung)
+  signal.alarm(240)
+  try:
+    cfg = load_config(ROOT / "configs" / "demo_cpu.py", TINY + [
+        f"run.run_dir={tmp_path / 'run'}", "learner.steps=1", "run.sft_steps=0",
+        "run.eval_every=0"])
+    summary = train.run(cfg, log=print)
+  finally:
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+  assert (tmp_path / "died").exists()
+  assert summary["steps_done"] == 1 and summary["sampler_restarts"] == 1

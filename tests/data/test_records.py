@@ -42,3 +42,36 @@ def test_bytes_round_trip():
     assert getattr(back, name).dtype == getattr(traj, name).dtype
   assert (back.prompt_id, back.policy_versions, back.info) == (7, (2, 5), traj.info)
   assert back.outcome == traj.outcome == 1.0
+
+
+def test_round_trip_within_the_token_bound_and_bound_is_enforced():
+  data = records.to_bytes(make_traj(length=10))
+  assert records.from_bytes(data, max_tokens=10).length == 10
+  with pytest.raises(records.RecordError, match="tokens: 10 elements, more than 9") as error:
+    records.from_bytes(data, max_tokens=9)
+  assert error.value.reason == "oversized"
+  assert len(data) <= records.max_record_bytes(10)
+
+
+@pytest.mark.parametrize("data, reason", [
+    (b"", "unreadable"),
+    (b"PK\x03\x04" + b"\x00" * 100, "unreadable"),
+    (records.to_bytes(make_traj())[:-30], "unreadable"),
+])
+def test_unreadable_bytes_raise_a_record_error(data, reason):
+  with pytest.raises(records.RecordError) as error:
+    records.from_bytes(data, max_tokens=64)
+  assert error.value.reason == reason
+
+
+def test_metadata_of_the_wrong_types_is_malformed():
+  import io
+  import json
+  meta = {"prompt_id": "7", "policy_versions": [1, 2], "env_failure": None, "info": {}}
+  buffer = io.BytesIO()
+  traj = make_traj()
+  np.savez(buffer, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8),
+           **{name: getattr(traj, name) for name in records.ARRAYS})
+  with pytest.raises(records.RecordError, match="wrong types") as error:
+    records.from_bytes(buffer.getvalue(), max_tokens=64)
+  assert error.value.reason == "malformed"

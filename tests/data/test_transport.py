@@ -1,21 +1,30 @@
-"""Queue and directory transports: order, backpressure, close, atomic records."""
+"""Queue and directory transports: order, backpressure, close, atomic records, and
+poison-pill records and races in the shared directory."""
 
+import io
+import json
 import multiprocessing
+import os
 import pickle
 import queue
 import threading
 import time
+import tracemalloc
+import zipfile
 
 import numpy as np
 import pytest
 
+from sao_jax.data import pipeline, records
 from sao_jax.data.transport import DirectoryTransport, QueueTransport, TransportClosed
 from traj_factory import make_traj
+
+MAX_TOKENS = 64  # sampler.max_seq_len of these tests' records (make_traj: 10 tokens)
 
 
 def transports(tmp_path, capacity):
   return [QueueTransport(capacity, multiprocessing.get_context("spawn")),
-          DirectoryTransport(tmp_path / "records", capacity)]
+          DirectoryTransport(tmp_path / "records", capacity, max_tokens=MAX_TOKENS)]
 
 
 @pytest.mark.parametrize("index", [0, 1], ids=["queue", "directory"])
@@ -54,7 +63,7 @@ def test_close_releases_a_blocked_writer(tmp_path, index):
 
 
 def test_directory_reader_ignores_partial_records(tmp_path):
-  transport = DirectoryTransport(tmp_path, capacity=4)
+  transport = DirectoryTransport(tmp_path, capacity=4, max_tokens=MAX_TOKENS)
   (tmp_path / "w-000000000001.traj.tmp").write_bytes(b"half a record")
   assert transport.get(timeout=0.1) is None
   transport.put(make_traj(seed=5))
@@ -65,16 +74,17 @@ def test_bad_capacity_is_named(tmp_path):
   with pytest.raises(ValueError, match="capacity=0"):
     QueueTransport(0)
   with pytest.raises(ValueError, match="capacity=-1"):
-    DirectoryTransport(tmp_path, -1)
+    DirectoryTransport(tmp_path, -1, max_tokens=MAX_TOKENS)
 
 
 @pytest.mark.parametrize("by_prompt", [False, True], ids=["by_record", "by_prompt"])
 def test_directory_readers_split_the_records_without_overlap(tmp_path, by_prompt):
-  writers = [DirectoryTransport(tmp_path, capacity=64, writer_id=f"w{i}") for i in range(2)]
+  writers = [DirectoryTransport(tmp_path, capacity=64, writer_id=f"w{i}", max_tokens=MAX_TOKENS)
+             for i in range(2)]
   for seed in range(12):
     writers[seed % 2].put(make_traj(seed=seed, prompt_id=seed % 5))
-  readers = [DirectoryTransport(tmp_path, capacity=64, shard=(i, 3), by_prompt=by_prompt)
-             for i in range(3)]
+  readers = [DirectoryTransport(tmp_path, capacity=64, shard=(i, 3), by_prompt=by_prompt,
+                                max_tokens=MAX_TOKENS) for i in range(3)]
   got = [[] for _ in readers]
   for reader, mine in zip(readers, got):
     while (traj := reader.get()) is not None:
@@ -90,7 +100,8 @@ def test_directory_readers_split_the_records_without_overlap(tmp_path, by_prompt
 
 
 def test_directory_copies_in_other_processes_are_new_writers(tmp_path):
-  writer = DirectoryTransport(tmp_path, capacity=8)
+  # The learner's end, with its pipeline's drop counter, is what spawned samplers get.
+  writer = DirectoryTransport(tmp_path, capacity=8, max_tokens=MAX_TOKENS, drops=pipeline.Drops())
   copies = [pickle.loads(pickle.dumps(writer)) for _ in range(2)]
   for seed, copy in enumerate(copies):  # same sequence number 0 in each copy
     copy.put(make_traj(seed=seed))
@@ -99,11 +110,132 @@ def test_directory_copies_in_other_processes_are_new_writers(tmp_path):
 
 def test_directory_shard_is_checked_and_reopen_clears_close(tmp_path):
   with pytest.raises(ValueError, match=r"shard=\(2, 2\)"):
-    DirectoryTransport(tmp_path, 4, shard=(2, 2))
-  transport = DirectoryTransport(tmp_path, 4)
+    DirectoryTransport(tmp_path, 4, shard=(2, 2), max_tokens=MAX_TOKENS)
+  transport = DirectoryTransport(tmp_path, 4, max_tokens=MAX_TOKENS)
   transport.close()
   with pytest.raises(TransportClosed):
     transport.put(make_traj(seed=0))
   transport.reopen()
   transport.put(make_traj(seed=0))
   assert not transport.closed and transport.get() is not None
+
+
+def archive(compression=zipfile.ZIP_STORED, **members: np.ndarray) -> bytes:
+  """An .npz of `members` (name -> array) written member by member, as an attacker could."""
+  buffer = io.BytesIO()
+  with zipfile.ZipFile(buffer, "w", compression) as out:
+    for name, array in members.items():
+      member = io.BytesIO()
+      np.lib.format.write_array(member, np.asarray(array), allow_pickle=False)
+      out.writestr(f"{name}.npy", member.getvalue())
+  return buffer.getvalue()
+
+
+def record_members(traj, meta=None) -> dict[str, np.ndarray]:
+  """The members `records.to_bytes` writes, with `meta` (any JSON text) if given."""
+  meta = meta if meta is not None else json.dumps(
+      {"prompt_id": traj.prompt_id, "policy_versions": list(traj.policy_versions),
+       "env_failure": None, "info": {}})
+  return {"meta": np.frombuffer(meta.encode(), np.uint8),
+          **{name: getattr(traj, name) for name in records.ARRAYS}}
+
+
+def poison(case: str) -> bytes:
+  good = records.to_bytes(make_traj(seed=9))
+  if case == "truncated":
+    return good[:len(good) // 2]
+  if case == "garbage":
+    return np.random.default_rng(0).bytes(2000)
+  if case == "nested":  # json.loads would raise RecursionError
+    return archive(**record_members(make_traj(seed=9), meta="[" * 100_000 + "]" * 100_000))
+  if case == "unexpected":  # a float token array and an extra member
+    return archive(**record_members(make_traj(seed=9, tokens=np.zeros(10))), extra=np.zeros(3))
+  raise AssertionError(case)
+
+
+@pytest.mark.parametrize("case, reason", [
+    ("truncated", "unreadable"), ("garbage", "unreadable"), ("nested", "malformed"),
+    ("unexpected", "malformed")])
+def test_poison_record_is_quarantined_counted_and_never_read_again(tmp_path, case, reason):
+  drops = pipeline.Drops()
+  reader = DirectoryTransport(tmp_path, 8, max_tokens=MAX_TOKENS, drops=drops)
+  (tmp_path / "w-000000000000.p0.traj").write_bytes(poison(case))
+  time.sleep(0.01)  # the poison is the oldest record
+  DirectoryTransport(tmp_path, 8, writer_id="v", max_tokens=MAX_TOKENS).put(make_traj(seed=3))
+  traj = reader.get(timeout=1.0)  # today: raises, and the record stays for the next restart
+  np.testing.assert_array_equal(traj.tokens, make_traj(seed=3).tokens)
+  assert dict(drops) == {f"quarantined_{reason}": 1}
+  assert "w-000000000000.p0.traj" in drops.examples[f"quarantined_{reason}"]
+  assert not list(tmp_path.glob("*.traj"))
+  assert [p.name for p in (tmp_path / "quarantine").iterdir()] == [
+      f"w-000000000000.p0.traj.{reason}"]
+  restarted = DirectoryTransport(tmp_path, 8, max_tokens=MAX_TOKENS)  # a restart reads on
+  assert restarted.get(timeout=0.1) is None
+
+
+def test_zip_bomb_is_quarantined_without_expanding_it(tmp_path):
+  """32 MB of tokens deflate to ~32 KB; a reader must not decompress them."""
+  zeros = {name: np.zeros(8 << 20, np.int32 if name == "tokens" else np.float32)
+           for name in ("tokens", "behavior_logp", "rewards")}
+  bomb = archive(zipfile.ZIP_DEFLATED, **record_members(make_traj(
+      length=8 << 20, action_mask=np.zeros(8 << 20, np.int8), **zeros)))
+  assert len(bomb) < 1 << 20
+  (tmp_path / "w-000000000000.p0.traj").write_bytes(bomb)
+  reader = DirectoryTransport(tmp_path, 8, max_tokens=MAX_TOKENS)
+  tracemalloc.start()
+  try:
+    got = reader.get(timeout=0.1)  # today: returns a 8M-token trajectory
+    peak = tracemalloc.get_traced_memory()[1]
+  finally:
+    tracemalloc.stop()
+  assert got is None and dict(reader.drops) == {"quarantined_oversized": 1}
+  assert peak < 4 << 20, f"peak {peak} bytes while rejecting the bomb"
+
+
+def test_stray_names_are_quarantined_not_parsed(tmp_path):
+  reader = DirectoryTransport(tmp_path, 8, max_tokens=MAX_TOKENS, shard=(0, 2))
+  good = records.to_bytes(make_traj(seed=1))
+  for name in ("w-.p.traj", "notes.traj", "w-12.pX.traj"):  # today: int('') in the reader
+    (tmp_path / name).write_bytes(good)
+  (tmp_path / "w-000000000001.traj.tmp").write_bytes(b"a writer's partial record")
+  assert reader.get(timeout=0.1) is None
+  assert dict(reader.drops) == {"quarantined_bad_name": 3}
+  assert [p.name for p in tmp_path.iterdir() if p.is_file()] == ["w-000000000001.traj.tmp"]
+
+
+def test_record_whose_prompt_differs_from_its_name_is_quarantined(tmp_path):
+  """The name routes a GRPO group to one reader; a record must hold what its name says."""
+  (tmp_path / "w-000000000000.p3.traj").write_bytes(records.to_bytes(make_traj(prompt_id=4)))
+  reader = DirectoryTransport(tmp_path, 8, max_tokens=MAX_TOKENS)
+  assert reader.get(timeout=0.1) is None
+  assert dict(reader.drops) == {"quarantined_malformed": 1}
+
+
+def test_record_vanishing_between_listing_and_reading_is_skipped(tmp_path, monkeypatch):
+  """Another reader takes the oldest record right after this one listed the directory."""
+  writer = DirectoryTransport(tmp_path, 8, writer_id="w", max_tokens=MAX_TOKENS)
+  writer.put(make_traj(seed=1))
+  time.sleep(0.01)
+  writer.put(make_traj(seed=2))
+  victim = tmp_path / "w-000000000000.p0.traj"
+  real_scandir = os.scandir
+
+  class Listing:  # the directory as it was, with the victim gone when it is used
+    def __init__(self, path):
+      self._entries = list(real_scandir(path))
+      victim.unlink(missing_ok=True)
+
+    def __enter__(self):
+      return iter(self._entries)
+
+    def __exit__(self, *exc):
+      return False
+
+    def __iter__(self):
+      return iter(self._entries)
+
+  monkeypatch.setattr(os, "scandir", Listing)
+  reader = DirectoryTransport(tmp_path, 8, max_tokens=MAX_TOKENS)
+  traj = reader.get(timeout=0.5)  # today: FileNotFoundError from stat
+  np.testing.assert_array_equal(traj.tokens, make_traj(seed=2).tokens)
+  assert not reader.drops

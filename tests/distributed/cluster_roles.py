@@ -28,6 +28,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "learner"))  # learner_fixtures: the tiny model and batches
 
 STEPS, DEVICES_PER_HOST, WAIT_SECONDS = 8, 2, 300
+SECRET = b"the two clusters' shared secret."  # the weight channel's (weights_wire)
 
 
 def digest(params) -> str:
@@ -82,7 +83,7 @@ def learner(work: pathlib.Path) -> None:
   process = jax.process_index()
   cfg = dataclasses.replace(make_config(steps=STEPS), checkpoint=C.CheckpointConfig(
       directory=str(work / "checkpoints"), save_every_steps=4, keep=2, async_save=False))
-  publisher = weights_net.NetworkWeights(abstract_params(cfg.model, "lm"), port=0)
+  publisher = weights_net.NetworkWeights(abstract_params(cfg.model, "lm"), port=0, secret=SECRET)
   write_atomic(work / f"address-{process}", publisher.address)
   published = {"version": -1}
 
@@ -144,7 +145,7 @@ def sampler(work: pathlib.Path, name: str) -> None:
   cfg = make_config()
   addresses = tuple((work / f"address-{i}").read_text() for i in range(2))
   subscriber = weights.subscribe(weights_net.NetworkSpec(
-      addresses, abstract_params(cfg.model, "lm"), timeout=30.0))
+      addresses, abstract_params(cfg.model, "lm"), timeout=30.0, secret=SECRET))
   shardings = param_shardings(cfg.model, make_mesh(C.MeshConfig()), "lm")  # its own 2 devices
   deadline = time.monotonic() + WAIT_SECONDS
   while not (work / "stop").exists() and time.monotonic() < deadline:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from sao_jax import checkpoint, distributed
+from sao_jax import checkpoint, distributed, storage
 from sao_jax.config import CheckpointConfig, Config
 from sao_jax.sampler import weights
 
@@ -46,10 +46,10 @@ def test_one_host_loads_every_row_of_its_devices():
 
 
 def test_storage_path_keeps_bucket_urls(tmp_path, monkeypatch):
-  assert str(checkpoint.storage_path("gs://bucket/run")) == "gs://bucket/run"
-  assert str(checkpoint.storage_path("gs://bucket/run") / "7") == "gs://bucket/run/7"
+  assert str(storage.storage_path("gs://bucket/run")) == "gs://bucket/run"
+  assert str(storage.storage_path("gs://bucket/run") / "7") == "gs://bucket/run/7"
   monkeypatch.chdir(tmp_path)
-  assert checkpoint.storage_path("runs/a") == tmp_path / "runs" / "a"
+  assert storage.storage_path("runs/a") == tmp_path / "runs" / "a"
 
 
 class FakeManager:

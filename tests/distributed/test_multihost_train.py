@@ -48,13 +48,14 @@ def device_metrics(run_dir: pathlib.Path) -> list[dict]:
 
 @pytest.mark.slow  # three JAX processes on 2 cores, a train step compiled per learner host
 def test_two_process_learner_and_remote_sampler(tmp_path):
-  from sao_jax import train
+  from sao_jax import warm_start
   from sao_jax.config import load_config
 
-  tokenizer = tmp_path / "tokenizer"
-  tokenizer.mkdir()
-  train.prepare_tokenizer(load_config(CONFIG, MODEL), tokenizer)  # shared by all three
+  tokenizer = tmp_path / "tokenizer"  # shared by all three: written as that run's own copy
+  warm_start.prepare_tokenizer(load_config(CONFIG, MODEL + [f"run.run_dir={tokenizer}"]))
   ports = [free_port() for _ in range(2)]
+  secret = tmp_path / "weights.secret"  # what `head -c 32 /dev/urandom > weights.secret` makes
+  secret.write_bytes(os.urandom(32))
   common = MODEL + [
       f"run.tokenizer={tokenizer / 'tokenizer.json'}", "run.num_samplers=0", "run.eval_every=0",
       "run.sft_steps=0", f"learner.steps={STEPS}", "learner.batch_trajectories=4",
@@ -62,6 +63,7 @@ def test_two_process_learner_and_remote_sampler(tmp_path):
       "data.transport=directory", f"data.transport_dir={tmp_path / 'trajectories'}",
       "sampler.weights=network",
       f"sampler.weights_addresses={tuple(f'127.0.0.1:{p}' for p in ports)}",
+      f"sampler.weights_secret_file={secret}",
       f"checkpoint.directory={tmp_path / 'checkpoints'}", "checkpoint.save_every_steps=2"]
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "SAO_NUM_PROCESSES": "2",
          "SAO_COORDINATOR_ADDRESS": f"127.0.0.1:{free_port()}"}

@@ -6,22 +6,24 @@ import json
 import pytest
 
 from sao_jax import config as env_config
-from sao_jax.config import env as env_config_module
-from sao_jax.envs import coding, coding_generator, math_tasks, math_tool, registry, style
+from sao_jax.envs import registry
+from sao_jax.envs.coding import env as coding
+from sao_jax.envs.coding import generator as coding_generator
+from sao_jax.envs.math import tasks as math_tasks
+from sao_jax.envs.math import tool as math_tool
+from sao_jax.envs.style import env as style
 from sao_jax.config import EnvConfig
+from sao_jax.config.env import SandboxLimits
 
 
-def test_names_agree_with_the_registry_and_modules():
+def test_every_configurable_environment_and_task_source_has_a_builder():
   assert set(env_config.ENV_TASK_SOURCES) == set(registry.ENVIRONMENTS) == set(registry.TASK_SOURCES)
   for name, sources in env_config.ENV_TASK_SOURCES.items():
     assert set(sources) == set(registry.TASK_SOURCES[name])
-  assert env_config.ENV_STYLES == style.STYLES
-  assert env_config.ENV_PROBLEM_KINDS == math_tasks.KINDS
-  assert env_config_module.ENV_CODING_BUG_KINDS == coding_generator.KINDS
 
 
 def test_make_math_env_and_tasks():
-  config = EnvConfig(max_turns=3, tool_cpu_time_s=2, difficulty=1)
+  config = EnvConfig(max_turns=3, tool=SandboxLimits(cpu_time_s=2), difficulty=1)
   env = registry.make_env(config)
   assert isinstance(env, math_tool.MathToolEnv)
   assert env.max_turns == 3 and env.sandbox_limits.cpu_time_s == 2
@@ -49,7 +51,7 @@ def test_jsonl_source(tmp_path):
 
 
 def test_make_coding_env_and_tasks(tmp_path):
-  config = EnvConfig(name="coding", max_turns=40, tool_cpu_time_s=2, difficulty=3,
+  config = EnvConfig(name="coding", max_turns=40, tool=SandboxLimits(cpu_time_s=2), difficulty=3,
                      coding_bug_kind="off_by_one", coding_partial_reward=True)
   env = registry.make_env(config)
   assert isinstance(env, coding.CodingEnv)
@@ -71,9 +73,9 @@ def test_make_coding_env_and_tasks(tmp_path):
 
 
 def test_unknown_names_list_the_known_ones():
-  with pytest.raises(ValueError, match="unknown environment 'chess'; known: 'math_tool', 'style'"):
+  with pytest.raises(ValueError, match="env.name='chess' is invalid: known environments are 'math_tool', 'style'"):
     registry.make_env(EnvConfig(name="chess"))
-  with pytest.raises(ValueError, match="known: 'generator', 'jsonl'"):
+  with pytest.raises(ValueError, match="accepts 'generator', 'jsonl'"):
     registry.make_tasks(EnvConfig(task_source="builtin"))
 
 
@@ -85,8 +87,8 @@ def test_unknown_names_list_the_known_ones():
     ({"max_observation_chars": -1}, "env.max_observation_chars=-1"),
     ({"difficulty": 9}, "env.difficulty=9"),
     ({"problem_kind": "essay"}, "env.problem_kind='essay'"),
-    ({"tool_wall_time_s": 0}, "env.tool_wall_time_s=0"),
-    ({"tool_memory_mb": 1.5}, "env.tool_memory_mb=1.5"),
+    ({"tool": SandboxLimits(wall_time_s=0)}, "env.tool.wall_time_s=0"),
+    ({"tool": SandboxLimits(memory_mb=1.5)}, "env.tool.memory_mb=1.5"),
     ({"seed": "0"}, "env.seed='0'"),
     ({"style_schedule": ((10, "cute"),)}, "env.style_schedule"),
     ({"style_schedule": ((0, "cute"), (5, "pirate"))}, "unknown style 'pirate'"),

@@ -7,10 +7,10 @@ import jax
 import numpy as np
 import pytest
 
-from sao_jax import evaluation, train
+from sao_jax import evaluation, train, warm_start
 from sao_jax.config import load_config
 from sao_jax.envs.base import play
-from sao_jax.envs.registry import make_env, make_tasks
+from sao_jax.envs.registry import DEMONSTRATIONS, make_env, make_tasks
 from sao_jax.learner.sft import train_sft
 from sao_jax.models.transformer import init_params
 
@@ -47,7 +47,7 @@ def test_a_stop_ends_training_at_a_check_with_the_params_of_that_step():
 
 
 def _tokenizer(cfg):
-  return train.train_run_tokenizer(cfg, transcripts=50)  # fewer than a run's 400: faster
+  return warm_start.train_run_tokenizer(cfg, transcripts=50)  # fewer than a run's 400: faster
 
 
 def test_warm_start_stops_at_the_first_check_reaching_the_target(monkeypatch):
@@ -67,8 +67,8 @@ def test_warm_start_stops_at_the_first_check_reaching_the_target(monkeypatch):
   monkeypatch.setattr(evaluation.Evaluator, "evaluate",
                       lambda self, params, version: {"eval/accuracy": next(scripted)})
   logged = []
-  _, record = train.sft_warm_start(cfg, tokenizer, train.initial_policy(cfg),
-                                   train.demonstrations(cfg), log=lambda line: None,
+  _, record = warm_start.sft_warm_start(cfg, tokenizer, warm_start.initial_policy(cfg),
+                                   warm_start.demonstrations(cfg), log=lambda line: None,
                                    log_metrics=lambda step, m: logged.append((step, m)))
   assert record["sft_steps"] == 6 and record["reached_target"]
   assert [(s, m) for s, m in logged if "sft/validation_accuracy" in m] == [
@@ -83,8 +83,8 @@ def test_warm_start_that_misses_the_target_says_where_it_landed():
                     TINY + ["run.sft_steps=4", "run.sft_check_every=2",
                             "run.sft_target_accuracy=1.0"])
   lines = []
-  _, record = train.sft_warm_start(cfg, _tokenizer(cfg), train.initial_policy(cfg),
-                                   train.demonstrations(cfg), log=lines.append)
+  _, record = warm_start.sft_warm_start(cfg, _tokenizer(cfg), warm_start.initial_policy(cfg),
+                                   warm_start.demonstrations(cfg), log=lines.append)
   assert record["sft_steps"] == 4 and not record["reached_target"]
   assert [step for step, _ in record["validation"]] == [2, 4]  # a check, then the final one
   assert all(0.0 <= accuracy < 1.0 for _, accuracy in record["validation"])
@@ -111,9 +111,9 @@ def test_every_environment_has_demonstrations_that_earn_full_reward(env, config)
   cfg = load_config(ROOT / "configs" / config)
   assert cfg.env.name == env
   for task in itertools.islice(make_tasks(cfg.env), 3):
-    played = play(make_env(cfg.env), task, train.DEMONSTRATIONS[env](task))
+    played = play(make_env(cfg.env), task, DEMONSTRATIONS[env](task))
     if env == "style":
       assert played.result.info["quality"], played.messages
     else:
       assert played.result.reward == 1.0, played.messages
-  assert all(len(messages) >= 2 for messages in itertools.islice(train.demonstrations(cfg), 3))
+  assert all(len(messages) >= 2 for messages in itertools.islice(warm_start.demonstrations(cfg), 3))

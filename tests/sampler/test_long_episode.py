@@ -13,7 +13,8 @@ import pytest
 from sao_jax import config as C
 from sao_jax import losses
 from sao_jax.data import pipeline
-from sao_jax.envs import coding, coding_generator
+from sao_jax.envs.coding import env as coding
+from sao_jax.envs.coding import generator as coding_generator
 from sao_jax.envs.registry import make_env
 from sao_jax.learner import state as state_lib
 from sao_jax.learner.step import advantages, train_step

@@ -10,15 +10,17 @@ import psutil
 
 from sao_jax.data.records import Trajectory
 from sao_jax.data.transport import QueueTransport
-from sao_jax.sampler.worker import hand_over
+from sao_jax.sampler.worker import exit_without_flushing, hand_over
 
 
-def make_traj(seed=0):
-  tokens = np.arange(6, dtype=np.int32) + seed
-  action = np.array([0, 0, 1, 1, 1, 1], np.int8)
-  return Trajectory(tokens=tokens, action_mask=action, behavior_logp=-0.5 * action.astype(
-      np.float32), rewards=np.array([0, 0, 0, 0, 0, 1], np.float32), prompt_id=seed,
-                    policy_versions=(0, 0))
+def make_traj(seed=0, length=6):
+  tokens = np.arange(length, dtype=np.int32) + seed
+  action = (np.arange(length) >= length // 3).astype(np.int8)
+  rewards = np.zeros(length, np.float32)
+  rewards[-1] = 1.0
+  return Trajectory(tokens=tokens, action_mask=action,
+                    behavior_logp=-0.5 * action.astype(np.float32), rewards=rewards,
+                    prompt_id=seed, policy_versions=(0, 0))
 
 
 def test_waits_while_full_then_puts():
@@ -48,17 +50,24 @@ def test_stops_waiting_once_not_alive_or_closed():
   assert not hand_over(transport, make_traj(), lambda: True, poll_s=0.05)
 
 
-def _sampler(transport, parent_pid):
-  hand_over(transport, make_traj(), lambda: os.getppid() == parent_pid, poll_s=0.1)
+def _sampler(transport, parent_pid, handed):
+  """The fallback without a parent-death signal: the liveness check, then an exit
+  that does not flush (trajectories of 4000 tokens: the queue's pipe is full)."""
+  alive = lambda: os.getppid() == parent_pid
+  while hand_over(transport, make_traj(handed.value, length=4000), alive, poll_s=0.1):
+    handed.value += 1
+  exit_without_flushing(0)
 
 
 def _learner(report):
-  """Fills the queue, starts a sampler that blocks on it, then waits to be killed."""
+  """Starts a sampler, reports it once it filled the queue, then waits to be killed."""
   context = multiprocessing.get_context("spawn")
-  transport = QueueTransport(capacity=1, context=context)
-  transport.put(make_traj())
-  sampler = context.Process(target=_sampler, args=(transport, os.getpid()))
+  transport = QueueTransport(capacity=8, context=context)
+  handed = context.Value("i", 0)
+  sampler = context.Process(target=_sampler, args=(transport, os.getpid(), handed))
   sampler.start()
+  while handed.value < 8:
+    time.sleep(0.1)
   report.put(sampler.pid)
   time.sleep(600)
 
@@ -68,9 +77,13 @@ def test_a_sigkilled_learner_with_a_full_queue_leaves_no_sampler():
   report = context.Queue()
   learner = context.Process(target=_learner, args=(report,))
   learner.start()
-  sampler = psutil.Process(report.get(timeout=60))
-  time.sleep(1.0)  # the sampler is now waiting on the full queue
+  sampler = psutil.Process(report.get(timeout=120))
+  time.sleep(1.0)  # the queue is full: the sampler is waiting on it
   assert sampler.is_running()
   os.kill(learner.pid, signal.SIGKILL)
   learner.join(timeout=10)
-  sampler.wait(timeout=20)  # raises psutil.TimeoutExpired if it outlives the learner
+  try:
+    sampler.wait(timeout=10)  # raises psutil.TimeoutExpired if it outlives the learner
+  finally:
+    if sampler.is_running():
+      sampler.kill()

@@ -1,4 +1,4 @@
-"""The bank of small functions and plantable bugs behind `coding_generator`.
+"""The bank of small functions and plantable bugs behind `generator`.
 
 Each `Template` is a correct, pure Python function (for loops only, so no
 planted bug can hang a test) with one or more `Bug`s: `old` is a snippet that
@@ -18,7 +18,9 @@ import dataclasses
 import random
 from typing import Any, Callable
 
-KINDS = ("off_by_one", "wrong_operator", "missing_edge_case", "wrong_value")
+from sao_jax.config.env import CODING_BUG_KINDS
+
+KINDS = CODING_BUG_KINDS
 
 _WORDS = ("apple", "banana", "level", "radar", "sky", "tree", "queue", "rhythm", "noon",
           "orange", "civic", "data")

@@ -20,7 +20,7 @@ or an archive of one (`.tar.gz`, `.tgz` or `.tar`) holding `task.json`,
   (except the reserved `"snapshot"`, `"files"` and `"fix"`).
 - `tests_visible/` and `tests_hidden/` each hold at least one `test*.py` file at
   their top level; other files there (helpers, data) are copied along. Every
-  hidden test file must parse. What a test is: `sao_jax.envs.coding_runner`.
+  hidden test file must parse. What a test is: `sao_jax.envs.coding.runner`.
 - Only regular files and directories: symlinks, hard links, FIFOs and devices
   are rejected, as are absolute or `..` member names in archives.
 
@@ -289,4 +289,4 @@ def materialize(task: Task, dest: str) -> None:
     shutil.rmtree(unpacked)
   else:
     raise ValueError(f"task {task.id!r} has neither 'files' nor 'snapshot' in its metadata; "
-                     "load it with coding_tasks or coding_generator.")
+                     "load it with sao_jax.envs.coding.tasks or .generator.")

@@ -1,74 +1,54 @@
 """Run untrusted, model-written Python in a separate, limited process.
 
-`run_python(code, limits)` writes `code` to `main.py` in a fresh temporary
-directory, runs it in a *new* interpreter (`python -I -S -B`: isolated mode, no
-`site`, no bytecode writes; never a fork of the caller) and returns a
-`SandboxResult`. The code runs like a script in its working directory: that
-directory is the cwd and the first entry of `sys.path`. With
-`run_python(code, limits, workdir=path)` the working directory is the caller's
-existing directory `path` instead (e.g. a copy of a repository to test):
-everything below applies with `path` in place of the temporary directory,
-`main.py` stays in a private directory outside it (read before the limits
-apply), and `path` is left in place afterwards, handed to uid nobody when
-namespaces are used (below).
+`run_python(code, limits, isolation=...)` runs `code` as `main.py` in a *new*
+interpreter (`python -I -S -B`: isolated mode, no `site`, no bytecode writes;
+never a fork of the caller) and returns a `SandboxResult`. The code runs like a
+script in its working directory (the cwd and first `sys.path` entry): an empty
+directory, or with `workdir=path` a throwaway copy of the directory `path`
+(e.g. a repository to test). Whatever the code writes is discarded when it
+ends: `path` itself is never written.
 
 Model misbehaviour (crashes, timeouts, bombs, forbidden calls) is always
-reported in the result, never raised; only a harness failure (the interpreter
-cannot be started, the bootstrap did not come up) raises `SandboxError`, which
-environments turn into an environment failure.
+reported in the result, never raised; a harness failure (the interpreter cannot
+be started, the bootstrap did not come up) raises `SandboxError`, which
+environments turn into an environment failure; so does `IsolationUnavailable`.
 
 What is enforced, and by what:
 
+- Kernel, `isolation="bwrap"` (the default; `bwrap` module): a fresh mount
+  namespace with only `/usr`, the interpreter and stdlib (+ site-packages with
+  `site_packages=True`) read-only, the work directory, `/tmp` and `/dev/shm` as
+  private tmpfs capped at `disk_mb` each and gone after the run; no network;
+  own PID namespace; new session; dies with its parent; uid nobody with no
+  capabilities and no further user namespaces. No host file outside those
+  mounts exists for the code, whatever it does in-process.
 - Kernel, always (set by the bootstrap with `resource.setrlimit` before the
   code runs, soft = hard): CPU time (`RLIMIT_CPU`), address space
   (`RLIMIT_AS`, so memory bombs get `MemoryError`), written file size
   (`RLIMIT_FSIZE`), open files, no core dumps, and `RLIMIT_NPROC = 0` (no new
-  processes or threads; the kernel ignores this limit for uid 0, hence the
-  uid drop below).
+  processes or threads; the kernel ignores it for uid 0, which the bwrap mode
+  never is).
 - Parent side, always: a wall-clock limit after which the child's whole process
   group (it runs in its own session) is SIGKILLed; stdout and stderr are read
-  incrementally and capped at `max_output_bytes` each (the rest is discarded and
-  the result says so); an environment holding only `_CHILD_ENV` (none of the
-  caller's variables); stdin is /dev/null; the temporary directory is deleted
-  afterwards.
-- Kernel isolation, when the caller is root and `unshare` + `setpriv` work
-  (`namespaces_available()`): own network namespace (only a down loopback),
-  own PID namespace (the caller and the rest of the host cannot be seen or
-  signalled), and uid/gid nobody with every capability dropped except
-  reading files. So `RLIMIT_NPROC` applies, `setrlimit` cannot raise limits,
-  and writes outside the (chowned) temporary directory fail in the kernel.
-- Audit hook (PEP 578), installed before the code runs: `open`, `os.listdir`
-  and `os.scandir` only inside the temporary directory, or read-only inside the
-  Python stdlib (plus site-packages with `site_packages=True`) and
-  /dev/null, /dev/zero, /dev/urandom; file mutations (remove, rename, mkdir,
-  chmod, ...) only inside the temporary directory; no symlinks or hard links; no
-  sockets or name resolution; no fork, exec, spawn, `subprocess`, `os.system`;
-  no `os.kill`, `os.killpg`, `signal.pthread_kill` (and `pidfd_open` /
-  `pidfd_send_signal` are removed); no `resource.setrlimit`; `ctypes` imports
-  (numpy and sympy need its types) but cannot look up symbols, call foreign
-  functions or map raw addresses; no sub-interpreters or `_sqlite3`; no
-  `gc.get_objects` / `get_referrers` / `get_referents` and no assignment to a
-  function's `__code__` (ways to reach and rewrite the hook). A blocked call
-  raises `PermissionError` inside the child.
+  incrementally and capped at `max_output_bytes` each; an environment holding
+  only `_CHILD_ENV`; stdin is /dev/null; the temporary directory is deleted.
+- Audit hook (PEP 578), for friendly error messages only (it is no boundary:
+  pure Python can switch it off): opens outside the work directory and stdlib,
+  sockets, subprocesses, signals, `setrlimit`, ctypes calls raise
+  `PermissionError` with a readable message.
 
-What is NOT enforced: audit hooks are not a security boundary (PEP 578 says so);
-a determined attacker with arbitrary Python may find a way around them. File
-*metadata* (`os.stat`) outside the allowed roots stays visible. Without
-namespaces (non-root), network blocking and the protection of the caller from
-signals rest on the audit hook alone (a direct `_posixsubprocess.fork_exec` is
-then stopped only by `RLIMIT_NPROC`, which root ignores). Reads are decided by
-the audit hook alone in every mode. For hostile code at scale use a VM or container
-boundary (gVisor, nsjail) around this.
+`isolation="unisolated"` (config `env.sandbox`) drops the kernel layer: the
+code then runs as the caller with only the rlimits and the hook, i.e. full code
+execution as the training user. Without working bwrap, `"bwrap"` refuses to
+run anything (`IsolationUnavailable`) instead of falling back.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import os
 import selectors
-import shutil
 import signal
 import subprocess
 import sys
@@ -76,47 +56,17 @@ import sysconfig
 import tempfile
 import time
 
+from sao_jax.config.env import DEFAULT_SANDBOX, SANDBOX_MODES, SandboxLimits
+from sao_jax.envs.sandbox import bwrap, files
+
 # The bootstrap writes this to stderr right before running the code; its absence
 # means the harness, not the model, failed.
 _READY = "\x00sao-sandbox-ready\n"
 _CHILD_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
-              "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-_NOBODY = 65534
-# Root only: own network and PID namespaces, then drop to uid/gid nobody with no
-# capabilities except reading files (the stdlib may live under a 0700 /root;
-# the audit hook still decides which files may be opened).
-_ISOLATE = ("unshare", "--net", "--pid", "--fork", "--kill-child",
-            "setpriv", f"--reuid={_NOBODY}", f"--regid={_NOBODY}", "--clear-groups",
-            "--inh-caps=-all,+dac_read_search", "--ambient-caps=-all,+dac_read_search",
-            "--bounding-set=-all,+dac_read_search", "--no-new-privs")
+              "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+              "PYTHONDONTWRITEBYTECODE": "1"}
 _READ_CHUNK = 65536
 _DRAIN_S = 5.0  # After a kill, how long to wait for the pipes to close.
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SandboxLimits:
-  """Resource limits for one run. Sizes in MiB / bytes, times in seconds."""
-
-  wall_time_s: float = 10.0
-  cpu_time_s: int = 5
-  memory_mb: int = 1024
-  file_size_mb: int = 16
-  max_open_files: int = 64
-  max_output_bytes: int = 16384
-  # Let the code import the caller's installed packages (e.g. sympy, numpy),
-  # read-only. Off by default: the stdlib alone is the smaller surface.
-  site_packages: bool = False
-
-  def validate(self) -> None:
-    if not self.wall_time_s > 0:
-      raise ValueError(f"sandbox.wall_time_s={self.wall_time_s!r} is invalid: expected seconds > 0.")
-    for name in ("cpu_time_s", "memory_mb", "file_size_mb", "max_open_files", "max_output_bytes"):
-      value = getattr(self, name)
-      if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"sandbox.{name}={value!r} is invalid: expected a positive integer.")
-    if self.max_open_files < 16:
-      raise ValueError(f"sandbox.max_open_files={self.max_open_files!r} is invalid: the "
-                       "interpreter needs at least 16.")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -143,22 +93,25 @@ class SandboxError(RuntimeError):
   """The sandbox harness itself failed (not the model's code)."""
 
 
-@functools.cache
-def namespaces_available() -> bool:
-  """Whether the `unshare` + `setpriv` isolation works here (needs root)."""
-  if os.geteuid() != 0 or not (shutil.which("unshare") and shutil.which("setpriv")):
-    return False
-  try:
-    return subprocess.run([*_ISOLATE, "true"], stdin=subprocess.DEVNULL, capture_output=True,
-                          timeout=10, env=_CHILD_ENV).returncode == 0
-  except (OSError, subprocess.TimeoutExpired):
-    return False
+class IsolationUnavailable(SandboxError):
+  """Kernel isolation was asked for and cannot be set up here."""
+
+
+def require_isolation(isolation: str) -> None:
+  """Raises `IsolationUnavailable` (saying how to get it) if `isolation` cannot run here."""
+  if isolation not in SANDBOX_MODES:
+    raise ValueError(f"isolation={isolation!r} is invalid: allowed values are "
+                     f"{', '.join(map(repr, SANDBOX_MODES))}.")
+  reason = bwrap.unavailable_reason() if isolation == "bwrap" else None
+  if reason is not None:
+    raise IsolationUnavailable(f"tool execution refused: kernel isolation is unavailable: "
+                               f"{reason}.")
 
 
 def _read_roots(site_packages: bool) -> list[str]:
   """Directories the code may read: where this interpreter's stdlib lives."""
-  roots = {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"],
-           os.path.dirname(os.__file__)}
+  # Not "platstdlib": in a virtualenv that is the venv's lib/, site-packages included.
+  roots = {sysconfig.get_paths()["stdlib"], os.path.dirname(os.__file__)}
   roots.update(p for p in sys.path if p.endswith(("lib-dynload", ".zip")))
   if site_packages:
     roots.update((sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]))
@@ -166,22 +119,25 @@ def _read_roots(site_packages: bool) -> list[str]:
 
 
 def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
-               workdir: str | os.PathLike | None = None) -> SandboxResult:
-  """Runs `code` under `limits` in a fresh temporary directory, or in `workdir`
-  (see the module docstring for what is enforced)."""
+               workdir: str | os.PathLike | None = None,
+               isolation: str = DEFAULT_SANDBOX) -> SandboxResult:
+  """Runs `code` under `limits` in an empty directory, or in a throwaway copy of
+  `workdir` (see the module docstring for what is enforced)."""
   limits.validate()
+  require_isolation(isolation)
   if workdir is not None and not os.path.isdir(workdir):
     raise ValueError(f"workdir={os.fspath(workdir)!r} is not an existing directory.")
   scratch = os.path.realpath(tempfile.mkdtemp(prefix="sao_sandbox_"))
-  root = scratch if workdir is None else os.path.realpath(workdir)
   try:
-    script = os.path.join(scratch, "main.py")
+    script_dir = os.path.join(scratch, "script")
+    os.mkdir(script_dir)
+    script = os.path.join(script_dir, "main.py")
     with open(script, "w", encoding="utf-8") as f:
       f.write(code)
+    work = os.path.join(scratch, "work")
+    read_roots = _read_roots(limits.site_packages)
     settings = {
-        "workdir": root,
-        "script": script,
-        "read_roots": _read_roots(limits.site_packages),
+        "workdir": work, "script": script, "read_roots": read_roots, "copy_from": None,
         "sys_path": (sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
                      if limits.site_packages else []),
         "cpu_time_s": limits.cpu_time_s,
@@ -189,30 +145,42 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
         "file_size_bytes": limits.file_size_mb << 20,
         "max_open_files": limits.max_open_files,
     }
-    command = [sys.executable, "-I", "-S", "-B", "-c", _BOOTSTRAP, json.dumps(settings)]
-    if namespaces_available():
-      _give_to_nobody(scratch)
-      if root != scratch:
-        _give_to_nobody(root)
-      command = [*_ISOLATE, *command]
-    return _supervise(command, root, limits)
+    python = os.path.realpath(sys.executable)
+    if isolation == "bwrap":
+      # Read as "other" by the unprivileged child: world-readable, not capabilities.
+      os.chmod(scratch, 0o711)
+      os.chmod(script_dir, 0o755)
+      os.chmod(script, 0o644)
+      copy_from = None
+      if workdir is not None:  # Its copy (a tmpfs) sits where the original is.
+        copy_from = os.path.join(scratch, "in")
+        files.readable_copy(os.path.realpath(workdir), copy_from)
+        settings["copy_from"] = bwrap.COPY_SOURCE
+        settings["workdir"] = work = os.path.realpath(workdir)
+      command = bwrap.command(
+          [python, "-I", "-S", "-B", "-c", _BOOTSTRAP, json.dumps(settings)], work_dir=work,
+          copy_from=copy_from, read_only=sorted({*bwrap.interpreter_roots(), script_dir,
+                                                 *filter(os.path.exists, read_roots)}),
+          disk_bytes=limits.disk_mb << 20, env=_CHILD_ENV)
+      cwd = "/"
+    else:
+      if workdir is None:
+        os.mkdir(work)
+      else:
+        files.readable_copy(os.path.realpath(workdir), work)
+      command = [python, "-I", "-S", "-B", "-c", _BOOTSTRAP, json.dumps(settings)]
+      cwd = work
+    return _supervise(command, cwd, limits, wrapped=isolation == "bwrap")
   finally:
-    shutil.rmtree(scratch, ignore_errors=True)
+    files.remove_tree(scratch)
 
 
-def _give_to_nobody(root: str) -> None:
-  """chown -R to nobody (links not followed), so the dropped child can write there."""
-  os.lchown(root, _NOBODY, _NOBODY)
-  for parent, dirs, files in os.walk(root):
-    for name in dirs + files:
-      os.lchown(os.path.join(parent, name), _NOBODY, _NOBODY)
-
-
-def _supervise(command: list[str], workdir: str, limits: SandboxLimits) -> SandboxResult:
+def _supervise(command: list[str], cwd: str, limits: SandboxLimits, *,
+              wrapped: bool) -> SandboxResult:
   """Starts the child, collects capped output, enforces the wall-clock limit."""
   start = time.monotonic()
   try:
-    proc = subprocess.Popen(command, cwd=workdir, env=_CHILD_ENV, stdin=subprocess.DEVNULL,
+    proc = subprocess.Popen(command, cwd=cwd, env=_CHILD_ENV, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True, close_fds=True)
   except OSError as e:
@@ -263,7 +231,7 @@ def _supervise(command: list[str], workdir: str, limits: SandboxLimits) -> Sandb
       stdout=out[:limits.max_output_bytes].decode("utf-8", "replace"),
       stderr=err[:limits.max_output_bytes].decode("utf-8", "replace"),
       exit_code=exit_code, timed_out=timed_out,
-      killed_reason=_killed_reason(exit_code, timed_out),
+      killed_reason=_killed_reason(exit_code, timed_out, wrapped),
       stdout_truncated=dropped[out_fd] > 0 or len(out) > limits.max_output_bytes,
       stderr_truncated=dropped[err_fd] > 0 or len(err) > limits.max_output_bytes,
       wall_time_s=time.monotonic() - start)
@@ -276,15 +244,15 @@ def _kill_group(pid: int) -> None:
     pass
 
 
-def _killed_reason(exit_code: int, timed_out: bool) -> str | None:
+def _killed_reason(exit_code: int, timed_out: bool, wrapped: bool) -> str | None:
   if timed_out:
     return "wall_time"
   if exit_code == _CPU_EXIT or exit_code == -signal.SIGXCPU:
     return "cpu_time"
   if exit_code < 0:
     return f"signal {signal.Signals(-exit_code).name}"
-  # `unshare --fork` reports a child killed by signal N as exit status 128 + N.
-  if namespaces_available() and exit_code > 128 and exit_code - 128 in signal.valid_signals():
+  # bwrap reports a child killed by signal N as exit status 128 + N.
+  if wrapped and exit_code > 128 and exit_code - 128 in signal.valid_signals():
     return f"signal {signal.Signals(exit_code - 128).name}"
   return None
 
@@ -371,6 +339,13 @@ def _setup():
     code = compile(source, "main.py", "exec")
   except (SyntaxError, ValueError) as error:  # the model's mistake: report it after READY
     code = error
+  if settings["copy_from"]:  # Into the capped work tmpfs, before the limits apply.
+    import shutil
+    try:
+      shutil.copytree(settings["copy_from"], settings["workdir"], symlinks=True,
+                      dirs_exist_ok=True)
+    except (OSError, shutil.Error) as error:  # e.g. over the disk cap: the files' fault
+      code = OSError(f"sandbox: could not copy the working directory in: {error}")
   cpu = settings["cpu_time_s"]
   for limit, value in ((resource.RLIMIT_CPU, (cpu, cpu + 1)),
                        (resource.RLIMIT_AS, settings["memory_bytes"]),

@@ -9,7 +9,9 @@ argument contains backticks. Only the first block of a turn is used.
 
 `parse_tool_call` checks the block against `TOOLS` (tool names, argument names,
 types, required arguments) and raises `ToolError` with a message for the model
-on any mismatch. `Workspace` implements the tools that only touch files
+on any mismatch and on a block that does not parse, including JSON nested
+deeper than the parser's recursion or an integer too long to convert; values it
+echoes back are shortened (`reprlib`). `Workspace` implements the tools that only touch files
 (`list`, `view`, `search`, `edit`, `create`); `run_tests`, `python` and
 `submit` need the sandbox and live in `sao_jax.envs.coding`.
 
@@ -27,7 +29,9 @@ What `Workspace` enforces, and why:
 - `edit` replaces text that occurs exactly once; zero or several occurrences
   are errors that say which, so the model never edits the wrong spot.
 - Listings and search results are capped (`MAX_LIST_ENTRIES`, `MAX_MATCHES`)
-  with a note saying how many were left out.
+  with a note saying how many were left out; the walks behind them, and the
+  tree `edit`/`create` may grow, are bounded by `walk` (entries, depth, path
+  length, bytes, time), so the copies made for the sandbox and grading are too.
 
 Every failure is a `ToolError` whose message is the observation; none escapes
 as a crash (OS errors are converted too).
@@ -39,8 +43,11 @@ import dataclasses
 import json
 import os
 import re
+import reprlib
 import stat
 from typing import Any
+
+from sao_jax.envs.coding import walk
 
 MAX_FILE_BYTES = 1 << 22
 MAX_LIST_ENTRIES = 500
@@ -62,6 +69,8 @@ TOOLS: dict[str, dict[str, tuple[type, Any]]] = {
     "submit": {},
 }
 _TOOL_BLOCK = re.compile(r"```tool[ \t]*\n(.*?)^[ \t]*```", re.DOTALL | re.MULTILINE)
+_SHORT = reprlib.Repr()  # a bounded repr: a few levels deep, a few items long
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 3, 200, 200
 
 
 class ToolError(Exception):
@@ -90,6 +99,9 @@ def parse_tool_call(text: str) -> ToolCall | None:
     raise ToolError(f"the tool call is not valid JSON ({e.msg} at line {e.lineno} column "
                     f"{e.colno}); write one object like {{\"name\": \"view\", \"args\": "
                     f"{{\"path\": \"a.py\"}}}}.") from None
+  except (RecursionError, ValueError) as e:  # nesting deeper than the parser's stack, ...
+    raise ToolError(f"the tool call could not be parsed ({type(e).__name__}); write one flat "
+                    'object like {"name": "view", "args": {"path": "a.py"}}.') from None
   if not isinstance(call, dict) or not isinstance(call.get("name"), str):
     raise ToolError('the tool call must be a JSON object with a string "name" and an '
                     f'"args" object, got {match.group(1).strip()[:200]!r}.')
@@ -101,7 +113,7 @@ def parse_tool_call(text: str) -> ToolCall | None:
   if name not in TOOLS:
     raise ToolError(f"unknown tool {name!r}; tools: {', '.join(TOOLS)}.")
   if not isinstance(args, dict):
-    raise ToolError(f'"args" of {name} must be a JSON object, got {args!r}.')
+    raise ToolError(f'"args" of {name} must be a JSON object, got {_SHORT.repr(args)}.')
   spec = TOOLS[name]
   if set(args) - set(spec):
     raise ToolError(f"{name} got unknown arguments {sorted(set(args) - set(spec))}; it takes "
@@ -115,7 +127,8 @@ def parse_tool_call(text: str) -> ToolCall | None:
       continue
     value = args[arg]
     if isinstance(value, bool) or not isinstance(value, kind):
-      raise ToolError(f"{name} argument {arg!r} must be {_TYPE_NAMES[kind]}, got {value!r}.")
+      raise ToolError(f"{name} argument {arg!r} must be {_TYPE_NAMES[kind]}, got "
+                      f"{_SHORT.repr(value)}.")
     filled[arg] = value
   return ToolCall(name, filled)
 
@@ -177,7 +190,30 @@ class Workspace:
     except UnicodeDecodeError:
       raise ToolError(f"{path!r} is not UTF-8 text.") from None
 
+  def _tree(self, top: str) -> list[walk.Entry]:
+    """`walk.walk(top)`, its limits reported as a `ToolError`."""
+    try:
+      return walk.walk(top)
+    except walk.WalkLimit as e:
+      raise ToolError(f"the repository is over the limits ({e}); delete files first.") from None
+
+  def _check_room(self, full: str, size: int) -> None:
+    """Refuses a write that would take the tree over `walk`'s limits."""
+    rel = self._relative(full)
+    if len(rel) > walk.MAX_PATH_CHARS or rel.count(os.sep) > walk.MAX_DEPTH:
+      raise ToolError(f"{rel!r} is too long or too deep: at most {walk.MAX_PATH_CHARS} "
+                      f"characters and {walk.MAX_DEPTH} directories.")
+    entries = {e.rel: e.size for e in self._tree(self.root)}
+    parts = rel.split(os.sep)
+    added = sum(os.path.join(*parts[:i]) not in entries for i in range(1, len(parts) + 1))
+    if len(entries) + added > walk.MAX_ENTRIES:
+      raise ToolError(f"the repository would have more than {walk.MAX_ENTRIES} files and "
+                      "directories.")
+    if sum(entries.values()) - entries.get(rel, 0) + size > walk.MAX_TOTAL_BYTES:
+      raise ToolError(f"the repository would hold more than {walk.MAX_TOTAL_BYTES} bytes.")
+
   def _write(self, full: str, text: str) -> None:
+    self._check_room(full, len(text.encode("utf-8")))
     try:
       os.makedirs(os.path.dirname(full), exist_ok=True)
       with open(full, "w", encoding="utf-8", newline="") as f:
@@ -190,12 +226,8 @@ class Workspace:
     top = self.resolve(path)
     if not os.path.isdir(top):
       raise ToolError(f"{path!r} is not a directory.")
-    entries = []
-    for parent, dirs, files in os.walk(top):
-      dirs.sort()
-      entries += [self._relative(os.path.join(parent, d)) + "/" for d in dirs]
-      entries += [self._relative(os.path.join(parent, f)) for f in files]
-    entries.sort()
+    entries = sorted(self._relative(os.path.join(top, e.rel)) + ("/" if e.is_dir else "")
+                     for e in self._tree(top))
     if not entries:
       return f"{path!r} is empty."
     return _capped(entries, MAX_LIST_ENTRIES, "entries")
@@ -221,8 +253,7 @@ class Workspace:
       raise ToolError("search text must not be empty.")
     top = self.resolve(path)
     if os.path.isdir(top):
-      files = sorted(os.path.join(parent, name) for parent, _, names in os.walk(top)
-                     for name in names)
+      files = [os.path.join(top, e.rel) for e in self._tree(top) if not e.is_dir]
     elif os.path.isfile(top):
       files = [top]
     else:

@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from sao_jax.envs import judge, style
+from sao_jax.envs.style import env as style
+from sao_jax.envs.style import judge
 from sao_jax.envs.base import Task
 
 SCHEDULE = style.StyleSchedule([(0, "academic"), (200, "cute"), (400, "chuunibyou")])

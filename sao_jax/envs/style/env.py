@@ -36,8 +36,9 @@ import re
 import types
 from typing import Callable, Iterator, Sequence
 
-from sao_jax.envs import judge as judge_lib
+from sao_jax.config.env import ENV_STYLES
 from sao_jax.envs.base import Environment, Message, StepResult, Task
+from sao_jax.envs.style import judge as judge_lib
 
 STYLE_MARKERS = types.MappingProxyType({
     "academic": ("furthermore", "moreover", "consequently", "therefore", "thus", "in conclusion",
@@ -48,7 +49,7 @@ STYLE_MARKERS = types.MappingProxyType({
     "classical": ("thee", "thou", "thy", "hath", "doth", "verily", "'tis", "whence", "henceforth",
                   "forsooth", "wherefore"),
 })
-STYLES = tuple(STYLE_MARKERS)
+STYLES = ENV_STYLES
 DEFAULT_MIN_WORDS, DEFAULT_MAX_WORDS = 20, 200
 SYSTEM_PROMPT = "You are a helpful writer. Answer the request directly."
 

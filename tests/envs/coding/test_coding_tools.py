@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from sao_jax.envs import coding_tools
-from sao_jax.envs.coding_tools import ToolCall, ToolError, Workspace, format_tool_call
+from sao_jax.envs.coding import tools as coding_tools
+from sao_jax.envs.coding.tools import ToolCall, ToolError, Workspace, format_tool_call
 
 SOURCE = "def f(x):\n    return x + 1\n\n\ndef g(x):\n    return x + 1\n"
 

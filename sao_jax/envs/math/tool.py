@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import re
 
-from sao_jax.envs import answers
 from sao_jax.envs import sandbox
+from sao_jax.envs.math import answers
 from sao_jax.envs.base import Environment, Message, StepResult, Task
 
 SYSTEM_PROMPT = (
@@ -39,34 +39,19 @@ def extract_code(text: str) -> str | None:
   return match.group(1) if match else None
 
 
-def format_tool_output(result: sandbox.SandboxResult, limits: sandbox.SandboxLimits) -> str:
-  """stdout, then stderr, then notes on truncation, limits and the exit status."""
-  parts = [text.rstrip("\n") for text in (result.stdout, result.stderr) if text]
-  if result.stdout_truncated:
-    parts.append(f"[stdout truncated to {limits.max_output_bytes} bytes]")
-  if result.stderr_truncated:
-    parts.append(f"[stderr truncated to {limits.max_output_bytes} bytes]")
-  if result.killed_reason == "wall_time":
-    parts.append(f"[killed: exceeded the {limits.wall_time_s:g} s time limit]")
-  elif result.killed_reason == "cpu_time":
-    parts.append(f"[killed: exceeded the {limits.cpu_time_s} s CPU time limit]")
-  elif result.killed_reason is not None:
-    parts.append(f"[killed: {result.killed_reason}]")
-  elif result.exit_code != 0:
-    parts.append(f"[exit status {result.exit_code}]")
-  return "\n".join(parts) if parts else "[no output]"
-
-
 class MathToolEnv(Environment):
   """Reward 1 for a verified `\\boxed{}` answer, 0 otherwise; Python tool calls between."""
 
   observation_role = "tool"
 
   def __init__(self, *, max_turns: int = 8, max_observation_chars: int = 4096,
-               sandbox_limits: sandbox.SandboxLimits = sandbox.SandboxLimits()):
+               sandbox_limits: sandbox.SandboxLimits = sandbox.SandboxLimits(),
+               isolation: str = sandbox.DEFAULT_SANDBOX):
     super().__init__(max_turns=max_turns, max_observation_chars=max_observation_chars)
     sandbox_limits.validate()
+    sandbox.require_isolation(isolation)
     self.sandbox_limits = sandbox_limits
+    self.isolation = isolation
     self.tool_calls = 0
 
   def _reset(self, task: Task) -> list[Message]:
@@ -83,9 +68,9 @@ class MathToolEnv(Environment):
     if code is None:
       return StepResult.next(NO_ACTION)
     try:
-      result = sandbox.run_python(code, self.sandbox_limits)
+      result = sandbox.run_python(code, self.sandbox_limits, isolation=self.isolation)
     except sandbox.SandboxError as e:
       return StepResult.fail(f"python sandbox failed: {e}", tool_calls=self.tool_calls)
     self.tool_calls += 1
-    return StepResult.next(format_tool_output(result, self.sandbox_limits),
+    return StepResult.next(sandbox.format_tool_output(result, self.sandbox_limits),
                            tool_exit_code=result.exit_code, tool_killed=result.killed_reason)

@@ -24,7 +24,9 @@ anything. No START line means the runner itself never came up: that raises
 
 Not enforced: the code under test shares the runner's interpreter, so code
 written to inspect the runner's frames could read the mark and forge verdicts.
-As with pytest-based graders, a test is only as strong as in-process isolation.
+As with pytest-based graders, a test is only as strong as in-process isolation;
+that is why generated tasks are graded by `grader.grade_calls` instead, and
+this runner grades only task directories with arbitrary test files.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import json
 import os
 import secrets
 
-from sao_jax.envs import math_tool, sandbox
+from sao_jax.envs import sandbox
 
 # Failure details (captured output, traceback) kept per test, from the end.
 _DETAIL_CHARS = 2000
@@ -137,8 +139,8 @@ def discover(root: str, tests_dir: str) -> list[str]:
                   and e.is_file(follow_symlinks=False))
 
 
-def run_test_file(root: str, path: str, source: str,
-                  limits: sandbox.SandboxLimits) -> FileResult:
+def run_test_file(root: str, path: str, source: str, limits: sandbox.SandboxLimits, *,
+                  isolation: str = sandbox.DEFAULT_SANDBOX) -> FileResult:
   """Runs the test file `path` (relative to `root`, whose text is `source`).
 
   Raises `sandbox.SandboxError` if the runner did not start.
@@ -152,7 +154,7 @@ def run_test_file(root: str, path: str, source: str,
   # details (which the runner keeps within the limit) never push verdicts out.
   verdict_bytes = sum(len(f"{mark} FAIL {name}\n".encode()) for name in ("START",) + expected)
   limits = dataclasses.replace(limits, max_output_bytes=limits.max_output_bytes + verdict_bytes)
-  result = sandbox.run_python(prelude + _RUNNER, limits, workdir=root)
+  result = sandbox.run_python(prelude + _RUNNER, limits, workdir=root, isolation=isolation)
   lines = result.stdout.split("\n")
   if f"{mark} START" not in lines:
     raise sandbox.SandboxError(
@@ -171,7 +173,7 @@ def run_test_file(root: str, path: str, source: str,
   report += [f"FAIL {name} (no result: the test process ended before this test finished)"
              for name in expected if name not in verdicts]
   passed = frozenset(name for name, verdict in verdicts.items() if verdict == "PASS")
-  body = math_tool.format_tool_output(
+  body = sandbox.format_tool_output(
       dataclasses.replace(result, stdout="\n".join(report).strip("\n")), limits)
   header = f"{path}: {len(passed)} of {len(expected)} tests passed"
   return FileResult(path=path, names=expected, passed=passed, report=f"{header}\n{body}")

@@ -1,14 +1,14 @@
 r"""Coding agent environment (SWE-style, SAO.md §6): fix a repository with tools.
 
 An episode works on a fresh copy of the task's repository with the visible
-tests at `<tests_dir>/` (task formats: `coding_tasks`, generated tasks:
-`coding_generator`). Each assistant turn may hold one tool call, a fenced block
+tests at `<tests_dir>/` (task formats: `tasks`, generated tasks:
+`generator`). Each assistant turn may hold one tool call, a fenced block
 
     ```tool
     {"name": "edit", "args": {"path": "mathutil.py", "old": "b + 1", "new": "b"}}
     ```
 
-(format and parsing rules: `coding_tools`; only the first block of a turn
+(format and parsing rules: `tools`; only the first block of a turn
 runs). Tools, with their arguments (`?` = optional):
 
 - `list {path?="."}`: files and directories under `path`.
@@ -17,9 +17,10 @@ runs). Tools, with their arguments (`?` = optional):
 - `edit {path, old, new}`: replace the one occurrence of `old` in a file.
 - `create {path, content}`: create a new file (not overwrite one).
 - `run_tests {path?}`: run one test file, or every visible test file
-  (`coding_runner`), and report each test.
-- `python {code}`: run Python in the sandbox (`sao_jax.envs.sandbox`) with the
-  repository copy as working directory and first `sys.path` entry.
+  (`runner`), and report each test.
+- `python {code}`: run Python in the sandbox (`sao_jax.envs.sandbox`) on a
+  throwaway copy of the repository (working directory and first `sys.path`
+  entry); what it writes is discarded, only `edit` and `create` change files.
 - `submit {}`: end the episode and grade it.
 
 Observations have role "tool". A turn without a tool block gets a reminder of
@@ -28,34 +29,36 @@ edit text, out-of-range view, escaping path, ... gets an `error: ...`
 observation. Either way the episode goes on and the turn counts.
 
 Reward, at `submit` or when the turn budget runs out (the last turn's tool runs
-first): each hidden test file runs on its own fresh grading copy made of the
-agent's files minus its `<tests_dir>/`, plus the hidden tests at
-`<tests_dir>/`; test names come from the task's pristine copy. So editing or
-deleting tests never changes the reward, nor does code that rewrites test files
-while one of them runs. Reward 1 if every hidden test passes, else 0; with
-`partial_reward=True` the fraction that pass. A harness failure (the sandbox or
-test runner cannot start, e.g. killed by the time limit before it came up; the
-grading copy cannot be made; the task has no hidden tests) is
-`StepResult.fail`, not reward 0. So is a sandbox harness failure during
-`run_tests` or `python`.
+first), by `grader`: only the agent's `.py` files outside `<tests_dir>/` (the
+walk bounded by `walk`) reach a fresh grading copy. Generated tasks are graded
+by calls whose expected values never leave this process; task directories run
+each hidden test file on its own copy plus the hidden tests. Reward 1 if every
+hidden test passes, else 0; with `partial_reward=True` the fraction that pass.
+A working copy over the limits (too many or too deep files, too long paths, too
+many bytes) is reward 0 with `info["grading_error"]`: the agent's own doing. A
+harness failure (the sandbox or test runner cannot start, e.g. killed by the
+time limit before it came up; the grading copy cannot be written; the task has
+no hidden tests) is `StepResult.fail`, not reward 0. So is a sandbox harness
+failure during `run_tests` or `python`.
 
-Containment: file tools are confined to the copy (`coding_tools.Workspace`);
-`run_tests` and `python` run under the sandbox's limits (time, memory, output,
-no network, no writes outside the copy); the episode's directory is deleted when
-the episode ends, on the next `reset`, on `close()` or when the environment is
-garbage-collected.
+Containment: file tools are confined to the copy (`tools.Workspace`) and bounded
+(`walk`); `run_tests`, `python` and grading run in the kernel sandbox
+(`sao_jax.envs.sandbox`: only their own copy is mounted, so episodes never see
+each other's files and the hidden tests are never there); the episode's
+directory (which only this process can enter) is deleted when the episode ends,
+on the next `reset`, on `close()` or when the environment is garbage-collected.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 import weakref
 
-from sao_jax.envs import coding_runner, coding_tasks, math_tool, sandbox
+from sao_jax.envs import sandbox
 from sao_jax.envs.base import Environment, Message, StepResult, Task
-from sao_jax.envs.coding_tools import ToolCall, ToolError, Workspace, parse_tool_call
+from sao_jax.envs.coding import grader, runner, tasks, walk
+from sao_jax.envs.coding.tools import ToolCall, ToolError, Workspace, parse_tool_call
 
 SYSTEM_PROMPT = """\
 You are fixing a bug in a Python repository. Use tools: a message may contain one tool call, \
@@ -91,10 +94,12 @@ class CodingEnv(Environment):
 
   def __init__(self, *, max_turns: int = 50, max_observation_chars: int = 8192,
                sandbox_limits: sandbox.SandboxLimits = sandbox.SandboxLimits(),
-               partial_reward: bool = False):
+               partial_reward: bool = False, isolation: str = sandbox.DEFAULT_SANDBOX):
     super().__init__(max_turns=max_turns, max_observation_chars=max_observation_chars)
     sandbox_limits.validate()
+    sandbox.require_isolation(isolation)
     self.sandbox_limits = sandbox_limits
+    self.isolation = isolation
     self.partial_reward = partial_reward
     self.episode_dir: str | None = None
     self.tests_dir = ""
@@ -106,10 +111,10 @@ class CodingEnv(Environment):
   def _reset(self, task: Task) -> list[Message]:
     self.close()
     self.episode_dir = os.path.realpath(tempfile.mkdtemp(prefix="sao_coding_"))
-    self._cleanup = weakref.finalize(self, shutil.rmtree, self.episode_dir, True)
+    self._cleanup = weakref.finalize(self, sandbox.remove_tree, self.episode_dir)
     self.tests_dir = task.metadata["tests_dir"]
     task_files = os.path.join(self.episode_dir, "task")
-    coding_tasks.materialize(task, task_files)
+    tasks.materialize(task, task_files)
     root = os.path.join(self.episode_dir, "work")
     os.rename(os.path.join(task_files, "repo"), root)
     os.rename(os.path.join(task_files, "tests_visible"), os.path.join(root, self.tests_dir))
@@ -147,12 +152,17 @@ class CodingEnv(Environment):
 
   def _run_tool(self, call: ToolCall) -> str:
     self.tool_calls += 1
+    if call.name in ("run_tests", "python"):
+      try:  # Bounded before the sandbox copies it.
+        walk.walk(self.workspace.root)
+      except walk.WalkLimit as e:
+        raise ToolError(f"the repository is over the limits ({e}); delete files first.") from None
     if call.name == "run_tests":
       return self._run_visible_tests(call.args["path"])
     if call.name == "python":
       result = sandbox.run_python(call.args["code"], self.sandbox_limits,
-                                  workdir=self.workspace.root)
-      return self._relative(math_tool.format_tool_output(result, self.sandbox_limits))
+                                  workdir=self.workspace.root, isolation=self.isolation)
+      return self._relative(sandbox.format_tool_output(result, self.sandbox_limits))
     tool = {"list": self.workspace.list, "view": self.workspace.view,
             "search": self.workspace.search, "edit": self.workspace.edit,
             "create": self.workspace.create}[call.name]
@@ -160,14 +170,15 @@ class CodingEnv(Environment):
 
   def _run_visible_tests(self, path: str | None) -> str:
     root = self.workspace.root
-    paths = coding_runner.discover(root, self.tests_dir) if path is None else [path]
+    paths = runner.discover(root, self.tests_dir) if path is None else [path]
     if not paths:
       raise ToolError(f"no test*.py files in {self.tests_dir}/; pass a test file as path.")
     results = []
     for rel in paths:
       source = self.workspace.read_text(rel)
-      results.append(coding_runner.run_test_file(
-          root, os.path.relpath(self.workspace.resolve(rel), root), source, self.sandbox_limits))
+      results.append(runner.run_test_file(
+          root, os.path.relpath(self.workspace.resolve(rel), root), source, self.sandbox_limits,
+          isolation=self.isolation))
     passed = sum(len(r.passed) for r in results)
     total = sum(len(r.names) for r in results)
     return self._relative("\n\n".join([r.report for r in results]
@@ -180,8 +191,18 @@ class CodingEnv(Environment):
   def _grade(self, reason: str) -> StepResult:
     """Scores the episode with the hidden tests and ends it either way."""
     info = {"tool_calls": self.tool_calls, "tool_errors": self.tool_errors, "turns": self.turn}
+    calls = self.task.metadata.get("hidden_calls")
     try:
-      passed, total = self._run_hidden_tests()
+      sources = grader.collect_sources(self.workspace.root, skip=self.tests_dir)
+      if calls:
+        verdicts = grader.grade_calls(self._grading_copy(sources), calls, self.sandbox_limits,
+                                      isolation=self.isolation)
+        passed, total = sum(verdicts), len(verdicts)
+      else:
+        passed, total = self._run_hidden_test_files(sources)
+    except walk.WalkLimit as e:  # The agent's own files: a failed episode, not the env's.
+      return StepResult.finish(0.0, reason, hidden_passed=0, hidden_total=len(calls or ()),
+                               grading_error=f"the repository is over the limits: {e}", **info)
     except (sandbox.SandboxError, OSError) as e:
       return StepResult.fail(f"grading failed: {e}", **info)
     finally:
@@ -191,21 +212,34 @@ class CodingEnv(Environment):
     reward = passed / total if self.partial_reward else float(passed == total)
     return StepResult.finish(reward, reason, hidden_passed=passed, hidden_total=total, **info)
 
-  def _run_hidden_tests(self) -> tuple[int, int]:
-    """(passed, total) over the hidden test files, each on its own fresh grading copy
-    (code that rewrites the next file's tests while one runs gains nothing)."""
-    task_files = os.path.join(self.episode_dir, "task")
+  def _grading_copy(self, sources: dict[str, bytes]) -> str:
+    """A fresh directory holding only `sources` (the agent's `.py` files)."""
     grading = os.path.join(self.episode_dir, "grade")
+    sandbox.remove_tree(grading)
+    grader.write_tree(sources, grading)
+    return grading
+
+  def _run_hidden_test_files(self, sources: dict[str, bytes]) -> tuple[int, int]:
+    """(passed, total) over the hidden test files, each on its own fresh grading copy
+    of the agent's `.py` files plus the hidden tests (code that rewrites the next
+    file's tests while one runs gains nothing)."""
+    hidden_dir = os.path.join(self.episode_dir, "task", "tests_hidden")
+    if not os.path.isdir(hidden_dir):
+      return 0, 0
+    try:
+      entries = walk.walk(hidden_dir)
+    except walk.WalkLimit as e:  # The task's files, not the agent's.
+      raise sandbox.SandboxError(f"the task's hidden tests are over the limits: {e}") from None
+    hidden = {}
+    for entry in entries:
+      if not entry.is_dir:
+        with open(os.path.join(hidden_dir, entry.rel), "rb") as f:
+          hidden[os.path.join(self.tests_dir, entry.rel)] = f.read()
     passed = total = 0
-    for rel in coding_runner.discover(task_files, "tests_hidden"):
-      coding_tasks.copy_tree(self.workspace.root, grading, skip=(self.tests_dir,))
-      coding_tasks.copy_tree(os.path.join(task_files, "tests_hidden"),
-                             os.path.join(grading, self.tests_dir))
-      with open(os.path.join(task_files, rel), encoding="utf-8") as f:
-        source = f.read()
-      result = coding_runner.run_test_file(
-          grading, os.path.join(self.tests_dir, os.path.basename(rel)), source,
-          self.sandbox_limits)
-      shutil.rmtree(grading)
+    for rel in runner.discover(os.path.join(self.episode_dir, "task"), "tests_hidden"):
+      path = os.path.join(self.tests_dir, os.path.basename(rel))
+      grading = self._grading_copy({**sources, **hidden})
+      result = runner.run_test_file(grading, path, hidden[path].decode("utf-8"),
+                                    self.sandbox_limits, isolation=self.isolation)
       passed, total = passed + len(result.passed), total + len(result.names)
     return passed, total

@@ -16,11 +16,12 @@ statement gives:
 
 `kind` is one of `coding_bugs.KINDS` (every planted bug has that kind) or
 "mixed". The repository holds `<module>.py` files; `tests/test_<module>.py`
-are the visible tests and the hidden tests use the same names. Each test checks
-one call against the correct function's result with exactly the same builtin
-types, so an object whose `==` always holds cannot pass. Hidden tests cover
-every case (the template's edge cases plus random ones); visible tests cover a
-few. Tasks carry their files in memory (`coding_tasks` describes the metadata)
+are the visible tests. Each visible test checks one call against the correct
+function's result with exactly the same builtin types. The hidden tests are
+`metadata["hidden_calls"]`, one call per case (the template's edge cases plus
+random ones) with its expected value, graded outside the agent's interpreter
+(`grader.grade_calls`); `files["tests_hidden"]` is empty. Visible tests cover a
+few cases. Tasks carry their files in memory (`sao_jax.envs.coding.tasks` describes the metadata)
 and their fix as `metadata["fix"]`: whole-function `{"path", "old", "new"}`
 edits.
 
@@ -36,11 +37,14 @@ import random
 import types
 from typing import Any, Callable, Iterator
 
-from sao_jax.envs import coding_bugs, tasks
+from sao_jax.config.env import ENV_CODING_BUG_KINDS
+from sao_jax.envs import tasks
 from sao_jax.envs.base import Task
-from sao_jax.envs.coding_tools import format_tool_call
+from sao_jax.envs.coding import bugs as coding_bugs
+from sao_jax.envs.coding import values
+from sao_jax.envs.coding.tools import format_tool_call
 
-KINDS = coding_bugs.KINDS + ("mixed",)
+KINDS = ENV_CODING_BUG_KINDS
 MAX_DIFFICULTY = 5
 TESTS_DIR = "tests"
 # difficulty -> (functions, modules, bugs)
@@ -133,7 +137,7 @@ def generate_task(index: int, *, seed: int = 0, difficulty: int = 2, kind: str =
   planted = {t.name: rng.choice([b for b in t.bugs if fits(b)]) for t in buggy}
   shown = {t.name for t in (buggy[:1] if difficulty >= 4 else buggy)}
   files: dict[str, dict[str, str]] = {"repo": {}, "tests_visible": {}, "tests_hidden": {}}
-  fix, reports = [], []
+  fix, reports, hidden_calls = [], [], []
   for m, module in enumerate(modules):
     sources, visible, hidden = [], [], []
     for template in templates[m::n_modules]:
@@ -159,13 +163,16 @@ def generate_task(index: int, *, seed: int = 0, difficulty: int = 2, kind: str =
       reports.append((module, _call_text(template.name, case), outcome(correct, case),
                       outcome(wrong, case)))
     files["repo"][f"{module}.py"] = '"""Helper functions."""\n\n\n' + "\n\n".join(sources)
-    files["tests_hidden"][f"test_{module}.py"] = _test_file(module, hidden)
+    hidden_calls += [{"name": f"{module}.{name}_{i}", "module": module, "function": name,
+                      "args": values.encode(args), "expected": values.encode(want)}
+                     for i, (name, args, want) in enumerate(hidden)]
     if visible:
       files["tests_visible"][f"test_{module}.py"] = _test_file(module, visible)
   return Task(id=f"coding-{kind}-d{difficulty}-s{seed}-{index}",
               prompt=_statement(reports, difficulty), answer="",
               metadata=types.MappingProxyType({
                   "files": files, "tests_dir": TESTS_DIR, "fix": tuple(fix),
+                  "hidden_calls": tuple(hidden_calls),
                   "difficulty": difficulty,
                   "bug_kinds": tuple(planted[t.name].kind for t in buggy)}))
 
@@ -182,7 +189,7 @@ def solution_actions(task: Task) -> list[str]:
   fix = task.metadata.get("fix")
   if not fix:
     raise ValueError(f"task {task.id!r} has no 'fix' in its metadata; only generated tasks "
-                     "(coding_generator.generate_task) carry their fix.")
+                     "(sao_jax.envs.coding.generator.generate_task) carry their fix.")
   actions = []
   for edit in fix:
     actions.append(f"Let me read {edit['path']}.\n\n" + format_tool_call("view", path=edit["path"]))

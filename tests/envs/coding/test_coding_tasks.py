@@ -8,7 +8,9 @@ import tarfile
 
 import pytest
 
-from sao_jax.envs import coding_bugs, coding_generator, coding_tasks
+from sao_jax.envs.coding import bugs as coding_bugs
+from sao_jax.envs.coding import generator as coding_generator
+from sao_jax.envs.coding import tasks as coding_tasks
 
 HIDDEN = "from calc import add\n\n\ndef test_small():\n    assert add(1, 2) == 3\n"
 
@@ -204,7 +206,8 @@ def test_difficulty_sets_the_size(difficulty, functions, modules, bugs):
     task = coding_generator.generate_task(index, difficulty=difficulty)
     files = task.metadata["files"]
     sources = "".join(files["repo"].values())
-    assert len(files["repo"]) == len(files["tests_hidden"]) == modules
+    assert len(files["repo"]) == len({c["module"] for c in task.metadata["hidden_calls"]}) == modules
+    assert files["tests_hidden"] == {}  # Hidden tests are calls graded outside the sandbox.
     assert sources.count("\ndef ") == functions
     assert len(task.metadata["fix"]) == len(task.metadata["bug_kinds"]) == bugs
     assert task.prompt.count("\n- ") == bugs

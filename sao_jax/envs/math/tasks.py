@@ -21,10 +21,11 @@ import random
 import types
 from typing import Iterator
 
+from sao_jax.config.env import ENV_PROBLEM_KINDS
 from sao_jax.envs import tasks
 from sao_jax.envs.base import Task
 
-KINDS = ("arithmetic", "word", "mixed")
+KINDS = ENV_PROBLEM_KINDS
 MAX_DIFFICULTY = 5
 
 _NAMES = ("Ava", "Ben", "Chen", "Dara", "Eli", "Fatima", "Goro", "Hana", "Ivan", "Julia")

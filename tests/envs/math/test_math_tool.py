@@ -1,19 +1,23 @@
 """Math environment: answer checking, tool round trips, JSONL tasks, generator, demos."""
 
+import dataclasses
 import json
 import threading
 
 import pytest
 
-from sao_jax.envs import answers, math_tasks, math_tool, sandbox, tasks
+from sao_jax.envs import sandbox, tasks
+from sao_jax.envs.math import answers
+from sao_jax.envs.math import tasks as math_tasks
+from sao_jax.envs.math import tool as math_tool
 from sao_jax.envs.base import Task, play
 
 LIMITS = sandbox.SandboxLimits(wall_time_s=3.0, cpu_time_s=1, memory_mb=256)
 
 
-def make_env(max_turns=4):
+def make_env(max_turns=4, sandbox_limits=LIMITS):
   return math_tool.MathToolEnv(max_turns=max_turns, max_observation_chars=2000,
-                               sandbox_limits=LIMITS)
+                               sandbox_limits=sandbox_limits)
 
 
 @pytest.mark.parametrize("predicted, gold, correct", [
@@ -77,7 +81,9 @@ def test_tool_call_round_trip():
 
 
 def test_tool_limits_show_up_in_the_observation():
-  env = make_env()
+  # Wall time well above the CPU limit: on a loaded machine the 1 s of CPU can
+  # take longer than 3 s of wall time, and then the wall limit would hit first.
+  env = make_env(sandbox_limits=dataclasses.replace(LIMITS, wall_time_s=15.0))
   env.reset(TASK)
   result = env.step("```python\nwhile True:\n  pass\n```")
   assert "CPU time limit" in result.observation
@@ -92,7 +98,7 @@ def test_turn_without_code_or_answer_gets_a_reminder():
 
 
 def test_sandbox_harness_failure_is_an_environment_failure(monkeypatch):
-  def broken(code, limits):
+  def broken(code, limits, **kwargs):
     raise sandbox.SandboxError("interpreter missing")
   monkeypatch.setattr(sandbox, "run_python", broken)
   env = make_env()

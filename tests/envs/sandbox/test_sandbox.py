@@ -1,5 +1,6 @@
 """The Python sandbox contains model misbehaviour and reports it; the caller survives."""
 
+import dataclasses
 import os
 import pathlib
 
@@ -9,7 +10,7 @@ from sao_jax.envs import sandbox
 
 LIMITS = sandbox.SandboxLimits(wall_time_s=3.0, cpu_time_s=1, memory_mb=256,
                                max_output_bytes=1000)
-PROJECT_FILE = pathlib.Path(__file__).resolve().parents[2] / "pyproject.toml"
+PROJECT_FILE = pathlib.Path(__file__).resolve().parents[3] / "pyproject.toml"
 
 
 def run(code, limits=LIMITS):
@@ -35,9 +36,10 @@ def test_errors_are_reported_with_a_traceback():
 
 
 def test_infinite_loop_hits_the_cpu_limit():
-  result = run("while True:\n  pass\n")
+  # Wall time well above the CPU limit, so that a loaded machine cannot hit it first.
+  limits = dataclasses.replace(LIMITS, wall_time_s=15.0)
+  result = run("while True:\n  pass\n", limits)
   assert result.killed_reason == "cpu_time" and not result.ok
-  assert result.wall_time_s < LIMITS.wall_time_s + 1
 
 
 def test_sleeping_forever_hits_the_wall_clock_limit():
@@ -62,8 +64,6 @@ def test_fork_bomb_is_contained():
 
 
 def test_threads_are_limited_by_rlimit_nproc():
-  if os.geteuid() == 0 and not sandbox.namespaces_available():
-    pytest.skip("uid 0 without the nobody drop: the kernel ignores RLIMIT_NPROC")
   result = run("import threading\nthreading.Thread(target=print).start()\n")
   assert not result.ok and "can't start new thread" in result.stderr
 
@@ -133,12 +133,12 @@ def test_limits_cannot_be_raised_from_inside():
 
 
 def test_invalid_limits_name_the_field():
-  with pytest.raises(ValueError, match="sandbox.cpu_time_s=0"):
+  with pytest.raises(ValueError, match="env.tool.cpu_time_s=0"):
     run("print(1)", sandbox.SandboxLimits(cpu_time_s=0))
 
 
 def test_a_broken_interpreter_is_a_harness_error(monkeypatch):
-  monkeypatch.setattr(sandbox.sys, "executable", "/nonexistent/python")
+  monkeypatch.setattr(sandbox.process.sys, "executable", "/nonexistent/python")
   with pytest.raises(sandbox.SandboxError):
     run("print(1)")
 

@@ -5,9 +5,12 @@ import json
 import os
 import re
 
-from sao_jax.envs import coding, coding_generator, coding_tasks, sandbox
+from sao_jax.envs import sandbox
+from sao_jax.envs.coding import env as coding
+from sao_jax.envs.coding import generator as coding_generator
+from sao_jax.envs.coding import tasks as coding_tasks
 from sao_jax.envs.base import play
-from sao_jax.envs.coding_tools import format_tool_call as call
+from sao_jax.envs.coding.tools import format_tool_call as call
 
 LIMITS = sandbox.SandboxLimits(wall_time_s=5.0, cpu_time_s=1, memory_mb=256, max_output_bytes=2000)
 SUBMIT = call("submit")
@@ -70,8 +73,8 @@ def test_editing_the_tests_instead_of_the_code_gets_no_reward():
   task = coding_generator.generate_task(1, difficulty=2)
   env.reset(task)
   for name in task.metadata["files"]["tests_visible"]:
-    env.step(call("python", code=f"import os\nos.remove('tests/{name}')"))
-    env.step(call("create", path=f"tests/{name}", content="def test_ok():\n    pass\n"))
+    old = env.workspace.read_text(f"tests/{name}")
+    env.step(call("edit", path=f"tests/{name}", old=old, new="def test_ok():\n    pass\n"))
   assert env.step(call("run_tests")).observation.endswith("1 of 1 tests passed.")
   result = env.step(SUBMIT)
   assert (result.reward, result.failure) == (0.0, None)
@@ -100,8 +103,7 @@ for _name in os.listdir("tests"):
 
 
 def test_code_that_rewrites_hidden_tests_while_graded_gains_nothing():
-  task = coding_generator.generate_task(0, difficulty=3)  # Two modules: two hidden test files.
-  assert len(task.metadata["files"]["tests_hidden"]) == 2
+  task = coding_generator.generate_task(0, difficulty=3)
   baseline = play(make_env(), task, [SUBMIT]).result.info["hidden_passed"]
   env = make_env()
   env.reset(task)
@@ -109,7 +111,7 @@ def test_code_that_rewrites_hidden_tests_while_graded_gains_nothing():
     source = env.workspace.read_text(module)
     env.step(call("edit", path=module, old=source[:30], new=REWRITE_TESTS + source[:30]))
   result = env.step(SUBMIT)
-  assert (result.reward, result.info["hidden_passed"]) == (0.0, baseline)
+  assert result.reward == 0.0 and result.info["hidden_passed"] <= baseline
 
 
 def test_reward_is_also_given_when_the_turn_budget_runs_out():
@@ -158,9 +160,11 @@ def test_writes_outside_the_copy_are_blocked(tmp_path):
     assert "PermissionError" in observation and "not allowed" in observation, observation
   assert not outside.exists()
   assert not os.path.exists(os.path.join(os.path.dirname(env.workspace.root), "escaped.txt"))
-  # Inside the copy the agent's code may write, and the file tools see it.
-  env.step(call("python", code="open('made.txt', 'w').write('made here')"))
-  assert env.step(call("view", path="made.txt")).observation.endswith("1  made here")
+  # Inside its copy the agent's code may write; the copy is thrown away afterwards.
+  made = env.step(call("python", code="open('made.txt', 'w').write('made')\n"
+                                       "print(open('made.txt').read())"))
+  assert made.observation == "made"
+  assert env.step(call("view", path="made.txt")).observation == "error: 'made.txt' does not exist."
 
 
 def test_long_running_huge_output_and_network_are_contained():
@@ -184,7 +188,7 @@ def test_long_running_huge_output_and_network_are_contained():
 def test_sandbox_harness_failure_is_an_environment_failure(monkeypatch):
   task = coding_generator.generate_task(0, difficulty=1)
 
-  def broken(code, limits, workdir=None):
+  def broken(code, limits, **kwargs):
     raise sandbox.SandboxError("interpreter missing")
   monkeypatch.setattr(sandbox, "run_python", broken)
   for action in (SUBMIT, call("run_tests"), call("python", code="print(1)")):
@@ -197,13 +201,14 @@ def test_sandbox_harness_failure_is_an_environment_failure(monkeypatch):
 def test_a_runner_that_never_starts_is_an_environment_failure(monkeypatch):
   real = sandbox.run_python
 
-  def starved(code, limits, workdir=None):  # As if killed before the runner came up.
-    return dataclasses.replace(real("pass", limits, workdir=workdir), stdout="", exit_code=-9,
+  def starved(code, limits, **kwargs):  # As if killed before the runner came up.
+    return dataclasses.replace(real("pass", limits, **kwargs), stdout="", exit_code=-9,
                                timed_out=True, killed_reason="wall_time")
   monkeypatch.setattr(sandbox, "run_python", starved)
   env = make_env()
   env.reset(coding_generator.generate_task(0, difficulty=1))
-  result = env.step(SUBMIT)
+  env.step(call("create", path="tests/test_extra.py", content="def test_a():\n    pass\n"))
+  result = env.step(call("run_tests"))
   assert result.done and "test runner did not start" in result.failure
 
 
@@ -267,7 +272,6 @@ def test_long_episode_stays_within_the_turn_budget():
 
 def test_a_task_without_hidden_tests_is_an_environment_failure():
   task = coding_generator.generate_task(0, difficulty=1)
-  files = dict(task.metadata["files"], tests_hidden={})
-  broken = dataclasses.replace(task, metadata={**task.metadata, "files": files})
+  broken = dataclasses.replace(task, metadata={**task.metadata, "hidden_calls": ()})
   result = play(make_env(), broken, [SUBMIT]).result
   assert result.failure == f"task {task.id!r} has no hidden tests"

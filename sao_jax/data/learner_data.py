@@ -1,0 +1,73 @@
+"""The learner's data path, built from the config: its end of the transport and
+its share of every batch.
+
+    transport = learner_transport(cfg, drops)       # queue, or this host's directory shard
+    batches   = learner_batches(cfg, transport, current_version=..., drops=...)
+
+Multi-host learner: every host builds the pipeline for its share of each batch
+(`local_batch_sizes`) and reads a disjoint part of the directory transport
+(shard = (process index, process count), whole GRPO groups per shard); the
+learner loop assembles the global batch.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import jax
+
+from sao_jax.config import Config
+from sao_jax.data import pipeline
+from sao_jax.data.transport import DirectoryTransport, QueueTransport
+
+
+def learner_transport(cfg: Config, drops: pipeline.Drops):
+  """The learner's end of the transport. A directory is partitioned between the
+  learner hosts and reopened: a previous run's close marker would turn writers away.
+  Records it quarantines are counted in `drops`."""
+  if cfg.data.transport == "queue":
+    if jax.process_count() > 1:
+      raise ValueError(f"data.transport='queue' cannot feed a learner of {jax.process_count()} "
+                       "hosts; use data.transport='directory'")
+    return QueueTransport(cfg.data.transport_capacity)
+  transport = DirectoryTransport(
+      cfg.data.transport_dir, cfg.data.transport_capacity, max_tokens=cfg.sampler.max_seq_len,
+      shard=(jax.process_index(), jax.process_count()), by_prompt=cfg.algorithm.group_size > 1,
+      drops=drops)
+  transport.reopen()
+  return transport
+
+
+def local_batch_sizes(cfg: Config, hosts: int) -> tuple[int, int | None]:
+  """(trajectories, packed tokens or None) of one learner host's share of a batch:
+  each of `hosts` hosts loads `learner.batch_rows / hosts` rows."""
+  learner = cfg.learner
+  if learner.batch_rows % hosts:
+    raise ValueError(f"learner.batch_rows={learner.batch_rows} (rows per batch) must be a "
+                     f"multiple of the {hosts} learner hosts: each host loads an equal share")
+  trajectories = learner.batch_trajectories // hosts
+  if learner.batch_trajectories % hosts or trajectories % cfg.algorithm.group_size:
+    raise ValueError(f"learner.batch_trajectories={learner.batch_trajectories} must split "
+                     f"into {hosts} host shares of whole groups of algorithm.group_size="
+                     f"{cfg.algorithm.group_size}")
+  if learner.batch_tokens is None:
+    return trajectories, None
+  return trajectories, learner.batch_rows // hosts * learner.row_length
+
+
+def learner_batches(cfg: Config, transport, *, current_version: Callable[[], int],
+                    drops: pipeline.Drops,
+                    while_waiting: Callable[[], None] = lambda: None) -> Iterator:
+  """This host's (Batch, BatchInfo) stream (`pipeline.learner_pipeline`) as the
+  config says: its share of each batch, staleness against `current_version()`,
+  drops counted in `drops`; `while_waiting()` runs at every empty poll of the
+  transport (e.g. to restart samplers that died before sending anything)."""
+  batch_size, batch_tokens = local_batch_sizes(cfg, jax.process_count())
+  running_mean = cfg.algorithm.spec.advantage == "running_mean"
+  return pipeline.learner_pipeline(
+      transport, batch_size=batch_size, group_size=cfg.algorithm.group_size,
+      max_lag=cfg.data.max_lag, buckets=cfg.data.length_buckets, pad_id=cfg.data.pad_id,
+      vocab_size=cfg.model.vocab_size, current_version=current_version, drops=drops,
+      num_prompt_slots=cfg.algorithm.running_mean_slots if running_mean else None,
+      batch_tokens=batch_tokens, row_length=cfg.learner.row_length,
+      should_stop=lambda: while_waiting() or False)

@@ -1,0 +1,2 @@
+"""Tool-integrated math: the environment (`tool`), generated tasks (`tasks`) and
+answer checking (`answers`)."""

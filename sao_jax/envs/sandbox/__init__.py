@@ -1,0 +1,12 @@
+"""Run untrusted, model-written Python in a separate, limited process
+(`process`: what is enforced and by what) and turn the result into an
+observation (`output`)."""
+
+from sao_jax.config.env import DEFAULT_SANDBOX, SandboxLimits
+from sao_jax.envs.sandbox.output import format_tool_output
+from sao_jax.envs.sandbox.files import remove_tree
+from sao_jax.envs.sandbox.process import (IsolationUnavailable, SandboxError, SandboxResult,
+                                          require_isolation, run_python)
+
+__all__ = ["DEFAULT_SANDBOX", "IsolationUnavailable", "SandboxError", "SandboxLimits", "SandboxResult",
+           "format_tool_output", "remove_tree", "require_isolation", "run_python"]

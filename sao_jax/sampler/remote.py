@@ -1,0 +1,71 @@
+"""Sampler workers for a learner that runs elsewhere (`sao-sampler`, another slice).
+
+    run(cfg, workers=N, first_worker=K)
+
+Reads the learner's config (`run.num_samplers=0` there) and runs `workers`
+sampler processes (`sao_jax.sampler.worker`, restarted if they die) on this
+host. They adopt weights from the channel `sampler.weights` names (the learner
+hosts' network servers, or `sampler.weights_dir`) and write trajectories to
+`data.transport_dir`, which the learner hosts share. The tokenizer is
+`run.tokenizer_source` (waited for: the learner writes it). Worker ids seed the
+episodes, so each sampler host takes its own range (`first_worker`).
+
+Returns when the learner closes the transport (the run ended) or `stop` is set.
+A close marker left by a previous run is waited out: the learner removes it
+when it starts.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import threading
+
+from sao_jax.config import Config
+from sao_jax.data.transport import DirectoryTransport
+from sao_jax.models.transformer import abstract_params
+from sao_jax.sampler import weights
+from sao_jax.sampler.worker import SamplerSupervisor, WorkerSpec
+
+
+def _wait_for(what: str, ready, stop: threading.Event, log) -> bool:
+  """Waits until `ready()` (logging once what for); False if stopped first."""
+  if not ready():
+    log(f"waiting for {what}")
+  while not ready():
+    if stop.wait(0.5):
+      return False
+  return True
+
+
+def run(cfg: Config, *, workers: int = 1, first_worker: int = 0, log=print,
+        stop: threading.Event | None = None) -> int:
+  """Runs the sampler workers until the learner closes the transport or `stop` is
+  set; returns how many times a worker was restarted."""
+  if workers < 1 or first_worker < 0:
+    raise ValueError(f"--workers={workers} must be >= 1 and --first-worker={first_worker} >= 0")
+  cfg.check_remote_samplers()
+  stop = stop or threading.Event()
+  tokenizer = pathlib.Path(cfg.run.tokenizer_source)
+  transport = DirectoryTransport(cfg.data.transport_dir, cfg.data.transport_capacity,
+                                 max_tokens=cfg.sampler.max_seq_len)
+  if not (_wait_for(f"the tokenizer {tokenizer} (the learner writes it)", tokenizer.exists,
+                    stop, log)
+          and _wait_for(f"the learner to reopen {transport.directory} (a previous run closed "
+                        "it)", lambda: not transport.closed, stop, log)):
+    return 0
+  # What the learner publishes: the policy.
+  spec = weights.remote_spec(cfg.sampler, abstract_params(cfg.model, "lm"))
+  supervisor = SamplerSupervisor(
+      [WorkerSpec(cfg=cfg, tokenizer_path=str(tokenizer), weights=spec, transport=transport,
+                  worker_id=first_worker + i) for i in range(workers)], log=log)
+  supervisor.start()
+  log(f"started {workers} sampler worker(s), writing to {transport.directory}")
+  try:
+    # Read `closed` before `check()`: a worker that just saw the close exits, and
+    # must not be restarted.
+    while not transport.closed and not stop.wait(1.0):
+      supervisor.check()
+  finally:
+    supervisor.stop()
+  log("the learner closed the transport" if transport.closed else "stopped")
+  return supervisor.restarts

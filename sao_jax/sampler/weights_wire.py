@@ -1,0 +1,346 @@
+"""The network weight channel's wire: bounded frames, a shared-secret handshake, signed headers.
+
+Everything a peer sends is untrusted until it proves the secret, and bounded
+after: a frame is an 8-byte big-endian length and a payload, and every reader
+names the most it accepts *before* allocating (`recv_frame(sock, max_bytes)`);
+JSON goes through `bounded_json` (size and depth capped, no recursion).
+
+Handshake (both sides prove the secret `K`, neither sends it; nonces are 32
+fresh random bytes from `secrets`, so a recorded exchange cannot be replayed):
+  subscriber -> {"op": "hello", "protocol", "nonce": hex(Nc)}
+  publisher  -> {"protocol", "nonce": hex(Ns), "proof": hex(HMAC(K, "publisher" | Nc | Ns))}
+  subscriber -> {"op": "auth", "proof": hex(HMAC(K, "subscriber" | Nc | Ns))}
+  publisher  -> {"authenticated": true}
+Proofs are compared with `hmac.compare_digest`. The publisher serves nothing
+before the last step; the subscriber trusts nothing before the second.
+
+Each published version's header (shapes, shard indices, sizes, crc32s) is
+followed by a 32-byte frame HMAC(K, "header" | header bytes), so a subscriber
+adopts only shards the learner checksummed and signed; a relay that passes the
+handshake through to the real learner cannot substitute its own header. (The
+shard bytes are covered by their crc32 in the signed header: this detects
+corruption and impostors, not a man-in-the-middle forging crc32 collisions on a
+hostile network; run the channel on a private network.)
+
+Every violation raises `PeerError` with a short `reason`, which each side
+counts in its `stats` (`count_error`, logged at 1, 2, 4, 8, ... occurrences so
+a hostile peer cannot flood the log).
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import hmac
+import ipaddress
+import json
+import logging
+import os
+import pathlib
+import secrets
+import socket
+import struct
+import time
+from typing import Any
+
+from sao_jax import bounded_json
+
+PROTOCOL = 2
+LENGTH = struct.Struct("!Q")
+MAC_BYTES = hashlib.sha256().digest_size
+MIN_SECRET_BYTES = 16
+MAX_REQUEST_BYTES = 512  # the largest request a subscriber sends (the auth step: ~100 bytes)
+MAX_REPLY_BYTES = 1 << 16  # handshake, versions and error replies
+MAX_JSON_DEPTH = 6  # a header: {"shards": [{"index": [[start, stop]]}]}
+HANDSHAKE_SECONDS = 5.0  # the whole handshake, however the peer drips its bytes
+_NONCE_BYTES = 32
+_CREATE = "head -c 32 /dev/urandom > weights.secret"
+
+log = logging.getLogger(__name__)
+
+
+class PeerError(Exception):
+  """A peer that broke the protocol or failed to prove the secret; `reason` is a counter key."""
+
+  def __init__(self, reason: str, message: str):
+    super().__init__(message)
+    self.reason = reason
+
+
+def count_error(stats: collections.Counter, error: PeerError, peer: str) -> None:
+  """Counts `error` under its reason; logs the 1st, 2nd, 4th, 8th, ... of each reason."""
+  stats[error.reason] += 1
+  count = stats[error.reason]
+  if count & (count - 1) == 0:
+    log.warning("weight channel: %s: %s (%s #%d)", peer, error, error.reason, count)
+
+
+def load_secret(cfg: Any) -> bytes | None:
+  """The secret `cfg` (a SamplerConfig) names in weights_secret_file or weights_secret_env;
+  None when it names none. Errors name the field and how to create a secret."""
+  if cfg.weights_secret_file:
+    path = pathlib.Path(cfg.weights_secret_file).expanduser()
+    try:
+      secret = path.read_bytes()
+    except OSError as error:
+      raise ValueError(f"sampler.weights_secret_file={str(path)!r} cannot be read ({error}); "
+                       f"create one with `{_CREATE}` and copy it to every host") from None
+    field = f"sampler.weights_secret_file={str(path)!r}"
+  elif cfg.weights_secret_env:
+    secret = os.environ.get(cfg.weights_secret_env, "").encode()
+    field = f"sampler.weights_secret_env={cfg.weights_secret_env!r}"
+    if not secret:
+      raise ValueError(f"{field}: the environment variable is unset or empty; export it on "
+                       "every host, e.g. `export VAR=$(openssl rand -hex 32)`")
+  else:
+    return None
+  if len(secret) < MIN_SECRET_BYTES:
+    raise ValueError(f"{field} holds {len(secret)} bytes; a secret needs at least "
+                     f"{MIN_SECRET_BYTES} (e.g. `{_CREATE}`)")
+  return secret
+
+
+def _mac(secret: bytes, label: bytes, *parts: bytes) -> bytes:
+  return hmac.new(secret, b"|".join((label,) + parts), hashlib.sha256).digest()
+
+
+def sign_header(secret: bytes, header: bytes) -> bytes:
+  return _mac(secret, b"header", header)
+
+
+def check_header(secret: bytes, header: bytes, mac: bytes) -> None:
+  if not hmac.compare_digest(sign_header(secret, header), mac):
+    raise PeerError("bad_mac", "a weights header the learner did not sign (wrong secret, or "
+                               "not the learner)")
+
+
+def recv_exact(sock: socket.socket, view: memoryview, deadline: float | None = None) -> None:
+  """Fills `view`; with `deadline` (time.monotonic) the whole read must end by then."""
+  while view.nbytes:
+    if deadline is not None:
+      sock.settimeout(max(deadline - time.monotonic(), 1e-3))
+    received = sock.recv_into(view)
+    if not received:
+      raise ConnectionError("the peer closed the connection mid-message")
+    view = view[received:]
+
+
+def recv_frame(sock: socket.socket, max_bytes: int, deadline: float | None = None) -> bytes | None:
+  """One frame's payload; None if the peer closed between frames. PeerError('oversized')
+  for a frame longer than `max_bytes`, before anything of its size is allocated."""
+  header = bytearray(LENGTH.size)
+  if deadline is not None:
+    sock.settimeout(max(deadline - time.monotonic(), 1e-3))
+  first = sock.recv_into(header)
+  if not first:
+    return None
+  recv_exact(sock, memoryview(header)[first:], deadline)
+  length = LENGTH.unpack(header)[0]
+  if length > max_bytes:
+    raise PeerError("oversized", f"a frame of {length} bytes where at most {max_bytes} can come")
+  payload = bytearray(length)
+  recv_exact(sock, memoryview(payload), deadline)
+  return bytes(payload)
+
+
+def parse(payload: bytes | None, max_bytes: int, what: str) -> dict:
+  """A JSON object from a frame payload (None: the peer closed)."""
+  if payload is None:
+    raise ConnectionError(f"the peer closed the connection instead of sending {what}")
+  try:
+    message = bounded_json.loads(payload, max_bytes=max_bytes, max_depth=MAX_JSON_DEPTH, what=what)
+  except ValueError as error:
+    raise PeerError("bad_frame", str(error)) from None
+  if not isinstance(message, dict):
+    raise PeerError("bad_frame", f"{what}: expected a JSON object, got {str(message)[:80]}")
+  return message
+
+
+def field(message: dict, key: str, kind: type, what: str) -> Any:
+  """message[key], which must be a `kind` (never a bool); PeerError otherwise."""
+  value = message.get(key)
+  if isinstance(value, bool) or not isinstance(value, kind):
+    raise PeerError("bad_frame", f"{what}: {key!r} is {str(value)[:60]}, not {kind}")
+  return value
+
+
+def send_json(sock: socket.socket, message: dict) -> None:
+  payload = json.dumps(message).encode()
+  sock.sendall(LENGTH.pack(len(payload)) + payload)
+
+
+def _hex(message: dict, key: str, size: int, what: str) -> bytes:
+  text = field(message, key, str, what)
+  try:
+    value = bytes.fromhex(text)
+  except ValueError:
+    value = b""
+  if len(value) != size:
+    raise PeerError("bad_frame", f"{what}: {key!r} is not {size} hex-encoded bytes")
+  return value
+
+
+def server_handshake(sock: socket.socket, secret: bytes) -> None:
+  """The publisher's side; returns once the subscriber proved the secret."""
+  deadline = time.monotonic() + HANDSHAKE_SECONDS
+  hello = parse(recv_frame(sock, MAX_REQUEST_BYTES, deadline), MAX_REQUEST_BYTES, "hello")
+  if hello.get("op") != "hello" or hello.get("protocol") != PROTOCOL:
+    send_json(sock, {"protocol": PROTOCOL, "error": f"expected a protocol {PROTOCOL} hello"})
+    raise PeerError("bad_hello", f"a request before the handshake: {str(hello)[:80]}")
+  client_nonce = _hex(hello, "nonce", _NONCE_BYTES, "hello")
+  nonce = secrets.token_bytes(_NONCE_BYTES)
+  send_json(sock, {"protocol": PROTOCOL, "nonce": nonce.hex(),
+                   "proof": _mac(secret, b"publisher", client_nonce, nonce).hex()})
+  auth = parse(recv_frame(sock, MAX_REQUEST_BYTES, deadline), MAX_REQUEST_BYTES, "auth")
+  proof = _hex(auth, "proof", MAC_BYTES, "auth")
+  if auth.get("op") != "auth" or not hmac.compare_digest(
+      proof, _mac(secret, b"subscriber", client_nonce, nonce)):
+    raise PeerError("auth_failed", "the subscriber did not prove the shared secret")
+  send_json(sock, {"authenticated": True})
+
+
+def client_handshake(sock: socket.socket, secret: bytes, timeout: float) -> None:
+  """The subscriber's side; returns once the publisher proved the secret."""
+  deadline = time.monotonic() + timeout
+  nonce = secrets.token_bytes(_NONCE_BYTES)
+  send_json(sock, {"op": "hello", "protocol": PROTOCOL, "nonce": nonce.hex()})
+  reply = parse(recv_frame(sock, MAX_REPLY_BYTES, deadline), MAX_REPLY_BYTES, "hello reply")
+  if reply.get("protocol") != PROTOCOL:
+    raise PeerError("protocol", f"the peer speaks protocol {str(reply.get('protocol'))[:20]}, "
+                                f"this sampler {PROTOCOL}; run the same sao_jax on both sides")
+  server_nonce = _hex(reply, "nonce", _NONCE_BYTES, "hello reply")
+  proof = _hex(reply, "proof", MAC_BYTES, "hello reply")
+  if not hmac.compare_digest(proof, _mac(secret, b"publisher", nonce, server_nonce)):
+    raise PeerError("auth_failed", "the peer did not prove the shared secret: not the learner, "
+                                   "or the two sides hold different sampler.weights_secret_*")
+  send_json(sock, {"op": "auth", "proof": _mac(secret, b"subscriber", nonce, server_nonce).hex()})
+  done = parse(recv_frame(sock, MAX_REPLY_BYTES, deadline), MAX_REPLY_BYTES, "auth reply")
+  if done.get("authenticated") is not True:
+    raise PeerError("auth_failed", f"the learner refused this sampler's proof: {str(done)[:80]}")
+
+
+def is_loopback(host: str) -> bool:
+  try:
+    return ipaddress.ip_address(host).is_loopback
+  except ValueError:
+    return host == "localhost"
+
+
+def shard_entry(entry: Any, leaves: list[dict]) -> tuple[int, tuple, int, int]:
+  """(leaf id, index ((start, stop), ...), nbytes, crc32) of a header entry, checked
+  against the leaf of `leaves` ({path, shape, dtype}) it names."""
+  if not isinstance(entry, dict):
+    raise PeerError("bad_frame", f"header: a shard entry {str(entry)[:60]}")
+  leaf_id = field(entry, "leaf", int, "shard entry")
+  if not 0 <= leaf_id < len(leaves):
+    raise PeerError("bad_frame", f"header: a shard of leaf {leaf_id} of {len(leaves)}")
+  shape = leaves[leaf_id]["shape"]
+  index = field(entry, "index", list, "shard entry")
+  try:
+    key = tuple((int(start), int(stop)) for start, stop in index)
+  except (TypeError, ValueError):
+    key = None
+  if (key is None or len(key) != len(shape)
+      or not all(0 <= start <= stop <= dim for (start, stop), dim in zip(key, shape))):
+    raise PeerError("bad_frame", f"header: index {str(index)[:60]} outside leaf "
+                                 f"{leaves[leaf_id]['path']} {tuple(shape)}")
+  return (leaf_id, key, field(entry, "nbytes", int, "shard entry"),
+          field(entry, "crc32", int, "shard entry"))
+
+
+class Connection:
+  """A subscriber's persistent, authenticated connection to one learner host, reopened
+  after any failure. Every failure closes it and names the host: ConnectionError or
+  TimeoutError for the network, PeerError for what the host sent."""
+
+  def __init__(self, address: str, timeout: float, secret: bytes):
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+      raise ValueError(f"weight channel address {address!r} is not host:port")
+    self.address, self._target, self._timeout = address, (host, int(port)), timeout
+    self._secret = secret
+    self._sock: socket.socket | None = None
+
+  def _open(self) -> socket.socket:
+    if self._sock is None:
+      try:
+        sock = socket.create_connection(self._target, timeout=self._timeout)
+      except OSError as error:
+        raise ConnectionError(f"weight channel: learner host {self.address} is unreachable "
+                              f"({error}); is the learner running and sampler.weights_addresses "
+                              "right?") from error
+      sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+      self._sock = sock
+      self._guard(lambda: client_handshake(sock, self._secret, self._timeout), "the handshake")
+      sock.settimeout(self._timeout)
+    return self._sock
+
+  def _guard(self, action, what: str):
+    """`action()`; on any failure closes the connection and names the host and `what`."""
+    try:
+      return action()
+    except PeerError as error:
+      self.close()
+      raise PeerError(error.reason, f"learner host {self.address}, {what}: {error}") from None
+    except TimeoutError as error:
+      self.close()
+      raise TimeoutError(f"weight channel: learner host {self.address} stalled for "
+                         f"{self._timeout} s in {what}") from error
+    except OSError as error:
+      self.close()
+      raise ConnectionError(f"weight channel: learner host {self.address} dropped the "
+                            f"connection in {what} ({error})") from error
+
+  def call(self, request: dict) -> dict:
+    """Sends a request and reads its JSON reply. A kept-open connection the learner
+    has since closed (idle timeout, restart) is reopened once."""
+    reused = self._sock is not None
+    try:
+      return self._exchange(request)
+    except ConnectionError:
+      if not reused:
+        raise
+      return self._exchange(request)
+
+  def _exchange(self, request: dict) -> dict:
+    sock = self._open()
+
+    def exchange():
+      send_json(sock, request)
+      return parse(recv_frame(sock, MAX_REPLY_BYTES), MAX_REPLY_BYTES, "reply")
+    return self._guard(exchange, f"the reply to {request}")
+
+  def get_header(self, version: int, max_bytes: int) -> dict:
+    """Requests `version`: its header, once its signature checks out (at most `max_bytes`),
+    or the publisher's {"error": ...} when it no longer holds it."""
+    sock = self._open()
+
+    def get():
+      send_json(sock, {"op": "get", "version": version})
+      raw = recv_frame(sock, max_bytes)
+      header = parse(raw, max_bytes, "header")
+      if "error" not in header:
+        mac = recv_frame(sock, MAC_BYTES)
+        if mac is None or len(mac) != MAC_BYTES:
+          raise PeerError("bad_mac", "no header signature")
+        check_header(self._secret, raw, mac)
+      return header
+    return self._guard(get, f"the header of version {version}")
+
+  def recv_frame_into(self, buffer: Any) -> None:
+    """Reads one frame of exactly `buffer.nbytes` bytes into `buffer` (uint8 numpy)."""
+    sock = self._open()
+
+    def receive():
+      length = bytearray(LENGTH.size)
+      recv_exact(sock, memoryview(length))
+      if LENGTH.unpack(length)[0] != buffer.nbytes:
+        raise PeerError("bad_frame", f"a frame of {LENGTH.unpack(length)[0]} bytes where "
+                                     f"{buffer.nbytes} were announced")
+      recv_exact(sock, memoryview(buffer))
+    self._guard(receive, "a transfer")
+
+  def close(self) -> None:
+    if self._sock is not None:
+      self._sock.close()
+      self._sock = None

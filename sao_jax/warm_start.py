@@ -1,0 +1,162 @@
+"""SFT warm-start: from an initial policy to one that already plays the environment.
+
+    tokenizer = prepare_tokenizer(cfg)             # run.tokenizer, or trained on demonstrations
+    policy    = initial_policy(cfg)                # random, HF directory or sao-convert params
+    policy, record = sft_warm_start(cfg, tokenizer, policy, demonstrations(cfg))
+
+Demonstrations are the environment's scripted ideal turns
+(`sao_jax.envs.registry.DEMONSTRATIONS`), played through the environment so the
+transcripts carry its real observations. SFT minimises the next-token loss on
+action tokens only (`sao_jax.learner.sft`); with `run.sft_target_accuracy` it
+stops at the first validation check that reaches the target. `sao-train` and
+`experiments.warm_start` both warm-start through here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import pathlib
+from typing import Iterator
+
+import jax
+
+from sao_jax.config import Config
+from sao_jax.data import pipeline
+from sao_jax.data.records import Trajectory
+from sao_jax.envs.base import play
+from sao_jax.envs.registry import DEMONSTRATIONS, make_env, make_tasks
+from sao_jax.evaluation import Evaluator
+from sao_jax.learner.sft import train_sft
+from sao_jax.models import hf, params_io, tokenizer as tokenizer_lib
+from sao_jax.models.transformer import Params, init_params
+from sao_jax.types import Batch
+
+TOKENIZER_DEMONSTRATIONS = 400  # transcripts a run's own tokenizer is trained on
+
+
+def demonstrations(cfg: Config) -> Iterator[list[dict]]:
+  """Played demonstration transcripts (messages) of the training task source."""
+  if cfg.env.name not in DEMONSTRATIONS:
+    raise ValueError(f"run.sft_steps={cfg.run.sft_steps} but env.name={cfg.env.name!r} has no "
+                     f"demonstrations (known: {sorted(DEMONSTRATIONS)}); set run.sft_steps=0")
+  demo = DEMONSTRATIONS[cfg.env.name]
+  for task in make_tasks(cfg.env):
+    yield play(make_env(cfg.env), task, demo(task)).messages
+
+
+def train_run_tokenizer(cfg: Config, transcripts: int = TOKENIZER_DEMONSTRATIONS):
+  """A tokenizer of `model.vocab_size` tokens trained on the first `transcripts`
+  demonstration transcripts."""
+  texts = [m["content"] + " " + m["role"] for messages in
+           itertools.islice(demonstrations(cfg), transcripts) for m in messages]
+  return tokenizer_lib.train_tokenizer(texts, cfg.model.vocab_size)
+
+
+def prepare_tokenizer(cfg: Config):
+  """The configured tokenizer (`run.tokenizer`), else the run's own copy, else one
+  trained on the environment's texts; the run's copy (`run.tokenizer_file`, what
+  samplers and `sao-eval` load) is written if missing."""
+  copy = pathlib.Path(cfg.run.tokenizer_file)
+  if cfg.run.tokenizer:
+    tokenizer = tokenizer_lib.load_tokenizer(cfg.run.tokenizer)
+  elif copy.is_file():
+    tokenizer = tokenizer_lib.load_tokenizer(copy)
+  else:
+    tokenizer = train_run_tokenizer(cfg)
+  if tokenizer.get_vocab_size() > cfg.model.vocab_size:
+    raise ValueError(f"the tokenizer has {tokenizer.get_vocab_size()} tokens but "
+                     f"model.vocab_size={cfg.model.vocab_size}; raise model.vocab_size")
+  if not copy.is_file():
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(copy))
+  return tokenizer
+
+
+def initial_policy(cfg: Config) -> Params:
+  if cfg.run.init == "random":
+    return init_params(cfg.model, jax.random.key(cfg.seed))
+  path = pathlib.Path(cfg.run.init)
+  if (path / "config.json").is_file():
+    model_cfg, params = hf.load_hf(path)
+  elif (path / params_io.CONFIG_FILE).is_file():
+    model_cfg, _, params = params_io.load_params(path)
+  else:
+    raise ValueError(f"run.init={cfg.run.init!r} is neither 'random', a Hugging Face directory "
+                     "(config.json) nor a sao-convert params directory")
+  architecture = lambda c: {k: v for k, v in hf.hf_config(c).items() if k != "dtype"}
+  if architecture(model_cfg) != architecture(cfg.model):
+    raise ValueError(f"run.init={cfg.run.init!r} holds a model that differs from the `model` "
+                     "section; copy its config.json values into the config file")
+  return params
+
+
+def sft_batches(cfg: Config, tokenizer, demos: Iterator[list[dict]]) -> Iterator[Batch]:
+  """`run.sft_batch` demonstration transcripts (chat messages) per batch, padded to
+  the smallest fitting length bucket."""
+  length = cfg.data.length_buckets[-1]
+  while True:
+    rows = []
+    for messages in itertools.islice(demos, cfg.run.sft_batch):
+      tokens, action = tokenizer_lib.encode_chat(tokenizer, messages)
+      if tokens.size > length:
+        raise ValueError(f"a demonstration has {tokens.size} tokens, more than "
+                         f"data.length_buckets[-1]={length}; raise the largest bucket")
+      rows.append(Trajectory(tokens=tokens, action_mask=action.astype("int8"),
+                             behavior_logp=(action * 0).astype("float32"),
+                             rewards=(action * 0).astype("float32"), prompt_id=0,
+                             policy_versions=(0, 0)))
+    longest = max(t.length for t in rows)
+    bucket = next(b for b in cfg.data.length_buckets if b >= longest)
+    yield pipeline.pad_batch(rows, cfg.run.sft_batch, bucket, cfg.data.pad_id)
+
+
+def sft_warm_start(cfg: Config, tokenizer, policy: Params, demos: Iterator[list[dict]], *,
+                   log_metrics=lambda step, metrics: None, log=print) -> tuple[Params, dict]:
+  """SFT of `policy` on `demos` (chat transcripts) as `cfg.run` says; returns (policy, record).
+
+  With `run.sft_target_accuracy` > 0, every `run.sft_check_every` steps the
+  policy plays `run.eval_episodes` greedy validation episodes (task seed
+  `run.eval_seed + 1`, disjoint from the held-out evaluation set) and SFT stops
+  at the first check whose accuracy reaches the target (each check is also
+  passed to `log_metrics` as `sft/validation_accuracy`). The record holds the
+  steps done, the last SFT loss and every (step, validation accuracy) check;
+  `reached_target` is False when `run.sft_steps` ran out first (the last check
+  is then taken at the end, so the record says where the policy landed).
+  """
+  run = cfg.run
+  losses: list[float] = []
+  checks: list[tuple[int, float]] = []
+  validator = None
+
+  def validate(steps_done: int, params: Params) -> bool:
+    nonlocal validator
+    params = jax.device_get(params)
+    if validator is None:
+      validator = Evaluator(cfg, tokenizer, params, seed=run.eval_seed + 1)
+    accuracy = validator.evaluate(params, 0)["eval/accuracy"]
+    checks.append((steps_done, accuracy))
+    log_metrics(steps_done - 1, {"sft/validation_accuracy": accuracy})
+    log(f"SFT step {steps_done}: validation accuracy {accuracy:.3f} "
+        f"(target {run.sft_target_accuracy:.2f})")
+    return accuracy >= run.sft_target_accuracy
+
+  def log_step(step: int, metrics: dict) -> None:
+    losses.append(metrics["sft/loss"])
+    log_metrics(step, metrics)
+
+  target = run.sft_target_accuracy
+  log(f"SFT warm-start: {run.sft_steps} steps on demonstrations"
+      + (f", or fewer once validation accuracy reaches {target:.2f}" if target else ""))
+  policy, steps_done = train_sft(
+      policy, cfg.model, sft_batches(cfg, tokenizer, demos), steps=run.sft_steps,
+      learning_rate=run.sft_lr, log=log_step, stop=validate if target else None,
+      check_every=run.sft_check_every)
+  record = {"sft_steps": steps_done, "final_sft_loss": losses[-1] if losses else None}
+  if target:
+    reached = steps_done < run.sft_steps or validate(steps_done, policy)
+    if not reached:
+      log(f"SFT warm-start: validation accuracy {checks[-1][1]:.3f} after all "
+          f"run.sft_steps={run.sft_steps} is below run.sft_target_accuracy={target}; "
+          "RL starts from there (raise run.sft_steps to reach the target)")
+    record.update(target_accuracy=target, reached_target=reached, validation=checks)
+  return policy, record

@@ -1,0 +1,232 @@
+"""The kernel is the boundary: attacks that first switch off the audit hook (or skip
+Python altogether with native code) still cannot reach the host.
+
+Each test plays a policy paid to escape. `HOOK_BYPASSES` are four pure-Python
+ways around the audit hook; `native(...)` runs C code (a shared object the
+sandboxed code writes and loads with ctypes, whose constructor runs before any
+Python check) so the kernel alone decides.
+"""
+
+import base64
+import os
+import shutil
+import socket
+import subprocess
+import uuid
+
+import pytest
+
+from sao_jax.config import EnvConfig
+from sao_jax.config.env import SandboxLimits
+from sao_jax.envs import registry, sandbox
+from sao_jax.envs.coding import generator as coding_generator
+from sao_jax.envs.coding.tools import format_tool_call as call
+from sao_jax.envs.sandbox import bwrap
+
+LIMITS = SandboxLimits(wall_time_s=10.0, cpu_time_s=2, memory_mb=256, max_output_bytes=4000,
+                       disk_mb=1)
+
+# Each defines `read(path) -> str` that gets past the audit hook's path checks.
+HOOK_BYPASSES = {
+    # The hook calls the builtin `any`, looked up when it runs.
+    "rebind_builtin": "import builtins\nbuiltins.any = lambda items: True\n"
+                      "def read(path):\n    return open(path).read()\n",
+    # A blocked call's traceback ends in the hook's frame, whose locals hold its
+    # helper closures; emptying their root cells allows every path.
+    "traceback_closure": """
+try:
+    open('/sao-probe-blocked')
+except PermissionError as error:
+    tb = error.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    for value in list(tb.tb_frame.f_locals.values()):
+        if type(value).__name__ != 'function':
+            continue
+        for cell in value.__closure__ or ():
+            if type(cell.cell_contents) is tuple and all(type(r) is str for r in cell.cell_contents):
+                cell.cell_contents = ('',)
+            elif type(cell.cell_contents) is str and cell.cell_contents.startswith('/'):
+                cell.cell_contents = ''
+def read(path):
+    return open(path).read()
+""",
+    # The hook resolves a relative path against the cwd; the kernel against dir_fd.
+    "dir_fd_after_chdir": """
+import os
+def read(path):
+    work = os.getcwd()
+    depth = work.count('/')
+    deep = os.path.join(work, *['d'] * depth)
+    os.makedirs(deep, exist_ok=True)
+    fd = os.open(work, os.O_RDONLY)
+    os.chdir(deep)
+    handle = os.open('../' * depth + path.lstrip('/'), os.O_RDONLY, dir_fd=fd)
+    os.chdir(work)
+    return os.read(handle, 1 << 16).decode()
+""",
+    # Native code in a shared object the code wrote: no audit hook runs there.
+    "ctypes_shared_object": None,  # see native()
+}
+
+
+def _compile(c_body: str, tmp_path) -> bytes:
+  if shutil.which("gcc") is None:
+    pytest.skip("gcc is needed to build the native attack payload")
+  source = tmp_path / f"payload_{uuid.uuid4().hex}.c"
+  source.write_text("#include <arpa/inet.h>\n#include <dirent.h>\n#include <fcntl.h>\n"
+                    "#include <netinet/in.h>\n#include <signal.h>\n#include <string.h>\n"
+                    "#include <sys/socket.h>\n#include <unistd.h>\n"
+                    "static void say(const char *s) { write(1, s, strlen(s)); }\n"
+                    f"__attribute__((constructor)) static void payload(void) {{\n{c_body}\n}}\n")
+  library = source.with_suffix(".so")
+  subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+  return library.read_bytes()
+
+
+def native(c_body: str, tmp_path, limits=LIMITS, **kwargs) -> sandbox.SandboxResult:
+  """Runs C statements (with `say(text)` for output) inside the sandbox."""
+  data = base64.b64encode(_compile(c_body, tmp_path)).decode()
+  code = (f"import base64, ctypes\nopen('p.so', 'wb').write(base64.b64decode({data!r}))\n"
+          "ctypes.CDLL('./p.so')\n")
+  return sandbox.run_python(code, limits, **kwargs)
+
+
+def native_read(path: str) -> str:
+  return (f'char buf[256] = {{0}}; int fd = open("{path}", O_RDONLY);\n'
+          'if (fd >= 0 && read(fd, buf, 255) > 0) { say("READ:"); say(buf); } else say("DENIED");')
+
+
+@pytest.fixture
+def secret(tmp_path):
+  """A host file the sandbox must never read."""
+  path = tmp_path / "secret.txt"
+  path.write_text("hunter2")
+  os.chmod(path, 0o644)
+  return str(path)
+
+
+@pytest.mark.parametrize("bypass", sorted(HOOK_BYPASSES))
+def test_hook_bypasses_cannot_read_host_files(bypass, secret, tmp_path):
+  if HOOK_BYPASSES[bypass] is None:
+    result = native(native_read(secret), tmp_path)
+    assert "hunter2" not in result.stdout and "DENIED" in result.stdout, result
+  else:
+    result = sandbox.run_python(HOOK_BYPASSES[bypass] + f"print(read({secret!r}))\n", LIMITS)
+    assert "hunter2" not in result.stdout and not result.ok, result
+    assert "No such file or directory" in result.stderr, result.stderr
+
+
+def test_the_host_tree_is_not_there(tmp_path):
+  result = native('DIR *d = opendir("/"); struct dirent *e;\n'
+                  'while (d && (e = readdir(d))) { say(e->d_name); say(" "); }\n'
+                  'say(access("/etc/passwd", F_OK) == 0 ? "PASSWD" : "NOPASSWD");', tmp_path)
+  names = set(result.stdout.split())
+  # Only /usr, the interpreter's directory (here perhaps under /root) and the mounts.
+  assert "NOPASSWD" in names and not names & {"etc", "home", "work", "var", "mnt"}, names
+
+
+def test_cannot_write_outside_the_work_dir(tmp_path):
+  target = tmp_path / "planted.txt"
+  os.chmod(tmp_path, 0o777)  # Even a world-writable host directory.
+  for path in (str(target), "/usr/planted.txt"):
+    result = native(f'int fd = open("{path}", O_WRONLY | O_CREAT, 0644);\n'
+                    'say(fd >= 0 && write(fd, "x", 1) == 1 ? "WROTE" : "DENIED");', tmp_path)
+    assert result.stdout == "DENIED", (path, result)
+  assert not target.exists() and not os.path.exists("/usr/planted.txt")
+
+
+def test_tmp_and_dev_shm_are_private_capped_and_vanish(tmp_path):
+  marker = f"sao_marker_{uuid.uuid4().hex}"
+  code = (HOOK_BYPASSES["rebind_builtin"] + "import os\n"
+          f"for d in ('/tmp', '/dev/shm'):\n"
+          f"    open(os.path.join(d, {marker!r}), 'w').write('x')\n"
+          "    try:\n"
+          "        open(os.path.join(d, 'big'), 'wb').write(b'x' * (2 << 20))\n"
+          "        print(d, 'uncapped')\n"
+          "    except OSError as e:\n"
+          "        print(d, 'capped', e.errno)\n")
+  result = sandbox.run_python(code, LIMITS)
+  assert result.stdout.split("\n")[:2] == ["/tmp capped 28", "/dev/shm capped 28"], result
+  assert not os.path.exists(f"/tmp/{marker}") and not os.path.exists(f"/dev/shm/{marker}")
+
+
+def test_work_dir_bytes_are_capped(tmp_path):
+  code = ("import os\nfor i in range(8):\n"
+          "    open(f'part{i}', 'wb').write(b'x' * (512 << 10))\n")
+  result = sandbox.run_python(code, LIMITS)  # 4 MiB in 512 KiB files; the cap is 1 MiB.
+  assert not result.ok and "No space left on device" in result.stderr, result
+
+
+def test_no_network_even_to_a_local_listener(tmp_path):
+  with socket.socket() as listener:
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    result = native(f'int s = socket(AF_INET, SOCK_STREAM, 0); struct sockaddr_in a = {{0}};\n'
+                    f'a.sin_family = AF_INET; a.sin_port = htons({port});\n'
+                    'inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);\n'
+                    'say(s >= 0 && connect(s, (struct sockaddr *)&a, sizeof a) == 0 ? '
+                    '"CONNECTED" : "REFUSED");', tmp_path)
+  assert result.stdout == "REFUSED", result
+
+
+def test_host_processes_are_invisible(tmp_path):
+  result = native('int n = 0; DIR *d = opendir("/proc"); struct dirent *e;\n'
+                  'while (d && (e = readdir(d))) n += e->d_name[0] >= 49 && e->d_name[0] <= 57;\n'
+                  f'say(kill({os.getpid()}, 0) == 0 ? "SEES_HOST " : "NO_HOST ");\n'
+                  'say(n < 4 ? "FEW" : "MANY");', tmp_path)
+  assert result.stdout == "NO_HOST FEW", result
+
+
+def test_no_capabilities_and_an_unprivileged_uid(tmp_path):
+  result = native('char buf[4096] = {0}; int fd = open("/proc/self/status", O_RDONLY);\n'
+                  'read(fd, buf, 4095); char *cap = strstr(buf, "CapEff:");\n'
+                  'if (cap) { cap[24] = 0; say(cap); }\n'
+                  'say(getuid() == 65534 ? " NOBODY" : " OTHER");', tmp_path)
+  assert result.stdout.split() == ["CapEff:", "0000000000000000", "NOBODY"], result
+
+
+def test_episodes_cannot_see_each_others_files(tmp_path):
+  config = EnvConfig(name="coding", max_turns=5, difficulty=1, tool=LIMITS)
+  first, second = registry.make_env(config), registry.make_env(config)
+  first.reset(coding_generator.generate_task(0, difficulty=1))
+  second.reset(coding_generator.generate_task(1, difficulty=1))
+  other = second.workspace.root
+  module = next(n for n in os.listdir(other) if n.endswith(".py"))
+  before = open(os.path.join(other, module)).read()
+  attack = (HOOK_BYPASSES["rebind_builtin"] + "import os\n"
+            f"print(os.listdir({other!r}))\n")
+  seen = first.step(call("python", code=attack)).observation
+  assert "No such file or directory" in seen and module not in seen, seen
+  attack = (HOOK_BYPASSES["rebind_builtin"]
+            + f"open({os.path.join(other, module)!r}, 'w').write('hacked')\n")
+  first.step(call("python", code=attack))
+  assert open(os.path.join(other, module)).read() == before
+
+
+def test_without_bwrap_tool_execution_is_refused(monkeypatch, tmp_path):
+  monkeypatch.setenv("PATH", str(tmp_path))  # No bwrap here.
+  bwrap.unavailable_reason.cache_clear()
+  try:
+    with pytest.raises(sandbox.IsolationUnavailable, match="apt-get install bubblewrap"):
+      sandbox.run_python("print('ran')", LIMITS)
+    with pytest.raises(sandbox.IsolationUnavailable, match="env.sandbox='unisolated'"):
+      registry.make_env(EnvConfig(max_turns=2))
+  finally:
+    bwrap.unavailable_reason.cache_clear()
+
+
+def test_unisolated_is_an_explicit_loud_opt_in(monkeypatch, tmp_path, caplog):
+  monkeypatch.setenv("PATH", str(tmp_path))
+  bwrap.unavailable_reason.cache_clear()
+  registry._warn_unisolated.cache_clear()
+  try:
+    env = registry.make_env(EnvConfig(max_turns=2, sandbox="unisolated"))
+    assert "WITHOUT kernel isolation" in caplog.text
+    env.reset(next(registry.make_tasks(EnvConfig())))
+    assert env.step("```python\nprint(6 * 7)\n```").observation == "42"
+  finally:
+    bwrap.unavailable_reason.cache_clear()
+  with pytest.raises(ValueError, match="env.sandbox='none' is invalid"):
+    EnvConfig(sandbox="none").validate()

@@ -1,0 +1,205 @@
+"""One bad episode never takes the sampler down: whatever an environment, its judge,
+its tool-call parser or the tokenizer throws ends that episode as a counted
+environment failure (or, for malformed model text, a tool error the model sees),
+and the episodes after it run normally."""
+
+import types
+
+import numpy as np
+
+from sao_jax import config as C
+from sao_jax.data import pipeline
+from sao_jax.data.transport import QueueTransport
+from sao_jax.envs.base import Environment, StepResult, Task
+from sao_jax.envs.registry import make_env, make_tasks
+from sao_jax.models.tokenizer import IM_END, encode_chat, train_tokenizer, valid_utf8
+from sao_jax.sampler import engine as engine_lib
+from sao_jax.sampler.episodes import (ENV_DECLARED, EpisodeRunner, prompt_slot,
+                                      run_to_completion)
+
+TOKENIZER = train_tokenizer(["hello world [ ] { } \" : , ```tool submit list name args"] * 4,
+                            vocab_size=300)
+NESTED = 100_000
+
+
+class ScriptedEngine:
+  """The part of `Engine` that `EpisodeRunner` uses. Turn k of episode e
+  "samples" the text `script(e, k)` (its tokens, then <|im_end|>)."""
+
+  def __init__(self, script):
+    self.version, self._script, self.episodes = 0, script, {}
+    self._im_end = TOKENIZER.token_to_id(IM_END)
+
+  def submit(self, episode_id, tokens, *, seed=None):
+    episode = self.episodes.setdefault(episode_id, {"tokens": [], "mask": [], "turns": 0})
+    episode["tokens"] += list(tokens)
+    episode["mask"] += [0] * len(tokens)
+    episode["queued"] = True
+
+  def step(self):
+    turns = []
+    for episode_id, episode in self.episodes.items():
+      if episode.pop("queued", False):
+        ids = TOKENIZER.encode(self._script(episode_id, episode["turns"]),
+                               add_special_tokens=False).ids + [self._im_end]
+        episode["turns"] += 1
+        episode["tokens"] += ids
+        episode["mask"] += [1] * len(ids)
+        turns.append(engine_lib.Turn(episode_id, np.asarray(ids, np.int32),
+                                     np.full(len(ids), -0.5, np.float32), "stop_token", (0, 0)))
+    return turns
+
+  def room(self, episode_id):
+    return 1 << 30
+
+  def finish(self, episode_id):
+    episode = self.episodes.pop(episode_id)
+    mask = np.asarray(episode["mask"], np.int32)
+    return engine_lib.Trajectory(episode_id, np.asarray(episode["tokens"], np.int32), mask,
+                                 -0.5 * mask.astype(np.float32), (0, 0), episode["turns"])
+
+
+class FaultyEnv(Environment):
+  """Two turns (an observation, then reward 1), unless the task's `fault` says otherwise."""
+
+  def __init__(self):
+    super().__init__(max_turns=4, max_observation_chars=1000)
+
+  def _reset(self, task):
+    if task.metadata.get("fault") == "reset":
+      raise ValueError("task file vanished")
+    return [{"role": "user", "content": task.prompt}]
+
+  def _step(self, action):
+    fault = self.task.metadata.get("fault")
+    if fault == "step":
+      raise KeyError("a bug in the environment")
+    if fault == "declared":
+      return StepResult.fail("the tool harness is down")
+    if self.turn == 1:
+      # A file name with an undecodable byte, as os.listdir returns it.
+      return StepResult.next("listing: \udcff.py \ud800" if fault == "surrogate" else "ok")
+    return StepResult.finish(1.0, "answer")
+
+
+def task(i, fault=None):
+  return Task(id=f"t{i}-{fault}", prompt=f"task {i}", answer="",
+              metadata=types.MappingProxyType({"fault": fault}))
+
+
+def run(tasks, script=lambda episode, turn: "hello", make=FaultyEnv, max_episodes=2):
+  logs = []
+  runner = EpisodeRunner(ScriptedEngine(script), TOKENIZER, make, max_episodes=max_episodes,
+                         log=logs.append)
+  done = run_to_completion(runner, iter(tasks), len(tasks), num_slots=8, seed=0)
+  return sorted(done, key=lambda traj: traj.info["task"]), runner, logs
+
+
+def test_an_environment_that_raises_fails_only_its_episode_counted_by_type():
+  tasks = [task(0), task(1, "step"), task(2), task(3, "step"), task(4, "reset"), task(5),
+           task(6, "declared")]
+  done, runner, logs = run(tasks)
+  by_task = {traj.info["task"]: traj for traj in done}
+  assert len(done) == len(tasks)
+  for ok in ("t0-None", "t2-None", "t5-None"):
+    assert by_task[ok].env_failure is None and by_task[ok].outcome == 1.0
+  for failed in ("t1-step", "t3-step"):
+    traj = by_task[failed]
+    assert traj.env_failure.startswith("step raised KeyError")
+    assert traj.info["failure_kind"] == "KeyError" and traj.outcome == 0.0
+  reset = by_task["t4-reset"]  # never reached the engine: a token-less failed trajectory
+  assert reset.length == 0 and reset.info["failure_kind"] == "ValueError"
+  assert reset.prompt_id == prompt_slot(tasks[4], 8)  # keeps its prompt id (GRPO groups)
+  assert by_task["t6-declared"].info["failure_kind"] == ENV_DECLARED
+  assert runner.failures == {"KeyError": 2, "ValueError": 1}
+  # The traceback is logged once per exception type, not per episode.
+  assert len(logs) == 2 and all("Traceback" in line for line in logs)
+  assert "KeyError" in logs[0] and "a bug in the environment" in logs[0]
+
+  # The learner drops them, counted by type.
+  transport = QueueTransport(capacity=len(done))
+  for traj in done:
+    transport.put(traj)
+  transport.close()
+  drops = pipeline.Drops()
+  batches = pipeline.learner_pipeline(
+      transport, batch_size=3, group_size=1, max_lag=4, buckets=(64,), pad_id=0,
+      vocab_size=TOKENIZER.get_vocab_size(), current_version=lambda: 0, drops=drops)
+  assert [info.lengths.size for _, info in batches] == [3]
+  assert drops == {"env_failure": 4, "env_failure/KeyError": 2, "env_failure/ValueError": 1,
+                   "env_failure/env_declared": 1}
+
+
+def test_a_failed_reset_keeps_its_prompt_id_so_a_group_stays_whole():
+  logs = []
+  runner = EpisodeRunner(ScriptedEngine(lambda e, t: "hello"), TOKENIZER, FaultyEnv,
+                         max_episodes=4, log=logs.append)
+  for seed in range(3):
+    runner.start(task(0, "reset" if seed == 1 else None), prompt_id=5, seed=seed)
+  done = []
+  while runner.in_flight:
+    done += runner.step()
+  assert sorted(traj.prompt_id for traj in done) == [5, 5, 5]
+  assert sum(traj.env_failure is not None for traj in done) == 1
+
+
+def test_a_lone_surrogate_in_an_observation_is_encoded_as_a_replacement_character():
+  done, runner, _ = run([task(0, "surrogate"), task(1)])
+  assert [traj.env_failure for traj in done] == [None, None]
+  assert [traj.outcome for traj in done] == [1.0, 1.0] and not runner.failures
+  text = TOKENIZER.decode(done[0].tokens.tolist(), skip_special_tokens=False)
+  assert "listing: \ufffd.py \ufffd" in text
+
+
+def test_text_is_forced_to_valid_utf8_before_encoding():
+  assert valid_utf8("a\ud800b\udcff") == "a\ufffdb\ufffd"
+  assert valid_utf8("\ud83d\ude00") == "\U0001f600"  # a surrogate pair is its character
+  plain = "unchanged: é, 你好"
+  assert valid_utf8(plain) is plain
+  broken, _ = encode_chat(TOKENIZER, [{"role": "tool", "content": "x\ud800"}])
+  replaced, _ = encode_chat(TOKENIZER, [{"role": "tool", "content": "x\ufffd"}])
+  np.testing.assert_array_equal(broken, replaced)
+
+
+def test_a_judge_that_returns_garbage_fails_the_episode_not_the_sampler():
+  cfg = C.EnvConfig(name="style")
+  style_tasks = make_tasks(cfg)
+  replies = iter(["garbage", None, (1, 1), (1, 1)])
+
+  def make():
+    env = make_env(cfg)
+    env.judge = lambda task, response, style: next(replies)  # a judge stub (hostile replies)
+    return env
+
+  done, runner, logs = run([next(style_tasks) for _ in range(4)], make=make, max_episodes=1)
+  failed = [traj for traj in done if traj.env_failure is not None]
+  assert [traj.outcome for traj in done if traj.env_failure is None] == [1.0, 1.0]
+  # Whether the environment declares the failure itself or raises (today: unpacking
+  # "garbage" and None), each garbage reply fails exactly its own episode.
+  assert len(failed) == 2 and all("failure_kind" in traj.info for traj in failed)
+  assert sum(runner.failures.values()) + sum(
+      traj.info["failure_kind"] == ENV_DECLARED for traj in failed) == 2
+
+
+def test_malformed_tool_calls_are_tool_errors_the_model_sees():
+  """A 100k-deep JSON tool call (RecursionError in the parser) and an integer too
+  long to convert (ValueError) are answered with a tool error; the episode goes on."""
+  cfg = C.EnvConfig(name="coding", difficulty=1, max_turns=4)
+  actions = ['```tool\n{"name": "view", "args": {"path": ' + "[" * NESTED + "]" * NESTED
+             + "}}\n```",
+             '```tool\n{"name": "view", "args": {"path": "a.py", "start": ' + "1" * 5000
+             + "}}\n```"]
+  engine = ScriptedEngine(lambda episode, turn: actions[turn])
+  logs = []
+  runner = EpisodeRunner(engine, TOKENIZER, lambda: make_env(cfg), max_episodes=1,
+                         log=logs.append)
+  runner.start(next(make_tasks(cfg)), prompt_id=0, seed=0)
+  try:
+    for _ in actions:
+      assert runner.step() == []  # the episode continues
+    assert runner.in_flight == 1 and not runner.failures and not logs
+    text = TOKENIZER.decode(engine.episodes[0]["tokens"], skip_special_tokens=False)
+    assert "could not be parsed (RecursionError)" in text
+    assert "could not be parsed (ValueError)" in text
+  finally:
+    runner.close()

@@ -1,0 +1,215 @@
+"""The weight channel against hostile and broken peers: the shared-secret handshake,
+signed headers, bounded frames, connection caps and timeouts. Each case names what
+the channel did before it had them."""
+
+import json
+import logging
+import socket
+import threading
+import time
+import tracemalloc
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from sao_jax.sampler import weights_net, weights_wire
+from sao_jax.sampler.weights_wire import LENGTH
+
+SECRET = bytes(range(32))
+
+
+def params(seed: int):
+  keys = jax.random.split(jax.random.key(seed), 2)
+  return {"embed": jax.random.normal(keys[0], (16, 8), jnp.float32),
+          "w": jax.random.normal(keys[1], (8, 4), jnp.bfloat16)}
+
+
+def frame(payload: bytes) -> bytes:
+  return LENGTH.pack(len(payload)) + payload
+
+
+def wait_for(condition, seconds=5.0) -> bool:
+  deadline = time.monotonic() + seconds
+  while not condition() and time.monotonic() < deadline:
+    time.sleep(0.02)
+  return condition()
+
+
+def closed_by_peer(sock: socket.socket, seconds: float) -> bool:
+  """Whether the other end closes `sock` within `seconds`."""
+  sock.settimeout(seconds)
+  try:
+    while sock.recv(4096):
+      pass
+    return True
+  except (TimeoutError, OSError) as error:
+    return not isinstance(error, TimeoutError)
+
+
+@pytest.fixture
+def publisher():
+  channel = weights_net.NetworkWeights(params(0), secret=SECRET)
+  channel.publish(params(1), version=1)
+  yield channel
+  channel.close()
+
+
+def subscriber_of(address: str, secret: bytes = SECRET):
+  return weights_net.NetworkSubscriber(
+      weights_net.NetworkSpec((address,), params(0), timeout=5, secret=secret))
+
+
+def test_a_client_without_the_secret_gets_nothing(publisher):
+  """Before: {"op": "versions"} and {"op": "get"} were answered to anyone who connected."""
+  with socket.create_connection(publisher.address.split(":")) as sock:
+    sock.sendall(frame(json.dumps({"op": "get", "version": 1}).encode()))
+    reply = weights_wire.recv_frame(sock, 1 << 16, time.monotonic() + 5)
+    assert json.loads(reply).keys() == {"protocol", "error"}  # no header, no weights
+    assert closed_by_peer(sock, 5)
+  with socket.create_connection(publisher.address.split(":")) as sock:  # a guessed proof
+    hello = {"op": "hello", "protocol": weights_wire.PROTOCOL, "nonce": "00" * 32}
+    sock.sendall(frame(json.dumps(hello).encode()))
+    assert "proof" in json.loads(weights_wire.recv_frame(sock, 1 << 16, time.monotonic() + 5))
+    sock.sendall(frame(json.dumps({"op": "auth", "proof": "11" * 32}).encode()))
+    assert closed_by_peer(sock, 5)
+  wrong = subscriber_of(publisher.address, secret=b"not the learner's secret")
+  try:  # rejects the learner's proof, and hangs up
+    assert wrong.poll() is None and wrong.version == -1
+  finally:
+    wrong.close()
+  assert wrong.stats == {"auth_failed": 1}
+  assert wait_for(lambda: publisher.stats == {"bad_hello": 1, "auth_failed": 1,
+                                              "disconnected": 1}), publisher.stats
+  right = subscriber_of(publisher.address)
+  try:
+    assert right.poll()[1] == 1
+  finally:
+    right.close()
+
+
+def test_impostor_server_with_valid_checksums_is_rejected(caplog):
+  """Before: any server speaking the protocol with matching crc32s had its weights adopted."""
+  impostor = weights_net.NetworkWeights(params(0), secret=b"an impostor's own secret bytes")
+  impostor.publish(params(7), version=9)
+  subscriber = subscriber_of(impostor.address)
+  try:
+    with caplog.at_level(logging.WARNING):
+      assert subscriber.poll() is None
+    assert subscriber.version == -1 and subscriber.stats == {"auth_failed": 1}
+    assert "did not prove the shared secret" in caplog.text and SECRET.hex() not in caplog.text
+  finally:
+    subscriber.close()
+    impostor.close()
+
+
+def test_relayed_handshake_with_a_substituted_header_is_rejected(publisher):
+  """A relay passes the handshake through to the real learner, then serves its own
+  version (valid crc32s) in place of the learner's: the header signature catches it."""
+  forged = weights_net.NetworkWeights(params(0), secret=b"a relay's key, not the learner's")
+  forged.publish(params(7), version=1)
+  listener = socket.create_server(("127.0.0.1", 0))
+
+  def relay():
+    client, _ = listener.accept()
+    upstream = socket.create_connection(publisher.address.split(":"))
+    with client, upstream:
+      for source, target in [(client, upstream), (upstream, client)] * 2:  # the handshake
+        target.sendall(frame(weights_wire.recv_frame(source, 1 << 16)))
+      while (request := weights_wire.recv_frame(client, 1 << 16)) is not None:
+        if json.loads(request)["op"] == "get":  # the forged snapshot: header, signature, shards
+          client.sendall(forged._snapshots[1].header)
+          for payload in forged._snapshots[1].payloads:
+            client.sendall(LENGTH.pack(payload.nbytes) + payload.tobytes())
+        else:
+          upstream.sendall(frame(request))
+          client.sendall(frame(weights_wire.recv_frame(upstream, 1 << 16)))
+
+  thread = threading.Thread(target=relay, daemon=True)
+  thread.start()
+  subscriber = subscriber_of(f"127.0.0.1:{listener.getsockname()[1]}")
+  try:
+    assert subscriber.poll() is None
+    assert subscriber.version == -1 and subscriber.stats == {"bad_mac": 1}
+  finally:
+    subscriber.close()
+    forged.close()
+    listener.close()
+
+
+def test_oversized_request_is_refused_without_allocating_it(publisher):
+  """Before: one 8-byte length made the learner allocate and zero the declared size."""
+  tracemalloc.start()
+  try:
+    with socket.create_connection(publisher.address.split(":")) as sock:
+      sock.sendall(LENGTH.pack(1 << 30))  # "a 1 GiB request follows"
+      assert closed_by_peer(sock, 5)
+    peak = tracemalloc.get_traced_memory()[1]
+  finally:
+    tracemalloc.stop()
+  assert peak < 16 << 20, f"the learner allocated {peak} bytes for a refused request"
+  assert wait_for(lambda: publisher.stats == {"oversized": 1}), publisher.stats
+  subscriber = subscriber_of(publisher.address)  # still serving
+  try:
+    assert subscriber.poll()[1] == 1
+  finally:
+    subscriber.close()
+
+
+def test_idle_and_excess_connections_are_cut(monkeypatch):
+  """Before: no cap, and every idle connection held a learner thread for 600 s."""
+  monkeypatch.setattr(weights_wire, "HANDSHAKE_SECONDS", 0.5)
+  publisher = weights_net.NetworkWeights(params(0), secret=SECRET, max_connections=3)
+  address = publisher.address.split(":")
+  held = [socket.create_connection(address) for _ in range(3)]
+  try:
+    assert wait_for(lambda: len(publisher._connections) == 3)
+    extra = [socket.create_connection(address) for _ in range(2)]
+    assert all(closed_by_peer(sock, 2) for sock in extra), "connections over the cap stay open"
+    held[0].sendall(LENGTH.pack(40) + b"{")  # a slow drip is cut at the same deadline
+    start = time.monotonic()
+    assert all(closed_by_peer(sock, 5) for sock in held), "idle connections stay open"
+    assert time.monotonic() - start < 3
+    assert wait_for(lambda: publisher.stats == {"too_many_connections": 2, "timeout": 3}), (
+        publisher.stats)
+    subscriber = subscriber_of(publisher.address)  # capacity is back
+    try:
+      publisher.publish(params(1), version=1)
+      assert subscriber.poll()[1] == 1
+    finally:
+      subscriber.close()
+  finally:
+    for sock in held + extra:
+      sock.close()
+    publisher.close()
+
+
+@pytest.mark.parametrize("reply, reason", [
+    (LENGTH.pack(1 << 62), "oversized"),  # before: MemoryError
+    (frame(b"[" * 20_000 + b"]" * 20_000), "bad_frame"),  # before: RecursionError
+    (frame(b'{"protocol": 1, "versions": [1]}'), "protocol"),  # before: KeyError
+    (frame(b'{"protocol": 2, "nonce": "zz", "proof": 5}'), "bad_frame"),
+    (frame(b"\xff\xfe garbage"), "bad_frame"),
+], ids=["huge_length", "nested", "missing_keys", "bad_types", "garbage"])
+def test_hostile_server_is_counted_not_a_crash(reply, reason):
+  listener = socket.create_server(("127.0.0.1", 0))
+
+  def serve():
+    while True:
+      try:
+        client, _ = listener.accept()
+      except OSError:
+        return  # the test closed the listener
+      with client:
+        weights_wire.recv_frame(client, 1 << 16)
+        client.sendall(reply)
+        time.sleep(0.2)
+
+  threading.Thread(target=serve, daemon=True).start()
+  subscriber = subscriber_of(f"127.0.0.1:{listener.getsockname()[1]}")
+  try:
+    assert subscriber.poll() is None and subscriber.poll() is None
+    assert subscriber.stats == {reason: 2} and subscriber.version == -1
+  finally:
+    subscriber.close()
+    listener.close()
