@@ -84,12 +84,19 @@ def seed_overrides(seed: int) -> list[str]:
   return [f"seed={seed}", f"env.seed={seed}", f"sampler.seed={seed}"]
 
 
-def _changed(section: Any) -> dict[str, Any]:
+def _changed(section: Any, prefix: str = "") -> dict[str, Any]:
   """A config section's fields that differ from the defaults: new fields added to
-  sao_jax's config later (with defaults) leave the key, and existing warm-starts, as they are."""
-  default = type(section)()
-  return {f.name: getattr(section, f.name) for f in dataclasses.fields(section)
-          if getattr(section, f.name) != getattr(default, f.name)}
+  sao_jax's config later (with defaults) leave the key, and existing warm-starts, as they are.
+  A nested section's fields count as `<field>_<name>` (env.tool.wall_time_s is
+  `tool_wall_time_s`, as it was spelled before the tool limits became a section)."""
+  default, changed = type(section)(), {}
+  for field in dataclasses.fields(section):
+    value = getattr(section, field.name)
+    if dataclasses.is_dataclass(value):
+      changed.update(_changed(value, f"{prefix}{field.name}_"))
+    elif value != getattr(default, field.name):
+      changed[prefix + field.name] = value
+  return changed
 
 
 def warm_start_dir(out: pathlib.Path, cfg: Config) -> pathlib.Path:

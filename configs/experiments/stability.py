@@ -4,7 +4,7 @@
 
 The first version of `configs/experiments/tool_math.py`, spelled out here so that
 later changes to that setting leave these runs (and their warm-starts) alone:
-`configs/demo_cpu.py`'s model, sampler and critic schedule on mixed arithmetic
+`configs/experiments/base.py`'s model, sampler and critic schedule on mixed arithmetic
 and word problems (difficulty 1, up to 3 turns), a fixed 300-step SFT
 warm-start of 16 demonstrations per step (no accuracy target), policy lr 1e-4
 and value lr 5e-4, trained for 1000 learner steps (16,000 trajectories per
@@ -21,7 +21,7 @@ import pathlib
 
 from sao_jax.config import Config, load_config
 
-BASE = pathlib.Path(__file__).resolve().parents[1] / "demo_cpu.py"
+BASE = pathlib.Path(__file__).resolve().parent / "base.py"
 
 QUICK_OVERRIDES = ("learner.steps=6", "learner.critic_warmup_steps=1", "run.sft_steps=10",
                    "run.sft_batch=8", "run.eval_every=6", "run.eval_episodes=8",

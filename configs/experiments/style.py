@@ -4,7 +4,7 @@
 
 The style environment (reward = quality x style, rule judge): the preferred
 style is academic for 50 learner steps, then cute, then chuunibyou (two
-switches, 150 steps). Model and critic schedule as `configs/demo_cpu.py`; the
+switches, 150 steps). Model and critic schedule as `configs/experiments/base.py`; the
 learning rates are 5x the demo's (policy 1e-4, value 5e-4) for both variants,
 as in `tool_math.py`: at the demo's 2e-5 the sampled reward did not move in 20
 SAO steps, at 1e-4 it rose from ~0.2 to ~0.45 in 40. The warm-start
@@ -23,7 +23,7 @@ import pathlib
 
 from sao_jax.config import Config, load_config
 
-BASE = pathlib.Path(__file__).resolve().parents[1] / "demo_cpu.py"
+BASE = pathlib.Path(__file__).resolve().parent / "base.py"
 PHASE_STEPS = 50
 
 QUICK_OVERRIDES = ("env.style_schedule=((0, 'academic'), (2, 'cute'), (4, 'chuunibyou'))",

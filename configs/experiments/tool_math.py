@@ -3,7 +3,7 @@
     .venv/bin/python -m experiments.claim1_ordering --seeds 3 --jobs 2  # every variant and seed
     .venv/bin/sao-train --config configs/experiments/tool_math.py      # one SAO run, SFT included
 
-The demo's task (`configs/demo_cpu.py`: the same 0.36M-parameter model,
+The demo's task (`configs/experiments/base.py`: the same 0.36M-parameter model,
 sampler and critic schedule; generated arithmetic with a Python tool) with a
 warm-start that stops half-way: SFT (batches of 16 demonstrations, at most 600
 steps) ends at the first multiple of 5 steps where greedy accuracy on 64
@@ -30,7 +30,7 @@ import pathlib
 
 from sao_jax.config import Config, load_config
 
-BASE = pathlib.Path(__file__).resolve().parents[1] / "demo_cpu.py"
+BASE = pathlib.Path(__file__).resolve().parent / "base.py"
 
 # `--quick` in the experiment scripts: a pipeline check, not a measurement.
 QUICK_OVERRIDES = ("learner.steps=4", "learner.critic_warmup_steps=1", "run.sft_steps=10",
