@@ -29,7 +29,7 @@ bubblewrap: $(STAMP)
 
 ## test: the default suite (what CI runs); slow-marked checks excluded.
 test: $(STAMP) bubblewrap
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 ## test-all: every test, including those marked slow.
 test-all: $(STAMP)

@@ -71,7 +71,7 @@ def synthetic_batch(cfg: Config, seq: int) -> Batch:
   rewards = np.zeros((b, seq), np.float32)
   rewards[:, -1] = rng.integers(0, 2, b)
   return Batch(tokens=rng.integers(0, vocab, (b, seq), dtype=np.int32),
-               attention_mask=np.ones((b, seq), np.int32),
+               segment_ids=np.ones((b, seq), np.int32),
                action_mask=action.astype(np.int32),
                behavior_logp=behavior_logp.astype(np.float32),
                rewards=rewards,

@@ -35,7 +35,7 @@ from sao_jax.types import Batch
 
 # Right-padding per Batch field (tokens take the configured pad id): what the data
 # pipeline puts after a row's segments, so padded positions join no segment.
-_PAD = Batch(tokens=None, attention_mask=0, action_mask=0, behavior_logp=0.0, rewards=0.0,
+_PAD = Batch(tokens=None, segment_ids=0, action_mask=0, behavior_logp=0.0, rewards=0.0,
              prompt_ids=-1, behavior_version=-1)
 
 ENV_ADDRESS = "SAO_COORDINATOR_ADDRESS"

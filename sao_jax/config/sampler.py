@@ -9,7 +9,7 @@ from sao_jax.config.checks import check_choice, check_positive, fail
 
 WEIGHT_CHANNELS = ("shared_memory", "directory", "network")
 
-# Ends a turn at the fence that closes a ```python tool-call block (sao_jax.envs.math_tool),
+# Ends a turn at the fence that closes a ```python tool-call block (sao_jax.envs.math.tool),
 # not at the opening fence.
 PYTHON_TOOL_CALL = r"```(?:python|py)[ \t]*\n.*?```"
 

@@ -20,7 +20,7 @@ resumed pipeline loses none of them.
 
 Packing (`PackDataset`): each member of an arriving unit goes to the first row
 with room for it (first fit, in arrival order), as segment 1, 2, ... of that row
-(`sao_jax.types`: `attention_mask` holds segment ids). A batch holds at most
+(`Batch.segment_ids`, `sao_jax.segments`). A batch holds at most
 `max_trajectories`; it closes as soon as the next unit does not fit (a member
 finds no row with room, or the cap would be exceeded), and that unit opens the
 next batch, or earlier when it is full. The shape is always `[rows, row_length]`:

@@ -3,7 +3,7 @@
 `load_jsonl(path)` reads one JSON object per line with a non-empty string
 `"prompt"`, an `"answer"` (string, or an integer/float written as text) and
 optionally `"id"` (string, unique across the file) and `"program"` (Python that
-prints the answer, used by `math_tasks.demonstration`); any other keys go into
+prints the answer, used by `envs.math.tasks.demonstration`); any other keys go into
 `Task.metadata`. Any bad line, blank lines included, raises ValueError naming
 the file, the line number and the problem: nothing is skipped silently.
 """

@@ -83,7 +83,7 @@ def batch_shardings(cfg: Config, mesh: jax.sharding.Mesh, length: int) -> Batch:
 
 def abstract_batch(cfg: Config, mesh: jax.sharding.Mesh, length: int) -> Batch:
   """The step's batch as sharded `jax.ShapeDtypeStruct`s, for lowering without data."""
-  dtypes = Batch(tokens=jnp.int32, attention_mask=jnp.int32, action_mask=jnp.int32,
+  dtypes = Batch(tokens=jnp.int32, segment_ids=jnp.int32, action_mask=jnp.int32,
                  behavior_logp=jnp.float32, rewards=jnp.float32, prompt_ids=jnp.int32,
                  behavior_version=jnp.int32)
   shape = (cfg.learner.batch_rows, length)

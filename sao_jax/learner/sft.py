@@ -24,7 +24,7 @@ from sao_jax.types import Batch
 
 
 def sft_loss(params: Params, cfg: ModelConfig, batch: Batch) -> tuple[jax.Array, dict]:
-  out = policy_forward(params, cfg, batch.tokens, batch.attention_mask)
+  out = policy_forward(params, cfg, batch.tokens, batch.segment_ids)
   nll = -masked_mean(out.logp_BxT, batch.action_mask)
   return nll, {"sft/loss": nll, "sft/entropy": masked_mean(out.entropy_BxT, batch.action_mask)}
 

@@ -21,7 +21,7 @@ Micro-batching splits the batch into `micro_batches` strided slices (each
 draws rows from every data shard), accumulates gradients with `lax.scan` and
 normalises by the full batch's denominator, so the result equals one big batch.
 
-Packed rows (`batch.attention_mask` holds segment ids, `sao_jax.types`): every
+Packed rows (`batch.segment_ids`, `sao_jax.segments`): every
 per-trajectory quantity is per segment (GAE terminals, length-adaptive lambda,
 GRPO groups, running means, `seq_mean_token_mean`, the PPO response span, the
 outcome behind `reward/mean`); micro-batches split rows, never segments.
@@ -53,13 +53,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from sao_jax import losses
+from sao_jax import losses, segments
 from sao_jax.config import Config
 from sao_jax.learner import state as state_lib
-from sao_jax.losses import segments
 from sao_jax.models import moe
 from sao_jax.models.forward import policy_forward, router_balance, value_forward
-from sao_jax.types import Batch, segment_starts
+from sao_jax.types import Batch
 
 Metrics = dict[str, jax.Array]
 
@@ -84,12 +83,12 @@ def _merge(x: jax.Array) -> jax.Array:
 
 def _response_mask(batch: Batch) -> jax.Array:
   """Every token from a trajectory's first to its last action token (plain GAE's span)."""
-  return segments.span(batch.action_mask, batch.attention_mask)
+  return segments.span(batch.action_mask, batch.segment_ids)
 
 
 def _values(cfg: Config, params, batch: Batch) -> jax.Array:
   def one(_, mb):
-    return None, value_forward(params, cfg.model, mb.tokens, mb.attention_mask)
+    return None, value_forward(params, cfg.model, mb.tokens, mb.segment_ids)
 
   _, values = jax.lax.scan(one, None, _split(batch, cfg.learner.micro_batches))
   return jax.lax.stop_gradient(_merge(values))
@@ -100,7 +99,7 @@ def _gae_inputs(cfg: Config, batch: Batch):
   alg = cfg.algorithm
   mask = _response_mask(batch) if alg.gae_span == "response" else batch.action_mask
   lam = alg.lam_policy if alg.lam_policy is not None else losses.length_adaptive_lam(
-      mask, alg.lam_alpha, segment_ids=batch.attention_mask)
+      mask, alg.lam_alpha, segment_ids=batch.segment_ids)
   return mask, lam
 
 
@@ -108,7 +107,7 @@ def value_targets(cfg: Config, batch: Batch, values: jax.Array) -> jax.Array:
   mask, _ = _gae_inputs(cfg, batch)
   alg = cfg.algorithm
   _, returns = losses.gae(batch.rewards, values, mask, gamma=alg.gamma, lam=alg.lam_critic,
-                          method=alg.gae_method, segment_ids=batch.attention_mask)
+                          method=alg.gae_method, segment_ids=batch.segment_ids)
   return returns
 
 
@@ -116,21 +115,21 @@ def _gae_advantages(cfg: Config, batch: Batch, values: jax.Array, baseline):
   alg = cfg.algorithm
   mask, lam = _gae_inputs(cfg, batch)
   adv, _ = losses.gae(batch.rewards, values, mask, gamma=alg.gamma, lam=lam, method=alg.gae_method,
-                      segment_ids=batch.attention_mask)
+                      segment_ids=batch.segment_ids)
   return jnp.where(batch.action_mask.astype(bool), adv, 0.0), baseline
 
 
 def _group_advantages(cfg: Config, batch: Batch, values: None, baseline):
   del cfg, values
   return losses.grpo_advantages(batch.rewards, batch.action_mask, batch.prompt_ids,
-                                segment_ids=batch.attention_mask), baseline
+                                segment_ids=batch.segment_ids), baseline
 
 
 def _running_mean_advantages(cfg: Config, batch: Batch, values: None, baseline):
   del values
   return losses.running_mean_advantages(batch.rewards, batch.action_mask, batch.prompt_ids,
                                         baseline, scope=cfg.algorithm.running_mean_scope,
-                                        segment_ids=batch.attention_mask)
+                                        segment_ids=batch.segment_ids)
 
 
 # Each name of `sao_jax.config.algorithm.ADVANTAGE_ESTIMATORS` (the variant
@@ -189,26 +188,26 @@ def _policy_update(cfg: Config, state: state_lib.TrainState, batch: Batch, adv: 
   alg = cfg.algorithm
   loss_impl = POLICY_LOSSES[alg.policy_loss]
   denominator = (losses.loss_denominator(batch.action_mask, alg.loss_agg,
-                                         segment_ids=batch.attention_mask)
+                                         segment_ids=batch.segment_ids)
                  if cfg.learner.micro_batches > 1 else None)
 
   def loss_fn(params, mb: Batch, adv_mb):
     # The sampler's temperature: behavior_logp is log softmax(logits / T) (sampler/engine.py).
-    out = policy_forward(params, cfg.model, mb.tokens, mb.attention_mask,
+    out = policy_forward(params, cfg.model, mb.tokens, mb.segment_ids,
                          temperature=cfg.sampler.temperature)
     loss, metrics = loss_impl(out.logp_BxT, mb.behavior_logp, adv_mb, mb.action_mask,
                               eps_low=alg.eps_low, eps_high=alg.eps_high,
                               loss_agg=alg.loss_agg, denominator=denominator,
-                              segment_ids=mb.attention_mask)
+                              segment_ids=mb.segment_ids)
     metrics["entropy"] = losses.aggregate.masked_mean(out.entropy_BxT, mb.action_mask)
     if cfg.model.num_experts:
       # MoE: the router's load-balancing loss of the checkpoint's recipe (SAO.md §5),
       # per micro-batch, so 1/micro_batches of it each.
-      aux = moe.load_balancing_loss(out.router_logits, mb.attention_mask,
+      aux = moe.load_balancing_loss(out.router_logits, mb.segment_ids,
                                     cfg.model.num_experts_per_tok)
       loss = loss + cfg.model.router_aux_loss_coef * aux / cfg.learner.micro_batches
       metrics["router_aux_loss"] = aux
-      metrics["router_balance"] = router_balance(out.router_logits, mb.attention_mask, cfg.model)
+      metrics["router_balance"] = router_balance(out.router_logits, mb.segment_ids, cfg.model)
     # Lag 0: sampled entirely by the weights this step starts from, so any
     # difference is numerics (sampler vs learner), not staleness.
     lag0 = mb.action_mask.astype(bool) & (mb.behavior_version == state.policy_version)
@@ -246,16 +245,16 @@ def _value_updates(cfg: Config, state: state_lib.TrainState, batch: Batch, old_v
   optimizer = state_lib.value_optimizer(cfg, frozen)
   critic_mask, _ = _gae_inputs(cfg, batch)
   denominator = (losses.loss_denominator(critic_mask, alg.loss_agg,
-                                         segment_ids=batch.attention_mask)
+                                         segment_ids=batch.segment_ids)
                  if cfg.learner.micro_batches > 1 else None)
 
   def loss_fn(params, mb: Batch, old_mb, returns_mb, mask_mb):
     # stop_gradient on frozen leaves: XLA then skips their weight gradients.
     params = jax.tree.map(lambda p, f: jax.lax.stop_gradient(p) if f else p, params, frozen)
-    values = value_forward(params, cfg.model, mb.tokens, mb.attention_mask)
+    values = value_forward(params, cfg.model, mb.tokens, mb.segment_ids)
     return losses.value_loss(values, old_mb, returns_mb, mask_mb, clip_eps=alg.value_clip,
                              loss_agg=alg.loss_agg, denominator=denominator,
-                             segment_ids=mb.attention_mask)
+                             segment_ids=mb.segment_ids)
 
   history = []
   for _ in range(alg.value_updates_per_step):
@@ -274,9 +273,9 @@ def _value_updates(cfg: Config, state: state_lib.TrainState, batch: Batch, old_v
 def _response_lengths(batch: Batch) -> Metrics:
   """p50 / p90 (linear interpolation) / max of action tokens per trajectory; NaN
   for a batch without trajectories."""
-  seg = batch.attention_mask
+  seg = batch.segment_ids
   per_start = segments.reduce(batch.action_mask.astype(jnp.float32), seg)
-  lengths = jnp.where(segment_starts(seg), per_start, jnp.nan)
+  lengths = jnp.where(segments.segment_starts(seg), per_start, jnp.nan)
   p50, p90 = jnp.nanpercentile(lengths, jnp.asarray([50.0, 90.0]))
   return {"response/action_tokens_p50": p50, "response/action_tokens_p90": p90,
           "response/action_tokens_max": jnp.nanmax(lengths)}
@@ -295,10 +294,10 @@ def train_step(state: state_lib.TrainState, batch: Batch, update_policy: jax.Arr
   (critic warm-up, value pretraining)."""
   alg = cfg.algorithm
   action = batch.action_mask.astype(bool)
-  seg = batch.attention_mask
+  seg = batch.segment_ids
   # Per trajectory (segment); empty rows hold none and do not dilute the mean.
   outcome = segments.reduce(jnp.where(action, batch.rewards, 0.0), seg)
-  exists = segment_starts(seg).astype(jnp.float32)
+  exists = segments.segment_starts(seg).astype(jnp.float32)
   metrics: Metrics = {"reward/mean": jnp.sum(outcome * exists) / jnp.maximum(jnp.sum(exists), 1.0),
                       "tokens/action": jnp.sum(action.astype(jnp.float32)),
                       "tokens/total": jnp.sum((seg != 0).astype(jnp.float32))}

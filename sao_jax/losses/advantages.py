@@ -3,7 +3,7 @@
 Both take each trajectory's outcome `R = sum_t rewards_t` over its action tokens
 (the outcome reward on the last action token plus any per-turn rewards) and
 broadcast one advantage onto every action token of the trajectory; 0 elsewhere.
-A trajectory is a row, or with `segment_ids` (packed rows, `sao_jax.types`) a
+A trajectory is a row, or with `segment_ids` (packed rows, `sao_jax.segments`) a
 segment; ids (`group_ids`, `prompt_ids`) are per row `[B]` or per token `[B, T]`
 (read on the trajectory's tokens).
 
@@ -28,8 +28,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from sao_jax.losses import segments
-from sao_jax.types import segment_starts
+from sao_jax import segments
 
 
 class _Trajectories(NamedTuple):
@@ -51,7 +50,7 @@ def _trajectories(rewards, action_mask, ids, segment_ids, name) -> _Trajectories
   # A trajectory's tokens share its id; the max reads it without assuming where it starts.
   id_ = segments.reduce(ids_BxT, seg_BxT, jax.ops.segment_max)
   flat = lambda x: x.reshape(-1)
-  return _Trajectories(flat(segment_starts(seg_BxT)), flat(outcome), flat(count > 0), flat(id_))
+  return _Trajectories(flat(segments.segment_starts(seg_BxT)), flat(outcome), flat(count > 0), flat(id_))
 
 
 def _broadcast(advantage_N: jax.Array, action_mask: jax.Array,

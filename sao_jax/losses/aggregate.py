@@ -7,7 +7,7 @@ Every loss is `numerator / denominator` over the batch:
 - `token_mean_kept`: sum over kept tokens / number of kept tokens.
 - `seq_mean_token_mean`: per trajectory, mean over its action tokens; then the
   mean over trajectories that have at least one action token. A trajectory is
-  a row, or with `segment_ids` (packed rows, `sao_jax.types`) a segment.
+  a row, or with `segment_ids` (packed rows, `sao_jax.segments`) a segment.
 
 Micro-batching: a batch's loss is not the mean of its micro-batches' losses
 when they hold different numbers of tokens, so callers that split a batch
@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from sao_jax.config.algorithm import LOSS_AGGS
-from sao_jax.losses import segments
+from sao_jax import segments
 
 
 def _check(loss_agg: str) -> None:

@@ -17,7 +17,7 @@ compacted action-only sequence.
 Rewards on tokens outside `action_mask` are not seen (SAO.md puts the outcome on
 the last action token); the trajectory validator rejects such trajectories.
 
-Packed rows (`segment_ids`, `sao_jax.types`): each segment is its own trajectory.
+Packed rows (`segment_ids`, `sao_jax.segments`): each segment is its own trajectory.
 The last token of a segment is terminal: the recurrence restarts there with
 "next value" and "running advantage" 0, so nothing bootstraps or flows across a
 segment boundary, and a packed row equals GAE of each segment alone. Padding
@@ -38,9 +38,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from sao_jax import segments
 from sao_jax.config.algorithm import GAE_METHODS
-from sao_jax.losses import segments
-from sao_jax.types import segment_ends
 
 
 def length_adaptive_lam(action_mask_BxT: jax.Array, alpha: float,
@@ -102,7 +101,7 @@ def gae(rewards: jax.Array, values: jax.Array, action_mask: jax.Array, *,
   if segment_ids is None:
     end_BxT = jnp.broadcast_to(jnp.arange(shape[1]) == shape[1] - 1, shape)
   else:
-    end_BxT = segment_ends(segments.resolve(segment_ids, shape))
+    end_BxT = segments.segment_ends(segments.resolve(segment_ids, shape))
   gamma = jnp.asarray(gamma, jnp.float32)
   mask = action_mask.astype(bool)
   rewards = jnp.where(mask, rewards.astype(jnp.float32), 0.0)

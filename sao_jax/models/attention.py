@@ -8,7 +8,7 @@
 
 Shapes: q_BxTxNxH, k/v_BxSxKxH with N = K * G (query head n reads kv head n // G).
 `CausalMask` says query t may read key s iff s <= t and seg[b, s] == seg[b, t] != 0
-(`sao_jax.types`: 0 is padding, k >= 1 the row's k-th packed trajectory; a 0/1
+(`sao_jax.segments`: 0 is padding, k >= 1 the row's k-th packed trajectory; a 0/1
 padding mask is the one-segment case); it requires T == S (a whole sequence
 attending to itself).
 

@@ -6,7 +6,7 @@
   logits_forward(params, cfg, tokens_BxT, seg_BxT) -> logits_BxTxV (float32; tests, evaluation)
   router_balance(router_logits, seg_BxT, cfg)      -> Switch-style load-balance metric
 
-`seg_BxT` holds segment ids (`sao_jax.types`): 0 on padding, k >= 1 on the k-th
+`seg_BxT` holds segment ids (`sao_jax.segments`): 0 on padding, k >= 1 on the k-th
 trajectory packed into the row; a 0/1 padding mask is the one-segment case.
 Each segment is scored as if it were alone in its row.
 
@@ -43,10 +43,10 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from sao_jax import segments
 from sao_jax.config import ModelConfig
 from sao_jax.models.attention import CausalMask
 from sao_jax.models.transformer import Params, model
-from sao_jax.types import segment_starts
 
 
 class PolicyOutput(NamedTuple):
@@ -66,7 +66,7 @@ def positions(seg_BxT: jax.Array) -> jax.Array:
   real_BxT = (seg_BxT != 0).astype(jnp.int32)
   count_BxT = jnp.cumsum(real_BxT, axis=1)
   before_start_BxT = jax.lax.cummax(
-      jnp.where(segment_starts(seg_BxT), count_BxT - real_BxT, 0), axis=1)
+      jnp.where(segments.segment_starts(seg_BxT), count_BxT - real_BxT, 0), axis=1)
   return jnp.where(real_BxT > 0, count_BxT - 1 - before_start_BxT, 0)
 
 

@@ -7,7 +7,7 @@
   engine.submit(episode_id, prompt_tokens, seed=s)  # a new episode; its first turn is queued
   turns = engine.step()                           # admit, decode; -> list[Turn] that ended
   engine.submit(episode_id, observation_tokens)   # continue an episode after its Turn
-  trajectory = engine.finish(episode_id)          # -> Trajectory; its slot is freed
+  generation = engine.finish(episode_id)          # -> Generation; its slot is freed
   engine.set_params(params, version)              # in-flight weight update, next step on
 
 A worker drives it with text-level environments (`sao_jax.envs.base`):
@@ -84,8 +84,10 @@ class Turn:
 
 
 @dataclasses.dataclass(frozen=True)
-class Trajectory:
-  """A finished episode, token-aligned like `sao_jax.types.Batch` ([T] each)."""
+class Generation:
+  """A finished episode as the engine generated it, token-aligned like
+  `sao_jax.types.Batch` ([T] each); `sampler.episodes` turns it into the
+  `records.Trajectory` the learner trains on (with rewards and prompt id)."""
 
   episode_id: Hashable
   tokens: np.ndarray         # int32
@@ -228,7 +230,7 @@ class Engine:
       self._decode(turns)
     return turns
 
-  def finish(self, episode_id: Hashable) -> Trajectory:
+  def finish(self, episode_id: Hashable) -> Generation:
     """Ends the episode in any state (a turn in progress is cut where it is) and frees its slot."""
     episode = self._episode(episode_id)
     del self._episodes[episode_id]
@@ -237,7 +239,7 @@ class Engine:
     if episode.slot is not None:
       self._release(episode.slot)
     sampled = [v for v in episode.versions if v >= 0]
-    return Trajectory(episode_id=episode_id, tokens=np.asarray(episode.tokens, np.int32),
+    return Generation(episode_id=episode_id, tokens=np.asarray(episode.tokens, np.int32),
                       action_mask=np.asarray(episode.action_mask, np.int32),
                       behavior_logp=np.asarray(episode.behavior_logp, np.float32),
                       policy_versions=(sampled[0], sampled[-1]) if sampled else None,

@@ -18,7 +18,7 @@ def build(trajs, *, batch_tokens=64, row_length=16, batch_size=8, group_size=1, 
 
 def segments_of(batch, row):
   """(segment id, start, length) of each segment in `row`, left to right."""
-  seg = batch.attention_mask[row]
+  seg = batch.segment_ids[row]
   ids = [k for k in np.unique(seg) if k]
   return [(k, int(np.flatnonzero(seg == k)[0]), int(np.sum(seg == k))) for k in ids]
 
@@ -55,14 +55,14 @@ def test_a_batch_closes_when_the_next_unit_does_not_fit():
   assert info.lengths.tolist() == [12, 12, 12]
   second, info = next(it)
   assert [segments_of(second, r) for r in range(3)] == [[(1, 0, 7), (2, 7, 2)], [], []]
-  assert info.padding_rows == 2 and np.all(second.attention_mask[1:] == 0)
+  assert info.padding_rows == 2 and np.all(second.segment_ids[1:] == 0)
 
 
 def test_the_trajectory_cap_closes_a_batch():
   trajs = [make_traj(length=3, seed=i) for i in range(5)]
   it, _ = build(trajs, batch_size=4)
   first, info = next(it)
-  assert len(info.lengths) == 4 and first.attention_mask.max() == 4  # all in row 0
+  assert len(info.lengths) == 4 and first.segment_ids.max() == 4  # all in row 0
   _, info = next(it)
   assert len(info.lengths) == 1
 
@@ -86,13 +86,13 @@ def test_behavior_version_marks_single_version_trajectories():
   batch, _ = next(it)
   np.testing.assert_array_equal(batch.behavior_version[0], [5] * 4 + [-1] * 12)
   # Several versions sampled the second one: no single version, never lag-0.
-  np.testing.assert_array_equal(batch.attention_mask[0, 4:9], 2)
+  np.testing.assert_array_equal(batch.segment_ids[0, 4:9], 2)
 
 
 def test_longer_than_a_row_is_dropped_as_too_long():
   it, drops = build([make_traj(length=17), make_traj(length=16, seed=1)])
   batch, _ = next(it)
-  assert dict(drops) == {"too_long": 1} and batch.attention_mask[0].sum() == 16
+  assert dict(drops) == {"too_long": 1} and batch.segment_ids[0].sum() == 16
 
 
 def test_unpacked_batches_report_their_padding_fraction():

@@ -24,7 +24,7 @@ def test_single_mode_batches_pad_to_the_smallest_bucket():
   it, drops = build(trajs)
   batch, info = next(it)
   assert batch.tokens.shape == (2, 16)
-  np.testing.assert_array_equal(batch.attention_mask.sum(1), [6, 11])
+  np.testing.assert_array_equal(batch.segment_ids.sum(1), [6, 11])
   np.testing.assert_array_equal(batch.tokens[0, :6], trajs[0].tokens)
   np.testing.assert_array_equal(batch.action_mask[1, :11], trajs[1].action_mask)
   assert batch.rewards[1, 10] == 1.0 and batch.behavior_logp[0, 6:].sum() == 0
@@ -67,7 +67,7 @@ def test_a_group_never_splits_across_batches():
   it, _ = build(trajs, batch_size=4, group_size=3)
   first, info = next(it)
   np.testing.assert_array_equal(first.prompt_ids[:3, 0], [1, 1, 1])
-  assert info.padding_rows == 1 and first.attention_mask[3].sum() == 0
+  assert info.padding_rows == 1 and first.segment_ids[3].sum() == 0
   assert np.all(first.prompt_ids[3] == -1)  # the empty row is padding: in no group
   second, _ = next(it)
   np.testing.assert_array_equal(second.prompt_ids[:3, 0], [2, 2, 2])

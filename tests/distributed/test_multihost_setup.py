@@ -80,7 +80,7 @@ def test_hosts_pad_their_rows_to_the_agreed_length():
   padded = distributed.pad_length(rows, 5, pad_id=7)
   assert padded.shape == (2, 5) and distributed.pad_length(rows, 3, pad_id=7) is rows
   np.testing.assert_array_equal(padded.tokens[:, 3:], 7)
-  for name in ("attention_mask", "action_mask", "behavior_logp", "rewards"):
+  for name in ("segment_ids", "action_mask", "behavior_logp", "rewards"):
     np.testing.assert_array_equal(getattr(padded, name)[:, 3:], 0)  # joins no segment
   for name in ("prompt_ids", "behavior_version"):
     np.testing.assert_array_equal(getattr(padded, name)[:, 3:], -1)

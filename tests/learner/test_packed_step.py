@@ -99,7 +99,7 @@ def test_sharded_packed_step_equals_unsharded():
   for traj, row in zip(trajs, first_fit(trajs, [24] * len(rows))):
     rows[row].append(traj)
   batch = pack_rows(rows, len(rows), 24, pad_id=0)
-  assert max(batch.attention_mask.max(axis=1)) > 1  # some row holds several trajectories
+  assert max(batch.segment_ids.max(axis=1)) > 1  # some row holds several trajectories
 
   def run_on(mesh_cfg, devices):
     mesh = make_mesh(mesh_cfg, devices)
@@ -121,13 +121,13 @@ def _with_sampler_logp(cfg, state, batch, lag0_rows):
   """`batch` with behavior_logp from the state's own policy at the sampler's
   temperature on `lag0_rows` (version = the state's), and lag 1 elsewhere."""
   logp = policy_forward(state.policy_params, cfg.model, jnp.asarray(batch.tokens),
-                        jnp.asarray(batch.attention_mask),
+                        jnp.asarray(batch.segment_ids),
                         temperature=cfg.sampler.temperature).logp_BxT
   lag0 = np.zeros(batch.shape, bool)
   lag0[list(lag0_rows)] = True
   behavior = np.where(lag0 & (batch.action_mask > 0), np.asarray(logp), batch.behavior_logp)
   version = int(state.policy_version)
-  versions = np.where(batch.attention_mask > 0, np.where(lag0, version, version - 1), -1)
+  versions = np.where(batch.segment_ids > 0, np.where(lag0, version, version - 1), -1)
   return batch._replace(behavior_logp=behavior.astype(np.float32),
                         behavior_version=versions.astype(np.int32))
 

@@ -197,14 +197,14 @@ def test_gae_span_response_runs_plain_gae_over_observations_too():
   plain = dataclasses.replace(plain, algorithm=dataclasses.replace(plain.algorithm,
                                                                    gae_span="response"))
   adv, _ = step_lib.advantages(plain, batch, values, None)
-  ends = np.asarray(batch.attention_mask).sum(axis=1)
+  ends = np.asarray(batch.segment_ids).sum(axis=1)
   span = np.zeros(batch.rewards.shape, np.int32)
   for b, end in enumerate(ends):
     span[b, 3:end] = 1  # first action token 3, last end - 1
   lam = losses.length_adaptive_lam(jnp.asarray(span), plain.algorithm.lam_alpha,
-                                   segment_ids=batch.attention_mask)
+                                   segment_ids=batch.segment_ids)
   want, _ = losses.gae(batch.rewards, values, jnp.asarray(span), gamma=1.0, lam=lam,
-                       segment_ids=batch.attention_mask)
+                       segment_ids=batch.segment_ids)
   want = np.where(np.asarray(batch.action_mask) > 0, want, 0.0)
   np.testing.assert_allclose(adv, want, atol=1e-6)
   skip_obs, _ = step_lib.advantages(make_config("sao"), batch, values, None)
@@ -259,7 +259,7 @@ def test_the_critic_trains_on_the_span_its_gae_reads():
     span = step_lib._response_mask(batch) if variant == "ppo" else batch.action_mask
     want, _ = losses.value_loss(values, values, returns, span, clip_eps=None,
                                 loss_agg=cfg.algorithm.loss_agg,
-                                segment_ids=batch.attention_mask)
+                                segment_ids=batch.segment_ids)
     cfg1 = dataclasses.replace(cfg, algorithm=dataclasses.replace(cfg.algorithm,
                                                                   value_updates_per_step=1))
     _, metrics = run(cfg1, jax.tree.map(np.asarray, batch), state=state)

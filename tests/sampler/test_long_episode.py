@@ -62,7 +62,7 @@ def test_long_coding_episode_through_engine_and_learner():
   # Skip-observation GAE on the padded trajectory == plain GAE on its action tokens.
   batch = pipeline.pad_batch([traj], 1, LENGTH, pad_id=0)
   values = jax.jit(value_forward, static_argnums=1)(state.value_params, model, batch.tokens,
-                                                      batch.attention_mask)
+                                                      batch.segment_ids)
   adv, _ = jax.jit(functools.partial(advantages, cfg))(batch, values, state.baseline)
   adv = np.asarray(adv)[0]
   assert np.all(adv[~np.asarray(batch.action_mask[0], bool)] == 0)

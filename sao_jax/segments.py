@@ -1,13 +1,27 @@
-"""Per-trajectory reductions on packed `[B, T]` rows (segment ids: `sao_jax.types`).
+"""Segments: which trajectory each token of a packed `[B, T]` row belongs to.
 
-A segment (one trajectory) is every token of a row carrying its id; 0 is
-padding. Per-segment quantities live in a *segment-indexed* `[B, T]` array:
-entry `[b, s]` belongs to the segment whose first token sits at position s of row
-b, and is meaningless where no segment starts (`segment_starts` is False). The
+Sequence packing: a row may hold several trajectories. `Batch.segment_ids` holds
+*segment ids*: 0 on padding, k >= 1 on the tokens of the row's k-th trajectory
+(its segment). An unpacked row (one trajectory, 1 on its tokens) is the
+one-segment case, so a plain 0/1 mask is a valid segment-id array. A segment is
+every token of the row carrying its id; the nonzero ids of a row must be
+non-decreasing from left to right (the pipeline writes 1, 2, ...; padding may sit
+anywhere, so left padding and holes behave as before). Across the tree a segment
+is one trajectory:
+  attention   query t reads key s iff s <= t and seg[s] == seg[t] != 0
+  positions   index of a token among the tokens of its segment (RoPE restarts)
+  scoring     token t is scored iff seg[t] == seg[t - 1] != 0
+  GAE, lambda, GRPO, running mean, `seq_mean_token_mean`: per segment.
+
+Segment boundaries and per-trajectory reductions on packed rows: a segment-indexed
+`[B, T]` array holds at entry `[b, s]` the value of the segment whose first token
+sits at position s of row b, and is meaningless where no segment starts. The
 reductions are row-local (`jax.ops.segment_*` vmapped over rows, keyed by the
 start position), so a batch sharded over its rows stays sharded, and a segment's
 sum adds only its own tokens (no prefix-sum differences, no cancellation).
 
+  segment_starts(seg_BxT)      -> [B, T] bool: first token of each segment
+  segment_ends(seg_BxT)        -> [B, T] bool: last token of each segment
   resolve(segment_ids, shape)  -> seg_BxT int32 (None: each whole row is one segment)
   reduce(x_BxT, seg_BxT, op)   -> segment-indexed [B, T]   (op: jax.ops.segment_sum/min/max)
   spread(per_seg_BxT, seg_BxT) -> per token [B, T]: the value of the token's segment, 0 on padding
@@ -22,7 +36,26 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from sao_jax.types import segment_starts
+
+def segment_starts(segment_ids_BxT: jax.Array) -> jax.Array:
+  """[B, T] bool: the first token of each segment, i.e. seg[t] > max(seg[:t]).
+
+  Ids are non-decreasing, so an id larger than every earlier one is new; a run
+  that resumes after padding with the same id is not a new segment.
+  """
+  seg_BxT = jnp.asarray(segment_ids_BxT).astype(jnp.int32)
+  earlier_BxT = jnp.pad(jax.lax.cummax(seg_BxT, axis=1)[:, :-1], ((0, 0), (1, 0)))
+  return seg_BxT > earlier_BxT
+
+
+def segment_ends(segment_ids_BxT: jax.Array) -> jax.Array:
+  """[B, T] bool: the last token of each segment, i.e. seg[t] != 0 and every later
+  nonzero id is larger (the nearest later one is the smallest, ids being sorted)."""
+  seg_BxT = jnp.asarray(segment_ids_BxT).astype(jnp.int32)
+  big = jnp.iinfo(jnp.int32).max
+  later_BxT = jax.lax.cummin(jnp.where(seg_BxT != 0, seg_BxT, big), axis=1, reverse=True)
+  after_BxT = jnp.pad(later_BxT[:, 1:], ((0, 0), (0, 1)), constant_values=big)
+  return (seg_BxT != 0) & (after_BxT > seg_BxT)
 
 
 def resolve(segment_ids: jax.Array | None, shape: tuple[int, ...]) -> jax.Array:
