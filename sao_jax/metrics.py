@@ -10,14 +10,16 @@ to `run_dir/metrics.jsonl`; evaluation results are written the same way with
 keys under `eval/`. The plot is drawn from that file alone, so it can be made
 again at any time (`sao-train --plot RUN_DIR`).
 
-Resuming at step s (`logger.resume(s)`, before the resumed run writes): the
-crashed run may have written rows the resumed run writes again, the training
+Restarting (`logger.rewind(s)` before a run resumed from the checkpoint at
+step s writes; `rewind(None)` before a fresh run in a used directory): an
+interrupted run may have written rows the new one writes again, the training
 rows of steps >= s and the evaluations after step s (the one at s evaluated the
-checkpointed policy and is not repeated). Those rows are removed from
-`metrics.jsonl` (a new file renamed over the old one), a line torn by the crash
-is dropped, and the TensorBoard events are rewritten from the rows kept (a new
-event file whose purge marker hides older events, then the older files are
-removed), so each step appears once in the file, the plot and TensorBoard.
+checkpointed policy and is not repeated), or every row for a fresh run. Those
+rows are removed from `metrics.jsonl` (a new file renamed over the old one), a
+line torn by the crash is dropped, and the TensorBoard events are rewritten
+from the rows kept (a new event file, whose purge marker hides older events
+from step s on, then the older files are removed), so each step appears once
+in the file, the plot and TensorBoard.
 """
 
 from __future__ import annotations
@@ -84,11 +86,11 @@ class MetricsLogger:
       if math.isfinite(value):
         self._tb.add_scalar(name, value, step)
 
-  def resume(self, step: int) -> None:
-    """Forgets the rows a run resumed at `step` writes again (module docstring)."""
+  def rewind(self, step: int | None) -> None:
+    """Forgets the rows a run starting at checkpoint `step` (None: afresh) writes again."""
     path = self.run_dir / METRICS_FILE
     self._jsonl.close()
-    kept = [row for row in _rows(path) if not _replayed(row, step)]
+    kept = [] if step is None else [row for row in _rows(path) if not _replayed(row, step)]
     partial = path.with_name(path.name + ".partial")
     partial.write_text("".join(json.dumps(row) + "\n" for row in kept), encoding="utf-8")
     os.replace(partial, path)  # atomic: a crash leaves the old file or the new one
@@ -97,9 +99,9 @@ class MetricsLogger:
     self._tb.close()
     events = self.run_dir / TENSORBOARD_DIR
     older = sorted(events.glob("events.out.tfevents.*"))
-    first = min([step] + [row["step"] for row in kept])
-    self._tb = self._summary_writer(str(events), purge_step=first,
-                                    filename_suffix=f".resumed-at-{step}.{os.getpid()}")
+    self._tb = self._summary_writer(
+        str(events), purge_step=None if step is None else min([step] + [r["step"] for r in kept]),
+        filename_suffix=f".{'fresh' if step is None else f'resumed-at-{step}'}.{os.getpid()}")
     for row in kept:
       self._add_scalars(row["step"], {k: v for k, v in row.items() if k not in ("step", "time")})
     self._tb.flush()
@@ -133,8 +135,8 @@ class MetricsLogger:
 
 
 def _replayed(row: dict, step: int) -> bool:
-  """Whether a run resumed at `step` writes `row` again: training rows of steps >=
-  `step`, evaluations (keys under eval/) after it."""
+  """Whether a run resumed from the checkpoint at `step` writes `row` again: training
+  rows of steps >= `step`, evaluations (keys under eval/) after it."""
   if any(key.startswith("eval/") for key in row):
     return row["step"] > step
   return row["step"] >= step

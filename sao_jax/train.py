@@ -23,8 +23,8 @@
    `run.eval_every` steps the held-out set is evaluated.
 6. Outputs: a progress line per step, `metrics.jsonl`, TensorBoard events,
    orbax checkpoints (`checkpoint.directory`, default RUN_DIR/checkpoints) and
-   `curves.png` at the end. A resumed run replaces the rows of the steps it
-   trains again (`MetricsLogger.resume`), so each step is logged once.
+   `curves.png` at the end. A resumed (or restarted) run replaces the rows of
+   the steps it trains again (`MetricsLogger.rewind`), so each step is logged once.
 """
 
 from __future__ import annotations
@@ -248,6 +248,7 @@ def run(cfg: Config, *, resume: bool = True, log=print) -> dict:
   evaluator = None
 
   def initial_state(mesh):
+    logger.rewind(None)  # a fresh start: rows of an attempt killed before its first checkpoint go
     policy = initial_policy(cfg)
     if cfg.run.sft_steps:
       if cfg.run.eval_every:  # the starting point, so the warm-start's effect is measured
@@ -316,7 +317,7 @@ def run(cfg: Config, *, resume: bool = True, log=print) -> dict:
 
   def on_start(state, resumed):
     if resumed:  # the steps after the checkpoint are trained and logged again
-      logger.resume(int(jax.device_get(state.step)))
+      logger.rewind(int(jax.device_get(state.step)))
     if cfg.run.eval_every and not resumed:
       evaluate(0, state.policy_params, 0)
     publish(state, force=True)

@@ -139,7 +139,7 @@ class HttpJudge:
         connection.request("POST", self._path, body, headers)
         reply = connection.getresponse()
         if 300 <= reply.status < 400:
-          raise _Final(f"HTTP {reply.status} redirect to {reply.getheader('Location', '')!r} "
+          raise _Final(f"HTTP {reply.status} redirect to {reply.getheader('Location', '')[:200]!r} "
                        "not followed (the API key goes to base_url's host only); set "
                        "env.judge_base_url to the final URL")
         if reply.status == 429 or reply.status >= 500:

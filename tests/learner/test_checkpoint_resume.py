@@ -265,7 +265,7 @@ def test_resumed_metrics_hold_each_step_once(tmp_path):
   with open(tmp_path / "metrics.jsonl", "a") as f:
     f.write('{"step": 5, "reward/me')  # torn by the kill
   resumed = metrics_lib.MetricsLogger(tmp_path, total_steps=6)
-  resumed.resume(3)
+  resumed.rewind(3)
   for step in range(3, 6):
     resumed.write(step, {"reward/mean": 1.0})
     if step % 2 == 0:
@@ -282,3 +282,12 @@ def test_resumed_metrics_hold_each_step_once(tmp_path):
   assert name.endswith(f".resumed-at-3.{os.getpid()}")
   assert len(scalars) == len(set(scalars)) == 10
   assert metrics_lib.plot_curves(tmp_path).stat().st_size > 0
+
+  # A fresh run in the same directory (killed before its first checkpoint) starts over.
+  again = metrics_lib.MetricsLogger(tmp_path, total_steps=6)
+  again.rewind(None)
+  again.write(-1, {"sft/loss": 1.5})
+  again.close()
+  assert [(r["step"], r["sft/loss"]) for r in metrics_lib.read_metrics(tmp_path)] == [(-1, 1.5)]
+  [(name, scalars)] = event_scalars(tmp_path / "tensorboard").items()
+  assert scalars == [("sft/loss", -1)]
