@@ -14,6 +14,15 @@ checkpoint (a crash mid-save leaves only a `*.orbax-checkpoint-tmp*` directory,
 which is ignored). Saves are asynchronous when `async_save` is on: the step
 returns once device buffers are copied and the write proceeds in background.
 
+Damage: a finished checkpoint can still be unreadable later (a disk filled up,
+a file truncated or overwritten). Resuming (`restore` without a step) takes the
+newest checkpoint that restores: each newer one that does not is reported in
+plain words (its path and what is wrong, without TensorStore's spec dump) and
+moved aside to `<directory>/corrupt-<step>-<UTC time>/`, never deleted, so its
+steps are trained again. When none restores, nothing is moved and the error
+lists every checkpoint's problem. A checkpoint of another model shape is not
+damage: it fails at once, naming the differing fields.
+
 Preemption: `PreemptionWatcher` turns SIGTERM (what a TPU VM receives before it
 is reclaimed) into a flag the training loop polls between steps; the loop then
 saves and exits cleanly.
@@ -22,8 +31,10 @@ saves and exits cleanly.
 from __future__ import annotations
 
 import dataclasses
+import re
 import signal
-from typing import Any
+import time
+from typing import Any, Callable
 
 import jax
 import orbax.checkpoint as ocp
@@ -36,6 +47,24 @@ FORMAT_VERSION = 1
 
 class CheckpointError(ValueError):
   """A checkpoint that cannot be used: corrupt, or from a different run shape."""
+
+
+class _Damaged(CheckpointError):
+  """A checkpoint whose files do not restore (an older one may)."""
+
+
+# TensorStore appends `[tensorstore_spec='{...}']` and `[source locations='...']` dumps
+# (kilobytes of JSON) and nests its message in "Error opening "zarr" driver: " layers.
+_SPEC_TAIL = re.compile(r"\s*\[[a-z_ ]+(\[\d+\])?='.*$", re.DOTALL)
+_DRIVER_LAYER = re.compile(r'Error opening "\w+" driver: ')
+
+
+def plain_error(error: BaseException, limit: int = 500) -> str:
+  """`error`'s message without TensorStore's spec dumps and driver layers, at most `limit`
+  characters: what is wrong and with which file."""
+  text = _DRIVER_LAYER.sub("", _SPEC_TAIL.sub("", str(error).strip()))
+  text = text.splitlines()[0] if text else type(error).__name__
+  return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _describe_difference(saved: dict, current: dict, prefix: str = "") -> list[str]:
@@ -87,21 +116,55 @@ class Checkpointer:
                                       meta=ocp.args.JsonSave(meta)),
         force=force)
 
-  def restore(self, abstract_state: Any, step: int | None = None) -> tuple[Any, dict, dict]:
-    """(state, data_state, meta) of `step` (default: latest), laid out as `abstract_state`.
+  def restore(self, abstract_state: Any, step: int | None = None, *,
+              log: Callable[[str], None] = print) -> tuple[Any, dict, dict]:
+    """(state, data_state, meta) of `step`, laid out as `abstract_state`; without a
+    step, of the newest checkpoint that restores (damaged newer ones are moved
+    aside and reported through `log`, module docstring).
 
     `abstract_state` is a pytree of `jax.ShapeDtypeStruct`s carrying the target
     shardings, so a checkpoint written on one mesh restores onto another.
     """
-    step = self.latest_step() if step is None else step
-    if step is None:
+    if step is not None:
+      return self._restore_step(abstract_state, step)
+    damaged: list[tuple[int, _Damaged]] = []
+    for candidate in sorted(self.all_steps(), reverse=True):
+      try:
+        restored = self._restore_step(abstract_state, candidate)
+      except _Damaged as error:
+        damaged.append((candidate, error))
+        continue
+      for bad, error in damaged:
+        moved = self._move_aside(bad)
+        log(f"{error}. Moved it to {moved} (kept for inspection) and resuming from step "
+            f"{candidate}, the newest checkpoint that restores; the steps after it are "
+            "trained again.")
+      if damaged:
+        self._manager.reload()  # forget the moved steps
+      return restored
+    if not damaged:
       raise CheckpointError(f"no finished checkpoint in {self.directory}")
+    raise CheckpointError(
+        f"no checkpoint in {self.directory} restores: " + "; ".join(str(e) for _, e in damaged)
+        + ". Repair or remove them, or start afresh with another checkpoint.directory.")
+
+  def _move_aside(self, step: int) -> Any:
+    """Renames checkpoint `step` to `corrupt-<step>-<UTC time>` beside it (process 0 only:
+    the directory is shared between hosts); returns the new path."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    target = self.directory / f"corrupt-{step}-{stamp}"
+    if jax.process_index() == 0:
+      (self.directory / str(step)).rename(target)
+    return target
+
+  def _restore_step(self, abstract_state: Any, step: int) -> tuple[Any, dict, dict]:
     path = self.directory / str(step)
     try:
       meta = self._manager.restore(step, args=ocp.args.Composite(
           meta=ocp.args.JsonRestore()))["meta"]
     except Exception as error:  # orbax raises many types for unreadable files
-      raise CheckpointError(f"checkpoint {path} is unreadable (metadata): {error}") from error
+      raise _Damaged(f"checkpoint {path} does not restore (its metadata): "
+                     f"{plain_error(error)}") from error
     saved_model = meta.get("config", {}).get("model", {})
     diffs = _describe_difference(saved_model, dataclasses.asdict(self._config.model), "model.")
     if meta.get("format") != FORMAT_VERSION or diffs:
@@ -113,8 +176,8 @@ class Checkpointer:
       restored = self._manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
     except Exception as error:
-      raise CheckpointError(f"checkpoint {path} cannot be restored into this train state: "
-                            f"{error}") from error
+      raise _Damaged(f"checkpoint {path} does not restore into this train state: "
+                     f"{plain_error(error)}") from error
     return restored["state"], restored["data"], meta
 
   def wait(self) -> None:

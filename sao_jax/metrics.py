@@ -9,12 +9,24 @@ Every learner step appends one JSON object `{"step": N, "time": t, ...metrics}`
 to `run_dir/metrics.jsonl`; evaluation results are written the same way with
 keys under `eval/`. The plot is drawn from that file alone, so it can be made
 again at any time (`sao-train --plot RUN_DIR`).
+
+Restarting (`logger.rewind(s)` before a run resumed from the checkpoint at
+step s writes; `rewind(None)` before a fresh run in a used directory): an
+interrupted run may have written rows the new one writes again, the training
+rows of steps >= s and the evaluations after step s (the one at s evaluated the
+checkpointed policy and is not repeated), or every row for a fresh run. Those
+rows are removed from `metrics.jsonl` (a new file renamed over the old one), a
+line torn by the crash is dropped, and the TensorBoard events are rewritten
+from the rows kept (a new event file, whose purge marker hides older events
+from step s on, then the older files are removed), so each step appears once
+in the file, the plot and TensorBoard.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import pathlib
 import time
 from typing import Mapping
@@ -25,6 +37,7 @@ from sao_jax.data.pipeline import BatchInfo, Drops
 
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "curves.png"
+TENSORBOARD_DIR = "tensorboard"
 
 
 # Engine finish reasons of a turn cut by a length limit (sao_jax.sampler.engine).
@@ -59,10 +72,11 @@ class MetricsLogger:
   def __init__(self, run_dir: str | pathlib.Path, *, total_steps: int):
     from tensorboardX import SummaryWriter  # heavy import, only where a run writes
 
+    self._summary_writer = SummaryWriter
     self.run_dir = pathlib.Path(run_dir)
     self.run_dir.mkdir(parents=True, exist_ok=True)
     self._jsonl = open(self.run_dir / METRICS_FILE, "a", encoding="utf-8")
-    self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+    self._tb = SummaryWriter(str(self.run_dir / TENSORBOARD_DIR))
     self._total = total_steps
     self._first: tuple[float, int] | None = None  # (time, step) of the first progress line
     self._tokens = 0.0  # tokens trained since the first progress line
@@ -76,9 +90,34 @@ class MetricsLogger:
       self._tokens += clean.get("tokens/total", 0.0)
     self._jsonl.write(json.dumps({"step": step, "time": time.time(), **clean}) + "\n")
     self._jsonl.flush()
-    for name, value in clean.items():
+    self._add_scalars(step, clean)
+
+  def _add_scalars(self, step: int, metrics: Mapping[str, float]) -> None:
+    for name, value in metrics.items():
       if math.isfinite(value):
         self._tb.add_scalar(name, value, step)
+
+  def rewind(self, step: int | None) -> None:
+    """Forgets the rows a run starting at checkpoint `step` (None: afresh) writes again."""
+    path = self.run_dir / METRICS_FILE
+    self._jsonl.close()
+    kept = [] if step is None else [row for row in _rows(path) if not _replayed(row, step)]
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text("".join(json.dumps(row) + "\n" for row in kept), encoding="utf-8")
+    os.replace(partial, path)  # atomic: a crash leaves the old file or the new one
+    self._jsonl = open(path, "a", encoding="utf-8")
+
+    self._tb.close()
+    events = self.run_dir / TENSORBOARD_DIR
+    older = sorted(events.glob("events.out.tfevents.*"))
+    self._tb = self._summary_writer(
+        str(events), purge_step=None if step is None else min([step] + [r["step"] for r in kept]),
+        filename_suffix=f".{'fresh' if step is None else f'resumed-at-{step}'}.{os.getpid()}")
+    for row in kept:
+      self._add_scalars(row["step"], {k: v for k, v in row.items() if k not in ("step", "time")})
+    self._tb.flush()
+    for old in older:  # everything they held is in the new file now
+      old.unlink()
 
   def progress(self, step: int, metrics: Mapping[str, float]) -> str:
     """`step 12/200 | reward 0.41 | eval 0.35 | lag 0.8 | 1,234 tok/s | ETA 3m10s`.
@@ -106,11 +145,35 @@ class MetricsLogger:
     self._tb.close()
 
 
+def _replayed(row: dict, step: int) -> bool:
+  """Whether a run resumed from the checkpoint at `step` writes `row` again: training
+  rows of steps >= `step`, evaluations (keys under eval/) after it."""
+  if any(key.startswith("eval/") for key in row):
+    return row["step"] > step
+  return row["step"] >= step
+
+
+def _rows(path: pathlib.Path) -> list[dict]:
+  """The rows of a metrics file, without a last line torn by a crash mid-write."""
+  lines = path.read_text(encoding="utf-8").split("\n")
+  rows = []
+  for number, line in enumerate(lines, start=1):
+    if not line.strip():
+      continue
+    try:
+      rows.append(json.loads(line))
+    except json.JSONDecodeError:
+      if number < len(lines):  # only the unterminated last line can be torn
+        raise ValueError(f"{path}:{number}: not a JSON metrics row; the file was edited or "
+                         "damaged: remove that line.") from None
+  return rows
+
+
 def read_metrics(run_dir: str | pathlib.Path) -> list[dict]:
   path = pathlib.Path(run_dir) / METRICS_FILE
   if not path.is_file():
     raise FileNotFoundError(f"{path} does not exist: is {run_dir} a sao-train run directory?")
-  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+  return _rows(path)
 
 
 def plot_curves(run_dir: str | pathlib.Path) -> pathlib.Path:
@@ -125,7 +188,9 @@ def plot_curves(run_dir: str | pathlib.Path) -> pathlib.Path:
   series = [("reward/mean", "training reward (batch mean, sampled)"),
             ("eval/accuracy", "held-out accuracy (greedy)")]
   for ax, (key, title) in zip(axes, series):
-    points = [(r["step"], r[key]) for r in rows if key in r]
+    # One point per step, the last written: a resumed run's rows replace replayed ones
+    # even in files from before `MetricsLogger.resume`.
+    points = sorted({r["step"]: r[key] for r in rows if key in r}.items())
     if points:
       steps, values = np.array(points).T
       ax.plot(steps, values, marker="." if len(points) < 50 else None, alpha=0.5 if

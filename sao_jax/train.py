@@ -23,7 +23,8 @@
    `run.eval_every` steps the held-out set is evaluated.
 6. Outputs: a progress line per step, `metrics.jsonl`, TensorBoard events,
    orbax checkpoints (`checkpoint.directory`, default RUN_DIR/checkpoints) and
-   `curves.png` at the end.
+   `curves.png` at the end. A resumed (or restarted) run replaces the rows of
+   the steps it trains again (`MetricsLogger.rewind`), so each step is logged once.
 """
 
 from __future__ import annotations
@@ -100,6 +101,7 @@ def run(cfg: Config, *, resume: bool = True, log=print) -> dict:
   evaluator = None
 
   def initial_state(mesh):
+    logger.rewind(None)  # a fresh start: rows of an attempt killed before its first checkpoint go
     policy = warm_start.initial_policy(cfg)
     if cfg.run.sft_steps:
       if cfg.run.eval_every:  # the starting point, so the warm-start's effect is measured
@@ -169,6 +171,8 @@ def run(cfg: Config, *, resume: bool = True, log=print) -> dict:
       log(f"dropping trajectories: {reason} (e.g. {drops.examples.get(reason, '-')})")
 
   def on_start(state, resumed):
+    if resumed:  # the steps after the checkpoint are trained and logged again
+      logger.rewind(int(jax.device_get(state.step)))
     if cfg.run.eval_every and not resumed:
       evaluate(0, state.policy_params, 0)
     publish(state, force=True)
@@ -176,7 +180,7 @@ def run(cfg: Config, *, resume: bool = True, log=print) -> dict:
 
   try:
     result = run_learner(cfg, with_host_metrics, on_metrics=on_metrics, after_step=after_step,
-                         on_start=on_start, resume=resume, initial_state=initial_state)
+                         on_start=on_start, resume=resume, initial_state=initial_state, log=log)
   finally:
     transport.close()
     supervisor.stop()

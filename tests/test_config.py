@@ -128,6 +128,23 @@ def test_bad_overrides_are_named(override, message):
     cfg.apply_overrides(cfg.Config(), [override])
 
 
+@pytest.mark.parametrize("override, field", [
+    ("learner.policy_lr=1e999", "learner.policy_lr"),  # parses as inf
+    ("algorithm.eps_high=-1e999", "algorithm.eps_high"),
+    ("env.judge_timeout_s=1e999", "env.judge_timeout_s"),
+])
+def test_non_finite_overrides_are_named(override, field):
+  with pytest.raises(ValueError, match=rf"{field}=-?inf is invalid: expected a finite number"):
+    cfg.load_config(ROOT / "configs" / "tiny_cpu.py", [override])
+
+
+def test_nan_in_any_float_field_is_named():
+  # NaN passes every range check (`nan <= 0` is False): only the generic check sees it.
+  bad = dataclasses.replace(cfg.Config(), learner=cfg.LearnerConfig(value_lr=float("nan")))
+  with pytest.raises(ValueError, match=r"learner.value_lr=nan is invalid: expected a finite"):
+    bad.validate()
+
+
 def test_load_config_errors(tmp_path):
   with pytest.raises(FileNotFoundError, match="nope.py"):
     cfg.load_config(tmp_path / "nope.py")

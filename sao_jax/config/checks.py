@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import Any, Sequence
 
 
@@ -20,3 +22,19 @@ def check_choice(section: str, obj: Any, field: str, choices: Sequence[str]) -> 
   value = getattr(obj, field)
   if value not in choices:
     fail(section, field, value, f"allowed values are {', '.join(map(repr, choices))}")
+
+
+def check_finite(path: str, value: Any) -> None:
+  """ValueError naming the first float under `value` (a config dataclass, walked through
+  its fields, tuples and lists) that is NaN or infinite: `--set x=1e999` parses as inf,
+  and NaN passes every `<`/`>` range check, so no per-field check would catch them."""
+  if isinstance(value, float) and not math.isfinite(value):
+    section, _, field = path.rpartition(".")
+    fail(section or "config", field, value, "expected a finite number (NaN and infinity are "
+         "not allowed; 1e999 overflows to infinity)")
+  elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+    for f in dataclasses.fields(value):
+      check_finite(f"{path}.{f.name}" if path else f.name, getattr(value, f.name))
+  elif isinstance(value, (tuple, list)):
+    for index, item in enumerate(value):
+      check_finite(f"{path}[{index}]", item)

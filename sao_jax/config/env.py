@@ -85,7 +85,7 @@ class EnvConfig:
   judge_base_url: str = ""
   judge_model: str = ""
   judge_api_key_env: str = ""  # Name of the variable holding the key; "" = no auth.
-  judge_timeout_s: float = 30.0
+  judge_timeout_s: float = 30.0  # one deadline per verdict: connect, reads and retries together
   judge_retries: int = 2
 
   @property

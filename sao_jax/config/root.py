@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from sao_jax.config.algorithm import AlgorithmConfig
-from sao_jax.config.checks import fail
+from sao_jax.config.checks import check_finite, fail
 from sao_jax.config.data import DataConfig
 from sao_jax.config.env import EnvConfig
 from sao_jax.config.learner import CheckpointConfig, LearnerConfig
@@ -32,6 +32,7 @@ class Config:
   run: RunConfig = dataclasses.field(default_factory=RunConfig)
 
   def validate(self) -> "Config":
+    check_finite("", self)  # every float field of every section, before any range check
     for field in dataclasses.fields(self):
       value = getattr(self, field.name)
       if dataclasses.is_dataclass(value):

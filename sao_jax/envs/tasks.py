@@ -5,13 +5,16 @@
 optionally `"id"` (string, unique across the file) and `"program"` (Python that
 prints the answer, used by `envs.math.tasks.demonstration`); any other keys go into
 `Task.metadata`. Any bad line, blank lines included, raises ValueError naming
-the file, the line number and the problem: nothing is skipped silently.
+the file, the line number and the problem: nothing is skipped silently. Bad
+lines include invalid UTF-8, NaN / Infinity / overflowing numbers (`1e999`)
+anywhere in a row, and values nested deeper than `MAX_NESTING` levels.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import random
 import types
@@ -19,19 +22,32 @@ from typing import Iterator
 
 from sao_jax.envs.base import Task
 
+MAX_NESTING = 64  # levels of arrays/objects in one JSONL row; task rows need a handful
+
 
 def load_jsonl(path: str | os.PathLike) -> list[Task]:
   """Tasks from a JSONL file (format in the module docstring)."""
   tasks, seen = [], {}
-  with open(path, encoding="utf-8") as f:
-    for line_no, line in enumerate(f, start=1):
-      where = f"{os.fspath(path)}:{line_no}"
-      task = _parse_row(line, where, default_id=f"{os.path.basename(path)}:{line_no}")
-      claim_id(task, seen, where, line_no)
-      tasks.append(task)
+  for line_no, where, line in jsonl_lines(path):
+    task = _parse_row(line, where, default_id=f"{os.path.basename(path)}:{line_no}")
+    claim_id(task, seen, where, line_no)
+    tasks.append(task)
   if not tasks:
     raise ValueError(f"{os.fspath(path)}: no tasks; expected one JSON object per line.")
   return tasks
+
+
+def jsonl_lines(path: str | os.PathLike) -> Iterator[tuple[int, str, str]]:
+  """(line number, "path:line", text) of each line of `path`; ValueError naming the
+  line when it is not valid UTF-8 (text-mode reading would fail without a line)."""
+  with open(path, "rb") as f:
+    for line_no, raw in enumerate(f, start=1):
+      where = f"{os.fspath(path)}:{line_no}"
+      try:
+        yield line_no, where, raw.decode("utf-8")
+      except UnicodeDecodeError as e:
+        raise ValueError(f"{where}: not valid UTF-8 (byte {e.start + 1} of the line is "
+                         f"{raw[e.start:e.start + 1]!r}); save the file as UTF-8.") from None
 
 
 def claim_id(task: Task, seen: dict[str, int], where: str, line_no: int) -> None:
@@ -43,13 +59,50 @@ def claim_id(task: Task, seen: dict[str, int], where: str, line_no: int) -> None
 
 
 def parse_json_line(line: str, where: str):
-  """One JSONL line's value; ValueError naming `where` for blank or invalid lines."""
+  """One JSONL line's value; ValueError naming `where` for blank or invalid lines,
+  non-finite numbers and nesting deeper than `MAX_NESTING`."""
   if not line.strip():
     raise ValueError(f"{where}: blank line; remove it (every line must be a JSON object).")
+  too_deep = ValueError(f"{where}: values nested more than {MAX_NESTING} levels deep; "
+                        "flatten the row.")
   try:
-    return json.loads(line)
+    value = json.loads(line, parse_constant=_non_finite(where), parse_float=_finite_float(where))
   except json.JSONDecodeError as e:
     raise ValueError(f"{where}: invalid JSON ({e.msg} at column {e.colno}).") from None
+  except RecursionError:  # nesting deeper than the parser's stack
+    raise too_deep from None
+  if _depth(value) > MAX_NESTING:
+    raise too_deep
+  return value
+
+
+def _non_finite(where: str):
+  def reject(token: str):
+    raise ValueError(f"{where}: {token} is not a number JSON allows; write a finite number "
+                     "(or a string).")
+  return reject
+
+
+def _finite_float(where: str):
+  def parse(token: str) -> float:
+    value = float(token)
+    if not math.isfinite(value):
+      raise ValueError(f"{where}: {token} overflows to infinity; write a finite number "
+                       "(or a string).")
+    return value
+  return parse
+
+
+def _depth(value) -> int:
+  """Levels of list/dict nesting in a parsed JSON value (iterative: no recursion limit)."""
+  deepest, stack = 0, [(value, 1)]
+  while stack:
+    node, level = stack.pop()
+    if isinstance(node, (list, dict)):
+      deepest = max(deepest, level)
+      stack.extend((child, level + 1) for child in
+                   (node.values() if isinstance(node, dict) else node))
+  return deepest
 
 
 def _parse_row(line: str, where: str, default_id: str) -> Task:

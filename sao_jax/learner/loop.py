@@ -58,15 +58,17 @@ def run_learner(cfg: Config, batches: Iterator[Batch | tuple[Batch, dict]], *,
                 after_step: Callable[[int, TrainState], None] = lambda step, state: None,
                 on_start: Callable[[TrainState, bool], None] = lambda state, resumed: None,
                 mesh: jax.sharding.Mesh | None = None, resume: bool = True,
-                initial_state: Callable[[jax.sharding.Mesh], TrainState] | None = None
-                ) -> LearnerResult:
+                initial_state: Callable[[jax.sharding.Mesh], TrainState] | None = None,
+                log: Callable[[str], None] = print) -> LearnerResult:
   """Trains until `cfg.learner.steps` steps are done, the data ends, or SIGTERM.
 
   `initial_state(mesh)` builds the state of a fresh run (default: random init
   from `cfg.seed`); it is not called when resuming from a checkpoint.
   `on_start(state, resumed)` runs once before the first step (e.g. to publish
   the first weights and start samplers); `after_step(steps_done, state)` after
-  each dispatched step (e.g. to publish weights or evaluate).
+  each dispatched step (e.g. to publish weights or evaluate). Resuming takes the
+  newest checkpoint that restores (`Checkpointer.restore`, which reports damaged
+  ones through `log`).
   """
   mesh = make_mesh(cfg.mesh) if mesh is None else mesh
   compiled: dict[int, tuple[Callable, Batch]] = {}  # per padded length T
@@ -85,7 +87,7 @@ def run_learner(cfg: Config, batches: Iterator[Batch | tuple[Batch, dict]], *,
     abstract = jax.tree.map(
         lambda leaf, sh: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sh),
         abstract_state(cfg), state_sh)
-    state, data_state, _ = checkpointer.restore(abstract)
+    state, data_state, _ = checkpointer.restore(abstract, log=log)
     if data_state:
       if not hasattr(batches, "set_state"):
         raise ValueError("the checkpoint holds a data-pipeline position but the batch iterator "

@@ -16,6 +16,7 @@ DEMO = str(ROOT / "configs" / "demo_cpu.py")
     ("env.task_source=jsonl", "env.jsonl_path=''"),
     ("learner.batch_trajectories=0", "learner.batch_trajectories=0"),
     ("learner.stepz=3", "LearnerConfig has no field 'stepz'"),
+    ("learner.policy_lr=1e999", "learner.policy_lr=inf is invalid: expected a finite number"),
 ])
 def test_bad_config_values_are_named(override, message, capsys):
   with pytest.raises(SystemExit) as exit_info:

@@ -1,4 +1,5 @@
-"""`sao-train` end to end on CPU: sampler process, learner, outputs, crash-restart, resume."""
+"""`sao-train` end to end on CPU: sampler process, learner, outputs, crash-restart, resume
+(from a damaged newest checkpoint, with each step logged once)."""
 
 import json
 import os
@@ -58,16 +59,28 @@ def test_train_kill_sampler_then_resume(tmp_path, capsys):
   saved = {int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit()}
   assert {2, 3} <= saved and max(saved) == 3  # every 2 steps, and the final step
 
-  # Without --resume the CLI refuses to overwrite; with it, training continues at step 3.
+  # Without --resume the CLI refuses to overwrite; with it, training continues. The newest
+  # checkpoint (step 3) is damaged, so it resumes from step 2 and trains step 2 again.
   args = ["--config", str(ROOT / "configs" / "demo_cpu.py")]
   args += [a for o in TINY + [f"run.run_dir={run_dir}", "learner.steps=5"] for a in ("--set", o)]
   with pytest.raises(SystemExit) as exit_info:
     train_cli.main(args)
   assert exit_info.value.code == 2 and "--resume" in capsys.readouterr().err
+  for path in (run_dir / "checkpoints" / "3" / "state").rglob("*"):
+    if path.is_file() and path.parent.name == "d":  # truncated, as by a full disk
+      path.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
   train_cli.main(args + ["--resume"])
   out = capsys.readouterr().out
-  assert "step 4/5" in out and "step 1/5" not in out and "done: 5 steps" in out
+  assert "checkpoints/3 does not restore" in out and "resuming from step 2" in out
+  assert list((run_dir / "checkpoints").glob("corrupt-3-*"))
+  assert "step 3/5" in out and "step 1/5" not in out and "done: 5 steps" in out
   assert not sampler_processes()
+  # The replayed step 2 replaced the interrupted run's row: each step once, everywhere.
+  rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in rows if "reward/mean" in r] == [0, 1, 2, 3, 4]
+  assert [r["step"] for r in rows if "eval/accuracy" in r] == [-2, 0, 2, 4]  # -2: before SFT
+  [events] = (run_dir / "tensorboard").iterdir()  # rebuilt from the rows kept
+  assert ".resumed-at-2." in events.name
 
   # sao-eval restores the latest checkpoint's policy and evaluates it.
   evaluate_cli.main(args + ["--episodes", "2"])

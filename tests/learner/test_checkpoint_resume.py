@@ -5,6 +5,7 @@ import json
 import os
 import pathlib
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -15,6 +16,7 @@ import pytest
 
 from learner_fixtures import make_batch, make_config
 from sao_jax import config as C
+from sao_jax import metrics as metrics_lib
 from sao_jax.checkpoint import Checkpointer, CheckpointError
 from sao_jax.learner import compile as compile_lib
 from sao_jax.learner.loop import run_learner
@@ -156,16 +158,109 @@ def test_checkpoint_of_another_model_shape_is_named(tmp_path):
                 Batches())
 
 
-def test_corrupt_checkpoint_is_named(tmp_path):
+def test_corrupt_checkpoints_are_named_and_left_in_place(tmp_path):
+  """When no checkpoint restores, each one's problem is named and nothing is moved."""
   cfg = config(tmp_path, steps=2)
   run_learner(cfg, Batches())
-  state_dir = tmp_path / "2" / "state"
-  for path in state_dir.rglob("*"):
-    if path.is_file() and "manifest" in path.name or path.name.endswith(".zarray"):
-      path.unlink()
-  for path in list(state_dir.rglob("*")):
-    if path.is_file():
-      path.write_bytes(b"corrupt")
-  with pytest.raises(CheckpointError, match=str(tmp_path / "2")):
+  steps = Checkpointer(cfg).all_steps()
+  for step in steps:
+    state_dir = tmp_path / str(step) / "state"
+    for path in state_dir.rglob("*"):
+      if path.is_file() and "manifest" in path.name or path.name.endswith(".zarray"):
+        path.unlink()
+    for path in list(state_dir.rglob("*")):
+      if path.is_file():
+        path.write_bytes(b"corrupt")
+  with pytest.raises(CheckpointError, match=rf"no checkpoint in {tmp_path} restores: "
+                                            rf"checkpoint {tmp_path / str(max(steps))} does "
+                                            "not restore"):
     run_learner(dataclasses.replace(cfg, learner=dataclasses.replace(cfg.learner, steps=3)),
                 Batches())
+  assert Checkpointer(cfg).all_steps() == steps and not list(tmp_path.glob("corrupt-*"))
+
+
+def truncate_arrays(checkpoint_dir):
+  """What a full disk or an interrupted copy leaves: every array file of the state cut in half."""
+  files = [p for p in (checkpoint_dir / "state").rglob("*") if p.is_file() and p.parent.name == "d"]
+  assert files
+  for path in files:
+    path.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
+
+
+def test_damaged_newest_checkpoint_falls_back_to_the_newest_that_restores(tmp_path,
+                                                                          uninterrupted):
+  """Regression: a truncated newest checkpoint blocked resuming (with a TensorStore spec
+  dump as the message) although the checkpoint before it was fine."""
+  run_learner(config(tmp_path, steps=4), Batches())  # checkpoints 2 and 4
+  truncate_arrays(tmp_path / "4")
+  files = sorted(p.relative_to(tmp_path / "4") for p in (tmp_path / "4").rglob("*"))
+  messages = []
+  resumed = run_learner(config(tmp_path, steps=5), Batches(), log=messages.append)
+  assert resumed.steps_done == 5
+  assert_bitwise_equal(resumed.state, uninterrupted.state)  # steps 3 and 4 trained again
+  [moved] = tmp_path.glob("corrupt-4-*")
+  assert sorted(p.relative_to(moved) for p in moved.rglob("*")) == files  # kept whole
+  [message] = messages
+  assert message.startswith(f"checkpoint {tmp_path / '4'} does not restore")
+  assert "is not valid for value of size" in message and f"Moved it to {moved}" in message
+  assert "resuming from step 2" in message
+  assert "tensorstore_spec" not in message and len(message) < 1000
+
+
+def event_scalars(directory):
+  """(tag, step) of every scalar in the TensorBoard event files of `directory`, by file
+  (TFRecord framing: length u64, crc u32, payload, crc u32)."""
+  from tensorboardX.proto import event_pb2
+
+  scalars = {}
+  for path in sorted(directory.glob("events.out.tfevents.*")):
+    data, offset, found = path.read_bytes(), 0, []
+    while offset < len(data):
+      (length,) = struct.unpack("<Q", data[offset:offset + 8])
+      event = event_pb2.Event.FromString(data[offset + 12:offset + 12 + length])
+      offset += 16 + length
+      found += [(value.tag, event.step) for value in event.summary.value]
+    scalars[path.name] = found
+  return scalars
+
+
+def test_resumed_metrics_hold_each_step_once(tmp_path):
+  """After a kill at step 5 and a resume from the checkpoint at step 3, the rows of
+  steps 3 and 4 (and the evaluation at 4) are written again: the file, TensorBoard and
+  the plot must hold them once, the new values."""
+  logger = metrics_lib.MetricsLogger(tmp_path, total_steps=6)
+  logger.write(-1, {"sft/loss": 2.0})
+  for step in range(5):
+    logger.write(step, {"reward/mean": 0.1 * step})
+    if step % 2 == 0:
+      logger.write(step, {"eval/accuracy": 0.5})
+  logger.close()
+  with open(tmp_path / "metrics.jsonl", "a") as f:
+    f.write('{"step": 5, "reward/me')  # torn by the kill
+  resumed = metrics_lib.MetricsLogger(tmp_path, total_steps=6)
+  resumed.rewind(3)
+  for step in range(3, 6):
+    resumed.write(step, {"reward/mean": 1.0})
+    if step % 2 == 0:
+      resumed.write(step, {"eval/accuracy": 0.9})
+  resumed.close()
+
+  rows = metrics_lib.read_metrics(tmp_path)
+  train = [(r["step"], r["reward/mean"]) for r in rows if "reward/mean" in r]
+  assert train == [(0, 0.0), (1, 0.1), (2, 0.2), (3, 1.0), (4, 1.0), (5, 1.0)]
+  assert [(r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r] == [
+      (0, 0.5), (2, 0.5), (4, 0.9)]
+  assert [r["step"] for r in rows if "sft/loss" in r] == [-1]
+  [(name, scalars)] = event_scalars(tmp_path / "tensorboard").items()
+  assert name.endswith(f".resumed-at-3.{os.getpid()}")
+  assert len(scalars) == len(set(scalars)) == 10
+  assert metrics_lib.plot_curves(tmp_path).stat().st_size > 0
+
+  # A fresh run in the same directory (killed before its first checkpoint) starts over.
+  again = metrics_lib.MetricsLogger(tmp_path, total_steps=6)
+  again.rewind(None)
+  again.write(-1, {"sft/loss": 1.5})
+  again.close()
+  assert [(r["step"], r["sft/loss"]) for r in metrics_lib.read_metrics(tmp_path)] == [(-1, 1.5)]
+  [(name, scalars)] = event_scalars(tmp_path / "tensorboard").items()
+  assert scalars == [("sft/loss", -1)]

@@ -224,24 +224,22 @@ def load_jsonl(path: str | os.PathLike) -> list[Task]:
   path = os.fspath(path)
   base = os.path.dirname(os.path.abspath(path))
   loaded, seen = [], {}
-  with open(path, encoding="utf-8") as f:
-    for line_no, line in enumerate(f, start=1):
-      where = f"{path}:{line_no}"
-      row = tasks.parse_json_line(line, where)
-      if not isinstance(row, dict) or not isinstance(row.get("path"), str) or not row["path"]:
-        raise ValueError(f"{where}: expected an object with a non-empty string 'path', "
-                         f"got {line.strip()[:200]!r}.")
-      if set(row) - {"path", "id"}:
-        raise ValueError(f"{where}: unknown keys {sorted(set(row) - {'path', 'id'})}; a row "
-                         "holds 'path' and optionally 'id'.")
-      if "id" in row and (not isinstance(row["id"], str) or not row["id"]):
-        raise ValueError(f"{where}: 'id' must be a non-empty string, got {row['id']!r}.")
-      try:
-        task = load_task(os.path.join(base, row["path"]), task_id=row.get("id"))
-      except ValueError as e:
-        raise ValueError(f"{where}: {e}") from None
-      tasks.claim_id(task, seen, where, line_no)
-      loaded.append(task)
+  for line_no, where, line in tasks.jsonl_lines(path):
+    row = tasks.parse_json_line(line, where)
+    if not isinstance(row, dict) or not isinstance(row.get("path"), str) or not row["path"]:
+      raise ValueError(f"{where}: expected an object with a non-empty string 'path', "
+                       f"got {line.strip()[:200]!r}.")
+    if set(row) - {"path", "id"}:
+      raise ValueError(f"{where}: unknown keys {sorted(set(row) - {'path', 'id'})}; a row "
+                       "holds 'path' and optionally 'id'.")
+    if "id" in row and (not isinstance(row["id"], str) or not row["id"]):
+      raise ValueError(f"{where}: 'id' must be a non-empty string, got {row['id']!r}.")
+    try:
+      task = load_task(os.path.join(base, row["path"]), task_id=row.get("id"))
+    except ValueError as e:
+      raise ValueError(f"{where}: {e}") from None
+    tasks.claim_id(task, seen, where, line_no)
+    loaded.append(task)
   if not loaded:
     raise ValueError(f"{path}: no tasks; expected one JSON object per line.")
   return loaded

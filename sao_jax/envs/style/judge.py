@@ -4,12 +4,27 @@
 to `{base_url}/chat/completions` asking for `{"quality": 0|1, "style": 0|1}`
 and returns the two verdicts as booleans.
 
-Failure handling: each attempt has a `timeout_s` deadline; timeouts, connection
-errors, HTTP 429/5xx and malformed replies (not JSON, no `choices`, no JSON
-object with 0/1 `quality` and `style` in the message) are retried up to
-`retries` more times with exponential backoff; other HTTP errors (401, 404...)
-are not retried. When no attempt succeeds, `JudgeError` is raised: the
-environment reports an environment failure, never reward 0.
+The endpoint is a peer outside the process, so every call is bounded:
+- Time: `timeout_s` is one deadline for the whole call (connect, request,
+  status line, headers, body, retries and backoff), not a per-read timeout a
+  slow-drip server could renew forever. Every socket read gets the time left,
+  and a watchdog shuts the socket down when the deadline passes, which also
+  bounds reads inside `http.client` (status line, headers).
+- Size: a reply longer than `MAX_REPLY_BYTES` is refused (by its declared
+  Content-Length, or once that many bytes arrived); the body is read in chunks
+  of at most `_CHUNK_BYTES`.
+- Credentials: redirects are never followed, so the `Authorization: Bearer`
+  key only ever goes to `base_url`'s host; a 3xx reply is a failure naming the
+  target (set `base_url` to the final URL). Environment proxies are not used.
+- Content: a reply that is not JSON, nested too deeply for the parser, lacks
+  `choices[0].message.content` with a JSON object holding 0/1 `quality` and
+  `style`, or has the wrong types, is malformed.
+
+Timeouts, connection errors, HTTP 429/5xx and malformed replies are retried up
+to `retries` more times with exponential backoff while the deadline allows;
+other HTTP errors (401, 404, redirects...) are not. When no attempt succeeds,
+`JudgeError` is raised (and nothing else): the environment reports an
+environment failure, never reward 0.
 """
 
 from __future__ import annotations
@@ -17,14 +32,16 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import re
+import socket
+import ssl
+import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 
 from sao_jax.envs.base import Task
 
-_JSON_OBJECT = re.compile(r"\{.*?\}", re.DOTALL)
+MAX_REPLY_BYTES = 1 << 20  # a verdict is a few hundred bytes; 1 MiB leaves room for chatter
+_CHUNK_BYTES = 1 << 16
 _INSTRUCTIONS = (
     "You grade one response. Answer with a JSON object and nothing else: "
     '{"quality": 0 or 1, "style": 0 or 1}. quality is 1 if the response does what the '
@@ -34,6 +51,10 @@ _INSTRUCTIONS = (
 
 class JudgeError(RuntimeError):
   """The judge could not give a verdict (unreachable, timed out, malformed)."""
+
+
+class _Final(JudgeError):
+  """A failure that retrying cannot fix (HTTP 4xx other than 429, a redirect)."""
 
 
 class HttpJudge:
@@ -60,10 +81,16 @@ class HttpJudge:
         raise ValueError(f"judge api_key_env={api_key_env!r}: that environment variable is not "
                          "set; export it or set api_key_env='' for an endpoint without auth.")
     self.url = base_url.rstrip("/") + "/chat/completions"
+    parts = urllib.parse.urlsplit(self.url)
+    if not parts.hostname:
+      raise ValueError(f"judge base_url={base_url!r} is invalid: it names no host.")
+    self._https, self._host, self._port = parts.scheme == "https", parts.hostname, parts.port
+    self._path = parts.path + (f"?{parts.query}" if parts.query else "")
     self.model, self.timeout_s, self.retries, self.backoff_s = model, timeout_s, retries, backoff_s
 
   def __call__(self, task: Task, response: str, style: str) -> tuple[bool, bool]:
-    """(quality, style) verdicts; raises JudgeError when every attempt failed."""
+    """(quality, style) verdicts; raises JudgeError when no attempt succeeded in time."""
+    deadline = time.monotonic() + self.timeout_s
     body = json.dumps({
         "model": self.model, "temperature": 0,
         "messages": [
@@ -77,28 +104,99 @@ class HttpJudge:
     errors = []
     for attempt in range(self.retries + 1):
       if attempt:
-        time.sleep(self.backoff_s * 2**(attempt - 1))
+        time.sleep(min(self.backoff_s * 2**(attempt - 1), max(deadline - time.monotonic(), 0)))
+      if time.monotonic() >= deadline:
+        errors.append(f"timed out (the {self.timeout_s} s deadline of the whole call passed)")
+        break
       try:
-        request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
-        with urllib.request.urlopen(request, timeout=self.timeout_s) as reply:
-          return _parse_verdict(reply.read())
-      except urllib.error.HTTPError as e:
-        errors.append(f"HTTP {e.code}")
-        if e.code != 429 and e.code < 500:
+        return _parse_verdict(self._post(body, headers, deadline))
+      except _Final as e:
+        errors.append(str(e))
+        break
+      except (JudgeError, OSError, http.client.HTTPException, ValueError) as e:
+        if time.monotonic() >= deadline:  # the watchdog's shutdown surfaces as any of these
+          errors.append(f"timed out (the {self.timeout_s} s deadline of the whole call passed)")
           break
-      except (urllib.error.URLError, OSError, http.client.HTTPException, JudgeError) as e:
-        errors.append(str(getattr(e, "reason", e)) or type(e).__name__)
+        errors.append(str(e) or type(e).__name__)
     raise JudgeError(f"judge at {self.url} failed after {len(errors)} attempt(s): "
                      f"{'; '.join(errors)}")
 
+  def _post(self, body: bytes, headers: dict, deadline: float) -> bytes:
+    """One attempt: the 2xx reply's body; JudgeError (or OSError...) otherwise."""
+    timeout = _time_left(deadline)
+    if self._https:
+      connection = http.client.HTTPSConnection(self._host, self._port, timeout=timeout,
+                                               context=ssl.create_default_context())
+    else:
+      connection = http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+    try:
+      connection.connect()
+      sock = connection.sock  # getresponse() drops connection.sock when the peer will close
+      watchdog = threading.Timer(_time_left(deadline), _shut_down, args=(sock,))
+      watchdog.daemon = True
+      watchdog.start()
+      try:
+        connection.request("POST", self._path, body, headers)
+        reply = connection.getresponse()
+        if 300 <= reply.status < 400:
+          raise _Final(f"HTTP {reply.status} redirect to {reply.getheader('Location', '')[:200]!r} "
+                       "not followed (the API key goes to base_url's host only); set "
+                       "env.judge_base_url to the final URL")
+        if reply.status == 429 or reply.status >= 500:
+          raise JudgeError(f"HTTP {reply.status}")
+        if not 200 <= reply.status < 300:
+          raise _Final(f"HTTP {reply.status}")
+        return _read_capped(reply, sock, deadline)
+      finally:
+        watchdog.cancel()
+    finally:
+      connection.close()
+
+
+def _time_left(deadline: float) -> float:
+  left = deadline - time.monotonic()
+  if left <= 0:
+    raise TimeoutError("timed out")
+  return left
+
+
+def _shut_down(sock: socket.socket) -> None:
+  """Wakes any read blocked on `sock` (the base-class call also works under TLS)."""
+  try:
+    socket.socket.shutdown(sock, socket.SHUT_RDWR)
+  except OSError:  # already closed: the attempt ended in time
+    pass
+
+
+def _read_capped(reply: http.client.HTTPResponse, sock: socket.socket, deadline: float) -> bytes:
+  """The body, read one bounded chunk (one socket read) at a time against `deadline`."""
+  declared = reply.getheader("Content-Length")
+  if declared is not None and declared.strip().isdigit() and int(declared) > MAX_REPLY_BYTES:
+    raise JudgeError(f"reply of {int(declared)} bytes is larger than the "
+                     f"{MAX_REPLY_BYTES}-byte limit")
+  chunks, size = [], 0
+  while True:
+    sock.settimeout(_time_left(deadline))
+    chunk = reply.read1(_CHUNK_BYTES)
+    if not chunk:
+      return b"".join(chunks)
+    size += len(chunk)
+    if size > MAX_REPLY_BYTES:
+      raise JudgeError(f"reply is larger than the {MAX_REPLY_BYTES}-byte limit")
+    chunks.append(chunk)
+
 
 def _parse_verdict(raw: bytes) -> tuple[bool, bool]:
+  """(quality, style) from the first `{...}` (up to its first `}`) in the message."""
   try:
     content = json.loads(raw)["choices"][0]["message"]["content"]
-    verdict = json.loads(_JSON_OBJECT.search(content).group(0))
+    # find() rather than a lazy regex: a regex search over a brace-only reply is quadratic.
+    start = content.index("{")
+    verdict = json.loads(content[start:content.index("}", start) + 1])
     quality, style = verdict["quality"], verdict["style"]
-  except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
+  except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError) as e:
     raise JudgeError(f"malformed judge reply ({type(e).__name__}): {raw[:200]!r}") from None
   if quality not in (0, 1) or style not in (0, 1):
-    raise JudgeError(f"judge verdict must have quality and style in {{0, 1}}, got {verdict}")
+    raise JudgeError(f"judge verdict must have quality and style in {{0, 1}}, got "
+                     f"{str(verdict)[:200]}")
   return bool(quality), bool(style)

@@ -99,11 +99,13 @@ def test_jsonl_resolves_paths_against_its_directory(tmp_path):
     (json.dumps({"path": "tasks/one", "id": 3}), "'id' must be a non-empty string"),
     (json.dumps({"path": "tasks/none"}), "tasks/none: not a task directory"),
     (json.dumps({"path": "tasks/one"}), "id 'one' already used on line 1"),
+    ('{"path": "tasks/one", "id": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested more than"),
+    ('{"path": "tasks/\xe9"}', "not valid UTF-8"),
 ])
 def test_jsonl_errors_name_file_and_line(tmp_path, line, message):
   write_task(tmp_path / "tasks", "one")
   path = tmp_path / "tasks.jsonl"
-  path.write_text(json.dumps({"path": "tasks/one"}) + "\n" + line + "\n")
+  path.write_bytes((json.dumps({"path": "tasks/one"}) + "\n" + line + "\n").encode("latin-1"))
   with pytest.raises(ValueError, match=message) as error:
     coding_tasks.load_jsonl(path)
   assert str(error.value).startswith(f"{path}:2: ")

@@ -134,6 +134,13 @@ def test_jsonl_tasks_load(tmp_path):
     (json.dumps({"prompt": "q", "answer": "1", "id": 5}), "'id' must be"),
     (json.dumps({"prompt": "q", "answer": "1", "program": 3}), "'program' must be"),
     ("", "blank line"),
+    ('{"prompt": "q", "answer": NaN}', "NaN is not a number JSON allows"),
+    ('{"prompt": "q", "answer": -Infinity}', "-Infinity is not a number JSON allows"),
+    ('{"prompt": "q", "answer": 1e999}', "1e999 overflows to infinity"),
+    ('{"prompt": "q", "answer": "1", "x": ' + "[" * 100_000 + "]" * 100_000 + "}",
+     "nested more than 64 levels"),  # a RecursionError in the parser
+    ('{"prompt": "q", "answer": "1", "x": ' + "[" * 65 + "]" * 65 + "}",
+     "nested more than 64 levels"),  # parses, but deeper than any task row needs
 ])
 def test_jsonl_errors_name_file_and_line(tmp_path, bad_line, message):
   good = json.dumps({"prompt": "1+1?", "answer": "2"})
@@ -141,6 +148,14 @@ def test_jsonl_errors_name_file_and_line(tmp_path, bad_line, message):
   with pytest.raises(ValueError, match=message) as error:
     tasks.load_jsonl(path)
   assert f"{path}:2:" in str(error.value)
+
+
+def test_jsonl_invalid_utf8_names_its_line(tmp_path):
+  path = tmp_path / "tasks.jsonl"
+  path.write_bytes(b'{"prompt": "1+1?", "answer": "2"}\n{"prompt": "caf\xe9", "answer": "2"}\n')
+  with pytest.raises(ValueError, match=r"tasks.jsonl:2: not valid UTF-8 \(byte 16 of the line "
+                                       r"is b'\\xe9'\); save the file as UTF-8"):
+    tasks.load_jsonl(path)
 
 
 def test_jsonl_duplicate_ids_and_empty_files_are_errors(tmp_path):

@@ -4,6 +4,7 @@ import contextlib
 import dataclasses
 import http.server
 import json
+import re
 import socket
 import threading
 import time
@@ -160,7 +161,8 @@ def test_http_judge_failures_are_environment_failures(replies, expected):
     result = http_env(url).step(ACADEMIC)
   assert result.done and result.reward == 0.0 and result.reason == "env_failure"
   assert expected in result.failure
-  assert len(requests) == (1 if "401" in expected else 2)  # 401 is not retried.
+  # 401 is not retried; a timeout spends the whole call's deadline (retries included).
+  assert len(requests) == (1 if expected in ("HTTP 401", "timed out") else 2)
 
 
 def test_unreachable_judge_is_an_environment_failure():
@@ -169,6 +171,148 @@ def test_unreachable_judge_is_an_environment_failure():
     port = probe.getsockname()[1]
   result = http_env(f"http://127.0.0.1:{port}/v1").step(ACADEMIC)
   assert result.failure is not None and "failed after 2 attempt(s)" in result.failure
+
+
+@contextlib.contextmanager
+def raw_server(handle):
+  """A localhost HTTP peer written by hand: `handle(connection, request_head, stop)` runs on a
+  thread per connection after the request is read. Stops (and stops its handlers) on exit."""
+  listener = socket.create_server(("127.0.0.1", 0))
+  listener.settimeout(0.05)
+  stop = threading.Event()
+
+  def serve(connection):
+    with connection:
+      try:
+        head = b""
+        while b"\r\n\r\n" not in head:
+          head += connection.recv(65536) or b"\r\n\r\n"
+        head, _, body = head.partition(b"\r\n\r\n")
+        length = re.search(rb"(?i)content-length: *(\d+)", head)
+        while length and len(body) < int(length.group(1)):
+          body += connection.recv(65536)
+        handle(connection, head.decode(), stop)
+      except OSError:  # the client hung up: what a bounded client does
+        pass
+
+  def accept():
+    while not stop.is_set():
+      try:
+        connection, _ = listener.accept()
+      except TimeoutError:
+        continue
+      threading.Thread(target=serve, args=(connection,), daemon=True).start()
+
+  thread = threading.Thread(target=accept, daemon=True)
+  thread.start()
+  try:
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
+  finally:
+    stop.set()
+    thread.join()
+    listener.close()
+
+
+def drip(where):
+  """A slow-drip peer: one byte every 0.1 s (of the headers or of the body), for up to 8 s."""
+  def handle(connection, head, stop):
+    connection.sendall(b"HTTP/1.1 200 OK\r\n")
+    if where == "body":
+      connection.sendall(b"Content-Length: 1000\r\n\r\n")
+    else:
+      connection.sendall(b"X-Drip: ")
+    for _ in range(80):
+      if stop.wait(0.1):
+        return
+      connection.sendall(b"a")
+  return handle
+
+
+@pytest.mark.parametrize("where", ["headers", "body"])
+def test_slow_drip_judge_is_cut_at_the_call_deadline(where):
+  """Regression: a per-read timeout let a peer sending a byte per 0.1 s hold a
+  timeout_s=1 call for as long as it kept dripping (6 s and more)."""
+  with raw_server(drip(where)) as url:
+    grader = judge.HttpJudge(base_url=url, model="m", timeout_s=1.0, retries=2, backoff_s=0.01)
+    env = style.StyleEnv(schedule=SCHEDULE, judge=grader)
+    env.reset(TASK)
+    start = time.monotonic()
+    result = env.step(ACADEMIC)
+    elapsed = time.monotonic() - start
+  assert result.reason == "env_failure" and "timed out" in result.failure
+  assert elapsed < 1.5, f"the 1 s judge call took {elapsed:.1f} s"
+
+
+def reply_with(body: bytes):
+  def handle(connection, head, stop):
+    connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+  return handle
+
+
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.mark.parametrize("body", [
+    '{"choices": ' + DEEP + "}",  # a RecursionError in the reply's parser
+    verdict_reply(1, 1).replace('\\"quality\\": 1', '\\"quality\\": ' + DEEP),  # in the verdict
+    json.dumps({"choices": [{"message": {"content": 7}}]}),  # wrong type
+    # No verdict; a lazy-regex search for it took ~40 s (quadratic in the braces).
+    json.dumps({"choices": [{"message": {"content": "{" * 50_000}}]}),
+], ids=["nested_reply", "nested_verdict", "content_not_text", "braces_only"])
+def test_malformed_judge_replies_are_environment_failures(body):
+  with raw_server(reply_with(body.encode())) as url:
+    start = time.monotonic()
+    result = http_env(url).step(ACADEMIC)
+    elapsed = time.monotonic() - start
+  assert result.reason == "env_failure" and "malformed judge reply" in result.failure
+  assert elapsed < 2.0, f"parsing a malformed reply took {elapsed:.1f} s"
+
+
+def flood(sent, declare_length):
+  """Streams a 256 MiB reply from one reused 64 KiB buffer; records the bytes it got out."""
+  total, block = 256 << 20, bytes(1 << 16)
+  def handle(connection, head, stop):
+    connection.sendall(b"HTTP/1.1 200 OK\r\n" + (b"Content-Length: %d\r\n" % total
+                                                  if declare_length else b"Connection: close\r\n")
+                       + b"\r\n")
+    sent.append(0)
+    while sent[-1] < total and not stop.is_set():
+      connection.sendall(block)
+      sent[-1] += len(block)
+  return handle
+
+
+@pytest.mark.parametrize("declare_length", [True, False])
+def test_huge_judge_reply_is_capped(declare_length):
+  sent = []
+  with raw_server(flood(sent, declare_length)) as url:
+    result = http_env(url).step(ACADEMIC)
+  assert result.reason == "env_failure"
+  assert f"larger than the {judge.MAX_REPLY_BYTES}-byte limit" in result.failure
+  # What the peer got into socket buffers before the judge hung up, not 256 MiB.
+  assert sent and max(sent) < 32 << 20, sent
+
+
+def test_redirect_never_carries_the_key_to_another_host(monkeypatch):
+  monkeypatch.setenv("SAO_TEST_JUDGE_KEY", "sk-secret")
+  seen = {"target": [], "origin": []}
+
+  def target(connection, head, stop):
+    seen["target"].append(head)
+    connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (
+        len(verdict_reply(1, 1)), verdict_reply(1, 1).encode()))
+
+  with raw_server(target) as other_host:  # another port: another origin
+    def redirect(connection, head, stop):
+      seen["origin"].append(head)
+      connection.sendall(f"HTTP/1.1 302 Found\r\nLocation: {other_host}/chat/completions\r\n"
+                         "Content-Length: 0\r\n\r\n".encode())
+
+    with raw_server(redirect) as url:
+      result = http_env(url, api_key_env="SAO_TEST_JUDGE_KEY").step(ACADEMIC)
+  assert result.reason == "env_failure" and "redirect" in result.failure
+  assert "Bearer sk-secret" in seen["origin"][0]  # the configured host gets the key
+  assert seen["target"] == [], "the redirect was followed (with the Authorization header)"
 
 
 @pytest.mark.parametrize("kwargs, message", [
