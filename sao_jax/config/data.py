@@ -24,7 +24,8 @@ class DataConfig:
 
   transport: str = "queue"
   transport_dir: str = ""  # for transport="directory": a directory all hosts share
-  transport_capacity: int = 256  # unread trajectories before samplers block
+  transport_capacity: int = 256  # unread trajectories before a sampler blocks (per sampler
+  # with the queue transport, each sampler writing its own queue; in all with a directory)
   max_lag: int = 4
   length_buckets: tuple[int, ...] = (256, 512, 1024, 2048, 4096)
   pad_id: int = 0

@@ -29,7 +29,7 @@ def learner_transport(cfg: Config, drops: pipeline.Drops):
     if jax.process_count() > 1:
       raise ValueError(f"data.transport='queue' cannot feed a learner of {jax.process_count()} "
                        "hosts; use data.transport='directory'")
-    return QueueTransport(cfg.data.transport_capacity)
+    return QueueTransport(cfg.data.transport_capacity, drops=drops)
   transport = DirectoryTransport(
       cfg.data.transport_dir, cfg.data.transport_capacity, max_tokens=cfg.sampler.max_seq_len,
       shard=(jax.process_index(), jax.process_count()), by_prompt=cfg.algorithm.group_size > 1,

@@ -5,8 +5,16 @@ unread (backpressure — a sampler far ahead of the learner pauses instead of
 filling memory or disk), and `get` returns None after `timeout` seconds with
 nothing to read.
 
-- `QueueTransport`: same host; a `multiprocessing` queue from a given context
+- `QueueTransport`: same host; `multiprocessing` queues from a given context
   (use "spawn" with JAX). Trajectories are small host arrays, pickled once.
+  Each writer process gets a queue of its own (`for_writer`, `capacity` each):
+  a writer SIGKILLed in the middle of a put leaves its queue's pipe lock held
+  and possibly half a message in its pipe, which on a shared queue would block
+  every other writer (and its own restart) forever. With a queue per writer the
+  restart gets a fresh queue, and the dead writer's queue is dropped unread,
+  its trajectories counted in `drops` as `writer_died`. The learner reads each
+  queue through a daemon pump thread into one small local queue: reading half a
+  message blocks forever, and then only that queue's pump, never the learner.
 - `DirectoryTransport`: many hosts sharing a directory (NFS, a mounted bucket).
   A writer (each unpickled copy is a new one) writes
   `<writer>-<seq>.p<prompt id>.traj.tmp` and renames it to `.traj` (atomic on
@@ -41,6 +49,7 @@ import os
 import pathlib
 import queue
 import re
+import threading
 import time
 import uuid
 
@@ -53,35 +62,113 @@ class TransportClosed(Exception):
 
 
 class QueueTransport:
-  """Same-host transport over a bounded multiprocessing queue (picklable to children)."""
+  """Same-host transport over bounded multiprocessing queues, one per writer
+  process (module docstring); picklable to children at spawn time."""
 
-  def __init__(self, capacity: int, context: multiprocessing.context.BaseContext | None = None):
+  def __init__(self, capacity: int, context: multiprocessing.context.BaseContext | None = None,
+               *, drops: collections.Counter | None = None):
     if capacity <= 0:
       raise ValueError(f"transport capacity={capacity} must be positive")
-    context = context or multiprocessing.get_context("spawn")
-    self._queue = context.Queue(maxsize=capacity)
-    self._closed = context.Event()
+    self.capacity = capacity
+    self._context = context or multiprocessing.get_context("spawn")
+    self._closed = self._context.Event()
+    self.drops = collections.Counter() if drops is None else drops
+    # Writer key -> its queue. The learner's object reads all of them; key None is
+    # for writers in this process (tests, benchmarks); a writer's copy holds only its own.
+    self._queues = {None: self._context.Queue(maxsize=capacity)}
+    self._writer = None
+    self._received: queue.Queue | None = None  # the pumps' output (learner side, lazily)
+    self._pumps: list[threading.Thread] = []
+    self._pumped: set[int] = set()  # ids of the queues that have a pump
+
+  def __getstate__(self) -> dict:
+    # Reader-side state stays with the reader (a writer's copy never drops or reads).
+    return {**self.__dict__, "drops": None, "_received": None, "_pumped": set(), "_pumps": []}
+
+  def __setstate__(self, state: dict) -> None:
+    self.__dict__.update(state)
+    self.drops = collections.Counter()
+
+  def for_writer(self, key) -> "QueueTransport":
+    """The transport a writer process `key` (e.g. a sampler's worker id) puts to: a
+    fresh queue of its own. A previous queue of `key` (a writer that died) is
+    dropped unread and its trajectories counted as `writer_died`."""
+    old = self._queues.pop(key, None)
+    if old is not None:
+      try:
+        lost = old.qsize()
+      except NotImplementedError:  # macOS has no sem_getvalue
+        lost = 0
+      if lost:
+        self.drops["writer_died"] += lost
+      old.cancel_join_thread()
+      old.close()
+    self._queues[key] = self._context.Queue(maxsize=self.capacity)
+    writer = object.__new__(type(self))
+    writer.__dict__.update(self.__dict__)
+    writer._queues, writer._writer = {key: self._queues[key]}, key
+    return writer
 
   def put(self, traj: Trajectory, timeout: float | None = None) -> None:
-    """Blocks while the queue is full; raises TransportClosed once closed,
-    queue.Full after `timeout` seconds."""
+    """Blocks while this writer's queue is full; raises TransportClosed once
+    closed, queue.Full after `timeout` seconds."""
+    target = self._queues[self._writer]
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
       if self._closed.is_set():
         raise TransportClosed("the learner closed the trajectory transport")
       wait = 0.1 if deadline is None else min(0.1, max(deadline - time.monotonic(), 0.0))
       try:
-        self._queue.put(traj, timeout=wait)
+        target.put(traj, timeout=wait)
         return
       except queue.Full:
         if deadline is not None and time.monotonic() >= deadline:
           raise
 
   def get(self, timeout: float = 0.0) -> Trajectory | None:
-    try:
-      return self._queue.get(timeout=timeout) if timeout > 0 else self._queue.get_nowait()
-    except queue.Empty:
-      return None
+    """The next trajectory of any writer, or None after `timeout` seconds (once
+    closed, not before the writers' queues are drained: at most 1 s more)."""
+    if self._received is None:
+      # Small, so trajectories wait in the writers' bounded queues (backpressure).
+      self._received, self._pumps = queue.Queue(maxsize=1), []
+    for q in list(self._queues.values()):
+      if id(q) not in self._pumped:
+        self._pumped.add(id(q))
+        self._pumps.append(threading.Thread(target=self._pump, args=(q,), daemon=True,
+                                            name="sao-transport-pump"))
+        self._pumps[-1].start()
+    deadline = time.monotonic() + timeout
+    while True:
+      try:
+        return self._received.get(timeout=max(0.0, min(deadline - time.monotonic(), 0.05)))
+      except queue.Empty:
+        pass
+      now = time.monotonic()
+      if now >= deadline:
+        draining = self._closed.is_set() and any(t.is_alive() for t in self._pumps)
+        if not draining or now >= deadline + 1.0:
+          return None
+
+  def _pump(self, source) -> None:
+    """Moves `source`'s trajectories to the local queue until `source` is retired
+    (`for_writer`) or the transport closes and drains. A read that never completes
+    (half a message from a writer killed mid-put) blocks only this thread."""
+    while any(q is source for q in self._queues.values()):
+      try:
+        traj = source.get(timeout=0.2)
+      except queue.Empty:
+        if self._closed.is_set():
+          return  # closed and drained
+        continue
+      except (OSError, EOFError, ValueError):  # retired and closed under the pump
+        return
+      while True:  # hand it over; after close, only while someone still reads
+        try:
+          self._received.put(traj, timeout=0.2)
+          break
+        except queue.Full:
+          if self._closed.is_set():
+            return
 
   def close(self) -> None:
     self._closed.set()
@@ -125,6 +212,13 @@ class DirectoryTransport:
   def __getstate__(self) -> dict:
     # The reader's drop counter stays with the reader (a copy writes, never quarantines).
     return {**self.__dict__, "drops": None}
+
+  def for_writer(self, key) -> "DirectoryTransport":
+    """The transport a writer process `key` puts to: this one (each copy unpickled
+    in another process is a new writer already, and a killed writer leaves at most
+    a `.tmp` file)."""
+    del key
+    return self
 
   def __setstate__(self, state: dict) -> None:
     """A copy in another process (a spawned sampler, or its restart) is a new writer:

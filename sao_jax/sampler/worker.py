@@ -204,6 +204,9 @@ class SamplerSupervisor:
     self.restarts = 0
 
   def _spawn(self, spec: WorkerSpec) -> None:
+    # Each incarnation writes through a transport of its own: a restart must not
+    # inherit the pipe lock or half-written message a killed predecessor left behind.
+    spec = dataclasses.replace(spec, transport=spec.transport.for_writer(spec.worker_id))
     process = self._context.Process(
         target=process_main, name=f"sao-sampler-{spec.worker_id}",
         args=(self._run, spec, self._stop, self._errors, os.getpid()), daemon=True)

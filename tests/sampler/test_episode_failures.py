@@ -55,7 +55,7 @@ class ScriptedEngine:
   def finish(self, episode_id):
     episode = self.episodes.pop(episode_id)
     mask = np.asarray(episode["mask"], np.int32)
-    return engine_lib.Trajectory(episode_id, np.asarray(episode["tokens"], np.int32), mask,
+    return engine_lib.Generation(episode_id, np.asarray(episode["tokens"], np.int32), mask,
                                  -0.5 * mask.astype(np.float32), (0, 0), episode["turns"])
 
 
