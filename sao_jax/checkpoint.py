@@ -180,6 +180,10 @@ class Checkpointer:
                      f"{plain_error(error)}") from error
     return restored["state"], restored["data"], meta
 
+  def due(self, step: int) -> bool:
+    """Whether `save(step)` without `force` would write a checkpoint."""
+    return step not in self._manager.all_steps() and self._manager.should_save(step)
+
   def wait(self) -> None:
     """Blocks until pending asynchronous saves are on disk."""
     self._manager.wait_until_finished()

@@ -68,7 +68,9 @@ def run_learner(cfg: Config, batches: Iterator[Batch | tuple[Batch, dict]], *,
   the first weights and start samplers); `after_step(steps_done, state)` after
   each dispatched step (e.g. to publish weights or evaluate). Resuming takes the
   newest checkpoint that restores (`Checkpointer.restore`, which reports damaged
-  ones through `log`).
+  ones through `log`). Every step's metrics reach `on_metrics` before a
+  checkpoint after that step is saved, so a resumed run at step s owes exactly
+  the metrics of steps s, s+1, ...
   """
   mesh = make_mesh(cfg.mesh) if mesh is None else mesh
   compiled: dict[int, tuple[Callable, Batch]] = {}  # per padded length T
@@ -146,6 +148,11 @@ def run_learner(cfg: Config, batches: Iterator[Batch | tuple[Batch, dict]], *,
       # Hosts stop together: SIGTERM may reach them at different steps.
       preempted = watcher.requested if hosts == 1 else distributed.any_host(watcher.requested)
       if checkpointer:
+        # A checkpoint must not outrun the metrics of its steps; the save waits for
+        # this step's result anyway, so reporting it first costs no overlap.
+        if pending is not None and (preempted or checkpointer.due(step)):
+          report(*pending)
+          pending = None
         checkpointer.save(step, state, _data_state(batches), force=preempted)
       if preempted:
         stopped_by = "preemption"

@@ -207,6 +207,33 @@ def test_damaged_newest_checkpoint_falls_back_to_the_newest_that_restores(tmp_pa
   assert "tensorstore_spec" not in message and len(message) < 1000
 
 
+class Crash(Exception):
+  """A kill right after a checkpoint is written."""
+
+
+def test_metrics_of_every_step_are_out_before_its_checkpoint(tmp_path, monkeypatch):
+  """Regression: step N's metrics were reported after step N+1 was dispatched, which is
+  after the checkpoint at N+1 was saved; a kill in between lost them for good (a run
+  resumed from that checkpoint does not train step N again)."""
+  real_save = Checkpointer.save
+
+  def save_then_crash(self, step, *args, **kwargs):
+    saved = real_save(self, step, *args, **kwargs)
+    if saved:
+      self.wait()
+      raise Crash(step)
+    return saved
+
+  monkeypatch.setattr(Checkpointer, "save", save_then_crash)
+  reported = []
+  with pytest.raises(Crash):
+    run_learner(config(tmp_path, steps=5, async_save=False), Batches(),
+                on_metrics=lambda step, m: reported.append(step))
+  monkeypatch.undo()
+  saved = Checkpointer(config(tmp_path, steps=5)).latest_step()
+  assert saved and reported == list(range(saved))  # orbax saves the first step too
+
+
 def event_scalars(directory):
   """(tag, step) of every scalar in the TensorBoard event files of `directory`, by file
   (TFRecord framing: length u64, crc u32, payload, crc u32)."""
