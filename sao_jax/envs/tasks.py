@@ -20,6 +20,7 @@ import random
 import types
 from typing import Iterator
 
+from sao_jax import bounded_json
 from sao_jax.envs.base import Task
 
 MAX_NESTING = 64  # levels of arrays/objects in one JSONL row; task rows need a handful
@@ -63,17 +64,14 @@ def parse_json_line(line: str, where: str):
   non-finite numbers and nesting deeper than `MAX_NESTING`."""
   if not line.strip():
     raise ValueError(f"{where}: blank line; remove it (every line must be a JSON object).")
-  too_deep = ValueError(f"{where}: values nested more than {MAX_NESTING} levels deep; "
-                        "flatten the row.")
+  # Checked before parsing, without recursion: the parser recurses once per level.
+  if bounded_json.depth(line.encode("utf-8", "surrogatepass")) > MAX_NESTING:
+    raise ValueError(f"{where}: values nested more than {MAX_NESTING} levels deep; "
+                     "flatten the row.")
   try:
-    value = json.loads(line, parse_constant=_non_finite(where), parse_float=_finite_float(where))
+    return json.loads(line, parse_constant=_non_finite(where), parse_float=_finite_float(where))
   except json.JSONDecodeError as e:
     raise ValueError(f"{where}: invalid JSON ({e.msg} at column {e.colno}).") from None
-  except RecursionError:  # nesting deeper than the parser's stack
-    raise too_deep from None
-  if _depth(value) > MAX_NESTING:
-    raise too_deep
-  return value
 
 
 def _non_finite(where: str):
@@ -91,18 +89,6 @@ def _finite_float(where: str):
                        "(or a string).")
     return value
   return parse
-
-
-def _depth(value) -> int:
-  """Levels of list/dict nesting in a parsed JSON value (iterative: no recursion limit)."""
-  deepest, stack = 0, [(value, 1)]
-  while stack:
-    node, level = stack.pop()
-    if isinstance(node, (list, dict)):
-      deepest = max(deepest, level)
-      stack.extend((child, level + 1) for child in
-                   (node.values() if isinstance(node, dict) else node))
-  return deepest
 
 
 def _parse_row(line: str, where: str, default_id: str) -> Task:
