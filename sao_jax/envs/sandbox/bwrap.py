@@ -57,13 +57,14 @@ HOW_TO_GET_IT = ("install bubblewrap (`apt-get install bubblewrap`) and run wher
 _DROP_ROOT = ("setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
               "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs")
 _MERGED_USR_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-# Run by `sh` inside the prelude's namespace as `sh -c _PRELUDE name OPTIONS
-# POINT... -- COMMAND...`: a tmpfs with OPTIONS on each POINT, then COMMAND.
-_PRELUDE = ('set -e; options=$1; shift; while [ "$1" != -- ]; do '
-            'mount -t tmpfs -o "$options" sao_sandbox "$1"; shift; done; shift; exec "$@"')
+# Run by `sh` inside the prelude's namespace as `sh -c _PRELUDE name FSTAB
+# COMMAND...`: every mount FSTAB lists, then COMMAND. One `mount -a` rather than a
+# `mount` per tmpfs: each run of `mount` costs a process start (~1-10 ms).
+_PRELUDE = 'set -e; mount -a -T "$1"; shift; exec "$@"'
 # The capped mounts' points in the caller's `mount_points` directory (`command`
-# says where the code sees each).
+# says where the code sees each), next to the fstab listing them.
 _MOUNT_POINTS = ("tmp", "shm", "work")
+_FSTAB = "fstab"
 
 
 def _system_mounts() -> list[str]:
@@ -75,6 +76,11 @@ def _system_mounts() -> list[str]:
     elif os.path.isdir(path):
       args += ["--ro-bind", path, path]
   return args
+
+
+def _fstab_field(text: str) -> str:
+  """`text` as an fstab field: whitespace and backslashes as octal escapes."""
+  return "".join(f"\\{ord(c):03o}" if c in " \t\n\\" else c for c in text)
 
 
 def make_mount_points(parent: str) -> str:
@@ -93,7 +99,8 @@ def command(inner: list[str], *, mount_points: str, work_dir: str, copy_from: st
             read_only: list[str], disk_bytes: int, max_files: int,
             env: dict[str, str]) -> list[str]:
   """`inner` wrapped in the prelude and bwrap (see the module docstring). The
-  capped mounts go on the directories `make_mount_points` made in `mount_points`;
+  capped mounts go on the directories `make_mount_points` made in `mount_points`
+  (this writes the fstab the prelude mounts them from there);
   `work_dir` becomes an empty capped tmpfs (the cwd); `copy_from`, if given, is
   mounted read-only at `COPY_SOURCE` for the bootstrap to copy into it;
   `read_only` paths appear at the same place."""
@@ -120,11 +127,14 @@ def command(inner: list[str], *, mount_points: str, work_dir: str, copy_from: st
   owner = NOBODY if as_root else 0
   options = (f"size={disk_bytes},nr_inodes={max_files + 1},mode=0700,"  # +1: the root directory
              f"uid={owner},gid={owner}")
+  fstab = os.path.join(mount_points, _FSTAB)
+  with open(fstab, "w", encoding="utf-8") as f:
+    for name in _MOUNT_POINTS:
+      f.write(f"sao_sandbox {_fstab_field(os.path.join(mount_points, name))} tmpfs {options} 0 0\n")
   # SIGKILL on the caller's death from the start (bwrap's --die-with-parent comes later).
   namespaces = ["--mount"] if as_root else ["--user", "--map-root-user", "--mount"]
   prelude = ["setpriv", "--pdeathsig", "KILL", "unshare", *namespaces, "--propagation", "private",
-             "sh", "-c", _PRELUDE, "sao_prelude", options,
-             *(os.path.join(mount_points, name) for name in _MOUNT_POINTS), "--"]
+             "sh", "-c", _PRELUDE, "sao_prelude", fstab]
   return [*prelude, *(_DROP_ROOT if as_root else ()), *args, "--", *inner]
 
 

@@ -199,7 +199,8 @@ def test_a_sigkilled_caller_leaves_no_sandbox_and_so_no_mount_behind():
       assert " tmpfs sao_sandbox " not in host.read()
     (run_dir,) = os.listdir(scratch)  # Left behind, but only as empty mount points.
     points = os.path.join(scratch, run_dir, "mounts")
-    assert all(not os.listdir(os.path.join(points, name)) for name in os.listdir(points))
+    dirs = [entry.path for entry in os.scandir(points) if entry.is_dir()]
+    assert len(dirs) == 3 and not any(map(os.listdir, dirs)), dirs
   finally:
     files.remove_tree(scratch)
 
