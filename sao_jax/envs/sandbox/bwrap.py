@@ -30,7 +30,8 @@ o+rx`) and traversable, instead of granting capabilities.
 bwrap (0.8) cannot set `nr_inodes`, so the capped mounts are made before it
 starts, by `_PRELUDE`: `unshare` gives it a private mount namespace (as root) or
 a user + mount namespace (otherwise: it is root there and may mount a tmpfs);
-it mounts one tmpfs per mount point, then execs bwrap, which binds them in.
+it mounts a tmpfs on each mount point (`mount -a` of a per-run fstab), then
+execs bwrap, which binds them in.
 Those mounts exist only in that namespace, which dies with its last process:
 nothing is left mounted after the run, even when the caller is SIGKILLed.
 
