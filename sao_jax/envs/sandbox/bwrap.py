@@ -16,7 +16,8 @@ namespace holding only
 - a fresh `/proc` (its own PID namespace) and a minimal `/dev`;
 
 with every namespace unshared (no network: only a down loopback; own PID, IPC,
-UTS, cgroup namespaces), a new session (no terminal to inject into), killed with
+UTS, cgroup namespaces; no SysV shared memory, message queues or semaphores,
+whose memory no rlimit or mount caps), a new session (no terminal to inject into), killed with
 its parent, further user namespaces disabled, uid/gid 65534 inside and no
 capabilities (`--cap-drop ALL`): the code can neither unmount nor remount the
 capped mounts (that needs `CAP_SYS_ADMIN` over them; they are also locked, being
@@ -28,9 +29,10 @@ therefore read as "other": their directories must be world-readable (`chmod
 o+rx`) and traversable, instead of granting capabilities.
 
 bwrap (0.8) cannot set `nr_inodes`, so the capped mounts are made before it
-starts, by `_PRELUDE`: `unshare` gives it a private mount namespace (as root) or
-a user + mount namespace (otherwise: it is root there and may mount a tmpfs);
-it mounts a tmpfs on each mount point (`mount -a` of a per-run fstab), then
+starts, by `_PRELUDE`: `unshare` gives it private IPC and mount namespaces (as
+root) or user + IPC + mount namespaces (otherwise: it is root there and may
+mount a tmpfs); it sets the IPC namespace's SysV limits to 0, mounts a tmpfs
+on each mount point (`mount -a` of a per-run fstab), then
 execs bwrap, which binds them in.
 Those mounts exist only in that namespace, which dies with its last process:
 nothing is left mounted after the run, even when the caller is SIGKILLed.
@@ -58,10 +60,12 @@ HOW_TO_GET_IT = ("install bubblewrap (`apt-get install bubblewrap`) and run wher
 _DROP_ROOT = ("setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
               "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs")
 _MERGED_USR_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-# Run by `sh` inside the prelude's namespace as `sh -c _PRELUDE name FSTAB
-# COMMAND...`: every mount FSTAB lists, then COMMAND. One `mount -a` rather than a
-# `mount` per tmpfs: each run of `mount` costs a process start (~1-10 ms).
-_PRELUDE = 'set -e; mount -a -T "$1"; shift; exec "$@"'
+# Run by `sh` inside the prelude's namespaces as `sh -c _PRELUDE name FSTAB
+# COMMAND...`: no SysV IPC objects in its IPC namespace (which the code shares),
+# every mount FSTAB lists, then COMMAND. One `mount -a` rather than a `mount` per
+# tmpfs: each run of `mount` costs a process start (~1-10 ms).
+_PRELUDE = ('set -e; echo 0 > /proc/sys/kernel/shmmni; echo 0 > /proc/sys/kernel/msgmni; '
+            'echo 0 0 0 0 > /proc/sys/kernel/sem; mount -a -T "$1"; shift; exec "$@"')
 # The capped mounts' points in the caller's `mount_points` directory (`command`
 # says where the code sees each), next to the fstab listing them.
 _MOUNT_POINTS = ("tmp", "shm", "work")
@@ -107,7 +111,10 @@ def command(inner: list[str], *, mount_points: str, work_dir: str, copy_from: st
   `read_only` paths appear at the same place."""
   as_root = os.geteuid() == 0
   places = {"tmp": "/tmp", "shm": "/dev/shm", "work": work_dir}
-  args = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns",
+  # Every namespace but IPC, which the prelude made and emptied (--unshare-all would
+  # give the code a fresh one, where SysV shared memory is limited only by RAM).
+  args = ["bwrap", "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-uts",
+          "--unshare-cgroup-try", "--disable-userns",
           "--uid", str(NOBODY), "--gid", str(NOBODY), "--cap-drop", "ALL",
           "--new-session", "--die-with-parent", *_system_mounts()]
   args += ["--proc", "/proc", "--dev", "/dev"]
@@ -133,7 +140,7 @@ def command(inner: list[str], *, mount_points: str, work_dir: str, copy_from: st
     for name in _MOUNT_POINTS:
       f.write(f"sao_sandbox {_fstab_field(os.path.join(mount_points, name))} tmpfs {options} 0 0\n")
   # SIGKILL on the caller's death from the start (bwrap's --die-with-parent comes later).
-  namespaces = ["--mount"] if as_root else ["--user", "--map-root-user", "--mount"]
+  namespaces = ["--ipc", "--mount"] if as_root else ["--user", "--map-root-user", "--ipc", "--mount"]
   prelude = ["setpriv", "--pdeathsig", "KILL", "unshare", *namespaces, "--propagation", "private",
              "sh", "-c", _PRELUDE, "sao_prelude", fstab]
   return [*prelude, *(_DROP_ROOT if as_root else ()), *args, "--", *inner]

@@ -19,7 +19,7 @@ What is enforced, and by what:
   namespace with only `/usr`, the interpreter and stdlib (+ site-packages with
   `site_packages=True`) read-only, the work directory, `/tmp` and `/dev/shm` as
   private tmpfs capped at `disk_mb` and `max_files` each (user xattrs included)
-  and gone after the run; no network;
+  and gone after the run; no SysV IPC objects; no network;
   own PID namespace; new session; dies with its parent; uid nobody with no
   capabilities and no further user namespaces. No host file outside those
   mounts exists for the code, whatever it does in-process.

@@ -76,7 +76,8 @@ def _compile(c_body: str, tmp_path) -> bytes:
   source = tmp_path / f"payload_{uuid.uuid4().hex}.c"
   source.write_text("#include <arpa/inet.h>\n#include <dirent.h>\n#include <fcntl.h>\n"
                     "#include <netinet/in.h>\n#include <signal.h>\n#include <string.h>\n"
-                    "#include <sys/mount.h>\n#include <sys/socket.h>\n#include <unistd.h>\n"
+                    "#include <sys/mount.h>\n#include <sys/msg.h>\n#include <sys/sem.h>\n"
+                    "#include <sys/shm.h>\n#include <sys/socket.h>\n#include <unistd.h>\n"
                     "static void say(const char *s) { write(1, s, strlen(s)); }\n"
                     f"__attribute__((constructor)) static void payload(void) {{\n{c_body}\n}}\n")
   library = source.with_suffix(".so")
@@ -161,6 +162,16 @@ def test_the_capped_mounts_cannot_be_unmounted_or_remounted(tmp_path):
                   '      "REMOUNTED " : "KEPT ");\n'
                   '}', tmp_path)
   assert result.stdout.split() == ["KEPT"] * 6, result
+
+
+def test_no_sysv_ipc_objects(tmp_path):
+  """SysV shared memory outlives every mapping and fd (until its IPC namespace
+  ends) and counts against no rlimit: one run held 768 MiB of it with
+  memory_mb=256. Message queues and semaphore sets hold kernel memory likewise."""
+  result = native('say(shmget(IPC_PRIVATE, 1 << 20, IPC_CREAT | 0600) < 0 ? "NOSHM " : "SHM ");\n'
+                  'say(msgget(IPC_PRIVATE, IPC_CREAT | 0600) < 0 ? "NOMSG " : "MSG ");\n'
+                  'say(semget(IPC_PRIVATE, 1, IPC_CREAT | 0600) < 0 ? "NOSEM" : "SEM");', tmp_path)
+  assert result.stdout.split() == ["NOSHM", "NOMSG", "NOSEM"], result
 
 
 def test_work_dir_bytes_are_capped(tmp_path):
