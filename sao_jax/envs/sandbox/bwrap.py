@@ -61,11 +61,14 @@ _DROP_ROOT = ("setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-grou
               "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs")
 _MERGED_USR_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # Run by `sh` inside the prelude's namespaces as `sh -c _PRELUDE name FSTAB
-# COMMAND...`: no SysV IPC objects in its IPC namespace (which the code shares),
-# every mount FSTAB lists, then COMMAND. One `mount -a` rather than a `mount` per
-# tmpfs: each run of `mount` costs a process start (~1-10 ms).
-_PRELUDE = ('set -e; echo 0 > /proc/sys/kernel/shmmni; echo 0 > /proc/sys/kernel/msgmni; '
-            'echo 0 0 0 0 > /proc/sys/kernel/sem; mount -a -T "$1"; shift; exec "$@"')
+# COMMAND...`: no SysV IPC objects in its IPC namespace (which the code shares;
+# a kernel without SysV IPC has no such files), every mount FSTAB lists, then
+# COMMAND. Any failure stops it (and so fails the self-test: no silent
+# fallback, e.g. where /proc/sys is read-only). One `mount -a` rather than a
+# `mount` per tmpfs: each run of `mount` costs a process start (~1-10 ms).
+_PRELUDE = ('set -e; if [ -e /proc/sys/kernel/shmmni ]; then '
+            'echo 0 > /proc/sys/kernel/shmmni; echo 0 > /proc/sys/kernel/msgmni; '
+            'echo 0 0 0 0 > /proc/sys/kernel/sem; fi; mount -a -T "$1"; shift; exec "$@"')
 # The capped mounts' points in the caller's `mount_points` directory (`command`
 # says where the code sees each), next to the fstab listing them.
 _MOUNT_POINTS = ("tmp", "shm", "work")
