@@ -17,9 +17,9 @@ namespace holding only
 
 with every namespace unshared (no network: only a down loopback; own PID, IPC,
 UTS, cgroup namespaces; no SysV shared memory, message queues or semaphores,
-whose memory no rlimit or mount caps), a new session (no terminal to inject into), killed with
-its parent, further user namespaces disabled, uid/gid 65534 inside and no
-capabilities (`--cap-drop ALL`): the code can neither unmount nor remount the
+whose memory no rlimit or mount caps), a new session (no terminal to inject
+into), killed with its parent, further user namespaces disabled, uid/gid 65534
+inside and no capabilities (`--cap-drop ALL`): the code can neither unmount nor remount the
 capped mounts (that needs `CAP_SYS_ADMIN` over them; they are also locked, being
 made in a more privileged namespace than bwrap's). When the caller is root,
 bwrap itself runs as uid/gid nobody (`setpriv`), so outside the namespace the
@@ -32,10 +32,10 @@ bwrap (0.8) cannot set `nr_inodes`, so the capped mounts are made before it
 starts, by `_PRELUDE`: `unshare` gives it private IPC and mount namespaces (as
 root) or user + IPC + mount namespaces (otherwise: it is root there and may
 mount a tmpfs); it sets the IPC namespace's SysV limits to 0, mounts a tmpfs
-on each mount point (`mount -a` of a per-run fstab), then
-execs bwrap, which binds them in.
-Those mounts exist only in that namespace, which dies with its last process:
-nothing is left mounted after the run, even when the caller is SIGKILLed.
+on each mount point (`mount -a` of a per-run fstab), then execs bwrap, which
+binds them in. Those mounts exist only in that namespace, which dies with its
+last process: nothing is left mounted after the run, even when the caller is
+SIGKILLed.
 
 `unavailable_reason()` runs a self-test once per process and says why isolation
 cannot be used here (None when it works); the sandbox then refuses to run tools.
@@ -141,7 +141,8 @@ def command(inner: list[str], *, mount_points: str, work_dir: str, copy_from: st
   fstab = os.path.join(mount_points, _FSTAB)
   with open(fstab, "w", encoding="utf-8") as f:
     for name in _MOUNT_POINTS:
-      f.write(f"sao_sandbox {_fstab_field(os.path.join(mount_points, name))} tmpfs {options} 0 0\n")
+      point = _fstab_field(os.path.join(mount_points, name))
+      f.write(f"sao_sandbox {point} tmpfs {options} 0 0\n")
   # SIGKILL on the caller's death from the start (bwrap's --die-with-parent comes later).
   namespaces = ["--ipc", "--mount"] if as_root else ["--user", "--map-root-user", "--ipc", "--mount"]
   prelude = ["setpriv", "--pdeathsig", "KILL", "unshare", *namespaces, "--propagation", "private",
