@@ -211,3 +211,15 @@ def _cmdline(pid: int) -> bytes:
       return f.read()
   except OSError:
     return b""
+
+
+def test_a_temporary_directory_with_spaces_still_gets_capped_mounts(monkeypatch):
+  """The prelude mounts from an fstab, where a space would split the path."""
+  parent = tempfile.mkdtemp(prefix="sao sandbox \\ ")
+  os.chmod(parent, 0o711)
+  monkeypatch.setattr(tempfile, "tempdir", parent)
+  try:
+    result = sandbox.run_python(_create_files("file"), LIMITS)
+  finally:
+    files.remove_tree(parent)
+  assert [line.split()[-1] for line in result.stdout.splitlines()] == [str(errno.ENOSPC)] * 3, result
