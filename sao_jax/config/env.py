@@ -34,8 +34,12 @@ class SandboxLimits:
   file_size_mb: int = 16
   max_open_files: int = 64
   max_output_bytes: int = 16384
-  # Each private tmpfs of a run (work directory, /tmp, /dev/shm) holds at most this.
+  # Each private tmpfs of a run (work directory, /tmp, /dev/shm) holds at most
+  # disk_mb of data and max_files files, directories and links; their user xattrs
+  # share the kernel's max_files KiB inode budget. The work directory also holds
+  # the copy a coding episode starts from (at most 2000 entries).
   disk_mb: int = 64
+  max_files: int = 4096
   # Let the code import the caller's installed packages (e.g. sympy, numpy),
   # read-only. Off by default: the stdlib alone is the smaller surface.
   site_packages: bool = False
@@ -45,9 +49,12 @@ class SandboxLimits:
         not self.wall_time_s > 0):
       fail("env.tool", "wall_time_s", self.wall_time_s, "expected a number of seconds > 0")
     check_positive("env.tool", self, "cpu_time_s", "memory_mb", "file_size_mb", "max_open_files",
-                   "max_output_bytes", "disk_mb")
+                   "max_output_bytes", "disk_mb", "max_files")
     if self.max_open_files < 16:
       fail("env.tool", "max_open_files", self.max_open_files, "the interpreter needs at least 16")
+    if self.max_files < 16:
+      fail("env.tool", "max_files", self.max_files,
+           "at least 16 (the sandbox's own mount points take a few)")
     if not isinstance(self.site_packages, bool):
       fail("env.tool", "site_packages", self.site_packages, "expected True or False")
 

@@ -19,6 +19,12 @@ after `<|im_end|>` - is observation. Each piece is encoded separately, so the
 mask boundaries are exact and the ids equal what the sampler appends turn by
 turn.
 
+Message content is encoded as plain text (`encode_plain`): a special token's
+string inside it ("<|im_end|>" in a tool's output, a file, a prompt) becomes
+the ordinary tokens that spell it, never the special token, so text the
+environment or the policy's tool code produced cannot forge turn boundaries or
+roles. Only the template's own glue carries special tokens.
+
 Text is forced to valid UTF-8 before encoding (`valid_utf8`): a Python string
 can hold lone surrogates (a file name with undecodable bytes as `os.listdir`
 returns it, a tool's output), which the tokenizer rejects; each becomes U+FFFD.
@@ -26,6 +32,8 @@ returns it, a tool's output), which the tokenizer rejects; each becomes U+FFFD.
 
 from __future__ import annotations
 
+import copy
+import functools
 import pathlib
 from typing import Iterable, Sequence
 
@@ -80,6 +88,23 @@ def _ids(tokenizer: tokenizers.Tokenizer, text: str) -> list[int]:
   return tokenizer.encode(valid_utf8(text), add_special_tokens=False).ids if text else []
 
 
+def encode_plain(tokenizer: tokenizers.Tokenizer, text: str) -> list[int]:
+  """Ids of `text` with any special token's string in it encoded as the plain
+  text it spells (decoding gives `text` back); equal to the ordinary encoding
+  when `text` holds none."""
+  return _ids(_plain_text_tokenizer(tokenizer), text)
+
+
+@functools.lru_cache(maxsize=8)
+def _plain_text_tokenizer(tokenizer: tokenizers.Tokenizer) -> tokenizers.Tokenizer:
+  """A copy of `tokenizer` that matches no special token in its input
+  (`encode_special_tokens`). A copy, not the switch flipped on `tokenizer`: the
+  template glue, encoded with `tokenizer` (perhaps in another thread), needs them."""
+  plain = copy.deepcopy(tokenizer)
+  plain.encode_special_tokens = True
+  return plain
+
+
 def encode_chat(tokenizer: tokenizers.Tokenizer, messages: Sequence[dict[str, str]],
                 add_generation_prompt: bool = False) -> tuple[np.ndarray, np.ndarray]:
   """Token ids (int32 [T]) and action mask (int32 [T]) of a rendered conversation.
@@ -89,8 +114,8 @@ def encode_chat(tokenizer: tokenizers.Tokenizer, messages: Sequence[dict[str, st
   tokens: list[int] = []
   mask: list[int] = []
 
-  def add(text: str, is_action: bool) -> None:
-    ids = _ids(tokenizer, text)
+  def add(text: str, is_action: bool, *, plain: bool = False) -> None:
+    ids = encode_plain(tokenizer, text) if plain else _ids(tokenizer, text)
     tokens.extend(ids)
     mask.extend([int(is_action)] * len(ids))
 
@@ -101,7 +126,7 @@ def encode_chat(tokenizer: tokenizers.Tokenizer, messages: Sequence[dict[str, st
                        "a string content")
     is_assistant = role == "assistant"
     add(f"{IM_START}{role}\n", False)
-    add(content, is_assistant)
+    add(content, is_assistant, plain=True)  # content never carries template structure
     add(IM_END, is_assistant)
     add("\n", False)
   if add_generation_prompt:
