@@ -22,6 +22,7 @@ import jax
 import tqdm
 
 from sao_jax.config import Config
+from sao_jax.config.dataset import DATASET_SOURCES
 from sao_jax.data import pipeline
 from sao_jax.data.records import Trajectory
 from sao_jax.envs.base import play
@@ -40,6 +41,11 @@ def demonstrations(cfg: Config) -> Iterator[list[dict]]:
   if cfg.env.name not in DEMONSTRATIONS:
     raise ValueError(f"run.sft_steps={cfg.run.sft_steps} but env.name={cfg.env.name!r} has no "
                      f"demonstrations (known: {sorted(DEMONSTRATIONS)}); set run.sft_steps=0")
+  if cfg.env.resolved_task_source in DATASET_SOURCES:
+    raise ValueError(f"env.task_source={cfg.env.resolved_task_source!r}: dataset rows hold no "
+                     "demonstrations to warm-start on or to train a tokenizer from; set "
+                     "run.sft_steps=0 and run.tokenizer (a tokenizer.json, or the model's "
+                     "directory), and start from a trained policy (run.init)")
   demo = DEMONSTRATIONS[cfg.env.name]
   for task in make_tasks(cfg.env):
     yield play(make_env(cfg.env), task, demo(task)).messages

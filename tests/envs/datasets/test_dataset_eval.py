@@ -77,3 +77,13 @@ def test_duplicate_ids_are_refused(tmp_path):
       "env.task_source=parquet", f"env.dataset.path={path}", "env.dataset.id_column=id"])
   with pytest.raises(ValueError, match="task id 'x' appears twice in dup"):
     evaluation.benchmark(cfg, tokenizer=None, params=None)
+
+
+def test_dataset_runs_say_there_is_nothing_to_warm_start_on(tmp_path):
+  """Dataset rows have no scripted solutions: a run that would warm-start or train
+  its tokenizer on them is told which settings to use instead."""
+  path = write_parquet(tmp_path / "m.parquet", MATH500)
+  cfg = load_config(ROOT / "configs" / "demo_cpu.py", [
+      "env.task_source=parquet", f"env.dataset.path={path}", f"run.run_dir={tmp_path}/run"])
+  with pytest.raises(ValueError, match=r"run.sft_steps=0 and run.tokenizer"):
+    warm_start.prepare_tokenizer(cfg)
