@@ -10,6 +10,7 @@ from sao_jax import metrics
 from sao_jax.config import RunConfig
 
 
+@pytest.mark.slow  # starts W&B's service process: ~6 s on 2 busy cores
 def test_wandb_logger_offline_logs_every_row_against_the_learner_step(tmp_path, monkeypatch):
   wandb = pytest.importorskip("wandb")  # the `wandb` extra (in `dev`)
   monkeypatch.setenv("WANDB_MODE", "offline")

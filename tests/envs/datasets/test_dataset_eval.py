@@ -87,3 +87,32 @@ def test_dataset_runs_say_there_is_nothing_to_warm_start_on(tmp_path):
       "env.task_source=parquet", f"env.dataset.path={path}", f"run.run_dir={tmp_path}/run"])
   with pytest.raises(ValueError, match=r"run.sft_steps=0 and run.tokenizer"):
     warm_start.prepare_tokenizer(cfg)
+
+
+@pytest.mark.slow  # a whole sao-train run (sampler process, learner, evaluation): minutes
+def test_dataset_driven_training_run(tmp_path):
+  """sao-train on GSM8K-shaped Parquet rows: samplers stream the rows, the learner
+  trains on their episodes, and the held-out evaluation plays dataset rows."""
+  from dataset_fixtures import GSM8K
+  from sao_jax import train
+
+  base = load_config(ROOT / "configs" / "demo_cpu.py", TINY)
+  tokenizer_file = tmp_path / "tokenizer.json"
+  warm_start.train_run_tokenizer(base, transcripts=10).save(str(tokenizer_file))
+  path = write_parquet(tmp_path / "gsm8k_train.parquet", GSM8K, row_group_size=2)
+  cfg = load_config(ROOT / "configs" / "demo_cpu.py", TINY + [
+      f"run.run_dir={tmp_path / 'run'}", f"run.tokenizer={tokenizer_file}", "run.sft_steps=0",
+      "run.sft_target_accuracy=0.0", "run.eval_every=2", "run.eval_episodes=3",
+      "learner.steps=2", "learner.batch_trajectories=8", "learner.critic_warmup_steps=0",
+      "env.task_source=parquet", f"env.dataset.path={path}",
+      "env.dataset.prompt_column=question", "env.dataset.answer_format=gsm8k"])
+  summary = train.run(cfg, log=print)
+  assert summary["steps_done"] == 2
+  rows = [r for r in metrics_rows(tmp_path / "run") if "reward/mean" in r]
+  assert [r["step"] for r in rows] == [0, 1]
+  assert 0.0 <= summary["eval/accuracy"] <= 1.0
+
+
+def metrics_rows(run_dir):
+  from sao_jax.metrics import read_metrics
+  return read_metrics(run_dir)
