@@ -62,21 +62,25 @@ def write_parquet(path: pathlib.Path, columns: dict, *, row_group_size: int | No
   return path
 
 
-def write_saved_dataset(directory: pathlib.Path, columns: dict, *, batch_rows: int = 2):
-  """`columns` as `datasets.Dataset.from_dict(columns).save_to_disk(directory)` lays it out."""
+def write_saved_dataset(directory: pathlib.Path, columns: dict, *, batch_rows: int = 2,
+                        shards: int = 1):
+  """`columns` as `datasets.Dataset.from_dict(columns).save_to_disk(directory,
+  num_shards=shards)` lays it out."""
   directory.mkdir(parents=True, exist_ok=True)
   table = pa.table(columns)
-  name = "data-00000-of-00001.arrow"
-  with pa.OSFile(str(directory / name), "wb") as sink:
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-      for batch in table.to_batches(max_chunksize=batch_rows):
-        writer.write_batch(batch)
+  names = [f"data-{i:05d}-of-{shards:05d}.arrow" for i in range(shards)]
+  per_shard = -(-table.num_rows // shards)
+  for i, name in enumerate(names):
+    with pa.OSFile(str(directory / name), "wb") as sink:
+      with pa.ipc.new_stream(sink, table.schema) as writer:
+        for batch in table.slice(i * per_shard, per_shard).to_batches(max_chunksize=batch_rows):
+          writer.write_batch(batch)
   (directory / "dataset_info.json").write_text(json.dumps(
       {"citation": "", "description": "", "features": {
           c: {"dtype": str(table.schema.field(c).type), "_type": "Value"}
           for c in table.column_names}, "homepage": "", "license": ""}))
   (directory / "state.json").write_text(json.dumps(
-      {"_data_files": [{"filename": name}], "_fingerprint": "0123456789abcdef",
+      {"_data_files": [{"filename": name} for name in names], "_fingerprint": "0123456789abcdef",
        "_format_columns": None, "_format_kwargs": {}, "_format_type": None,
        "_output_all_columns": False, "_split": "test"}))
   return directory

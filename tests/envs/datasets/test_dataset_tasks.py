@@ -46,12 +46,15 @@ def test_math500_answer_column_and_boxed_solution_agree(tmp_path):
 
 
 def test_aime_saved_dataset_integer_answers(tmp_path):
-  directory = write_saved_dataset(tmp_path / "aime_2024", AIME)
+  directory = write_saved_dataset(tmp_path / "aime_2024", AIME, shards=2)  # rows 0-1, 2
   table = _table(directory, "hf_disk", **AIME_CONFIG)
   tasks = [table[i] for i in range(len(table))]
   assert [t.answer for t in tasks] == ["204", "25", "33"]
   assert [t.id for t in tasks] == AIME["ID"]
-  assert tasks[1].prompt == AIME["Problem"][1]
+  assert [t.prompt for t in tasks] == AIME["Problem"]
+  with pytest.raises(ValueError, match=r"data-00001-of-00002.arrow row 0, column 'Answer'"):
+    bad = dict(AIME, Answer=pa.array([1, 2, None], pa.int64()))
+    _table(write_saved_dataset(tmp_path / "bad", bad, shards=2), "hf_disk", **AIME_CONFIG)[2]
   assert {t.metadata["source"] for t in tasks} == {"aime_2024"}
 
 
