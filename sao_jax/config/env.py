@@ -6,9 +6,11 @@ import dataclasses
 import os
 
 from sao_jax.config.checks import check_positive, fail
+from sao_jax.config.dataset import DATASET_SOURCES, DatasetConfig
 
 # Task sources each environment accepts; the first is the default.
-ENV_TASK_SOURCES = {"math_tool": ("generator", "jsonl"), "style": ("builtin", "jsonl"),
+ENV_TASK_SOURCES = {"math_tool": ("generator", "jsonl") + DATASET_SOURCES,
+                    "style": ("builtin", "jsonl"),
                     "coding": ("generator", "dir", "jsonl"), "sanity": ("generator",)}
 ENV_JUDGES = ("rule", "http")
 # Generated-task kinds: math problems, and the bugs planted in coding tasks
@@ -70,6 +72,8 @@ class EnvConfig:
   name: str = "math_tool"
   task_source: str = ""  # "" = the environment's default (first in ENV_TASK_SOURCES).
   jsonl_path: str = ""  # task_source="jsonl" (coding: rows pointing at task dirs/archives).
+  # task_source in DATASET_SOURCES ("parquet", "hf_disk"): the file and its column mapping.
+  dataset: DatasetConfig = dataclasses.field(default_factory=DatasetConfig)
   seed: int = 0
   max_turns: int = 8  # Assistant turns per episode (style is always single-turn).
   max_observation_chars: int = 4096
@@ -109,6 +113,10 @@ class EnvConfig:
             f"{self.name!r} accepts {', '.join(map(repr, sources))}")
     if self.resolved_task_source == "jsonl" and not os.path.isfile(self.jsonl_path):
       fail("env", "jsonl_path", self.jsonl_path, "task_source='jsonl' needs an existing JSONL file")
+    if not isinstance(self.dataset, DatasetConfig):
+      fail("env", "dataset", self.dataset, "expected a DatasetConfig (sao_jax.config.dataset)")
+    if self.resolved_task_source in DATASET_SOURCES:
+      self.dataset.validate(self.resolved_task_source)
     if self.resolved_task_source == "dir" and not os.path.isdir(self.coding_task_dir):
       fail("env", "coding_task_dir", self.coding_task_dir,
            "task_source='dir' needs an existing directory of task directories or archives")
