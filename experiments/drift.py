@@ -27,6 +27,10 @@ final reward (mean +- 95% CI over seeds), steps to reach 0.9 (trailing 5-step
 mean; the budget + 1 when never) and the area under the reward curve (mean
 reward over all steps).
 
+`sao_centred_lr_warmup` was added after the pre-registration, when seed 1 of
+`sao_centred` collapsed by a second route (the first Adam update, see README
+"Why SAO drifted"); its criteria are the same.
+
 The report (`docs/drift.md`) is generated from the runs' metrics.jsonl.
 """
 
@@ -51,6 +55,8 @@ SETTING = ("sampler.max_new_tokens=4", "run.sft_steps=60", "learner.steps=60")
 ARMS = {
     "sao": ("sao", ()),
     "sao_centred": ("sao", ("algorithm.advantage_centering=batch_mean",)),
+    "sao_centred_lr_warmup": ("sao", ("algorithm.advantage_centering=batch_mean",
+                                      "learner.lr_warmup_steps=10")),
     "grpo": ("grpo", ()),
     "sao_lam1": ("sao", ("algorithm.lam_policy=1.0",)),
     "sao_critic_warmup": ("sao", ("learner.critic_warmup_steps=10",
