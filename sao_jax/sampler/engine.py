@@ -170,6 +170,11 @@ class Engine:
     return bool(self._queue) or bool(self._active_N.any())
 
   @property
+  def queued(self) -> int:
+    """Turns waiting for a slot (a preempted turn counts again until it resumes)."""
+    return len(self._queue)
+
+  @property
   def version(self) -> int:
     return self._version
 
