@@ -59,7 +59,8 @@ class SamplerConfig:
   when none is free preempts the most recently admitted one (its pages are
   freed, it is re-prefilled later; counted in `stats["preemptions"]`), and the
   prefills of several slots run in one call of up to the smallest of
-  `prefill_row_buckets` rows that fits.
+  `prefill_row_buckets` rows that fits. With `kv_prefix_sharing`, episodes whose
+  prompts start alike (a GRPO group) share those pages instead of prefilling them.
 
   Placement: with `sharded`, a sampler process lays params and KV cache out
   over all its local devices with the top-level `mesh` config (its -1 axis
@@ -90,6 +91,7 @@ class SamplerConfig:
   kv_page_size: int = 16
   kv_pages: int = 0  # 0: slots * ceil(max_seq_len / kv_page_size), the dense cache's memory
   prefill_row_buckets: tuple[int, ...] = (1, 4)
+  kv_prefix_sharing: bool = True
 
   def num_kv_pages(self) -> int:
     """Pages in the paged pool: `kv_pages`, or (0) those of `slots` dense rows."""
@@ -137,6 +139,8 @@ class SamplerConfig:
            f"expected 0 (as much as the dense cache) or at least the {per_episode} pages one "
            f"episode of max_seq_len={self.max_seq_len} tokens needs at kv_page_size="
            f"{self.kv_page_size}")
+    if not isinstance(self.kv_prefix_sharing, bool):
+      fail("sampler", "kv_prefix_sharing", self.kv_prefix_sharing, "expected true or false")
     rows = self.prefill_row_buckets
     if (not rows or any(isinstance(b, bool) or not isinstance(b, int) or b <= 0 for b in rows)
         or list(rows) != sorted(set(rows))):

@@ -3,7 +3,7 @@
   init_paged_cache(cfg, num_pages, page_size, slots)        -> PagedKVCache (empty)
   extend_paged(params, cfg, cache, pages_NxM, rows_B, tokens_BxC, mask_BxC, entries)
                                                             -> (logits_BxV, cache)
-  truncate_rows(cache, rows_B, length_B)                    -> cache with rows cut back
+  set_lengths(cache, rows_B, length_B)                      -> cache whose rows hold length_B
 
 Layout. Layer l keeps k and v pools [P, page, K, H]: P pages of `page` token
 positions each. Slot n owns the pages listed in its page table pages_NxM[n]
@@ -55,11 +55,12 @@ def init_paged_cache(cfg: ModelConfig, num_pages: int, page_size: int, slots: in
   return PagedKVCache(k=zeros(), v=zeros(), length_N=jnp.zeros((slots,), jnp.int32))
 
 
-def truncate_rows(cache: PagedKVCache, rows_B: jax.Array, length_B: jax.Array) -> PagedKVCache:
-  """Keeps the first length_B[b] tokens of slot rows_B[b] (never lengthens; rows >= N ignored)."""
-  current_B = cache.length_N.at[rows_B].get(mode="fill", fill_value=0)
-  new_B = jnp.minimum(current_B, length_B.astype(jnp.int32))
-  return dataclasses.replace(cache, length_N=cache.length_N.at[rows_B].set(new_B, mode="drop"))
+def set_lengths(cache: PagedKVCache, rows_B: jax.Array, length_B: jax.Array) -> PagedKVCache:
+  """Slot rows_B[b] holds its first length_B[b] tokens (rows >= N ignored). Unlike the
+  dense `decode.truncate` this may lengthen: a slot that takes shared prompt pages
+  (`sao_jax.sampler.pages`) holds their tokens without having written them."""
+  return dataclasses.replace(
+      cache, length_N=cache.length_N.at[rows_B].set(length_B.astype(jnp.int32), mode="drop"))
 
 
 def _entry_columns(table_BxM: jax.Array, count: int | None):

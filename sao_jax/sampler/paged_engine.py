@@ -25,6 +25,15 @@ decodes on from there (the same keys, so the same tokens up to float rounding
 of the recomputed prefix). `stats["preemptions"]` counts them. Nothing is
 dropped and nothing fails: one episode at max_seq_len always fits (validated).
 
+Prefix sharing (`kv_prefix_sharing`): a new episode whose prompt's full pages
+before its last token (shared = page * floor((len - 1) / page) tokens) equal
+those of an episode holding them in the pool takes the same pages
+(reference-counted, `sao_jax.sampler.pages`) and prefills only the rest: its
+first divergent page is its own from the start, since a shared page is never
+written again. Where the holder was admitted in the same step, the followers'
+prefill runs after the holder's. A GRPO group's n episodes thus prefill and
+hold its prompt once. `stats["shared_pages"]` counts pages taken this way.
+
 Batched prefill: the turns admitted in one `step` prefill together, up to the
 largest of `prefill_row_buckets` rows per call, each row one chunk of at most
 the largest prefill bucket; shapes are padded to a (rows, chunk) bucket pair,
@@ -52,7 +61,9 @@ class PagedEngine(Engine):
     self._resume: set[Hashable] = set()  # preempted mid-turn: re-prefill, then decode on
     self._admitted_at: dict[int, int] = {}  # slot -> admission counter (preempt the youngest)
     self._admissions = 0
-    self.stats.update(preemptions=0, prefill_rows=0)
+    self._holders: dict[tuple, dict[int, None]] = {}  # shared prompt prefix -> slots holding it
+    self._prefix_of: dict[int, tuple] = {}
+    self.stats.update(preemptions=0, prefill_rows=0, shared_pages=0)
 
   def _init_device(self, model_cfg: ModelConfig, mesh: jax.sharding.Mesh | None) -> None:
     cfg = self.cfg
@@ -79,8 +90,16 @@ class PagedEngine(Engine):
         self._cache, token, _ = self._steps.prefill(
             self._params, self._cache, self._pool.table_NxM, np.full(rows, n, np.int32),
             zeros_BxC, zeros_BxC, np.zeros(rows, np.int32), np.zeros(rows, np.uint32))
-    self._cache, *outs = self._decode_call()
+    outs = []
+    for entries in self._entry_buckets():
+      self._cache, *out = self._decode_call(entries)
+      outs.append(out)
     jax.block_until_ready((token, outs))
+
+  def _entry_buckets(self) -> tuple[int, ...]:
+    """Decode entry counts: the pool's pages, and twice that with prefix sharing."""
+    pages = self._pool.num_pages
+    return (pages, 2 * pages) if self.cfg.kv_prefix_sharing else (pages,)
 
   # ---- slots and pages ----
 
@@ -88,6 +107,29 @@ class PagedEngine(Engine):
     super()._release(slot)
     self._pool.release(slot)
     self._admitted_at.pop(slot, None)
+    prefix = self._prefix_of.pop(slot, None)
+    if prefix is not None:
+      del self._holders[prefix][slot]
+      if not self._holders[prefix]:
+        del self._holders[prefix]
+
+  def _share_prefix(self, episode: _Episode, slot: int, placed: list[_Episode]) -> bool:
+    """Gives a new episode's empty slot the pages of its prompt's full pages before the
+    last token from a slot holding them; True if the holder was placed this step."""
+    size = self.cfg.kv_page_size
+    shared = (len(episode.tokens) - 1) // size * size
+    if not self.cfg.kv_prefix_sharing or episode.num_turns or shared == 0:
+      return False
+    prefix = tuple(episode.tokens[:shared])
+    holder = next(iter(self._holders.get(prefix, ())), None)
+    if holder is not None and self._pool.share(holder, slot, shared // size):
+      episode.cache_len = shared
+      same_step = any(other.slot == holder for other in placed)
+    else:
+      same_step = False
+    self._holders.setdefault(prefix, {})[slot] = None
+    self._prefix_of[slot] = prefix
+    return same_step
 
   def _evict_parked(self, keep: int | None = None) -> bool:
     """Evicts the longest-parked slot whose episode is not queued (not `keep`)."""
@@ -114,38 +156,56 @@ class PagedEngine(Engine):
   # ---- scheduling ----
 
   def _admit(self, turns: list[Turn]) -> None:
-    admitted = self._place_queued()
+    admitted, followers = self._place_queued()
     if not admitted and self._queue and not self._active_N.any():
       # Nothing runs and nothing fits: the pages sit in parked slots of queued
       # episodes. Drop those caches (they re-prefill) so the queue's head fits.
       for slot in list(self._parked):
         self._evict(slot)
-      admitted = self._place_queued()
+      admitted, followers = self._place_queued()
     if admitted:
-      self._prefill(admitted, turns)
+      # Followers read pages their holders write in the first pass.
+      first = [episode for episode in admitted if episode not in followers]
+      sampled = {**self._prefill(first), **self._prefill(followers)}
+      for episode in admitted:
+        if episode.id in self._resume:  # the turn goes on from its last sampled token
+          self._resume.discard(episode.id)
+          episode.state = "generating"
+          self._arm(episode)
+        else:
+          self._begin_turn(episode, *sampled[episode.id], turns)
 
-  def _place_queued(self) -> list[_Episode]:
-    """Gives queued turns slots and pages, in queue order; returns those placed."""
-    placed = []
+  def _place_queued(self) -> tuple[list[_Episode], list[_Episode]]:
+    """Gives queued turns slots and pages, in queue order; returns those placed, and
+    those among them whose shared prompt pages a slot placed with them fills."""
+    placed, followers = [], []
     for episode_id in list(self._queue):
       episode = self._episodes[episode_id]
       slot = episode.slot if episode.slot is not None else self._claim_slot()
       if slot is None:
         continue
       resume = episode_id in self._resume
+      fresh = episode.slot is None and not resume and episode.cache_len == 0
+      follows = fresh and self._share_prefix(episode, slot, placed)
       if not self._get_pages(slot, len(episode.tokens) - resume + self.cfg.steps_per_call):
         if episode.slot is None:
-          self._release(slot)  # claimed for nothing: leave it empty
+          episode.cache_len = 0
+          self._release(slot)  # claimed for nothing: leave it empty (drops shared pages)
         continue
+      if fresh and episode.cache_len:
+        self.stats["shared_pages"] += episode.cache_len // self.cfg.kv_page_size
+      if follows:
+        followers.append(episode)
       self._queue.remove(episode_id)
       self._parked.pop(slot, None)
       episode.slot, self._owner[slot] = slot, episode_id
       self._admitted_at[slot], self._admissions = self._admissions, self._admissions + 1
       placed.append(episode)
-    return placed
+    return placed, followers
 
-  def _prefill(self, admitted: list[_Episode], turns: list[Turn]) -> None:
-    """Prefills every admitted episode's missing tokens, several rows per call."""
+  def _prefill(self, admitted: list[_Episode]) -> dict[Hashable, tuple]:
+    """Prefills the episodes' missing tokens, several rows per call; -> {id: (token,
+    behavior_logp)} sampled after each one's last token."""
     chunk_max, rows_max = self.cfg.prefill_buckets[-1], self.cfg.prefill_row_buckets[-1]
     pending = [episode.tokens[episode.cache_len:len(episode.tokens) - (episode.id in self._resume)]
                for episode in admitted]
@@ -175,13 +235,8 @@ class PagedEngine(Engine):
             sampled[i] = (token_B, logp_B, b)
     for i, episode in enumerate(admitted):
       episode.cache_len += len(pending[i])
-      if episode.id in self._resume:  # the turn goes on from its last sampled token
-        self._resume.discard(episode.id)
-        episode.state = "generating"
-        self._arm(episode)
-        continue
-      token_B, logp_B, b = sampled[i]
-      self._begin_turn(episode, np.asarray(token_B)[b], np.asarray(logp_B)[b], turns)
+    return {admitted[i].id: (np.asarray(token_B)[b], np.asarray(logp_B)[b])
+            for i, (token_B, logp_B, b) in sampled.items()}
 
   def _decode(self, turns: list[Turn]) -> None:
     self._reserve_decode_pages()
@@ -202,11 +257,14 @@ class PagedEngine(Engine):
         if youngest == slot:
           break
 
-  def _decode_call(self):
+  def _decode_call(self, entries: int | None = None):
     # Only active slots' pages are listed, so parked caches cost no attention reads.
     table_NxM = np.where(self._active_N[:, None], self._pool.table_NxM, -1)
+    if entries is None:
+      listed = int((table_NxM >= 0).sum())
+      entries = next(e for e in self._entry_buckets() if e >= listed)
     return self._steps.decode(self._params, self._cache, table_NxM, self._token_N,
-                              self._active_N, self._budget_N, self._seed_N)
+                              self._active_N, self._budget_N, self._seed_N, entries=entries)
 
   def _extend_turn(self, episode: _Episode, tokens: np.ndarray, logps: np.ndarray,
                    turns: list[Turn]) -> None:

@@ -7,12 +7,13 @@
 
 Like `sao_jax.sampler.steps`, over a `paged.PagedKVCache` and the host's page
 tables (`sao_jax.sampler.pages`). `prefill` runs B rows at once (batched
-prefill): row b cuts slot rows_B[b] back to start_B[b] tokens, appends its real
+prefill): row b sets slot rows_B[b] to hold start_B[b] tokens, appends its real
 chunk tokens and samples the token that follows (rows_B[b] >= N: a padding row,
 no effect). Each row reads only its own slot's pages, so its result does not
 depend on the other rows. `decode` is `steps.decode` with attention over the
-pages listed in pages_NxM (the host lists only active slots' pages); it reads
-at most `num_pages` entries, the pool's size. Sampling keys and
+pages listed in pages_NxM (the host lists only active slots' pages), at most
+`entries` of them (static: the pool's size, or twice it while pages are shared;
+`sao_jax.sampler.pages`). Sampling keys and
 `behavior_logp` are exactly the dense engine's. The cache argument is donated.
 """
 
@@ -44,7 +45,7 @@ def prefill(params: Params, cache: paged.PagedKVCache, pages_NxM: jax.Array, row
             cfg: ModelConfig, sampling: Sampling
             ) -> tuple[paged.PagedKVCache, jax.Array, jax.Array]:
   """Batched chunked prefill of B slots, then one sampled token per row (module docstring)."""
-  cache = paged.truncate_rows(cache, rows_B, start_B)
+  cache = paged.set_lengths(cache, rows_B, start_B)
   logits_BxV, cache = paged.extend_paged(params, cfg, cache, pages_NxM, rows_B, tokens_BxC,
                                          mask_BxC)
   length_B = cache.length_N.at[rows_B].get(mode="fill", fill_value=0)
@@ -54,17 +55,16 @@ def prefill(params: Params, cache: paged.PagedKVCache, pages_NxM: jax.Array, row
 
 
 def decode(params: Params, cache: paged.PagedKVCache, pages_NxM: jax.Array, token_N: jax.Array,
-           active_N: jax.Array, budget_N: jax.Array, seed_N: jax.Array, *, cfg: ModelConfig,
-           sampling: Sampling) -> tuple[paged.PagedKVCache, jax.Array, jax.Array, jax.Array]:
+           active_N: jax.Array, budget_N: jax.Array, seed_N: jax.Array, *, entries: int,
+           cfg: ModelConfig, sampling: Sampling) -> tuple[paged.PagedKVCache, jax.Array, jax.Array, jax.Array]:
   """steps_per_call decode steps over every slot (`steps.decode`, paged attention)."""
   stop_M = jnp.asarray(sampling.stop_token_ids or (-1,), jnp.int32)
   rows_N = jnp.arange(token_N.shape[0], dtype=jnp.int32)
-  num_pages = cache.k[0].shape[0]
 
   def one_step(carry, _):
     cache, token_N, active_N, budget_N = carry
     logits_NxV, cache = paged.extend_paged(params, cfg, cache, pages_NxM, rows_N, token_N[:, None],
-                                           active_N[:, None], entries=num_pages)
+                                           active_N[:, None], entries=entries)
     new_N, logp_N = sample(logits_NxV, token_keys(seed_N, cache.length_N),
                            sampling.temperature, sampling.top_k, sampling.top_p)
     emitted_N = active_N
@@ -87,11 +87,12 @@ def compile_paged_steps(cfg: ModelConfig, sampler: SamplerConfig, stop_token_ids
 
 @functools.lru_cache(maxsize=None)
 def _compiled(cfg: ModelConfig, sampling: Sampling, mesh: jax.sharding.Mesh | None) -> PagedSteps:
-  def jitted(program):
+  def jitted(program, **static):
     program = functools.partial(program, cfg=cfg, sampling=sampling)
-    return jax.jit(program if mesh is None else traced_on(mesh, program), donate_argnums=1)
+    return jax.jit(program if mesh is None else traced_on(mesh, program), donate_argnums=1,
+                   **static)
 
-  return PagedSteps(prefill=jitted(prefill), decode=jitted(decode))
+  return PagedSteps(prefill=jitted(prefill), decode=jitted(decode, static_argnames="entries"))
 
 
 def paged_cache_shardings(cache, mesh: jax.sharding.Mesh):

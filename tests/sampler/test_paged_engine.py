@@ -27,9 +27,9 @@ def weights():
   return params(0)
 
 
-def _rollout(eng):
+def _rollout(eng, prompt_list=None):
   """8 episodes of 3 turns (observations between turns); -> ({id: trajectory}, turns)."""
-  for i, prompt in enumerate(prompts(len(MAX_NEW))):
+  for i, prompt in enumerate(prompt_list or prompts(len(MAX_NEW))):
     eng.submit(i, prompt, seed=100 + i, max_new_tokens=MAX_NEW[i])
   left = {i: list(OBSERVATIONS) for i in range(len(MAX_NEW))}
   trajectories, turns = {}, []
@@ -84,6 +84,23 @@ def test_paged_engine_matches_dense_and_learner_with_preemption(weights, dense_r
     learner = np.asarray(policy_forward(weights, MODEL, tokens, mask, np.float32(1.0)).logp_BxT)[0, :t]
     on = trajectory.action_mask == 1
     np.testing.assert_allclose(trajectory.behavior_logp[on], learner[on], rtol=0, atol=1e-5)
+
+
+# 3 GRPO-like groups: 8 episodes, 3 prompts of 21 tokens (2 full pages of 8 shared).
+GROUPS = [np.random.default_rng(g).integers(0, VOCAB, 21) for g in (0, 0, 0, 1, 1, 1, 2, 2)]
+
+
+@pytest.mark.slow  # one more dense and paged rollout: ~30 s on 2 cores
+def test_groups_share_prompt_pages_and_sample_like_dense(weights):
+  want, _ = _rollout(engine(weights), GROUPS)
+  eng = engine(weights, with_sampler(kv_layout="paged", slots=6, kv_page_size=8, kv_pages=24,
+                                     prefill_row_buckets=(1, 4)), engine_cls=PagedEngine)
+  got, _ = _rollout(eng, GROUPS)
+  _assert_same(got, want)
+  # The first two groups are admitted together: their 4 followers take 2 pages each.
+  # (Episode 6's three short turns end before episode 7 gets a slot: nothing to share.)
+  assert eng.stats["shared_pages"] == 4 * 2, eng.stats
+  assert eng.free_pages == 24
 
 
 @pytest.mark.slow
