@@ -25,7 +25,8 @@ to the end; a 16-token prompt, no stop tokens) on the dense engine with
 `--dense-slots` rows of max_seq_len tokens, and on the paged engine with a pool
 of exactly the same number of token positions and `--paged-slots` slots. Ratio
 of sampled tokens/s (wall time, prefill and preemption included, compilation
-excluded), in the steady state: until the last episode is admitted, since a
+excluded; `paged_vs_dense_decode_call` is the same ratio for one decode call with
+every slot busy, the device program alone), in the steady state: until the last episode is admitted, since a
 finite batch's drain (its longest episode alone) measures the tail, not the
 engine. `prefill_batched_speedup`: 16 observations of 128 tokens prefilled by
 the paged engine's program in one 16-row call vs 16 one-row calls.
@@ -187,6 +188,11 @@ def longtail_tokens_per_s(engine: Engine, lengths: np.ndarray, prompt: int, voca
   return engine.stats["sampled_tokens"] / seconds
 
 
+def _powers_of_two(limit: int) -> tuple[int, ...]:
+  """1, 2, 4, ... up to `limit` (and `limit`): row buckets that waste at most half a call."""
+  return tuple(sorted({min(2**i, limit) for i in range(limit.bit_length() + 1)}))
+
+
 def paged_vs_dense(cfg, params, args) -> dict:
   """Sampled tokens/s of both engines at the same KV memory on a long-tailed mix."""
   prompt, page = 16, 16
@@ -198,11 +204,31 @@ def paged_vs_dense(cfg, params, args) -> dict:
   pages = args.dense_slots * args.longtail_max_len // page  # the dense cache's token positions
   paged_cfg = dataclasses.replace(base, kv_layout="paged", slots=args.paged_slots,
                                   kv_page_size=page, kv_pages=pages,
-                                  prefill_row_buckets=(1, 4, args.paged_slots))
+                                  prefill_row_buckets=_powers_of_two(args.paged_slots))
   paged = PagedEngine(paged_cfg, cfg, params)
   paged_tps = longtail_tokens_per_s(paged, lengths, prompt, cfg.vocab_size)
   return {"lengths": lengths, "dense_tps": dense_tps, "paged_tps": paged_tps,
-          "preemptions": paged.stats["preemptions"], "pages": pages}
+          "preemptions": paged.stats["preemptions"], "pages": pages,
+          "dense_step_tps": full_decode_tokens_per_s(Engine(base, cfg, params), args.repeats),
+          "paged_step_tps": full_decode_tokens_per_s(paged, args.repeats)}
+
+
+def full_decode_tokens_per_s(engine: Engine, repeats: int) -> float:
+  """Tokens/s of the engine's decode call with every slot active (a paged engine's
+  pool split evenly among its slots): the device program alone, no host scheduling."""
+  n, k = engine.cfg.slots, engine.cfg.steps_per_call
+  engine._active_N[:], engine._budget_N[:] = True, 10**6
+  if isinstance(engine, PagedEngine):
+    for slot in range(n):
+      engine._pool.release(slot)
+    for slot in range(n):
+      engine._pool.ensure(slot, engine._pool.num_pages // n * engine.cfg.kv_page_size)
+
+  def call():
+    engine._cache, tokens, *_ = engine._decode_call()
+    jax.block_until_ready(tokens)
+
+  return n * k / _best(call, max(repeats, 2))
 
 
 def prefill_batched_speedup(cfg, params, repeats: int) -> tuple[float, float, float]:
@@ -299,6 +325,9 @@ def main() -> None:
            (f"paged engine ({args.paged_slots} slots)",
             f"{longtail['paged_tps']:8.0f} tokens/s ({longtail['preemptions']} preemptions)"),
            ("paged / dense", f"{paged_speedup:.2f}x"),
+           ("decode call alone, all slots busy", f"dense {longtail['dense_step_tps']:.0f}, paged "
+            f"{longtail['paged_step_tps']:.0f} tokens/s = "
+            f"{longtail['paged_step_tps'] / longtail['dense_step_tps']:.2f}x"),
            ("prefill 16 x 128: one call / 16 calls",
             f"{batched_s * 1e3:.1f} ms / {single_s * 1e3:.1f} ms = {prefill_speedup:.2f}x")]
   width = max(len(name) for name, _ in rows)
@@ -311,6 +340,8 @@ def main() -> None:
                                 "paged_tokens_per_s": round(longtail["paged_tps"], 1),
                                 "dense_longtail_tokens_per_s": round(longtail["dense_tps"], 1),
                                 "paged_preemptions": longtail["preemptions"],
+                                "paged_vs_dense_decode_call": round(
+                                    longtail["paged_step_tps"] / longtail["dense_step_tps"], 3),
                                 "prefill_batched_speedup": round(prefill_speedup, 3)}))
 
 
