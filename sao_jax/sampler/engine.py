@@ -52,6 +52,9 @@ that distribution with `policy_forward(..., temperature=T)`. It is the sampling
 distribution only without truncation, which training configs therefore refuse
 (`sampling` module docstring); evaluation may truncate (greedy top_k = 1).
 
+KV layout: this engine keeps a dense row per slot (`sampler.kv_layout="dense"`);
+`sao_jax.sampler.paged_engine.PagedEngine` is the same engine over a paged cache.
+
 Versions: `set_params` takes effect at the next prefill or decode call; every
 sampled token records the version that produced it, and turns and trajectories
 report the first and last.
@@ -159,6 +162,9 @@ class Engine:
 
   def _init_device(self, model_cfg: ModelConfig, mesh: jax.sharding.Mesh | None) -> None:
     """The device programs and the empty cache (the paged engine has its own)."""
+    if self.cfg.kv_layout != "dense":
+      raise ValueError(f"sampler.kv_layout={self.cfg.kv_layout!r} needs the paged engine: build "
+                       "engines with sao_jax.sampler.episodes.make_engine (or PagedEngine)")
     self._steps = device_steps.compile_steps(model_cfg, self.cfg, tuple(self._stops), mesh)
     self._cache = device_steps.new_cache(model_cfg, self.cfg, mesh)
 
