@@ -18,11 +18,13 @@ positions [0, length + j] of its slot, exactly as `decode.extend` does for a
 dense row; padding tokens are written nowhere.
 
 Attention reads only pages some row owns (`sao_jax.models.paged_attention`).
-The (row, page-table column) pairs in use are its L entries: all B * M
-columns (`entries=None`, prefill), or the first `entries` allocated columns of
-the table in row-major order (decode over all N slots; the host guarantees at
-most `entries` are allocated, e.g. the pool size P when no page is shared).
-So a decode step reads the pages in use, not N x max_seq_len positions.
+With `entries=None` (prefill) each row reads its whole page table
+(`gathered_attention`, like a dense row); otherwise the (row, page-table
+column) pairs in use are its L = `entries` entries, the first allocated
+columns of the table in row-major order (decode over all N slots; the host
+guarantees at most `entries` are allocated, e.g. the pool size P when no page
+is shared), so a decode step reads the pages in use, not N x max_seq_len
+positions.
 """
 
 from __future__ import annotations
@@ -63,16 +65,13 @@ def set_lengths(cache: PagedKVCache, rows_B: jax.Array, length_B: jax.Array) -> 
       cache, length_N=cache.length_N.at[rows_B].set(length_B.astype(jnp.int32), mode="drop"))
 
 
-def _entry_columns(table_BxM: jax.Array, count: int | None):
-  """(row_L, page_L, column_L): every column of the table (count None) or its first
-  `count` allocated columns, row-major; unused entries get row B, page 0."""
+def _entry_columns(table_BxM: jax.Array, count: int):
+  """(row_L, page_L, column_L): the table's first `count` allocated columns, row-major;
+  unused entries get row B, page 0."""
   b, m = table_BxM.shape
   allocated = (table_BxM >= 0).reshape(-1)
-  if count is None:
-    index_L = jnp.where(allocated, jnp.arange(b * m, dtype=jnp.int32), b * m)
-  else:
-    (index_L,) = jnp.nonzero(allocated, size=count, fill_value=b * m)
-    index_L = index_L.astype(jnp.int32)
+  (index_L,) = jnp.nonzero(allocated, size=count, fill_value=b * m)
+  index_L = index_L.astype(jnp.int32)
   page_L = table_BxM.reshape(-1).at[index_L].get(mode="fill", fill_value=0)
   return index_L // m, jnp.maximum(page_L, 0), index_L % m
 
@@ -93,9 +92,12 @@ def extend_paged(params: Params, cfg: ModelConfig, cache: PagedKVCache, pages_Nx
   page_BxC = jnp.take_along_axis(table_BxM, column_BxC, axis=1)
   writable_BxC = mask_BxC & (page_BxC >= 0) & (pos_BxC < m * size)
   write_BxC = jnp.where(writable_BxC, page_BxC * size + pos_BxC % size, p * size)
-  row_L, page_L, column_L = _entry_columns(table_BxM, entries)
-  layer_caches = [PagedLayer(k, v, write_BxC, pos_BxC, row_L, page_L, column_L * size)
-                  for k, v in zip(cache.k, cache.v)]
+  if entries is None:  # whole tables: gathered attention, no entry list
+    plan = dict(row_L=None, page_L=None, first_L=None, table_BxM=table_BxM)
+  else:
+    row_L, page_L, column_L = _entry_columns(table_BxM, entries)
+    plan = dict(row_L=row_L, page_L=page_L, first_L=column_L * size)
+  layer_caches = [PagedLayer(k, v, write_BxC, pos_BxC, **plan) for k, v in zip(cache.k, cache.v)]
   net = model(params, cfg, "lm")
   h_BxCxD, new_layers, _ = net.trunk(tokens_BxC, pos_BxC, None, layer_caches)
   last_B = jnp.maximum(c - 1 - jnp.argmax(mask_BxC[:, ::-1], axis=1), 0)

@@ -1,4 +1,4 @@
-"""Ragged paged attention == jax's own reference for its Pallas TPU kernel
+"""Ragged (and gathered) paged attention == jax's own reference for its Pallas TPU kernel
 (`ref_ragged_paged_attention`), on pages shuffled through a pool, for a mixed
 batch of decode rows (1 query) and prefill rows (several queries)."""
 
@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ref_ragged_paged_attention
 
-from sao_jax.models.paged_attention import ragged_attention
+from sao_jax.models.paged_attention import gathered_attention, ragged_attention
 
 PAGES, PAGE, KV, GROUP, H = 12, 4, 2, 3, 8
 
@@ -39,3 +39,8 @@ def test_ragged_attention_matches_jax_reference():
   got = np.concatenate([np.asarray(out)[i, :q_lens[i]] for i in range(b)])
   np.testing.assert_allclose(got, np.asarray(want), rtol=0, atol=1e-5)
   assert jax.numpy.isfinite(out).all()
+  # The prefill path: whole page tables gathered, one softmax per row.
+  gathered = gathered_attention(*map(jnp.asarray, (q_BxTxNxH, k_pages, v_pages,
+                                                   pos_BxT.astype(np.int32), table)))
+  got = np.concatenate([np.asarray(gathered)[i, :q_lens[i]] for i in range(b)])
+  np.testing.assert_allclose(got, np.asarray(want), rtol=0, atol=1e-5)
