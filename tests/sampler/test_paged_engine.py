@@ -123,3 +123,8 @@ def test_page_pool_hands_out_and_takes_back_pages():
   assert pool.free_pages == 4
   with pytest.raises(ValueError, match="3 pages of 8 tokens cannot hold one episode"):
     PagePool(num_pages=3, page_size=8, slots=1, max_seq_len=VOCAB)
+
+
+def test_dense_engine_refuses_a_paged_config(weights):
+  with pytest.raises(ValueError, match="kv_layout='paged' needs the paged engine"):
+    engine(weights, PAGED)
