@@ -58,6 +58,7 @@ def _assert_same(got, want):
     assert got[i].num_turns == want[i].num_turns == 3
 
 
+@pytest.mark.slow  # compiles 4 prefill and 2 decode programs: ~50 s on 2 cores
 def test_paged_engine_matches_dense_and_learner_with_preemption(weights, dense_rollout):
   compiles = []
 
