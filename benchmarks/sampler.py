@@ -16,12 +16,27 @@ sampler alone (temperature softmax + inverse-CDF draw on [slots, vocab]), one
 slot's prefill are timed separately; what the run spends beyond those calls is
 host bookkeeping. A decode step at small batch reads every weight once, so the
 weight-read time at the measured memory bandwidth (a jitted sum over 256 MiB)
-is its floor. The last line is `RESULT {json}`.
+is its floor.
+
+Paged vs dense at the same KV memory (`speedup_paged_vs_dense_longtail`): the
+same model generates `--longtail-episodes` episodes whose lengths are long-tailed
+(lognormal, median max_seq_len / 8, sigma 1, clipped at max_seq_len so a few run
+to the end; a 16-token prompt, no stop tokens) on the dense engine with
+`--dense-slots` rows of max_seq_len tokens, and on the paged engine with a pool
+of exactly the same number of token positions and `--paged-slots` slots. Ratio
+of sampled tokens/s (wall time, prefill and preemption included, compilation
+excluded; `paged_vs_dense_decode_call` is the same ratio for one decode call with
+every slot busy, the device program alone), in the steady state: until the last episode is admitted, since a
+finite batch's drain (its longest episode alone) measures the tail, not the
+engine. `prefill_batched_speedup`: 16 observations of 128 tokens prefilled by
+the paged engine's program in one 16-row call vs 16 one-row calls.
+The last line is `RESULT {json}`.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import tempfile
 import time
@@ -36,6 +51,7 @@ from sao_jax.config.sampler import SamplerConfig
 from sao_jax.models import decode, hf
 from sao_jax.sampler import sampling, steps
 from sao_jax.sampler.engine import Engine
+from sao_jax.sampler.paged_engine import PagedEngine
 
 HF_CONFIG = dict(vocab_size=8192, hidden_size=384, intermediate_size=1024, num_hidden_layers=6,
                  num_attention_heads=6, num_key_value_heads=2, head_dim=64, rope_theta=10000.0,
@@ -150,6 +166,97 @@ def memory_bandwidth(n_bytes: int = 1 << 28, repeats: int = 3) -> float:
   return n_bytes / _best(lambda: jax.block_until_ready(total(x)), repeats)
 
 
+def longtail_lengths(n: int, max_seq_len: int, prompt: int, seed: int = 0) -> np.ndarray:
+  """Sampled tokens per episode: lognormal, median max_seq_len / 8, clipped to fit."""
+  rng = np.random.default_rng(seed)
+  lengths = rng.lognormal(np.log(max_seq_len / 8), 1.0, n)
+  return np.clip(lengths.astype(int), 1, max_seq_len - prompt)
+
+
+def longtail_tokens_per_s(engine: Engine, lengths: np.ndarray, prompt: int, vocab: int) -> float:
+  """Steady-state sampled tokens/s over episodes of `lengths` sampled tokens: from the
+  first submit until the last episode is admitted (the queue runs empty); the drain
+  after that, the longest episodes finishing on a shrinking batch, is not timed."""
+  engine.warmup()
+  prompts = np.random.default_rng(1).integers(0, vocab, (len(lengths), prompt))
+  start = time.perf_counter()
+  for i, (length, tokens) in enumerate(zip(lengths, prompts)):
+    engine.submit(i, tokens, seed=i, max_new_tokens=int(length))
+  while engine.queued:
+    engine.step()
+  seconds = time.perf_counter() - start
+  return engine.stats["sampled_tokens"] / seconds
+
+
+def _powers_of_two(limit: int) -> tuple[int, ...]:
+  """1, 2, 4, ... up to `limit` (and `limit`): row buckets that waste at most half a call."""
+  return tuple(sorted({min(2**i, limit) for i in range(limit.bit_length() + 1)}))
+
+
+def paged_vs_dense(cfg, params, args) -> dict:
+  """Sampled tokens/s of both engines at the same KV memory on a long-tailed mix."""
+  prompt, page = 16, 16
+  lengths = longtail_lengths(args.longtail_episodes, args.longtail_max_len, prompt)
+  base = SamplerConfig(slots=args.dense_slots, max_seq_len=args.longtail_max_len,
+                       prefill_buckets=(prompt,), steps_per_call=args.steps_per_call,
+                       stop_patterns=(), max_new_tokens=args.longtail_max_len)
+  dense_tps = longtail_tokens_per_s(Engine(base, cfg, params), lengths, prompt, cfg.vocab_size)
+  pages = args.dense_slots * args.longtail_max_len // page  # the dense cache's token positions
+  paged_cfg = dataclasses.replace(base, kv_layout="paged", slots=args.paged_slots,
+                                  kv_page_size=page, kv_pages=pages,
+                                  prefill_row_buckets=_powers_of_two(args.paged_slots))
+  paged = PagedEngine(paged_cfg, cfg, params)
+  paged_tps = longtail_tokens_per_s(paged, lengths, prompt, cfg.vocab_size)
+  return {"lengths": lengths, "dense_tps": dense_tps, "paged_tps": paged_tps,
+          "preemptions": paged.stats["preemptions"], "pages": pages,
+          "dense_step_tps": full_decode_tokens_per_s(Engine(base, cfg, params), args.repeats),
+          "paged_step_tps": full_decode_tokens_per_s(paged, args.repeats)}
+
+
+def full_decode_tokens_per_s(engine: Engine, repeats: int) -> float:
+  """Tokens/s of the engine's decode call with every slot active (a paged engine's
+  pool split evenly among its slots): the device program alone, no host scheduling."""
+  n, k = engine.cfg.slots, engine.cfg.steps_per_call
+  engine._active_N[:], engine._budget_N[:] = True, 10**6
+  if isinstance(engine, PagedEngine):
+    for slot in range(n):
+      engine._pool.release(slot)
+    for slot in range(n):
+      engine._pool.ensure(slot, engine._pool.num_pages // n * engine.cfg.kv_page_size)
+
+  def call():
+    engine._cache, tokens, *_ = engine._decode_call()
+    jax.block_until_ready(tokens)
+
+  return n * k / _best(call, max(repeats, 2))
+
+
+def prefill_batched_speedup(cfg, params, repeats: int) -> tuple[float, float, float]:
+  """(speedup, one-call s, one-row-at-a-time s) prefilling 16 x 128 tokens."""
+  rows, chunk = 16, 128
+  sampler_cfg = SamplerConfig(kv_layout="paged", slots=rows, max_seq_len=2 * chunk,
+                              prefill_buckets=(chunk,), prefill_row_buckets=(1, rows),
+                              stop_patterns=())
+  engine = PagedEngine(sampler_cfg, cfg, params)
+  for slot in range(rows):
+    engine._pool.ensure(slot, chunk)
+  tokens = np.random.default_rng(2).integers(0, cfg.vocab_size, (rows, chunk)).astype(np.int32)
+  table, zeros = engine._pool.table_NxM, np.zeros(rows, np.int32)
+  seeds = np.arange(rows, dtype=np.uint32)
+
+  def call(rows_B, tokens_BxC, start_B, seed_B):
+    engine._cache, token, _ = engine._steps.prefill(params, engine._cache, table, rows_B,
+                                                    tokens_BxC, np.ones_like(tokens_BxC),
+                                                    start_B, seed_B)
+    return token
+
+  batched = lambda: jax.block_until_ready(call(np.arange(rows, dtype=np.int32), tokens, zeros, seeds))
+  one_by_one = lambda: jax.block_until_ready([
+      call(np.array([r], np.int32), tokens[r:r + 1], zeros[:1], seeds[r:r + 1]) for r in range(rows)])
+  batched_s, single_s = _best(batched, repeats), _best(one_by_one, repeats)
+  return single_s / batched_s, batched_s, single_s
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--batch", type=int, default=8)
@@ -157,6 +264,10 @@ def main() -> None:
   parser.add_argument("--new", type=int, default=128)
   parser.add_argument("--steps-per-call", type=int, default=16)
   parser.add_argument("--repeats", type=int, default=1)
+  parser.add_argument("--longtail-episodes", type=int, default=128)
+  parser.add_argument("--longtail-max-len", type=int, default=1024)
+  parser.add_argument("--dense-slots", type=int, default=8)
+  parser.add_argument("--paged-slots", type=int, default=32)
   args = parser.parse_args()
 
   torch.manual_seed(0)
@@ -201,12 +312,37 @@ def main() -> None:
           ("profiled device calls / run",
            f"{(calls * prof['decode call'] + args.batch * prof['prefill']) / ours_s:.2f} "
            f"({calls} decode calls + {args.batch} prefills; the rest is host bookkeeping)")]
+  longtail = paged_vs_dense(cfg, params, args)
+  paged_speedup = longtail["paged_tps"] / longtail["dense_tps"]
+  prefill_speedup, batched_s, single_s = prefill_batched_speedup(cfg, params, args.repeats)
+  lengths = longtail["lengths"]
+  rows += [("long-tail mix (sampled tokens)",
+            f"{len(lengths)} episodes, median {int(np.median(lengths))}, mean {lengths.mean():.0f}, "
+            f"max {lengths.max()} ({int((lengths == lengths.max()).sum())} at max)"),
+           ("KV memory (both engines)", f"{args.dense_slots} x {args.longtail_max_len} tokens = "
+            f"{longtail['pages']} pages of 16"),
+           (f"dense engine ({args.dense_slots} slots)", f"{longtail['dense_tps']:8.0f} tokens/s"),
+           (f"paged engine ({args.paged_slots} slots)",
+            f"{longtail['paged_tps']:8.0f} tokens/s ({longtail['preemptions']} preemptions)"),
+           ("paged / dense", f"{paged_speedup:.2f}x"),
+           ("decode call alone, all slots busy", f"dense {longtail['dense_step_tps']:.0f}, paged "
+            f"{longtail['paged_step_tps']:.0f} tokens/s = "
+            f"{longtail['paged_step_tps'] / longtail['dense_step_tps']:.2f}x"),
+           ("prefill 16 x 128: one call / 16 calls",
+            f"{batched_s * 1e3:.1f} ms / {single_s * 1e3:.1f} ms = {prefill_speedup:.2f}x")]
   width = max(len(name) for name, _ in rows)
   for name, value in rows:
     print(f"{name:<{width}}  {value}")
   print("RESULT " + json.dumps({"name": "sampler", "speedup_vs_transformers": round(hf_s / ours_s, 3),
                                 "ours_tokens_per_s": round(ours_tps, 1),
-                                "hf_tokens_per_s": round(hf_tps, 1)}))
+                                "hf_tokens_per_s": round(hf_tps, 1),
+                                "speedup_paged_vs_dense_longtail": round(paged_speedup, 3),
+                                "paged_tokens_per_s": round(longtail["paged_tps"], 1),
+                                "dense_longtail_tokens_per_s": round(longtail["dense_tps"], 1),
+                                "paged_preemptions": longtail["preemptions"],
+                                "paged_vs_dense_decode_call": round(
+                                    longtail["paged_step_tps"] / longtail["dense_step_tps"], 3),
+                                "prefill_batched_speedup": round(prefill_speedup, 3)}))
 
 
 if __name__ == "__main__":

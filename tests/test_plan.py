@@ -9,7 +9,7 @@ import pytest
 
 from sao_jax.cli import plan as plan_cli
 from sao_jax.config import AlgorithmConfig, Config, LearnerConfig, MeshConfig, ModelConfig
-from sao_jax.planning import estimate, hardware
+from sao_jax.planning import aot, estimate, hardware
 
 GiB = 2**30
 TINY_CPU = str(pathlib.Path(__file__).parents[1] / "configs" / "tiny_cpu.py")
@@ -128,6 +128,36 @@ def test_decode_advice_names_sampler_knobs():
                                           seq_len=32768, batch_shards=4)
   assert "a smaller --sampler-batch" in message
   assert "a shorter cache (--seq-len, now 32768)" in message
+
+
+def test_paged_decode_figures_at_the_dense_cache_memory():
+  # 64 dense rows of 32K tokens = 131072 pages of 16; 4096-token episodes take 256 pages.
+  paged = estimate.paged_decode(64, 32768, 4096, 16, dense_flops=1e12, dense_bytes=76e9,
+                                peak_flops=459e12, bytes_per_s=2.76e12)
+  assert paged.episodes == 512
+  # Same bytes as the dense step (the full pool), 8x its FLOPs: still bandwidth bound.
+  assert paged.seconds == pytest.approx(76e9 / 2.76e12)
+  assert paged.tokens_per_s == pytest.approx(512 * 2.76e12 / 76e9)
+  compute_bound = estimate.paged_decode(64, 32768, 4096, 16, dense_flops=1e13, dense_bytes=76e9,
+                                        peak_flops=459e12, bytes_per_s=2.76e12)
+  assert compute_bound.seconds == pytest.approx(1e13 * 8 / 459e12)
+  with pytest.raises(ValueError, match="mean episode tokens=40000 is invalid"):
+    estimate.paged_decode(64, 32768, 40000, 16, 1.0, 1.0, 1.0, 1.0)
+
+
+def test_plan_table_shows_paged_beside_dense():
+  decode = aot.Program(name="decode_step", topology="v5p:2x2x1", mesh_shape={"fsdp": 4},
+                       memory=_memory(70, 2), compiler_flops=1e12, compiler_bytes=76e9,
+                       compiler_seconds=None)
+  train = dataclasses.replace(decode, name="train_step")
+  cfg = _cfg()
+  result = aot.Plan(cfg=cfg, seq_len=32768, device=hardware.chip_spec("v5p"), devices=4,
+                    hbm_fraction=0.95, train=train, decode=decode, sampler_batch=64,
+                    mean_episode_tokens=4096, model_flops=1e15, hardware_flops=1.2e15,
+                    roofline=estimate.roofline(1e15, 1.2e15, 1000, 4, 459e12))
+  table = aot.format_plan(result)
+  assert "decode step (batch 64, cache 32768)" in table
+  assert "paged decode (same KV memory, mean episode 4096 tokens, pages of 16): 512 episodes" in table
 
 
 def test_compiler_out_of_memory_message():

@@ -3,12 +3,16 @@
   sao-plan --config configs/qwen3_8b_v5p32.py --topology v5p:2x2x4 [--set a.b=c ...]
            [--seq-len 32768] [--sampler-topology v5p:2x2x2] [--sampler-batch 64]
            [--sampler-mesh data=1,fsdp=-1,tensor=1,expert=1] [--hbm-fraction 0.95] [--no-decode]
+           [--mean-episode-tokens 4096]
 
 Runs on any CPU machine with libtpu installed (`pip install "jax[tpu]==<jax version>"`):
 AOT-compiles the learner's train step and the sampler's decode step for the
 named TPU topology on abstract (never allocated) arrays, prints per-device
 memory against HBM, FLOPs and the roofline step time / MFU / tokens per second,
-and exits 1 with what to change when a program does not fit.
+and exits 1 with what to change when a program does not fit. Beside the dense
+decode figures it prints the paged engine's: episodes that fit in the same KV
+memory and the decode tokens/s bound, for episodes of --mean-episode-tokens
+(default seq_len / 8).
 """
 
 from __future__ import annotations
@@ -40,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
   seq_len = args.seq_len or cfg.sampler.max_seq_len
   result = aot.plan(cfg, args.topology, seq_len, sampler_topology=args.sampler_topology,
                     sampler_mesh=args.sampler_mesh, sampler_batch=args.sampler_batch,
-                    hbm_fraction=args.hbm_fraction, with_decode=not args.no_decode)
+                    hbm_fraction=args.hbm_fraction, with_decode=not args.no_decode,
+                    mean_episode_tokens=args.mean_episode_tokens)
   print(aot.format_plan(result))
   aot.check_fits(result)
   print(f"fits: every program is within {args.hbm_fraction:.0%} of "
@@ -69,6 +74,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                       "(default: the config's)")
   parser.add_argument("--hbm-fraction", type=float, default=0.95,
                       help="share of HBM a program may use (the runtime keeps some)")
+  parser.add_argument("--mean-episode-tokens", type=int, default=None,
+                      help="assumed mean episode length for the paged engine's figures "
+                      "(default: seq_len / 8)")
   parser.add_argument("--no-decode", action="store_true", help="plan the train step only")
   args = parser.parse_args(argv)
   # Compile-only TPU devices need no accelerator: never let jax claim one (on a

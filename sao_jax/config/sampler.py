@@ -8,6 +8,7 @@ import re
 from sao_jax.config.checks import check_choice, check_positive, fail
 
 WEIGHT_CHANNELS = ("shared_memory", "directory", "network")
+KV_LAYOUTS = ("dense", "paged")
 
 # Ends a turn at the fence that closes a ```python tool-call block (sao_jax.envs.math.tool),
 # not at the opening fence.
@@ -51,6 +52,16 @@ class SamplerConfig:
   entry of `weights_addresses` (loopback without them) and serves at most
   `weights_max_connections` connections at once.
 
+  KV cache (`kv_layout`): "dense" gives every slot its own `max_seq_len`-token
+  row. "paged" (`sao_jax.sampler.paged_engine`) keeps one pool of `kv_pages`
+  pages of `kv_page_size` tokens (0: the pages `slots` dense rows would take);
+  episodes are admitted while slots and pages last, an episode that needs a page
+  when none is free preempts the most recently admitted one (its pages are
+  freed, it is re-prefilled later; counted in `stats["preemptions"]`), and the
+  prefills of several slots run in one call of up to the smallest of
+  `prefill_row_buckets` rows that fits. With `kv_prefix_sharing`, episodes whose
+  prompts start alike (a GRPO group) share those pages instead of prefilling them.
+
   Placement: with `sharded`, a sampler process lays params and KV cache out
   over all its local devices with the top-level `mesh` config (its -1 axis
   filled for the local device count), MoE layers expert parallel; otherwise it
@@ -76,6 +87,15 @@ class SamplerConfig:
   weights_secret_env: str = ""
   weights_max_connections: int = 64
   sharded: bool = False
+  kv_layout: str = "dense"
+  kv_page_size: int = 16
+  kv_pages: int = 0  # 0: slots * ceil(max_seq_len / kv_page_size), the dense cache's memory
+  prefill_row_buckets: tuple[int, ...] = (1, 4)
+  kv_prefix_sharing: bool = True
+
+  def num_kv_pages(self) -> int:
+    """Pages in the paged pool: `kv_pages`, or (0) those of `slots` dense rows."""
+    return self.kv_pages or self.slots * -(-self.max_seq_len // self.kv_page_size)
 
   def validate(self) -> None:
     check_positive("sampler", self, "slots", "max_seq_len", "steps_per_call", "max_new_tokens")
@@ -110,6 +130,22 @@ class SamplerConfig:
     if buckets[-1] > self.max_seq_len:
       fail("sampler", "prefill_buckets", buckets,
            f"the largest bucket must be <= max_seq_len={self.max_seq_len}")
+    check_choice("sampler", self, "kv_layout", KV_LAYOUTS)
+    check_positive("sampler", self, "kv_page_size")
+    pages = self.kv_pages
+    per_episode = -(-self.max_seq_len // self.kv_page_size) if self.kv_page_size > 0 else 0
+    if isinstance(pages, bool) or not isinstance(pages, int) or (pages != 0 and pages < per_episode):
+      fail("sampler", "kv_pages", pages,
+           f"expected 0 (as much as the dense cache) or at least the {per_episode} pages one "
+           f"episode of max_seq_len={self.max_seq_len} tokens needs at kv_page_size="
+           f"{self.kv_page_size}")
+    if not isinstance(self.kv_prefix_sharing, bool):
+      fail("sampler", "kv_prefix_sharing", self.kv_prefix_sharing, "expected true or false")
+    rows = self.prefill_row_buckets
+    if (not rows or any(isinstance(b, bool) or not isinstance(b, int) or b <= 0 for b in rows)
+        or list(rows) != sorted(set(rows))):
+      fail("sampler", "prefill_row_buckets", rows,
+           "expected positive integers in strictly increasing order, e.g. (1, 4)")
     if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) or (
         not self.temperature > 0):
       fail("sampler", "temperature", self.temperature,

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from sao_jax.config import ModelConfig
-from sao_jax.models import attention, moe
+from sao_jax.models import attention, moe, paged_attention
 from sao_jax.sharding.rules import constrain
 
 BTD = ("activation_batch", "activation_length", "activation_embed")
@@ -90,6 +90,8 @@ class Attention(nnx.Module):
     for padding, writes nothing) and the updated cache is returned.
     `visible_BxTxS[b, t, s]` says whether query t may read key s; it is either
     that [B, T, S] bool array or an `attention.CausalMask` (no cache, S == T).
+    A `paged_attention.PagedLayer` cache (the paged engine) writes and reads
+    its page pools itself and ignores `visible_BxTxS`.
     """
     cfg, dt = self.cfg, x_BxTxD.dtype
     q_BxTxNxH = jnp.einsum("btd,dnh->btnh", x_BxTxD, self.q_proj[...].astype(dt))
@@ -99,7 +101,9 @@ class Attention(nnx.Module):
     k_BxTxKxH = rope(self.k_norm(k_BxTxKxH), pos_BxT, cfg.rope_theta)
     q_BxTxNxH = constrain(q_BxTxNxH, ("activation_batch", "activation_length",
                                       "activation_heads", "head_dim"))
-    if kv_cache is not None:
+    if isinstance(kv_cache, paged_attention.PagedLayer):  # the paged engine's pools
+      out_BxTxNxH, new_cache = kv_cache.attend(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH)
+    elif kv_cache is not None:
       k_cache, v_cache, slot_BxT = kv_cache
       row_Bx1 = jnp.arange(slot_BxT.shape[0])[:, None]
       # The cache is [B, K, S, H]: (b, k) lead, so both attention contractions read it

@@ -59,6 +59,7 @@ class Plan:
   train: Program
   decode: Program | None
   sampler_batch: int
+  mean_episode_tokens: int  # the assumed length distribution's mean, for the paged figures
   model_flops: float
   hardware_flops: float
   roofline: estimate.Roofline
@@ -139,8 +140,12 @@ def batch_shards(mesh_shape: dict[str, int]) -> int:
 
 def plan(cfg: Config, topology: str, seq_len: int, *, sampler_topology: str | None = None,
          sampler_mesh: MeshConfig | None = None, sampler_batch: int | None = None,
-         hbm_fraction: float = 0.95, with_decode: bool = True) -> Plan:
-  """Compiles the train step (and the sampler's decode step) and estimates throughput."""
+         hbm_fraction: float = 0.95, with_decode: bool = True,
+         mean_episode_tokens: int | None = None) -> Plan:
+  """Compiles the train step (and the sampler's decode step) and estimates throughput.
+
+  `mean_episode_tokens` (default seq_len // 8: a long-tailed mix) is the assumed
+  mean episode length for the paged engine's figures (`paged_decode`)."""
   if seq_len < 2:
     raise ValueError(f"seq_len={seq_len} is invalid: a trajectory needs at least 2 tokens")
   if not 0.0 < hbm_fraction <= 1.0:
@@ -167,7 +172,8 @@ def plan(cfg: Config, topology: str, seq_len: int, *, sampler_topology: str | No
   tokens = cfg.learner.batch_rows * seq_len  # token slots: packed rows count whole
   return Plan(cfg=cfg, seq_len=seq_len, device=device, devices=len(devices),
               hbm_fraction=hbm_fraction, train=train, decode=decode_program,
-              sampler_batch=sampler_batch, model_flops=model_flops, hardware_flops=hardware_flops,
+              sampler_batch=sampler_batch,
+              mean_episode_tokens=mean_episode_tokens or max(seq_len // 8, 1), model_flops=model_flops, hardware_flops=hardware_flops,
               roofline=estimate.roofline(model_flops, hardware_flops, tokens, len(devices),
                                          device.peak_bf16_flops))
 
@@ -186,6 +192,15 @@ def decode_seconds(result: Plan) -> float:
   d, device = result.decode, result.device
   return max(d.compiler_flops / device.peak_bf16_flops, d.compiler_bytes / device.hbm_bytes_per_s,
              d.compiler_seconds or 0.0)
+
+
+def paged_decode(result: Plan) -> estimate.PagedDecode:
+  """The paged engine (pages of sampler.kv_page_size) in the dense decode plan's KV
+  memory, for `result.mean_episode_tokens`-token episodes (estimate.paged_decode)."""
+  d, device = result.decode, result.device
+  return estimate.paged_decode(result.sampler_batch, result.seq_len, result.mean_episode_tokens,
+                               result.cfg.sampler.kv_page_size, d.compiler_flops,
+                               d.compiler_bytes, device.peak_bf16_flops, device.hbm_bytes_per_s)
 
 
 def format_plan(result: Plan) -> str:
@@ -223,4 +238,10 @@ def format_plan(result: Plan) -> str:
     lines.append(f"decode step (batch {result.sampler_batch}, cache {result.seq_len}): >= "
                  f"{seconds * 1e3:.2f} ms (max of FLOPs / peak and bytes accessed / HBM bandwidth, "
                  f"XLA cost analysis) -> <= {result.sampler_batch / seconds:,.0f} tokens/s")
+    paged = paged_decode(result)
+    lines.append(f"paged decode (same KV memory, mean episode {result.mean_episode_tokens} tokens, "
+                 f"pages of {result.cfg.sampler.kv_page_size}): {paged.episodes} episodes vs "
+                 f"{result.sampler_batch} dense, step >= {paged.seconds * 1e3:.2f} ms -> <= "
+                 f"{paged.tokens_per_s:,.0f} tokens/s (estimated from the dense step's bytes and "
+                 "FLOPs)")
   return "\n".join(lines)

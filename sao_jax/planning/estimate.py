@@ -188,3 +188,39 @@ def compiler_oom_message(cfg: Config, program: str, error: str, chip: str, seq_l
     reason = f"the TPU compiler ran out of memory: {error.splitlines()[0]}"
   fixes = "\n".join(f"  - {fix}" for fix in _advice(cfg, memory, program, seq_len, batch_shards))
   return f"{program} does not fit: {reason}. To fit, try:\n{fixes}"
+
+
+@dataclasses.dataclass(frozen=True)
+class PagedDecode:
+  """The paged engine's decode at the dense cache's KV memory (`paged_decode`)."""
+
+  episodes: int    # concurrent episodes that fit
+  seconds: float   # decode step lower bound
+  tokens_per_s: float
+
+
+def paged_decode(dense_slots: int, seq_len: int, mean_tokens: int, page_size: int,
+                 dense_flops: float, dense_bytes: float, peak_flops: float,
+                 bytes_per_s: float) -> PagedDecode:
+  """Episodes and decode bound of the paged engine in the dense cache's memory.
+
+  The dense cache is dense_slots * ceil(seq_len / page) pages; an episode of
+  `mean_tokens` tokens (the assumed mean final length: an episode holds at most
+  that many while it decodes) needs ceil(mean_tokens / page) pages, so
+
+      episodes = floor(dense_slots * ceil(seq_len / page) / ceil(mean_tokens / page)).
+
+  A full pool is read once per step like the dense cache, so the step moves the
+  dense step's bytes, while its FLOPs grow with the batch:
+
+      seconds >= max(dense_bytes / bandwidth, dense_flops * episodes / dense_slots / peak)
+
+  and tokens/s <= episodes / seconds.
+  """
+  if not 0 < mean_tokens <= seq_len:
+    raise ValueError(f"mean episode tokens={mean_tokens} is invalid: expected 0 < mean <= "
+                     f"seq_len={seq_len}")
+  pool = dense_slots * -(-seq_len // page_size)
+  episodes = pool // -(-mean_tokens // page_size)
+  seconds = max(dense_bytes / bytes_per_s, dense_flops * episodes / dense_slots / peak_flops)
+  return PagedDecode(episodes=episodes, seconds=seconds, tokens_per_s=episodes / seconds)

@@ -52,6 +52,9 @@ that distribution with `policy_forward(..., temperature=T)`. It is the sampling
 distribution only without truncation, which training configs therefore refuse
 (`sampling` module docstring); evaluation may truncate (greedy top_k = 1).
 
+KV layout: this engine keeps a dense row per slot (`sampler.kv_layout="dense"`);
+`sao_jax.sampler.paged_engine.PagedEngine` is the same engine over a paged cache.
+
 Versions: `set_params` takes effect at the next prefill or decode call; every
 sampled token records the version that produced it, and turns and trajectories
 report the first and last.
@@ -141,8 +144,7 @@ class Engine:
     self._stops = frozenset(int(i) for i in stop_token_ids)
     self._patterns = [re.compile(p, re.DOTALL) for p in cfg.stop_patterns]
     self._detokenize = detokenize
-    self._steps = device_steps.compile_steps(model_cfg, cfg, tuple(self._stops), mesh)
-    self._cache = device_steps.new_cache(model_cfg, cfg, mesh)
+    self._init_device(model_cfg, mesh)
     # Every params version is placed here: by the sharding rules on a mesh,
     # otherwise on the default device (arrays already on devices stay put).
     self._shardings = None if mesh is None else param_shardings(model_cfg, mesh)
@@ -158,12 +160,25 @@ class Engine:
     self._seed_N = np.zeros(n, np.uint32)
     self.stats = {"prefill_calls": 0, "decode_calls": 0, "decode_steps": 0, "sampled_tokens": 0}
 
+  def _init_device(self, model_cfg: ModelConfig, mesh: jax.sharding.Mesh | None) -> None:
+    """The device programs and the empty cache (the paged engine has its own)."""
+    if self.cfg.kv_layout != "dense":
+      raise ValueError(f"sampler.kv_layout={self.cfg.kv_layout!r} needs the paged engine: build "
+                       "engines with sao_jax.sampler.episodes.make_engine (or PagedEngine)")
+    self._steps = device_steps.compile_steps(model_cfg, self.cfg, tuple(self._stops), mesh)
+    self._cache = device_steps.new_cache(model_cfg, self.cfg, mesh)
+
   # ---- public API ----
 
   @property
   def busy(self) -> bool:
     """Whether `step` has work: queued turns or slots decoding."""
     return bool(self._queue) or bool(self._active_N.any())
+
+  @property
+  def queued(self) -> int:
+    """Turns waiting for a slot (a preempted turn counts again until it resumes)."""
+    return len(self._queue)
 
   @property
   def version(self) -> int:
@@ -281,13 +296,16 @@ class Engine:
       if owner is None:
         return slot
     for slot in self._parked:
-      victim = self._episodes[self._owner[slot]]
-      if victim.state != "queued":
-        del self._parked[slot]
-        victim.slot, victim.cache_len = None, 0
-        self._owner[slot] = None
+      if self._episodes[self._owner[slot]].state != "queued":
+        self._evict(slot)
         return slot
     return None
+
+  def _evict(self, slot: int) -> None:
+    """Frees a parked slot; its episode's next turn re-prefills its whole trajectory."""
+    victim = self._episodes[self._owner[slot]]
+    victim.slot, victim.cache_len = None, 0
+    self._release(slot)
 
   def _release(self, slot: int) -> None:
     self._owner[slot] = None
@@ -310,13 +328,20 @@ class Engine:
           np.int32(episode.cache_len + begin), np.uint32(episode.seed))
       self.stats["prefill_calls"] += 1
     episode.cache_len = len(episode.tokens)
+    self._begin_turn(episode, token, logp, turns)
+
+  def _begin_turn(self, episode: _Episode, token, logp, turns: list[Turn]) -> None:
+    """The turn's first token, sampled by the prefill of everything before it."""
     episode.state, episode.turn_start = "generating", len(episode.tokens)
     episode.turn_budget = min(episode.max_new_tokens, self.cfg.max_seq_len - len(episode.tokens))
     self._extend_turn(episode, np.asarray(token)[None], np.asarray(logp)[None], turns)
 
+  def _decode_call(self):
+    return self._steps.decode(self._params, self._cache, self._token_N, self._active_N,
+                              self._budget_N, self._seed_N)
+
   def _decode(self, turns: list[Turn]) -> None:
-    self._cache, tokens_KxN, logp_KxN, emitted_KxN = self._steps.decode(
-        self._params, self._cache, self._token_N, self._active_N, self._budget_N, self._seed_N)
+    self._cache, tokens_KxN, logp_KxN, emitted_KxN = self._decode_call()
     tokens_KxN, logp_KxN, emitted_KxN = map(np.asarray, (tokens_KxN, logp_KxN, emitted_KxN))
     self.stats["decode_calls"] += 1
     self.stats["decode_steps"] += self.cfg.steps_per_call
@@ -337,9 +362,7 @@ class Engine:
     end = self._turn_end(episode, n_before)
     slot = episode.slot
     if end is None:
-      self._token_N[slot], self._active_N[slot] = episode.tokens[-1], True
-      self._budget_N[slot] = episode.turn_budget - (len(episode.tokens) - episode.turn_start)
-      self._seed_N[slot] = episode.seed
+      self._arm(episode)
       return
     kept, reason = end
     cut = episode.turn_start + kept
@@ -354,6 +377,13 @@ class Engine:
                       tokens=np.asarray(episode.tokens[episode.turn_start:], np.int32),
                       behavior_logp=np.asarray(episode.behavior_logp[episode.turn_start:], np.float32),
                       finish_reason=reason, policy_versions=(versions[0], versions[-1])))
+
+  def _arm(self, episode: _Episode) -> None:
+    """Its slot decodes on from the episode's last sampled token (not yet in the cache)."""
+    slot = episode.slot
+    self._token_N[slot], self._active_N[slot] = episode.tokens[-1], True
+    self._budget_N[slot] = episode.turn_budget - (len(episode.tokens) - episode.turn_start)
+    self._seed_N[slot] = episode.seed
 
   def _turn_end(self, episode: _Episode, n_before: int) -> tuple[int, str] | None:
     """(tokens the turn keeps, reason) if it ended within its newest tokens, else None."""

@@ -47,12 +47,15 @@ from sao_jax.models.tokenizer import IM_END, encode_chat
 from sao_jax.config import ModelConfig, SamplerConfig
 from sao_jax.models.transformer import Params
 from sao_jax.sampler.engine import Engine, Turn, stop_token_ids
+from sao_jax.sampler.paged_engine import PagedEngine
 
 
 def make_engine(cfg: SamplerConfig, model_cfg: ModelConfig, params: Params, tokenizer, *,
                 version: int = 0, mesh: jax.sharding.Mesh | None = None) -> Engine:
-  """An `Engine` whose stop tokens and stop-pattern text come from `tokenizer`."""
-  return Engine(cfg, model_cfg, params, version=version, mesh=mesh,
+  """An `Engine` (a `PagedEngine` for kv_layout="paged") whose stop tokens and
+  stop-pattern text come from `tokenizer`."""
+  engine = PagedEngine if cfg.kv_layout == "paged" else Engine
+  return engine(cfg, model_cfg, params, version=version, mesh=mesh,
                 stop_token_ids=stop_token_ids(tokenizer, cfg.stop_tokens),
                 detokenize=lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False))
 

@@ -34,11 +34,11 @@ def params(seed: int = 0):
   return jax.tree.map(lambda x: x * 10.0 if x.ndim >= 2 else x, base)
 
 
-def engine(weights, sampler: SamplerConfig = SAMPLER, **kwargs) -> Engine:
+def engine(weights, sampler: SamplerConfig = SAMPLER, engine_cls=Engine, **kwargs) -> Engine:
   kwargs.setdefault("stop_token_ids", (STOP,))
   if sampler.stop_patterns:
     kwargs.setdefault("detokenize", detokenize)
-  return Engine(sampler, MODEL, weights, **kwargs)
+  return engine_cls(sampler, MODEL, weights, **kwargs)
 
 
 def prompts(n: int, seed: int = 0) -> list[np.ndarray]:

@@ -1,0 +1,116 @@
+"""The paged engine's two device programs, pure and jitted once in `compile_paged_steps`.
+
+  prefill(params, cache, pages_NxM, rows_B, tokens_BxC, mask_BxC, start_B, seed_B)
+      -> (cache, token_B, behavior_logp_B)
+  decode(params, cache, pages_NxM, token_N, active_N, budget_N, seed_N)
+      -> (cache, tokens_KxN, behavior_logp_KxN, emitted_KxN)
+
+Like `sao_jax.sampler.steps`, over a `paged.PagedKVCache` and the host's page
+tables (`sao_jax.sampler.pages`). `prefill` runs B rows at once (batched
+prefill): row b sets slot rows_B[b] to hold start_B[b] tokens, appends its real
+chunk tokens and samples the token that follows (rows_B[b] >= N: a padding row,
+no effect). Each row reads only its own slot's pages, so its result does not
+depend on the other rows. `decode` is `steps.decode` with attention over the
+pages listed in pages_NxM (the host lists only active slots' pages), at most
+`entries` of them (static: the pool's size, or twice it while pages are shared;
+`sao_jax.sampler.pages`). Sampling keys and
+`behavior_logp` are exactly the dense engine's. The cache argument is donated.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from sao_jax.config import ModelConfig
+from sao_jax.config.sampler import SamplerConfig
+from sao_jax.models import paged
+from sao_jax.models.transformer import Params
+from sao_jax.sampler.sampling import sample, token_keys
+from sao_jax.sampler.steps import Sampling
+from sao_jax.sharding.mesh import traced_on
+from sao_jax.sharding.rules import logical_to_spec
+
+
+class PagedSteps(NamedTuple):
+  prefill: Callable
+  decode: Callable
+
+
+def prefill(params: Params, cache: paged.PagedKVCache, pages_NxM: jax.Array, rows_B: jax.Array,
+            tokens_BxC: jax.Array, mask_BxC: jax.Array, start_B: jax.Array, seed_B: jax.Array, *,
+            cfg: ModelConfig, sampling: Sampling
+            ) -> tuple[paged.PagedKVCache, jax.Array, jax.Array]:
+  """Batched chunked prefill of B slots, then one sampled token per row (module docstring)."""
+  cache = paged.set_lengths(cache, rows_B, start_B)
+  logits_BxV, cache = paged.extend_paged(params, cfg, cache, pages_NxM, rows_B, tokens_BxC,
+                                         mask_BxC)
+  length_B = cache.length_N.at[rows_B].get(mode="fill", fill_value=0)
+  token_B, logp_B = sample(logits_BxV, token_keys(seed_B, length_B), sampling.temperature,
+                           sampling.top_k, sampling.top_p)
+  return cache, token_B, logp_B
+
+
+def decode(params: Params, cache: paged.PagedKVCache, pages_NxM: jax.Array, token_N: jax.Array,
+           active_N: jax.Array, budget_N: jax.Array, seed_N: jax.Array, *, entries: int,
+           cfg: ModelConfig, sampling: Sampling) -> tuple[paged.PagedKVCache, jax.Array, jax.Array, jax.Array]:
+  """steps_per_call decode steps over every slot (`steps.decode`, paged attention)."""
+  stop_M = jnp.asarray(sampling.stop_token_ids or (-1,), jnp.int32)
+  rows_N = jnp.arange(token_N.shape[0], dtype=jnp.int32)
+
+  def one_step(carry, _):
+    cache, token_N, active_N, budget_N = carry
+    logits_NxV, cache = paged.extend_paged(params, cfg, cache, pages_NxM, rows_N, token_N[:, None],
+                                           active_N[:, None], entries=entries)
+    new_N, logp_N = sample(logits_NxV, token_keys(seed_N, cache.length_N),
+                           sampling.temperature, sampling.top_k, sampling.top_p)
+    emitted_N = active_N
+    budget_N = budget_N - emitted_N.astype(jnp.int32)
+    stopped_N = jnp.any(new_N[:, None] == stop_M[None, :], axis=1) | (budget_N <= 0)
+    carry = (cache, jnp.where(emitted_N, new_N, token_N), active_N & ~stopped_N, budget_N)
+    return carry, (new_N, logp_N, emitted_N)
+
+  (cache, _, _, _), (tokens_KxN, logp_KxN, emitted_KxN) = jax.lax.scan(
+      one_step, (cache, token_N, active_N.astype(bool), budget_N), length=sampling.steps_per_call)
+  return cache, tokens_KxN, logp_KxN, emitted_KxN
+
+
+def compile_paged_steps(cfg: ModelConfig, sampler: SamplerConfig, stop_token_ids: tuple[int, ...],
+                        mesh: jax.sharding.Mesh | None = None) -> PagedSteps:
+  """`prefill` and `decode` jitted with the configs bound and the cache donated."""
+  return _compiled(cfg, Sampling(float(sampler.temperature), sampler.top_k, float(sampler.top_p),
+                                 sampler.steps_per_call, tuple(sorted(stop_token_ids))), mesh)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(cfg: ModelConfig, sampling: Sampling, mesh: jax.sharding.Mesh | None) -> PagedSteps:
+  def jitted(program, **static):
+    program = functools.partial(program, cfg=cfg, sampling=sampling)
+    return jax.jit(program if mesh is None else traced_on(mesh, program), donate_argnums=1,
+                   **static)
+
+  return PagedSteps(prefill=jitted(prefill), decode=jitted(decode, static_argnames="entries"))
+
+
+def paged_cache_shardings(cache, mesh: jax.sharding.Mesh):
+  """Pools: KV heads over tensor, pages and positions whole; lengths over the batch axes."""
+  names = {1: ("activation_batch",), 4: (None, None, "activation_kv_heads", "head_dim")}
+
+  def one(leaf):
+    spec = logical_to_spec(names[leaf.ndim], leaf.shape, dict(mesh.shape), strict=False)
+    return jax.sharding.NamedSharding(mesh, spec)
+
+  return jax.tree.map(one, cache)
+
+
+def new_paged_cache(cfg: ModelConfig, sampler: SamplerConfig,
+                    mesh: jax.sharding.Mesh | None = None) -> paged.PagedKVCache:
+  """An empty pool of `sampler.num_kv_pages()` pages (created sharded on `mesh`)."""
+  init = functools.partial(paged.init_paged_cache, cfg, sampler.num_kv_pages(),
+                           sampler.kv_page_size, sampler.slots)
+  if mesh is None:
+    return init()
+  return jax.jit(init, out_shardings=paged_cache_shardings(jax.eval_shape(init), mesh))()
