@@ -60,15 +60,16 @@ SMOKE_STEPS = 20
 
 
 @pytest.mark.slow
-def test_centred_sao_does_not_drift_where_plain_sao_collapses(tmp_path):
+def test_centred_sao_with_lr_warmup_does_not_drift_where_plain_sao_collapses(tmp_path):
   """The drift setting of experiments/drift.py (replies of up to 4 tokens), seed 1:
-  plain SAO (advantage_centering="none") fell from chance to reward 0 by step 7
-  and stayed there (docs/drift.md); with batch-mean-centred advantages the same
-  seed learns. Fails if centring stops removing the critic's net push."""
+  plain SAO fell from chance to reward 0 by step 7 and stayed there, and so did
+  SAO with centred advantages alone (its first Adam update flattened the
+  policy); with centred advantages and a 10-step learning-rate warm-up the same
+  seed learns (docs/drift.md). Fails if either remedy stops working."""
   from experiments import drift
   from sao_jax.config.loading import apply_overrides
   cfg = apply_overrides(sanity_config("sao"), [
-      *drift.SETTING, *drift.ARMS["sao_centred"][1], "seed=1", "env.seed=1"])
+      *drift.SETTING, *drift.ARMS["sao_centred_lr_warmup"][1], "seed=1", "env.seed=1"])
   rewards = training_rewards(cfg, tmp_path)
   smooth = np.convolve(rewards, np.ones(WINDOW) / WINDOW, mode="valid")
   assert smooth.min() >= drift.COLLAPSED_BELOW, rewards
