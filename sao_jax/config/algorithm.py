@@ -67,10 +67,11 @@ VARIANTS: Mapping[str, Variant] = types.MappingProxyType({
 LOSS_AGGS = ("token_mean", "token_mean_kept", "seq_mean_token_mean")
 GAE_METHODS = ("auto", "associative", "scan")
 GAE_SPANS = ("actions", "response")
-# The value model's attention: q/k/v/o projections and q/k norms of every layer
-# (identical in dense and MoE Qwen3), frozen during critic training (SAO.md §4).
+# The value model's attention: q/k/v/o projections, their biases (qwen2) and q/k
+# norms (qwen3) of every layer (identical in dense and MoE), frozen during critic
+# training (SAO.md §4).
 FROZEN_ATTENTION_PATTERNS = (
-    r"^layers/\d+/attn/(q_proj|k_proj|v_proj|o_proj|q_norm|k_norm)(/|$)",)
+    r"^layers/\d+/attn/(q_proj|k_proj|v_proj|o_proj|q_bias|k_bias|v_bias|q_norm|k_norm)(/|$)",)
 
 
 
