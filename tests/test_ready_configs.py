@@ -71,3 +71,15 @@ def test_sao_plan_fits_a_v5p_host(name):
   cfg = load_config(CONFIGS / name)
   result = aot.plan(cfg, "v5p:2x2x1", cfg.sampler.max_seq_len)
   aot.check_fits(result)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", CHECKPOINTS)
+def test_sao_plan_programs_lower_on_the_cpu_mesh(name):
+  """What sao-plan compiles, lowered at full size without libtpu: the SAO train step
+  and the sampler's decode step trace and shard for every family."""
+  from sao_jax.planning import aot
+  cfg = load_config(CONFIGS / name)
+  mesh = make_mesh(cfg.mesh)
+  assert "stablehlo" in aot.lower_train(cfg, mesh, 1024).as_text()[:20000]
+  assert "stablehlo" in aot.lower_decode(cfg, mesh, 8, 1024).as_text()[:20000]
