@@ -1,14 +1,15 @@
 """Ready-made configs for small real checkpoints (configs/qwen3_0_6b.py, qwen2_5_0_5b.py,
 llama3_2_1b.py): they validate, their `model` section is what `config_from_hf` reads
 from the checkpoint's config.json (so `--set run.init=<that directory>` is accepted),
-their params shard on the config's mesh, and (slow, needs libtpu) `sao-plan` fits them."""
+and (slow) sao-plan's programs lower at full size on the CPU mesh and, with libtpu,
+fit a v5p host."""
 
 import pathlib
 
 import pytest
 
 from sao_jax.config.loading import load_config
-from sao_jax.models import hf, transformer
+from sao_jax.models import hf
 from sao_jax.sharding.mesh import make_mesh
 
 CONFIGS = pathlib.Path(__file__).parents[1] / "configs"
@@ -58,8 +59,6 @@ def test_config_validates_and_matches_its_checkpoint(name):
   from_checkpoint = hf.config_from_hf(CHECKPOINTS[name])
   assert _architecture(cfg.model) == _architecture(from_checkpoint)
   assert cfg.model.param_dtype == from_checkpoint.param_dtype == "bfloat16"
-  shardings = transformer.param_shardings(cfg.model, make_mesh(cfg.mesh))
-  assert tuple(shardings["embed"].spec) == (None, "fsdp")
 
 
 @pytest.mark.slow
