@@ -1,4 +1,5 @@
-"""`sao-convert`: Hugging Face Qwen3 directory <-> sao_jax params directory.
+"""`sao-convert`: Hugging Face checkpoint directory <-> sao_jax params directory, for
+every architecture of `sao_jax.models.families` (Qwen3, Qwen3-MoE, Qwen2.5, Llama 3.x).
 
   sao-convert hf-to-sao --hf_dir ./Qwen3-0.6B --out ./params
   sao-convert sao-to-hf --params ./params --out ./exported [--tokenizer_dir ./Qwen3-0.6B]

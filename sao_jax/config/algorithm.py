@@ -70,10 +70,11 @@ GAE_SPANS = ("actions", "response")
 # What is subtracted from a batch's advantages before the policy loss: "none" (the
 # paper) or "batch_mean", the mean over the batch's action tokens (README, #17).
 ADVANTAGE_CENTERINGS = ("none", "batch_mean")
-# The value model's attention: q/k/v/o projections and q/k norms of every layer
-# (identical in dense and MoE Qwen3), frozen during critic training (SAO.md §4).
+# The value model's attention: q/k/v/o projections, their biases (qwen2) and q/k
+# norms (qwen3) of every layer (identical in dense and MoE), frozen during critic
+# training (SAO.md §4).
 FROZEN_ATTENTION_PATTERNS = (
-    r"^layers/\d+/attn/(q_proj|k_proj|v_proj|o_proj|q_norm|k_norm)(/|$)",)
+    r"^layers/\d+/attn/(q_proj|k_proj|v_proj|o_proj|q_bias|k_bias|v_bias|q_norm|k_norm)(/|$)",)
 
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from sao_jax.config.checks import check_choice, check_positive, fail
+from sao_jax.models.families import FAMILIES
 
 DTYPES = ("float32", "bfloat16")
 ATTENTION_IMPLS = ("dense", "blocked")
@@ -14,16 +15,22 @@ ATTENTION_IMPLS = ("dense", "blocked")
 # "dots_saveable" keep every matmul output, "dots_with_no_batch_dims_saveable"
 # keep the weight matmuls' outputs but recompute attention scores.
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
+# RoPE frequency rules (`sao_jax.models.rope`): transformers' rope_type names.
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-  """Qwen3-family decoder hyper-parameters (dense when `num_experts == 0`).
+  """Decoder hyper-parameters (dense when `num_experts == 0`).
 
-  Field names follow Hugging Face's `Qwen3Config` / `Qwen3MoeConfig` so a
-  `config.json` maps onto them one to one. `hf_path`, when set, is a local
-  Hugging Face directory whose config and weights replace these fields.
+  `family` selects the architecture (`sao_jax.models.families`: qwen3, qwen2,
+  llama). Field names follow Hugging Face's configs (`Qwen3Config`,
+  `Qwen3MoeConfig`, ...) so a `config.json` maps onto them one to one; the
+  `rope_*` fields are the entries of its `rope_parameters`. `hf_path`, when set,
+  is a local Hugging Face directory whose config and weights replace these fields.
   """
+
+  family: str = "qwen3"
 
   vocab_size: int = 512
   hidden_size: int = 64
@@ -33,6 +40,19 @@ class ModelConfig:
   num_key_value_heads: int = 2
   head_dim: int = 16
   rope_theta: float = 1_000_000.0
+  # RoPE scaling (`sao_jax.models.rope` states the math of each type). rope_factor
+  # is used by linear, llama3 and yarn; the original context length by llama3 and
+  # yarn; low/high_freq_factor by llama3; beta_fast/slow, attention_factor (None:
+  # 0.1 ln(factor) + 1) and truncate by yarn.
+  rope_type: str = "default"
+  rope_factor: float = 1.0
+  rope_original_max_position_embeddings: int = 4096
+  rope_low_freq_factor: float = 1.0
+  rope_high_freq_factor: float = 4.0
+  rope_beta_fast: float = 32.0
+  rope_beta_slow: float = 1.0
+  rope_attention_factor: float | None = None
+  rope_truncate: bool = True
   rms_norm_eps: float = 1e-6
   max_position_embeddings: int = 4096
   tie_word_embeddings: bool = True
@@ -84,6 +104,25 @@ class ModelConfig:
             f"must be <= num_experts={self.num_experts}")
     if self.rope_theta <= 0:
       fail("model", "rope_theta", self.rope_theta, "expected a positive number")
+    check_choice("model", self, "family", tuple(FAMILIES))
+    check_choice("model", self, "rope_type", ROPE_TYPES)
+    check_positive("model", self, "rope_original_max_position_embeddings")
+    if self.rope_type != "default" and not self.rope_factor >= 1:
+      fail("model", "rope_factor", self.rope_factor,
+           f"rope_type={self.rope_type!r} needs a scaling factor >= 1")
+    if (self.rope_type == "llama3"
+        and not 0 < self.rope_low_freq_factor < self.rope_high_freq_factor):
+      fail("model", "rope_low_freq_factor", self.rope_low_freq_factor,
+           f"llama3 RoPE needs 0 < low_freq_factor < high_freq_factor={self.rope_high_freq_factor}")
+    if self.rope_type == "yarn" and not 0 < self.rope_beta_slow < self.rope_beta_fast:
+      fail("model", "rope_beta_slow", self.rope_beta_slow,
+           f"yarn RoPE needs 0 < beta_slow < beta_fast={self.rope_beta_fast}")
+    if self.rope_attention_factor is not None and not self.rope_attention_factor > 0:
+      fail("model", "rope_attention_factor", self.rope_attention_factor,
+           "expected a positive number, or None for yarn's 0.1 ln(factor) + 1")
+    if self.num_experts and not FAMILIES[self.family].moe:
+      fail("model", "num_experts", self.num_experts,
+           f"family {self.family!r} has no mixture-of-experts variant; use family 'qwen3' or 0")
     if self.rms_norm_eps <= 0:
       fail("model", "rms_norm_eps", self.rms_norm_eps, "expected a positive number")
     check_choice("model", self, "param_dtype", DTYPES)

@@ -18,7 +18,8 @@ DEFAULT_LOGGERS = ("tensorboard",)
 class RunConfig:
   """What `sao-train` does around the learner loop.
 
-  `init`: "random" (from scratch), a Hugging Face Qwen3 directory, or a
+  `init`: "random" (from scratch), a Hugging Face checkpoint directory (a family of
+  `sao_jax.models.families`; configs/qwen3_0_6b.py and friends), or a
   `sao-convert` params directory. `tokenizer`: a tokenizer.json (or directory);
   empty trains a byte-level BPE of `model.vocab_size` on the environment's texts
   and saves it in the run directory (for from-scratch runs without a hub).

@@ -1,12 +1,13 @@
-"""Hugging Face Qwen3 / Qwen3-MoE checkpoints in and out.
+"""Hugging Face checkpoints (Qwen3, Qwen3-MoE, Qwen2/2.5, Llama 3.x) in and out.
 
   config_from_hf(hf_dir_or_dict, **overrides) -> ModelConfig
   load_hf(hf_dir, mesh=None, **overrides)     -> (cfg, params)
   export_hf(params, cfg, out_dir, max_shard_bytes=5 GiB, tokenizer_dir=None)
 
-Supported: `Qwen3ForCausalLM` and `Qwen3MoeForCausalLM` with the default RoPE,
-no attention bias and no sliding window; anything else is rejected with the
-offending config entry named. Weights are read from `model.safetensors` or a
+Supported: the architectures of `sao_jax.models.families.HF_ARCHITECTURES`, with
+RoPE types default, linear, llama3 and yarn, full attention (no sliding window)
+and SiLU; anything else is rejected with the offending config entry named.
+Weights are read from `model.safetensors` or a
 sharded `model.safetensors.index.json`, one tensor at a time, converted to our
 layout (HF `nn.Linear` weights are [out, in]; our kernels are [in, out] with
 heads split out, e.g. q_proj [D, N, H]; MoE experts stacked into [E, D, F]) and
@@ -30,17 +31,30 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from sao_jax.config import ModelConfig
+from sao_jax.models.families import FAMILIES, HF_ARCHITECTURES, hf_architecture
 from sao_jax.models.params_io import place
 from sao_jax.models.transformer import Params, abstract_params, is_moe_layer, param_path, param_shardings
 
-ARCHITECTURES = {"Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe"}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "vocab.json", "merges.txt", "generation_config.json")
-_COMMON_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                  "num_attention_heads", "num_key_value_heads", "rms_norm_eps",
-                  "max_position_embeddings")
-_MOE_FIELDS = ("num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
-               "decoder_sparse_step", "router_aux_loss_coef")
+_SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
+                "max_position_embeddings", "tie_word_embeddings")
+_MOE_FIELDS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
+               "decoder_sparse_step", "router_aux_loss_coef", "mlp_only_layers")
+# rope_parameters key -> ModelConfig field, for each rope_type sao_jax implements
+# (`rope_type` and `rope_theta` are read for every type).
+_ROPE_KEYS = {
+    "default": {},
+    "linear": {"factor": "rope_factor"},
+    "llama3": {"factor": "rope_factor", "low_freq_factor": "rope_low_freq_factor",
+               "high_freq_factor": "rope_high_freq_factor",
+               "original_max_position_embeddings": "rope_original_max_position_embeddings"},
+    "yarn": {"factor": "rope_factor", "beta_fast": "rope_beta_fast", "beta_slow": "rope_beta_slow",
+             "attention_factor": "rope_attention_factor", "truncate": "rope_truncate",
+             "original_max_position_embeddings": "rope_original_max_position_embeddings"},
+}
+_DEFAULT_THETA = 10_000.0  # transformers' rope_theta when config.json names none
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,32 +75,96 @@ def _read_config(source: str | pathlib.Path | dict[str, Any]) -> dict[str, Any]:
   return json.loads(path.read_text())
 
 
+def _unsupported(field: str, value: Any, allowed: str) -> ValueError:
+  return ValueError(f"unsupported config.json setting {field}={value!r}; sao_jax implements "
+                    f"{allowed}")
+
+
+def _rope_fields(hf: dict[str, Any], max_position_embeddings: int) -> dict[str, Any]:
+  """The `rope_*` fields of `ModelConfig`, read as transformers 5 reads config.json.
+
+  A non-empty `rope_scaling` (the old name, and where Qwen's long-context
+  instructions put YaRN) replaces `rope_parameters` as a whole; rope_theta comes
+  from that dict, else the top-level `rope_theta`, else 10000; `type` is the old
+  name of `rope_type`; llama3 and yarn default original_max_position_embeddings
+  to max_position_embeddings. Where that rule would silently drop the
+  `rope_theta` of `rope_parameters`, the config is refused instead.
+  """
+  params, scaling = hf.get("rope_parameters") or {}, hf.get("rope_scaling") or {}
+  source = "rope_scaling" if scaling else "rope_parameters"
+  rope = {key: value for key, value in (scaling or params).items() if value is not None}
+  theta = float(rope.pop("rope_theta", hf.get("rope_theta", _DEFAULT_THETA)))
+  if scaling and params.get("rope_theta", theta) != theta:
+    raise ValueError(
+        f"config.json has rope_parameters={params!r} and rope_scaling={scaling!r}: transformers "
+        f"lets rope_scaling replace rope_parameters, so it would use rope_theta={theta} instead "
+        f"of {params['rope_theta']}; move the rope_scaling entries into rope_parameters and "
+        "delete rope_scaling")
+  rope_type = rope.pop("rope_type", rope.get("type", "default"))
+  rope.pop("type", None)
+  if rope_type not in _ROPE_KEYS:
+    raise _unsupported(f"{source}.rope_type", rope_type, f"rope_type {', '.join(_ROPE_KEYS)}")
+  keys = _ROPE_KEYS[rope_type]
+  for key in rope:
+    if key not in keys:
+      raise _unsupported(f"{source}.{key}", rope[key],
+                         f"for rope_type={rope_type!r} only {', '.join(keys) or 'rope_theta'}")
+  if "original_max_position_embeddings" in keys:
+    # transformers re-reads a top-level original_max_position_embeddings over the dict's.
+    top = hf.get("original_max_position_embeddings")
+    inner = rope.get("original_max_position_embeddings")
+    if top is not None and inner is not None and top != inner:
+      raise _unsupported("original_max_position_embeddings", top,
+                         f"one value: {source}.original_max_position_embeddings is {inner}")
+    rope["original_max_position_embeddings"] = inner or top or max_position_embeddings
+  if rope_type == "yarn":
+    # transformers: `beta_fast or 32`, `beta_slow or 1`; no factor means the context ratio.
+    rope["beta_fast"] = rope.get("beta_fast") or 32.0
+    rope["beta_slow"] = rope.get("beta_slow") or 1.0
+    rope.setdefault("factor", max_position_embeddings / rope["original_max_position_embeddings"])
+  missing = [key for key in ("factor", "low_freq_factor", "high_freq_factor") if key in keys
+             and key not in rope]
+  if missing:
+    raise ValueError(f"config.json {source} with rope_type={rope_type!r} lacks {missing}; "
+                     "transformers needs them too")
+  return {"rope_type": rope_type, "rope_theta": theta,
+          **{field: rope[key] for key, field in keys.items() if key in rope}}
+
+
 def config_from_hf(source: str | pathlib.Path | dict[str, Any], **overrides: Any) -> ModelConfig:
-  """Maps an HF `config.json` (directory or parsed dict) onto `ModelConfig`."""
+  """Maps an HF `config.json` (directory or parsed dict) onto `ModelConfig`.
+
+  The architecture's row of `families.HF_ARCHITECTURES` gives the family, the
+  value transformers uses for each missing field, and the field values sao_jax
+  implements; any other value of those fields, of the RoPE parameters, of
+  `layer_types` or `partial_rotary_factor` is refused naming the field.
+  """
   hf = _read_config(source)
   archs = hf.get("architectures") or []
-  if len(archs) != 1 or archs[0] not in ARCHITECTURES:
+  if len(archs) != 1 or archs[0] not in HF_ARCHITECTURES:
     raise ValueError(f"unsupported architecture {archs!r} in config.json; sao_jax loads "
-                     f"{' or '.join(ARCHITECTURES)}")
-  rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-  problems = {
-      "hidden_act": hf.get("hidden_act", "silu") != "silu",
-      "attention_bias": bool(hf.get("attention_bias", False)),
-      "use_sliding_window": bool(hf.get("use_sliding_window", False)),
-      "rope_type": rope.get("rope_type", rope.get("type", "default")) != "default",
-  }
-  bad = [name for name, is_bad in problems.items() if is_bad]
-  if bad:
-    raise ValueError(f"unsupported config.json settings {', '.join(f'{n}={hf.get(n, rope.get(n))!r}' for n in bad)}; "
-                     "sao_jax implements silu, no attention bias, full attention and default RoPE")
-  fields: dict[str, Any] = {name: hf[name] for name in _COMMON_FIELDS if name in hf}
-  fields["head_dim"] = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
-  fields["rope_theta"] = float(rope.get("rope_theta", hf.get("rope_theta", 10_000.0)))
-  fields["tie_word_embeddings"] = bool(hf.get("tie_word_embeddings", False))
-  if archs[0] == "Qwen3MoeForCausalLM":
-    fields.update({name: hf[name] for name in _MOE_FIELDS if name in hf})
-    fields["num_experts"] = hf.get("num_experts", hf.get("num_local_experts"))
-    fields["mlp_only_layers"] = tuple(hf.get("mlp_only_layers") or ())
+                     f"{', '.join(HF_ARCHITECTURES)}")
+  arch = HF_ARCHITECTURES[archs[0]]
+  for name, value in arch.fixed.items():
+    if hf.get(name, value) != value:
+      raise _unsupported(name, hf[name], f"{name}={value!r} for {archs[0]}")
+  if any(kind != "full_attention" for kind in hf.get("layer_types") or ()):
+    raise _unsupported("layer_types", hf["layer_types"], f"only full_attention for {archs[0]}")
+  if hf.get("partial_rotary_factor", 1.0) != 1.0:
+    raise _unsupported("partial_rotary_factor", hf["partial_rotary_factor"],
+                       "RoPE on the whole head (1.0)")
+  names = _SIZE_FIELDS + (_MOE_FIELDS if arch.moe else ())
+  fields: dict[str, Any] = {name: hf.get(name, arch.defaults[name]) for name in names}
+  if fields["num_key_value_heads"] is None:
+    fields["num_key_value_heads"] = fields["num_attention_heads"]
+  if fields["head_dim"] is None:
+    fields["head_dim"] = fields["hidden_size"] // fields["num_attention_heads"]
+  if arch.moe:
+    fields["num_experts"] = hf.get("num_experts",
+                                   hf.get("num_local_experts", arch.defaults["num_experts"]))
+    fields["mlp_only_layers"] = tuple(fields["mlp_only_layers"] or ())
+  fields.update(_rope_fields(hf, fields["max_position_embeddings"]), family=arch.family,
+                tie_word_embeddings=bool(fields["tie_word_embeddings"]))
   dtype = hf.get("dtype", hf.get("torch_dtype"))
   if dtype in ("float32", "bfloat16"):
     fields["param_dtype"] = fields["compute_dtype"] = dtype
@@ -104,19 +182,26 @@ def _entries(cfg: ModelConfig) -> list[_Entry]:
   d, n, k, h = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
   same = lambda path, name: _Entry(path, (name,), lambda w: w[0], lambda x: [x])
   linear = lambda path, name: _Entry(path, (name,), _transposed, lambda x: [x.T])
-  entries = [same("embed", "model.embed_tokens.weight"), same("final_norm/scale", "model.norm.weight")]
+  family = FAMILIES[cfg.family]
+  entries = [same("embed", "model.embed_tokens.weight"),
+             same("final_norm/scale", "model.norm.weight")]
   if not cfg.tie_word_embeddings:
     entries.append(linear("lm_head", "lm_head.weight"))
   for i in range(cfg.num_hidden_layers):
     ours, hf = f"layers/{i}", f"model.layers.{i}"
     entries += [same(f"{ours}/input_norm/scale", f"{hf}.input_layernorm.weight"),
-                same(f"{ours}/post_attn_norm/scale", f"{hf}.post_attention_layernorm.weight"),
-                same(f"{ours}/attn/q_norm/scale", f"{hf}.self_attn.q_norm.weight"),
-                same(f"{ours}/attn/k_norm/scale", f"{hf}.self_attn.k_norm.weight")]
-    for name, heads in (("q_proj", n), ("k_proj", k), ("v_proj", k)):
-      entries.append(_Entry(f"{ours}/attn/{name}", (f"{hf}.self_attn.{name}.weight",),
+                same(f"{ours}/post_attn_norm/scale", f"{hf}.post_attention_layernorm.weight")]
+    if family.qk_norm:
+      entries += [same(f"{ours}/attn/q_norm/scale", f"{hf}.self_attn.q_norm.weight"),
+                  same(f"{ours}/attn/k_norm/scale", f"{hf}.self_attn.k_norm.weight")]
+    for name, heads in (("q", n), ("k", k), ("v", k)):
+      entries.append(_Entry(f"{ours}/attn/{name}_proj", (f"{hf}.self_attn.{name}_proj.weight",),
                             lambda w, heads=heads: w[0].T.reshape(d, heads, h),
                             lambda x, heads=heads: [x.reshape(d, heads * h).T]))
+      if family.qkv_bias:  # HF [heads * H] <-> ours [heads, H]
+        entries.append(_Entry(f"{ours}/attn/{name}_bias", (f"{hf}.self_attn.{name}_proj.bias",),
+                              lambda w, heads=heads: w[0].reshape(heads, h),
+                              lambda x, heads=heads: [x.reshape(heads * h)]))
     entries.append(_Entry(f"{ours}/attn/o_proj", (f"{hf}.self_attn.o_proj.weight",),
                           lambda w: w[0].T.reshape(n, h, d), lambda x: [x.reshape(n * h, d).T]))
     if is_moe_layer(cfg, i):
@@ -151,7 +236,7 @@ def _tensor_files(hf_dir: pathlib.Path) -> dict[str, pathlib.Path]:
 
 def load_hf(hf_dir: str | pathlib.Path, mesh: jax.sharding.Mesh | None = None,
             **overrides: Any) -> tuple[ModelConfig, Params]:
-  """Loads an HF Qwen3 directory into policy params (sharded over `mesh` if given)."""
+  """Loads an HF checkpoint directory into policy params (sharded over `mesh` if given)."""
   hf_dir = pathlib.Path(hf_dir)
   cfg = config_from_hf(hf_dir, **overrides)
   entries = _entries(cfg)
@@ -185,17 +270,18 @@ def _unflatten(flat: dict[str, jax.Array], template: Params) -> Params:
 
 
 def hf_config(cfg: ModelConfig) -> dict[str, Any]:
-  """The `config.json` contents for `cfg`."""
-  arch = "Qwen3MoeForCausalLM" if cfg.num_experts else "Qwen3ForCausalLM"
-  out: dict[str, Any] = {name: getattr(cfg, name) for name in _COMMON_FIELDS}
-  out.update(architectures=[arch], model_type=ARCHITECTURES[arch], head_dim=cfg.head_dim,
-             hidden_act="silu", attention_bias=False, use_sliding_window=False,
-             tie_word_embeddings=cfg.tie_word_embeddings, dtype=cfg.param_dtype,
-             rope_theta=cfg.rope_theta,
-             rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta})
-  if cfg.num_experts:
-    out.update({name: getattr(cfg, name) for name in _MOE_FIELDS},
-               num_experts=cfg.num_experts, mlp_only_layers=list(cfg.mlp_only_layers))
+  """The `config.json` contents for `cfg` (RoPE in transformers 5's `rope_parameters`)."""
+  name = hf_architecture(cfg.family, cfg.num_experts > 0)
+  arch = HF_ARCHITECTURES[name]
+  rope = {"rope_type": cfg.rope_type, "rope_theta": cfg.rope_theta}
+  rope.update({key: getattr(cfg, field) for key, field in _ROPE_KEYS[cfg.rope_type].items()
+               if getattr(cfg, field) is not None})
+  out: dict[str, Any] = {field: getattr(cfg, field) for field in _SIZE_FIELDS}
+  out.update(arch.fixed, architectures=[name], model_type=arch.model_type, dtype=cfg.param_dtype,
+             rope_theta=cfg.rope_theta, rope_parameters=rope)
+  if arch.moe:
+    out.update({field: getattr(cfg, field) for field in _MOE_FIELDS},
+               mlp_only_layers=list(cfg.mlp_only_layers))
   return out
 
 

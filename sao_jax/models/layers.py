@@ -1,4 +1,4 @@
-"""Qwen3 building blocks in flax nnx: RMSNorm, RoPE, GQA attention, SwiGLU MLP, MoE.
+"""Decoder building blocks in flax nnx: RMSNorm, GQA attention with RoPE, SwiGLU MLP, MoE.
 
 Every parameter is an `nnx.Param` whose `logical_axes` metadata names its
 dimensions; `sao_jax.sharding.rules` turns those names into mesh shardings.
@@ -17,7 +17,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from sao_jax.config import ModelConfig
-from sao_jax.models import attention, moe, paged_attention
+from sao_jax.models import attention, moe, paged_attention, rope
+from sao_jax.models.families import FAMILIES
 from sao_jax.sharding.rules import constrain
 
 BTD = ("activation_batch", "activation_length", "activation_embed")
@@ -25,7 +26,7 @@ BTD = ("activation_batch", "activation_length", "activation_embed")
 
 def param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str, ...], cfg: ModelConfig,
            init: str = "normal") -> nnx.Param:
-  """A parameter initialised like HF Qwen3: N(0, 0.02) kernels, ones for norm scales."""
+  """A parameter initialised like HF: N(0, 0.02) kernels, ones for norm scales, zero biases."""
   dtype = jnp.dtype(cfg.param_dtype)
   if init == "ones":
     value = jnp.ones(shape, dtype)
@@ -50,33 +51,29 @@ class RMSNorm(nnx.Module):
     return scale * normed.astype(x.dtype)
 
 
-def rope(x_BxTxNxH: jax.Array, pos_BxT: jax.Array, theta: float) -> jax.Array:
-  """Rotary embedding, HF "rotate half" layout: with f_i = pos * theta^(-2i/H),
-  x -> x * cos(f) + rotate_half(x) * sin(f), where rotate_half([a, b]) = [-b, a]."""
-  half = x_BxTxNxH.shape[-1] // 2
-  inv_freq_h = 1.0 / theta ** (jnp.arange(half, dtype=jnp.float32) * 2.0 / (2 * half))
-  freqs_BxTxh = pos_BxT.astype(jnp.float32)[:, :, None] * inv_freq_h[None, None, :]
-  cos_BxTx1xH = jnp.cos(jnp.concatenate([freqs_BxTxh, freqs_BxTxh], -1))[:, :, None, :]
-  sin_BxTx1xH = jnp.sin(jnp.concatenate([freqs_BxTxh, freqs_BxTxh], -1))[:, :, None, :]
-  x = x_BxTxNxH.astype(jnp.float32)
-  rotated = jnp.concatenate([-x[..., half:], x[..., :half]], -1)
-  return (x * cos_BxTx1xH + rotated * sin_BxTx1xH).astype(x_BxTxNxH.dtype)
-
-
 class Attention(nnx.Module):
-  """Grouped-query attention with per-head RMSNorm on q and k (Qwen3), then RoPE.
+  """Grouped-query attention with RoPE:
 
-  softmax(q k^T / sqrt(H) + mask) v, where query head n reads kv head n // G.
+    q = x W_q (+ b_q), k = x W_k (+ b_k), v = x W_v (+ b_v)   biases: family.qkv_bias
+    q, k = RMSNorm(q), RMSNorm(k) per head                    family.qk_norm
+    out = softmax(rope(q) rope(k)^T / sqrt(H) + mask) v W_o,  query head n reads kv head n // G.
   """
 
   def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
     d, n, k, h = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    family = FAMILIES[cfg.family]
     self.q_proj = param(rngs, (d, n, h), ("embed", "heads", "head_dim"), cfg)
     self.k_proj = param(rngs, (d, k, h), ("embed", "kv_heads", "head_dim"), cfg)
     self.v_proj = param(rngs, (d, k, h), ("embed", "kv_heads", "head_dim"), cfg)
     self.o_proj = param(rngs, (n, h, d), ("heads", "head_dim", "embed"), cfg)
-    self.q_norm = RMSNorm(h, cfg, rngs, axis_name="head_dim")
-    self.k_norm = RMSNorm(h, cfg, rngs, axis_name="head_dim")
+    if family.qkv_bias:
+      self.q_bias = param(rngs, (n, h), ("heads", "head_dim"), cfg, init="zeros")
+      self.k_bias = param(rngs, (k, h), ("kv_heads", "head_dim"), cfg, init="zeros")
+      self.v_bias = param(rngs, (k, h), ("kv_heads", "head_dim"), cfg, init="zeros")
+    if family.qk_norm:
+      self.q_norm = RMSNorm(h, cfg, rngs, axis_name="head_dim")
+      self.k_norm = RMSNorm(h, cfg, rngs, axis_name="head_dim")
+    self.family = family
     self.cfg = cfg
 
   def __call__(self, x_BxTxD: jax.Array, pos_BxT: jax.Array, visible_BxTxS: jax.Array,
@@ -97,8 +94,15 @@ class Attention(nnx.Module):
     q_BxTxNxH = jnp.einsum("btd,dnh->btnh", x_BxTxD, self.q_proj[...].astype(dt))
     k_BxTxKxH = jnp.einsum("btd,dkh->btkh", x_BxTxD, self.k_proj[...].astype(dt))
     v_BxTxKxH = jnp.einsum("btd,dkh->btkh", x_BxTxD, self.v_proj[...].astype(dt))
-    q_BxTxNxH = rope(self.q_norm(q_BxTxNxH), pos_BxT, cfg.rope_theta)
-    k_BxTxKxH = rope(self.k_norm(k_BxTxKxH), pos_BxT, cfg.rope_theta)
+    if self.family.qkv_bias:
+      q_BxTxNxH = q_BxTxNxH + self.q_bias[...].astype(dt)[None, None]
+      k_BxTxKxH = k_BxTxKxH + self.k_bias[...].astype(dt)[None, None]
+      v_BxTxKxH = v_BxTxKxH + self.v_bias[...].astype(dt)[None, None]
+    if self.family.qk_norm:
+      q_BxTxNxH, k_BxTxKxH = self.q_norm(q_BxTxNxH), self.k_norm(k_BxTxKxH)
+    inv_freq_h, scaling = rope.inverse_frequencies(cfg)
+    q_BxTxNxH = rope.apply(q_BxTxNxH, pos_BxT, inv_freq_h, scaling)
+    k_BxTxKxH = rope.apply(k_BxTxKxH, pos_BxT, inv_freq_h, scaling)
     q_BxTxNxH = constrain(q_BxTxNxH, ("activation_batch", "activation_length",
                                       "activation_heads", "head_dim"))
     if isinstance(kv_cache, paged_attention.PagedLayer):  # the paged engine's pools

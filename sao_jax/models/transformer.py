@@ -1,4 +1,5 @@
-"""The Qwen3 decoder as an nnx module, and its params-as-pytree interface.
+"""The decoder (any `sao_jax.models.families` family) as an nnx module, and its
+params-as-pytree interface.
 
 The learner never holds a module: params are a plain nested dict of arrays
 (`{"embed": ..., "layers": {0: {"attn": {"q_proj": ...}}}}`), passed into jitted
@@ -83,7 +84,7 @@ def _remat_layer(policy: str):
   return nnx.remat(lambda layer, *args: layer(*args), policy=REMAT_POLICIES[policy])
 
 
-class Qwen3(nnx.Module):
+class Decoder(nnx.Module):
   """Token embedding -> decoder layers -> final RMSNorm -> LM or value head."""
 
   def __init__(self, cfg: ModelConfig, head: str, rngs: nnx.Rngs):
@@ -150,7 +151,7 @@ class Qwen3(nnx.Module):
 @functools.lru_cache(maxsize=None)
 def _abstract_model(cfg: ModelConfig, head: str) -> tuple[nnx.GraphDef, Any]:
   cfg.validate()
-  model = nnx.eval_shape(lambda: Qwen3(cfg, head, nnx.Rngs(params=0)))
+  model = nnx.eval_shape(lambda: Decoder(cfg, head, nnx.Rngs(params=0)))
   return nnx.split(model, nnx.Param)
 
 
@@ -159,7 +160,7 @@ def graphdef(cfg: ModelConfig, head: str = "lm") -> nnx.GraphDef:
   return _abstract_model(cfg, head)[0]
 
 
-def model(params: Params, cfg: ModelConfig, head: str = "lm") -> Qwen3:
+def model(params: Params, cfg: ModelConfig, head: str = "lm") -> Decoder:
   """The module view of `params` (inside a trace: no copies)."""
   return nnx.merge(graphdef(cfg, head), params)
 
@@ -176,7 +177,7 @@ def param_path(keypath: tuple) -> str:
 
 
 def _init(cfg: ModelConfig, head: str, rng: jax.Array) -> Params:
-  return nnx.to_pure_dict(nnx.state(Qwen3(cfg, head, nnx.Rngs(params=rng)), nnx.Param))
+  return nnx.to_pure_dict(nnx.state(Decoder(cfg, head, nnx.Rngs(params=rng)), nnx.Param))
 
 
 def abstract_params(cfg: ModelConfig, head: str = "lm") -> Params:
@@ -206,7 +207,7 @@ def param_shardings(cfg: ModelConfig, mesh: jax.sharding.Mesh, head: str = "lm")
 
 def init_params(cfg: ModelConfig, rng: jax.Array, head: str = "lm",
                 mesh: jax.sharding.Mesh | None = None) -> Params:
-  """Random params (HF Qwen3 init). With `mesh`, each param is created directly in
+  """Random params (HF init: N(0, 0.02) kernels, unit norms, zero biases). With `mesh`, each param is created directly in
   its sharding (jit out_shardings), so no device ever holds the full model."""
   return _jitted_init(cfg, head, mesh)(rng)
 

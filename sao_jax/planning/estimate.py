@@ -6,7 +6,8 @@ Memory (per device, from XLA's `memory_analysis()` of the compiled program):
 
 FLOPs are counted analytically because XLA's cost analysis counts the body of
 every loop (micro-batch scan, LM-head chunks, blocked attention) once. Per token,
-one forward pass of a Qwen3 layer costs
+one forward pass of a decoder layer costs (every family: q/k/v biases and norms
+are not matmuls)
 
     2 * D * (N + 2K) * H + 2 * N * H * D     q/k/v/o projections
     + 2 * N * H * T                           causal attention (q k^T and p v, mean context T/2)

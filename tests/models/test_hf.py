@@ -86,16 +86,16 @@ def _copy(src, dst):
 def test_unsupported_architecture_is_named(hf_checkpoint, tmp_path):
   path = _copy(hf_checkpoint[2], tmp_path / "m")
   config = json.loads((path / "config.json").read_text())
-  config["architectures"] = ["LlamaForCausalLM"]
+  config["architectures"] = ["MistralForCausalLM"]
   (path / "config.json").write_text(json.dumps(config))
-  with pytest.raises(ValueError, match="LlamaForCausalLM"):
+  with pytest.raises(ValueError, match="MistralForCausalLM"):
     hf.load_hf(path)
 
 
 def test_unsupported_rope_is_named(hf_checkpoint, tmp_path):
   config = json.loads((hf_checkpoint[2] / "config.json").read_text())
-  config["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}
-  with pytest.raises(ValueError, match="rope_type"):
+  config["rope_parameters"] = {"rope_type": "dynamic", "rope_theta": 1e6, "factor": 4.0}
+  with pytest.raises(ValueError, match="rope_parameters.rope_type='dynamic'"):
     hf.config_from_hf(config)
 
 

@@ -35,14 +35,34 @@ def _randomize(model: torch.nn.Module, seed: int) -> None:
       p.copy_(1.0 + 0.1 * noise if "norm" in name else 0.2 * noise)
 
 
+# A llama3 scaling whose every branch head_dim 8 reaches: it keeps f_0 (wavelength
+# 6.3 < 32 / 4), blends f_1 (29.8) and divides f_2, f_3 by the factor.
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+# kind -> (config class, model class, config fields beyond the common sizes).
+FAMILY_KINDS = {
+    "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM,
+              dict(rope_theta=5000.0, tie_word_embeddings=True)),
+    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
+              dict(rope_parameters=LLAMA3_ROPE, tie_word_embeddings=True)),
+    "llama_untied": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
+                     dict(rope_theta=5000.0, tie_word_embeddings=False)),
+}
+
+
 def build_hf(kind: str, seed: int = 0) -> transformers.PreTrainedModel:
   common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, head_dim=8, rope_theta=5000.0,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=8,
                 max_position_embeddings=128)
-  if kind == "dense":
+  if kind in FAMILY_KINDS:
+    config_cls, model_cls, fields = FAMILY_KINDS[kind]
+    model = model_cls(config_cls(**common, **fields))
+  elif kind == "dense":
+    common["rope_theta"] = 5000.0
     config = transformers.Qwen3Config(**common, tie_word_embeddings=True)
     model = transformers.Qwen3ForCausalLM(config)
   else:
+    common["rope_theta"] = 5000.0
     config = transformers.Qwen3MoeConfig(**common, tie_word_embeddings=False, num_experts=4,
                                          num_experts_per_tok=2, moe_intermediate_size=16,
                                          norm_topk_prob=(kind == "moe"), mlp_only_layers=[1])

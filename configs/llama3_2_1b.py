@@ -1,0 +1,41 @@
+"""Llama-3.2-1B(-Instruct) from its Hugging Face checkpoint, SAO on math_tool, 4K-token episodes.
+
+Architecture from `meta-llama/Llama-3.2-1B` config.json (16 layers, hidden
+2048, 32 query / 8 kv heads of 64, SwiGLU 8192, vocab 128256, rms_norm_eps
+1e-5, rope_theta 5e5 with llama3 scaling: factor 32, low/high frequency
+factors 1/4 over an original 8192-token context; tied embeddings, bf16). Point
+the run at the local directory (weights and tokenizer):
+
+    .venv/bin/sao-train --config configs/llama3_2_1b.py \\
+        --set run.init=/path/to/Llama-3.2-1B --set run.tokenizer=/path/to/Llama-3.2-1B
+
+The learner refuses a directory whose config.json differs from the `model`
+section. Plan it first (needs libtpu; tests/test_ready_configs.py runs this):
+
+    .venv/bin/sao-plan --config configs/llama3_2_1b.py --topology v5p:2x2x1
+"""
+
+from sao_jax.config import (AlgorithmConfig, Config, DataConfig, LearnerConfig, MeshConfig,
+                            ModelConfig, RunConfig, SamplerConfig)
+
+
+def get_config() -> Config:
+  return Config(
+      name="llama3_2_1b",
+      mesh=MeshConfig(data=1, fsdp=-1, tensor=1, expert=1),
+      model=ModelConfig(family="llama", vocab_size=128256, hidden_size=2048,
+                        intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                        num_key_value_heads=8, head_dim=64, rope_theta=500_000.0,
+                        rope_type="llama3", rope_factor=32.0, rope_low_freq_factor=1.0,
+                        rope_high_freq_factor=4.0, rope_original_max_position_embeddings=8192,
+                        rms_norm_eps=1e-5, max_position_embeddings=131072,
+                        tie_word_embeddings=True, param_dtype="bfloat16",
+                        compute_dtype="bfloat16", attention_impl="blocked",
+                        remat_policy="full", scan_layers=True),
+      algorithm=AlgorithmConfig.for_variant("sao"),
+      learner=LearnerConfig(batch_trajectories=32, micro_batches=4, policy_lr=1e-6,
+                            value_lr=5e-6),
+      data=DataConfig(length_buckets=(1024, 2048, 4096)),
+      sampler=SamplerConfig(slots=32, max_seq_len=4096, prefill_buckets=(512, 2048)),
+      run=RunConfig(run_dir="runs/llama3_2_1b"),
+  )

@@ -1,0 +1,39 @@
+"""Qwen2.5-0.5B(-Instruct) from its Hugging Face checkpoint, SAO on math_tool, 4K-token episodes.
+
+Architecture from `Qwen/Qwen2.5-0.5B-Instruct` config.json (24 layers, hidden
+896, 14 query / 2 kv heads of 64 with q/k/v biases, SwiGLU 4864, vocab 151936,
+rope_theta 1e6, tied embeddings, bf16). Point the run at the local directory
+(weights and tokenizer):
+
+    .venv/bin/sao-train --config configs/qwen2_5_0_5b.py \\
+        --set run.init=/path/to/Qwen2.5-0.5B-Instruct \\
+        --set run.tokenizer=/path/to/Qwen2.5-0.5B-Instruct
+
+The learner refuses a directory whose config.json differs from the `model`
+section. Plan it first (needs libtpu; tests/test_ready_configs.py runs this):
+
+    .venv/bin/sao-plan --config configs/qwen2_5_0_5b.py --topology v5p:2x2x1
+"""
+
+from sao_jax.config import (AlgorithmConfig, Config, DataConfig, LearnerConfig, MeshConfig,
+                            ModelConfig, RunConfig, SamplerConfig)
+
+
+def get_config() -> Config:
+  return Config(
+      name="qwen2_5_0_5b",
+      mesh=MeshConfig(data=1, fsdp=-1, tensor=1, expert=1),
+      model=ModelConfig(family="qwen2", vocab_size=151936, hidden_size=896,
+                        intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                        num_key_value_heads=2, head_dim=64, rope_theta=1_000_000.0,
+                        rms_norm_eps=1e-6, max_position_embeddings=32768,
+                        tie_word_embeddings=True, param_dtype="bfloat16",
+                        compute_dtype="bfloat16", attention_impl="blocked",
+                        remat_policy="full", scan_layers=True),
+      algorithm=AlgorithmConfig.for_variant("sao"),
+      learner=LearnerConfig(batch_trajectories=32, micro_batches=4, policy_lr=1e-6,
+                            value_lr=5e-6),
+      data=DataConfig(length_buckets=(1024, 2048, 4096)),
+      sampler=SamplerConfig(slots=32, max_seq_len=4096, prefill_buckets=(512, 2048)),
+      run=RunConfig(run_dir="runs/qwen2_5_0_5b"),
+  )

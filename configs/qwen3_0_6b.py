@@ -1,0 +1,38 @@
+"""Qwen3-0.6B from its Hugging Face checkpoint, SAO on math_tool, 4K-token episodes.
+
+Architecture from `Qwen/Qwen3-0.6B` config.json (28 layers, hidden 1024, 16
+query / 8 kv heads of 128, SwiGLU 3072, vocab 151936, rope_theta 1e6, tied
+embeddings, bf16). Download the checkpoint elsewhere and point the run at the
+local directory (weights and tokenizer):
+
+    .venv/bin/sao-train --config configs/qwen3_0_6b.py \\
+        --set run.init=/path/to/Qwen3-0.6B --set run.tokenizer=/path/to/Qwen3-0.6B
+
+The learner refuses a directory whose config.json differs from the `model`
+section. Plan it first (needs libtpu; tests/test_ready_configs.py runs this):
+
+    .venv/bin/sao-plan --config configs/qwen3_0_6b.py --topology v5p:2x2x1
+"""
+
+from sao_jax.config import (AlgorithmConfig, Config, DataConfig, LearnerConfig, MeshConfig,
+                            ModelConfig, RunConfig, SamplerConfig)
+
+
+def get_config() -> Config:
+  return Config(
+      name="qwen3_0_6b",
+      mesh=MeshConfig(data=1, fsdp=-1, tensor=1, expert=1),
+      model=ModelConfig(family="qwen3", vocab_size=151936, hidden_size=1024,
+                        intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                        num_key_value_heads=8, head_dim=128, rope_theta=1_000_000.0,
+                        rms_norm_eps=1e-6, max_position_embeddings=40960,
+                        tie_word_embeddings=True, param_dtype="bfloat16",
+                        compute_dtype="bfloat16", attention_impl="blocked",
+                        remat_policy="full", scan_layers=True),
+      algorithm=AlgorithmConfig.for_variant("sao"),
+      learner=LearnerConfig(batch_trajectories=32, micro_batches=4, policy_lr=1e-6,
+                            value_lr=5e-6),
+      data=DataConfig(length_buckets=(1024, 2048, 4096)),
+      sampler=SamplerConfig(slots=32, max_seq_len=4096, prefill_buckets=(512, 2048)),
+      run=RunConfig(run_dir="runs/qwen3_0_6b"),
+  )
