@@ -17,6 +17,7 @@ import jax
 import numpy as np
 
 from sao_jax.config import Config
+from sao_jax.chat import ChatFormat, load_chat
 from sao_jax.envs.registry import make_env, make_tasks
 from sao_jax.models.transformer import Params
 from sao_jax.sampler.episodes import EpisodeRunner, make_engine, run_to_completion
@@ -24,16 +25,16 @@ from sao_jax.sampler.episodes import EpisodeRunner, make_engine, run_to_completi
 
 class Evaluator:
 
-  def __init__(self, cfg: Config, tokenizer, params: Params, *, version: int = 0,
+  def __init__(self, cfg: Config, chat: ChatFormat, params: Params, *, version: int = 0,
                seed: int | None = None):
     """`seed`: the task source's seed, `run.eval_seed` unless given."""
     sampler = dataclasses.replace(cfg.sampler, top_k=1, temperature=1.0)
     self._cfg = cfg
     self._env_cfg = dataclasses.replace(
         cfg.env, seed=cfg.run.eval_seed if seed is None else seed)
-    self._engine = make_engine(sampler, cfg.model, params, tokenizer, version=version)
+    self._engine = make_engine(sampler, cfg.model, params, chat, version=version)
     self._engine.warmup()
-    self._runner = EpisodeRunner(self._engine, tokenizer, lambda: make_env(self._env_cfg),
+    self._runner = EpisodeRunner(self._engine, chat, lambda: make_env(self._env_cfg),
                                  max_episodes=sampler.slots)
 
   def evaluate(self, params: Params, version: int) -> dict[str, float]:
@@ -52,13 +53,13 @@ class Evaluator:
 
 def evaluate_checkpoint(cfg: Config, step: int | None = None) -> dict:
   """Held-out evaluation of the policy in checkpoint `step` (default: the latest)
-  of the run `cfg` describes, with the run's own tokenizer; what `sao-eval` prints."""
+  of the run `cfg` describes, with the run's own tokenizer and chat format; what
+  `sao-eval` prints."""
   from sao_jax.checkpoint import Checkpointer
   from sao_jax.learner.state import abstract_state
-  from sao_jax.models.tokenizer import load_tokenizer
 
   cfg = cfg.with_run_paths().validate()
-  tokenizer = load_tokenizer(cfg.run.tokenizer_file)
+  chat = load_chat(cfg.run.tokenizer_file, enable_thinking=cfg.run.enable_thinking)
   checkpointer = Checkpointer(cfg)
   try:
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
@@ -68,6 +69,6 @@ def evaluate_checkpoint(cfg: Config, step: int | None = None) -> dict:
   finally:
     checkpointer.close()
   version = int(state.policy_version)
-  result = Evaluator(cfg, tokenizer, state.policy_params, version=version).evaluate(
+  result = Evaluator(cfg, chat, state.policy_params, version=version).evaluate(
       state.policy_params, version)
   return {"step": meta["step"], "policy_version": version, **result}

@@ -1,23 +1,11 @@
-"""Tokenizer (Hugging Face `tokenizers`) and the Qwen chat template.
+"""Tokenizer (Hugging Face `tokenizers`) and the ChatML special tokens.
 
   load_tokenizer(path)                                   -> tokenizers.Tokenizer
   train_tokenizer(texts, vocab_size)                     -> tokenizers.Tokenizer (tiny, local)
-  encode_chat(tokenizer, messages, add_generation_prompt=False)
-                                                         -> (tokens_T, action_mask_T)
+  valid_utf8(text)                                       -> text the tokenizer accepts
 
-Qwen's ChatML template renders each message as
-  <|im_start|>{role}\n{content}<|im_end|>\n
-and a generation prompt as `<|im_start|>assistant\n`. The plain template is
-used: no system-prompt injection, tool schemas or `<think>` handling.
-
-Action mask: 1 on tokens the policy emits, 0 on observations. The policy emits
-an assistant message's content and the `<|im_end|>` that closes it (sampling
-stops on that token, so the sampler records it as an action and the policy must
-be credited for ending its turn). Everything else - system and user messages,
-tool outputs, and the template glue `<|im_start|>assistant\n` and the newline
-after `<|im_end|>` - is observation. Each piece is encoded separately, so the
-mask boundaries are exact and the ids equal what the sampler appends turn by
-turn.
+How conversations are rendered (the checkpoint's chat template, or ChatML for
+the tokenizers `train_tokenizer` makes) is `sao_jax.chat`.
 
 Text is forced to valid UTF-8 before encoding (`valid_utf8`): a Python string
 can hold lone surrogates (a file name with undecodable bytes as `os.listdir`
@@ -27,27 +15,20 @@ returns it, a tool's output), which the tokenizer rejects; each becomes U+FFFD.
 from __future__ import annotations
 
 import pathlib
-from typing import Iterable, Sequence
+from typing import Iterable
 
-import numpy as np
 import tokenizers
 
 IM_START, IM_END, END_OF_TEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
-ROLES = ("system", "user", "assistant", "tool")
 
 
 def load_tokenizer(path: str | pathlib.Path) -> tokenizers.Tokenizer:
-  """Loads `tokenizer.json` from a file or a model directory; checks the chat tokens."""
+  """Loads `tokenizer.json` from a file or a model directory."""
   path = pathlib.Path(path)
   file = path / "tokenizer.json" if path.is_dir() else path
   if not file.is_file():
     raise FileNotFoundError(f"{str(file)!r} not found; pass a tokenizer.json or a directory holding one")
-  tokenizer = tokenizers.Tokenizer.from_file(str(file))
-  missing = [tok for tok in (IM_START, IM_END) if tokenizer.token_to_id(tok) is None]
-  if missing:
-    raise ValueError(f"{str(file)!r} lacks the chat special tokens {missing}; a Qwen tokenizer "
-                     "defines them as added tokens")
-  return tokenizer
+  return tokenizers.Tokenizer.from_file(str(file))
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int) -> tokenizers.Tokenizer:
@@ -74,36 +55,3 @@ def valid_utf8(text: str) -> str:
     return text
   except UnicodeEncodeError:
     return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-
-
-def _ids(tokenizer: tokenizers.Tokenizer, text: str) -> list[int]:
-  return tokenizer.encode(valid_utf8(text), add_special_tokens=False).ids if text else []
-
-
-def encode_chat(tokenizer: tokenizers.Tokenizer, messages: Sequence[dict[str, str]],
-                add_generation_prompt: bool = False) -> tuple[np.ndarray, np.ndarray]:
-  """Token ids (int32 [T]) and action mask (int32 [T]) of a rendered conversation.
-
-  `messages` are `{"role": ..., "content": ...}` dicts with role in ROLES.
-  """
-  tokens: list[int] = []
-  mask: list[int] = []
-
-  def add(text: str, is_action: bool) -> None:
-    ids = _ids(tokenizer, text)
-    tokens.extend(ids)
-    mask.extend([int(is_action)] * len(ids))
-
-  for i, message in enumerate(messages):
-    role, content = message.get("role"), message.get("content")
-    if role not in ROLES or not isinstance(content, str):
-      raise ValueError(f"messages[{i}]={message!r} is invalid: expected role in {ROLES} and "
-                       "a string content")
-    is_assistant = role == "assistant"
-    add(f"{IM_START}{role}\n", False)
-    add(content, is_assistant)
-    add(IM_END, is_assistant)
-    add("\n", False)
-  if add_generation_prompt:
-    add(f"{IM_START}assistant\n", False)
-  return np.asarray(tokens, np.int32), np.asarray(mask, np.int32)
