@@ -1,9 +1,11 @@
 """Episodes in a checkpoint's own chat template: tokens equal transformers'
-`apply_chat_template` on the same messages (official Qwen3, Qwen2.5, Llama 3.1
+`apply_chat_template` on the same messages (official Qwen3, Qwen2.5, Llama 3.1, Llama 3.2
 and Gemma 3 templates, tiny local tokenizers), and the action mask covers
 exactly what the policy generates: each assistant turn and its end token."""
 
+import datetime
 import json
+import types
 
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ import transformers
 
 from chat_fixtures import FAMILIES, TEMPLATES
 from sao_jax.chat import chat_format, load_chat
+from sao_jax.chat import jinja as jinja_lib
 from sao_jax.models.tokenizer import load_tokenizer, train_tokenizer
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
@@ -22,7 +25,7 @@ CALL = {"role": "assistant", "content": "", "reasoning_content": "I add.",
         "tool_calls": [{"type": "function", "function": {"name": "add",
                                                          "arguments": {"a": 2, "b": 2}}}]}
 END = {"qwen3": "<|im_end|>", "qwen2_5": "<|im_end|>", "llama3": "<|eot_id|>",
-       "gemma3": "<end_of_turn>"}
+       "llama3_2": "<|eot_id|>", "gemma3": "<end_of_turn>"}
 
 
 @pytest.fixture(scope="module")
@@ -53,19 +56,19 @@ def action_texts(hf, tokens, mask):
 
 CASES = {
     # name: (families, messages, add_generation_prompt, expected actions per family)
-    "one_turn": (("qwen3", "qwen2_5", "llama3", "gemma3"), [SYSTEM, USER,
+    "one_turn": (("qwen3", "qwen2_5", "llama3", "llama3_2", "gemma3"), [SYSTEM, USER,
                  {"role": "assistant", "content": ANSWER}], False,
                  {"qwen3": ["<think>\n\n</think>\n\n" + ANSWER + "<|im_end|>"]}),
-    "prompt": (("qwen3", "qwen2_5", "llama3", "gemma3"), [SYSTEM, USER], True, {}),
-    "tool_episode": (("qwen3", "qwen2_5", "llama3"), [SYSTEM, USER,
+    "prompt": (("qwen3", "qwen2_5", "llama3", "llama3_2", "gemma3"), [SYSTEM, USER], True, {}),
+    "tool_episode": (("qwen3", "qwen2_5", "llama3", "llama3_2"), [SYSTEM, USER,
                      {"role": "assistant", "content": REASONED}, TOOL,
                      {"role": "assistant", "content": ANSWER}], False,
                      {"qwen3": [REASONED + "<|im_end|>",
                                 "<think>\n\n</think>\n\n" + ANSWER + "<|im_end|>"]}),
-    "tool_result_then_prompt": (("qwen3", "qwen2_5", "llama3"), [USER,
+    "tool_result_then_prompt": (("qwen3", "qwen2_5", "llama3", "llama3_2"), [USER,
                                 {"role": "assistant", "content": REASONED}, TOOL, TOOL], True,
                                 {"qwen3": [REASONED + "<|im_end|>"]}),
-    "tool_calls": (("qwen3", "qwen2_5", "llama3"), [USER, CALL, TOOL,
+    "tool_calls": (("qwen3", "qwen2_5", "llama3", "llama3_2"), [USER, CALL, TOOL,
                    {"role": "assistant", "content": ANSWER}], False, {
                        "qwen3": ['<think>\nI add.\n</think>\n\n<tool_call>\n{"name": "add", '
                                  '"arguments": {"a": 2, "b": 2}}\n</tool_call><|im_end|>',
@@ -73,7 +76,9 @@ CASES = {
                        "qwen2_5": ['<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 2}}'
                                    '\n</tool_call><|im_end|>', ANSWER + "<|im_end|>"],
                        "llama3": ['{"name": "add", "parameters": {"a": 2, "b": 2}}<|eot_id|>',
-                                  ANSWER + "<|eot_id|>"]}),
+                                  ANSWER + "<|eot_id|>"],
+                       "llama3_2": ['{"name": "add", "parameters": {"a": 2, "b": 2}}<|eot_id|>',
+                                    ANSWER + "<|eot_id|>"]}),
 }
 
 
@@ -133,6 +138,20 @@ def test_qwen3_history_rewrites_keep_what_the_policy_saw(formats, family_dirs):
   assert hf.decode(tokens.tolist()) == full.replace("assistant\nA1", "assistant\n" + first)
   assert action_texts(hf, tokens, mask) == [
       first + "<|im_end|>", "<think>\n\n</think>\n\n" + ANSWER + "<|im_end|>"]
+
+
+def test_llama3_2_episode_across_midnight_appends_only_the_new_messages(formats, monkeypatch):
+  """Llama 3.2 writes today's date into the system turn, so a conversation rendered
+  after midnight no longer starts with the text the policy saw; the appended tokens
+  are still exactly the tool turn and the generation prompt."""
+  chat, hf = formats["llama3_2"]
+  days = iter([datetime.datetime(2026, 1, 1, 23, 59), datetime.datetime(2026, 1, 2, 0, 0)])
+  monkeypatch.setattr(jinja_lib, "datetime", types.SimpleNamespace(
+      datetime=types.SimpleNamespace(now=lambda: next(days))))
+  history = [SYSTEM, USER, {"role": "assistant", "content": "Run it."}]
+  tokens = chat.continuation(history, [TOOL], closed=True)
+  assert hf.decode(tokens.tolist()) == ('<|start_header_id|>ipython<|end_header_id|>\n\n"4"'
+                                        "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
 
 
 def test_continuation_of_a_cut_turn_starts_with_the_end_token(formats):
