@@ -41,7 +41,12 @@ was conditioned on and k is the end of the same count of end tokens in the new
 rendering, so only the new messages and the generation prompt are appended.
 `encode` builds a stored conversation the same way, so SFT and RL see one format.
 A turn that did not end on the end token (a stop pattern or length cut it) gets
-the end token as observation glue (`closed=False`).
+the end token as observation glue (`closed=False`). Each piece (prompt, action,
+continuation) is tokenized on its own, as the sampler feeds them to the model;
+that equals tokenizing the whole text wherever no pre-token spans a piece
+boundary (continuations start after a special token; a generation prompt ends
+in the newlines that the Llama 3 / Qwen pre-tokenizer split keeps apart from
+the text that follows).
 
 Text of system, user and tool messages is untrusted and passes through
 `sao_jax.chat.untrusted`, so a control-token string inside it stays text.

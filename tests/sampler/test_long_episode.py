@@ -12,6 +12,7 @@ import pytest
 
 from sao_jax import config as C
 from sao_jax import losses
+from sao_jax.chat import chat_format
 from sao_jax.data import pipeline
 from sao_jax.envs.coding import env as coding
 from sao_jax.envs.coding import generator as coding_generator
@@ -19,7 +20,6 @@ from sao_jax.envs.registry import make_env
 from sao_jax.learner import state as state_lib
 from sao_jax.learner.step import advantages, train_step
 from sao_jax.models.forward import value_forward
-from sao_jax.chat import chat_format
 from sao_jax.models.tokenizer import train_tokenizer
 from sao_jax.sampler.episodes import EpisodeRunner, make_engine
 
