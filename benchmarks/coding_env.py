@@ -31,11 +31,13 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import jax
 
 from sao_jax import config as C
+from sao_jax.config.env import SandboxLimits
 from sao_jax.envs.sandbox import bwrap
 from sao_jax.envs.coding import env as coding
 from sao_jax.envs.coding import generator as coding_generator
@@ -90,15 +92,19 @@ def bwrap_overhead(calls: int = 20) -> tuple[float, float]:
   """(mean extra ms per call, wrapped / direct time) of `python -I -S -c pass`."""
   python = os.path.realpath(sys.executable)
   direct = [python, "-I", "-S", "-c", "pass"]
-  wrapped = bwrap.command(direct, work_dir="/sao_bench", copy_from=None,
-                          read_only=bwrap.interpreter_roots(), disk_bytes=1 << 20,
-                          env={"PATH": "/usr/bin:/bin"})
-  seconds = []
-  for command in (direct, wrapped):
-    began = time.perf_counter()
-    for _ in range(calls):
-      subprocess.run(command, check=True, stdin=subprocess.DEVNULL)
-    seconds.append(time.perf_counter() - began)
+  limits = SandboxLimits()
+  with tempfile.TemporaryDirectory(prefix="sao_bench_") as scratch:
+    os.chmod(scratch, 0o711)
+    wrapped = bwrap.command(direct, mount_points=bwrap.make_mount_points(scratch),
+                            work_dir="/sao_bench", copy_from=None,
+                            read_only=bwrap.interpreter_roots(), disk_bytes=limits.disk_mb << 20,
+                            max_files=limits.max_files, env={"PATH": "/usr/bin:/bin"})
+    seconds = []
+    for command in (direct, wrapped):
+      began = time.perf_counter()
+      for _ in range(calls):
+        subprocess.run(command, check=True, stdin=subprocess.DEVNULL)
+      seconds.append(time.perf_counter() - began)
   return 1000 * (seconds[1] - seconds[0]) / calls, seconds[1] / seconds[0]
 
 

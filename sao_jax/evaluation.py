@@ -1,26 +1,64 @@
-"""Held-out evaluation: greedy episodes on tasks the learner never trains on.
+"""Evaluation: held-out greedy accuracy during training, and benchmark reports.
 
-`Evaluator` owns an `Engine` (on the caller's devices) with greedy sampling
-(top_k = 1) and runs `episodes` tasks from the environment's task source with
-`run.eval_seed` in place of `env.seed`, the same tasks every time, so accuracy
-is comparable across steps. Reported: `eval/accuracy` (mean final reward over
-episodes that did not fail), `eval/failures`, `eval/mean_turns`,
-`eval/tool_call_rate` (episodes with more than one turn).
+`Evaluator` (training, `run.eval_every`) owns an `Engine` (on the caller's
+devices) with greedy sampling (top_k = 1) and runs `run.eval_episodes` tasks
+from the environment's task source with `run.eval_seed` in place of
+`env.seed`, the same tasks every time, so accuracy is comparable across steps.
+Reported: `eval/accuracy` (mean final reward over episodes that did not fail),
+`eval/failures`, `eval/mean_turns`, `eval/tool_call_rate` (episodes with more
+than one turn).
+
+`benchmark` (what `sao-eval` runs) plays every task once greedily and, with
+`run.eval_samples` = n > 0, n more times sampled at `run.eval_temperature`;
+the report (`eval_scores`) holds greedy pass@1, mean@n and unbiased pass@k for
+`run.eval_pass_k`, overall and per source. Its tasks: every row of a dataset
+task source (`env.dataset`) in file order, or the first `run.eval_episodes`
+tasks of another source (seeded with `run.eval_seed`); `limit` caps either.
+Progress bars (tqdm, on a terminal) count finished episodes.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
+import pathlib
+from typing import Iterator
 
 import jax
 import numpy as np
+import tqdm
 
-from sao_jax.config import Config
+from sao_jax import eval_scores
 from sao_jax.chat import ChatFormat, load_chat
+from sao_jax.config import Config, SamplerConfig
+from sao_jax.config.dataset import DATASET_SOURCES
+from sao_jax.data.records import Trajectory
+from sao_jax.envs import dataset_tasks
+from sao_jax.envs.base import Task
 from sao_jax.envs.registry import make_env, make_tasks
 from sao_jax.models.transformer import Params
 from sao_jax.sampler.episodes import EpisodeRunner, make_engine, run_to_completion
+
+GREEDY = dict(top_k=1, temperature=1.0)
+
+
+class _Episodes:
+  """An engine with `sampler` settings and a runner of `cfg.env`-like episodes on it."""
+
+  def __init__(self, cfg: Config, sampler: SamplerConfig, env_cfg, chat: ChatFormat,
+               params: Params, version: int):
+    self._num_slots = cfg.algorithm.running_mean_slots
+    self.engine = make_engine(sampler, cfg.model, params, chat, version=version)
+    self.engine.warmup()
+    self._runner = EpisodeRunner(self.engine, chat, lambda: make_env(env_cfg),
+                                 max_episodes=sampler.slots)
+
+  def run(self, tasks: Iterator[Task], count: int, *, seed: int, desc: str,
+          leave: bool = True) -> list[Trajectory]:
+    with tqdm.tqdm(total=count, desc=desc, unit="episode", disable=None, leave=leave) as bar:
+      return run_to_completion(self._runner, tasks, count, num_slots=self._num_slots,
+                               seed=seed, progress=bar.update)
 
 
 class Evaluator:
@@ -28,21 +66,17 @@ class Evaluator:
   def __init__(self, cfg: Config, chat: ChatFormat, params: Params, *, version: int = 0,
                seed: int | None = None):
     """`seed`: the task source's seed, `run.eval_seed` unless given."""
-    sampler = dataclasses.replace(cfg.sampler, top_k=1, temperature=1.0)
     self._cfg = cfg
     self._env_cfg = dataclasses.replace(
         cfg.env, seed=cfg.run.eval_seed if seed is None else seed)
-    self._engine = make_engine(sampler, cfg.model, params, chat, version=version)
-    self._engine.warmup()
-    self._runner = EpisodeRunner(self._engine, chat, lambda: make_env(self._env_cfg),
-                                 max_episodes=sampler.slots)
+    self._episodes = _Episodes(cfg, dataclasses.replace(cfg.sampler, **GREEDY), self._env_cfg,
+                               chat, params, version)
 
   def evaluate(self, params: Params, version: int) -> dict[str, float]:
-    self._engine.set_params(jax.device_put(params), version)
+    self._episodes.engine.set_params(jax.device_put(params), version)
     episodes = self._cfg.run.eval_episodes
     tasks = itertools.islice(make_tasks(self._env_cfg), episodes)
-    trajs = run_to_completion(self._runner, tasks, episodes,
-                              num_slots=self._cfg.algorithm.running_mean_slots, seed=0)
+    trajs = self._episodes.run(tasks, episodes, seed=0, desc="eval", leave=False)
     ok = [t for t in trajs if t.env_failure is None]
     turns = np.array([t.info["turns"] for t in ok]) if ok else np.zeros(0)
     return {"eval/accuracy": float(np.mean([t.outcome for t in ok])) if ok else 0.0,
@@ -51,10 +85,77 @@ class Evaluator:
             "eval/tool_call_rate": float(np.mean(turns > 1)) if ok else 0.0}
 
 
-def evaluate_checkpoint(cfg: Config, step: int | None = None) -> dict:
-  """Held-out evaluation of the policy in checkpoint `step` (default: the latest)
-  of the run `cfg` describes, with the run's own tokenizer and chat format; what
-  `sao-eval` prints."""
+class _BenchmarkTasks:
+  """The tasks `benchmark` plays (module docstring), readable more than once."""
+
+  def __init__(self, cfg: Config, limit: int | None):
+    self.env_cfg = dataclasses.replace(cfg.env, seed=cfg.run.eval_seed)
+    source = self.env_cfg.resolved_task_source
+    self._table = (dataset_tasks.TaskTable(self.env_cfg.dataset, source)
+                   if source in DATASET_SOURCES else None)
+    self.name = self._table.name if self._table else f"{self.env_cfg.name}/{source}"
+    total = len(self._table) if self._table else cfg.run.eval_episodes
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+      raise ValueError(f"limit={limit!r} is invalid: expected a number of tasks >= 1")
+    self.count = total if limit is None else min(limit, total)
+
+  def __iter__(self) -> Iterator[Task]:
+    if self._table is not None:
+      return (self._table[i] for i in range(self.count))
+    return itertools.islice(make_tasks(self.env_cfg), self.count)
+
+
+def benchmark(cfg: Config, chat: ChatFormat, params: Params, *, version: int = 0,
+              limit: int | None = None) -> dict:
+  """Greedy and sampled episodes on the benchmark tasks; the report of the module docstring."""
+  run = cfg.run
+  tasks = _BenchmarkTasks(cfg, limit)
+  sources: dict[str, str] = {}
+  for task in tasks:  # checks every row before any compile; ids key the results
+    if task.id in sources:
+      raise ValueError(f"task id {task.id!r} appears twice in {tasks.name}; benchmark "
+                       "results are kept per id (set env.dataset.id_column to a unique column, "
+                       "or to '' for row numbers)")
+    sources[task.id] = str(task.metadata.get("source", tasks.name))
+  greedy_success, sampled_success = {}, collections.Counter()
+  failures = collections.Counter()
+  greedy = _Episodes(cfg, dataclasses.replace(cfg.sampler, **GREEDY), tasks.env_cfg, chat,
+                     params, version)
+  for traj in greedy.run(iter(tasks), tasks.count, seed=run.eval_seed, desc="greedy"):
+    greedy_success[traj.info["task"]] = _success(traj)
+    failures[traj.info["task"]] += traj.env_failure is not None
+  del greedy  # its KV cache, before the sampling engine allocates one
+  n = run.eval_samples
+  if n:
+    sampler = dataclasses.replace(cfg.sampler, temperature=run.eval_temperature, top_k=0,
+                                  top_p=1.0)
+    sampled = _Episodes(cfg, sampler, tasks.env_cfg, chat, params, version)
+    repeated = (task for task in tasks for _ in range(n))
+    for traj in sampled.run(repeated, tasks.count * n, seed=run.eval_seed + 1,
+                            desc=f"sampled x{n}"):
+      sampled_success[traj.info["task"]] += _success(traj)
+      failures[traj.info["task"]] += traj.env_failure is not None
+  scores = [eval_scores.TaskScore(source, greedy_success[task_id], n, sampled_success[task_id],
+                                  failures[task_id]) for task_id, source in sources.items()]
+  return {"tasks": tasks.name, "samples": n, "temperature": run.eval_temperature if n else None,
+          **eval_scores.summarize(scores, run.eval_pass_k if n else ())}
+
+
+def _success(traj: Trajectory) -> bool:
+  """Full reward (a verified answer in math) from an episode the environment judged."""
+  return traj.env_failure is None and traj.outcome >= 1.0
+
+
+def report_path(cfg: Config, step: int) -> pathlib.Path:
+  """Where `sao-eval` writes the JSON report of checkpoint `step` unless told otherwise."""
+  return pathlib.Path(cfg.run.run_dir) / "eval" / f"step_{step}.json"
+
+
+def evaluate_checkpoint(cfg: Config, step: int | None = None, *,
+                        limit: int | None = None) -> dict:
+  """`benchmark` of the policy in checkpoint `step` (default: the latest) of the run
+  `cfg` describes, with the run's own tokenizer and chat format; what `sao-eval`
+  reports."""
   from sao_jax.checkpoint import Checkpointer
   from sao_jax.learner.state import abstract_state
 
@@ -69,6 +170,5 @@ def evaluate_checkpoint(cfg: Config, step: int | None = None) -> dict:
   finally:
     checkpointer.close()
   version = int(state.policy_version)
-  result = Evaluator(cfg, chat, state.policy_params, version=version).evaluate(
-      state.policy_params, version)
+  result = benchmark(cfg, chat, state.policy_params, version=version, limit=limit)
   return {"step": meta["step"], "policy_version": version, **result}

@@ -1,14 +1,16 @@
-"""Run outputs: metrics JSONL, TensorBoard events, a progress line, PNG curves.
+"""Run outputs: metrics JSONL, TensorBoard events, W&B, a progress line, PNG curves.
 
-    logger = MetricsLogger(run_dir, total_steps=cfg.learner.steps)
-    logger.write(step, {"reward/mean": 0.4, ...})    # JSONL + TensorBoard
+    logger = MetricsLogger(run_dir, total_steps=cfg.learner.steps, loggers=cfg.run.loggers)
+    logger.write(step, {"reward/mean": 0.4, ...})    # JSONL + each of `loggers`
     print(logger.progress(step, metrics))            # one human line with ETA
     plot_curves(run_dir)                             # run_dir/curves.png
 
 Every learner step appends one JSON object `{"step": N, "time": t, ...metrics}`
 to `run_dir/metrics.jsonl`; evaluation results are written the same way with
 keys under `eval/`. The plot is drawn from that file alone, so it can be made
-again at any time (`sao-train --plot RUN_DIR`).
+again at any time (`sao-train --plot RUN_DIR`). `loggers` (`config.run.LOGGERS`)
+add TensorBoard events in run_dir/tensorboard and Weights & Biases
+(`sao_jax.tracking`).
 
 Restarting (`logger.rewind(s)` before a run resumed from the checkpoint at
 step s writes; `rewind(None)` before a fresh run in a used directory): an
@@ -19,7 +21,7 @@ rows are removed from `metrics.jsonl` (a new file renamed over the old one), a
 line torn by the crash is dropped, and the TensorBoard events are rewritten
 from the rows kept (a new event file, whose purge marker hides older events
 from step s on, then the older files are removed), so each step appears once
-in the file, the plot and TensorBoard.
+in the file, the plot and TensorBoard. (W&B cannot remove rows: see `tracking`.)
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Mapping
 
 import numpy as np
 
+from sao_jax.config.run import DEFAULT_LOGGERS
 from sao_jax.data.pipeline import BatchInfo, Drops
 
 METRICS_FILE = "metrics.jsonl"
@@ -67,16 +70,30 @@ def batch_metrics(info: BatchInfo, drops: Drops) -> dict[str, float]:
 
 
 class MetricsLogger:
-  """Appends metrics to JSONL and TensorBoard; formats the progress line."""
+  """Appends metrics to JSONL and each of `loggers`; formats the progress line.
 
-  def __init__(self, run_dir: str | pathlib.Path, *, total_steps: int):
-    from tensorboardX import SummaryWriter  # heavy import, only where a run writes
+  `wandb_project`, `name` and `config` describe the W&B run when "wandb" is one of
+  `loggers` (ValueError saying how to install it when the package is missing).
+  """
 
-    self._summary_writer = SummaryWriter
+  def __init__(self, run_dir: str | pathlib.Path, *, total_steps: int,
+               loggers: tuple[str, ...] = DEFAULT_LOGGERS, wandb_project: str = "",
+               name: str = "", config: dict | None = None):
     self.run_dir = pathlib.Path(run_dir)
     self.run_dir.mkdir(parents=True, exist_ok=True)
+    self._wandb = None
+    if "wandb" in loggers:  # first: the one that can refuse (not installed)
+      from sao_jax.tracking import WandbLogger
+
+      self._wandb = WandbLogger(self.run_dir, project=wandb_project, name=name,
+                                config=config or {})
+    self._tb = None
+    if "tensorboard" in loggers:
+      from tensorboardX import SummaryWriter  # heavy import, only where a run writes
+
+      self._summary_writer = SummaryWriter
+      self._tb = SummaryWriter(str(self.run_dir / TENSORBOARD_DIR))
     self._jsonl = open(self.run_dir / METRICS_FILE, "a", encoding="utf-8")
-    self._tb = SummaryWriter(str(self.run_dir / TENSORBOARD_DIR))
     self._total = total_steps
     self._first: tuple[float, int] | None = None  # (time, step) of the first progress line
     self._tokens = 0.0  # tokens trained since the first progress line
@@ -91,8 +108,12 @@ class MetricsLogger:
     self._jsonl.write(json.dumps({"step": step, "time": time.time(), **clean}) + "\n")
     self._jsonl.flush()
     self._add_scalars(step, clean)
+    if self._wandb is not None:
+      self._wandb.write(step, clean)
 
   def _add_scalars(self, step: int, metrics: Mapping[str, float]) -> None:
+    if self._tb is None:
+      return
     for name, value in metrics.items():
       if math.isfinite(value):
         self._tb.add_scalar(name, value, step)
@@ -106,7 +127,10 @@ class MetricsLogger:
     partial.write_text("".join(json.dumps(row) + "\n" for row in kept), encoding="utf-8")
     os.replace(partial, path)  # atomic: a crash leaves the old file or the new one
     self._jsonl = open(path, "a", encoding="utf-8")
+    if self._tb is not None:
+      self._rewind_tensorboard(step, kept)
 
+  def _rewind_tensorboard(self, step: int | None, kept: list[dict]) -> None:
     self._tb.close()
     events = self.run_dir / TENSORBOARD_DIR
     older = sorted(events.glob("events.out.tfevents.*"))
@@ -142,7 +166,10 @@ class MetricsLogger:
 
   def close(self) -> None:
     self._jsonl.close()
-    self._tb.close()
+    if self._tb is not None:
+      self._tb.close()
+    if self._wandb is not None:
+      self._wandb.close()
 
 
 def _replayed(row: dict, step: int) -> bool:

@@ -97,7 +97,9 @@ def run(cfg: Config, *, resume: bool = True, log=print) -> dict:
     raise ValueError(f"env.sandbox={cfg.env.sandbox!r}: {error}") from None
   (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
   chat = warm_start.prepare_chat(cfg)
-  logger = MetricsLogger(run_dir, total_steps=cfg.learner.steps)
+  logger = MetricsLogger(run_dir, total_steps=cfg.learner.steps, loggers=cfg.run.loggers,
+                         wandb_project=cfg.run.wandb_project, name=cfg.name,
+                         config=dataclasses.asdict(cfg))
   evaluator = None
 
   def initial_state(mesh):

@@ -20,9 +20,11 @@ import pathlib
 from typing import Iterator
 
 import jax
+import tqdm
 
 from sao_jax.chat import ChatFormat, chat_format
 from sao_jax.config import Config
+from sao_jax.config.dataset import DATASET_SOURCES
 from sao_jax.data import pipeline
 from sao_jax.data.records import Trajectory
 from sao_jax.envs.base import play
@@ -41,6 +43,11 @@ def demonstrations(cfg: Config) -> Iterator[list[dict]]:
   if cfg.env.name not in DEMONSTRATIONS:
     raise ValueError(f"run.sft_steps={cfg.run.sft_steps} but env.name={cfg.env.name!r} has no "
                      f"demonstrations (known: {sorted(DEMONSTRATIONS)}); set run.sft_steps=0")
+  if cfg.env.resolved_task_source in DATASET_SOURCES:
+    raise ValueError(f"env.task_source={cfg.env.resolved_task_source!r}: dataset rows hold no "
+                     "demonstrations to warm-start on or to train a tokenizer from; set "
+                     "run.sft_steps=0 and run.tokenizer (a tokenizer.json, or the model's "
+                     "directory), and start from a trained policy (run.init)")
   demo = DEMONSTRATIONS[cfg.env.name]
   for task in make_tasks(cfg.env):
     yield play(make_env(cfg.env), task, demo(task)).messages
@@ -145,17 +152,25 @@ def sft_warm_start(cfg: Config, chat: ChatFormat, policy: Params, demos: Iterato
         f"(target {run.sft_target_accuracy:.2f})")
     return accuracy >= run.sft_target_accuracy
 
+  # A progress bar with the latest loss, on a terminal (off when stderr is a log file).
+  bar = tqdm.tqdm(total=run.sft_steps, desc="SFT", unit="step", disable=None)
+
   def log_step(step: int, metrics: dict) -> None:
     losses.append(metrics["sft/loss"])
     log_metrics(step, metrics)
+    bar.set_postfix(loss=f"{metrics['sft/loss']:.4f}", refresh=False)
+    bar.update(1)
 
   target = run.sft_target_accuracy
   log(f"SFT warm-start: {run.sft_steps} steps on demonstrations"
       + (f", or fewer once validation accuracy reaches {target:.2f}" if target else ""))
-  policy, steps_done = train_sft(
-      policy, cfg.model, sft_batches(cfg, chat, demos), steps=run.sft_steps,
-      learning_rate=run.sft_lr, log=log_step, stop=validate if target else None,
-      check_every=run.sft_check_every)
+  try:
+    policy, steps_done = train_sft(
+        policy, cfg.model, sft_batches(cfg, chat, demos), steps=run.sft_steps,
+        learning_rate=run.sft_lr, log=log_step, stop=validate if target else None,
+        check_every=run.sft_check_every)
+  finally:
+    bar.close()
   record = {"sft_steps": steps_done, "final_sft_loss": losses[-1] if losses else None}
   if target:
     reached = steps_done < run.sft_steps or validate(steps_done, policy)

@@ -1,16 +1,22 @@
-"""`sao-eval`: held-out accuracy of a checkpointed policy.
+"""`sao-eval`: benchmark scores of a checkpointed policy.
 
   sao-eval --config configs/demo_cpu.py [--set ...] [--step N] [--episodes N]
+           [--samples N] [--pass-k 1,4] [--temperature T] [--output FILE]
 
 Restores the policy of checkpoint `--step` (default: latest) from the run's
-checkpoint directory and runs the same greedy held-out evaluation as training
-(`sao_jax.evaluation.evaluate_checkpoint`).
+checkpoint directory and plays the benchmark tasks (every row of an
+`env.dataset` file, or `run.eval_episodes` generated tasks; `--episodes` caps
+them): greedy pass@1 and, with `--samples N`, mean@N and unbiased pass@k per
+`--pass-k`, overall and per source (`sao_jax.evaluation.benchmark`). Prints a
+table and writes the JSON report to `--output` (default
+RUN_DIR/eval/step_<step>.json).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import pathlib
 import sys
 from typing import Sequence
 
@@ -24,18 +30,33 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument("--set", dest="overrides", action="append", default=[],
                       metavar="SECTION.FIELD=VALUE")
   parser.add_argument("--step", type=int, help="checkpoint step (default: latest)")
-  parser.add_argument("--episodes", type=int, help="held-out episodes (default: run.eval_episodes)")
+  parser.add_argument("--episodes", type=int, help="at most this many tasks (default: every "
+                      "dataset row, or run.eval_episodes generated tasks)")
+  parser.add_argument("--samples", help="sampled episodes per task (run.eval_samples)")
+  parser.add_argument("--pass-k", help="comma-separated k for pass@k (run.eval_pass_k)")
+  parser.add_argument("--temperature", help="sampling temperature (run.eval_temperature)")
+  parser.add_argument("--output", help="JSON report path (default RUN_DIR/eval/step_<step>.json)")
   args = parser.parse_args(argv)
-  overrides = args.overrides + ([] if args.episodes is None else
-                                [f"run.eval_episodes={args.episodes}"])
+  overrides = list(args.overrides)
+  for field, value in (("eval_samples", args.samples), ("eval_temperature", args.temperature),
+                       ("eval_pass_k", None if args.pass_k is None else f"({args.pass_k},)")):
+    if value is not None:
+      overrides.append(f"run.{field}={value}")
   try:
     cfg = load_config(args.config, overrides)
-    from sao_jax.evaluation import evaluate_checkpoint
+    from sao_jax import eval_scores, evaluation
 
-    result = evaluate_checkpoint(cfg, args.step)
+    report = evaluation.evaluate_checkpoint(cfg, args.step, limit=args.episodes)
   except (ValueError, FileNotFoundError) as error:
     parser.exit(2, f"error: {error}\n")
-  print(json.dumps(result, indent=2))
+  output = pathlib.Path(args.output or evaluation.report_path(cfg, report["step"]))
+  output.parent.mkdir(parents=True, exist_ok=True)
+  output.write_text(json.dumps(report, indent=2))
+  print(f"{report['tasks']}: checkpoint step {report['step']}"
+        + (f", {report['samples']} samples per task at temperature {report['temperature']}"
+           if report["samples"] else ", greedy"))
+  print(eval_scores.format_table(report))
+  print(f"report: {output}")
 
 
 if __name__ == "__main__":

@@ -67,6 +67,9 @@ VARIANTS: Mapping[str, Variant] = types.MappingProxyType({
 LOSS_AGGS = ("token_mean", "token_mean_kept", "seq_mean_token_mean")
 GAE_METHODS = ("auto", "associative", "scan")
 GAE_SPANS = ("actions", "response")
+# What is subtracted from a batch's advantages before the policy loss: "none" (the
+# paper) or "batch_mean", the mean over the batch's action tokens (README, #17).
+ADVANTAGE_CENTERINGS = ("none", "batch_mean")
 # The value model's attention: q/k/v/o projections and q/k norms of every layer
 # (identical in dense and MoE Qwen3), frozen during critic training (SAO.md §4).
 FROZEN_ATTENTION_PATTERNS = (
@@ -93,6 +96,10 @@ class AlgorithmConfig:
   # "response" is plain GAE over every token from a trajectory's first to its
   # last action, observations included (the ppo preset; the claim-4 ablation).
   gae_span: str = "actions"
+  # "batch_mean": A_t <- A_t - mean of A over the batch's action tokens, so the
+  # policy update carries no net push up or down on the sampled tokens (a critic's
+  # bias is such a push); "none": the estimator's advantages as they are.
+  advantage_centering: str = "none"
   # Policy loss (SAO.md §2): DIS band (1 - eps_low, 1 + eps_high), PPO clip for grpo/ppo.
   eps_low: float = 0.3
   eps_high: float = 5.0
@@ -135,6 +142,7 @@ class AlgorithmConfig:
     check_choice("algorithm", self, "loss_agg", LOSS_AGGS)
     check_choice("algorithm", self, "gae_method", GAE_METHODS)
     check_choice("algorithm", self, "gae_span", GAE_SPANS)
+    check_choice("algorithm", self, "advantage_centering", ADVANTAGE_CENTERINGS)
     check_choice("algorithm", self, "running_mean_scope", ("prompt", "global"))
     if not 0.0 < self.gamma <= 1.0:
       fail("algorithm", "gamma", self.gamma, "expected 0 < gamma <= 1")

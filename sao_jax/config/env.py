@@ -6,9 +6,11 @@ import dataclasses
 import os
 
 from sao_jax.config.checks import check_positive, fail
+from sao_jax.config.dataset import DATASET_SOURCES, DatasetConfig
 
 # Task sources each environment accepts; the first is the default.
-ENV_TASK_SOURCES = {"math_tool": ("generator", "jsonl"), "style": ("builtin", "jsonl"),
+ENV_TASK_SOURCES = {"math_tool": ("generator", "jsonl") + DATASET_SOURCES,
+                    "style": ("builtin", "jsonl"),
                     "coding": ("generator", "dir", "jsonl"), "sanity": ("generator",)}
 ENV_JUDGES = ("rule", "http")
 # Generated-task kinds: math problems, and the bugs planted in coding tasks
@@ -34,8 +36,12 @@ class SandboxLimits:
   file_size_mb: int = 16
   max_open_files: int = 64
   max_output_bytes: int = 16384
-  # Each private tmpfs of a run (work directory, /tmp, /dev/shm) holds at most this.
+  # Each private tmpfs of a run (work directory, /tmp, /dev/shm) holds at most
+  # disk_mb of data and max_files files, directories and links; their user xattrs
+  # share the kernel's max_files KiB inode budget. The work directory also holds
+  # the copy a coding episode starts from (at most 2000 entries).
   disk_mb: int = 64
+  max_files: int = 4096
   # Let the code import the caller's installed packages (e.g. sympy, numpy),
   # read-only. Off by default: the stdlib alone is the smaller surface.
   site_packages: bool = False
@@ -45,9 +51,12 @@ class SandboxLimits:
         not self.wall_time_s > 0):
       fail("env.tool", "wall_time_s", self.wall_time_s, "expected a number of seconds > 0")
     check_positive("env.tool", self, "cpu_time_s", "memory_mb", "file_size_mb", "max_open_files",
-                   "max_output_bytes", "disk_mb")
+                   "max_output_bytes", "disk_mb", "max_files")
     if self.max_open_files < 16:
       fail("env.tool", "max_open_files", self.max_open_files, "the interpreter needs at least 16")
+    if self.max_files < 16:
+      fail("env.tool", "max_files", self.max_files,
+           "at least 16 (the sandbox's own mount points take a few)")
     if not isinstance(self.site_packages, bool):
       fail("env.tool", "site_packages", self.site_packages, "expected True or False")
 
@@ -63,6 +72,8 @@ class EnvConfig:
   name: str = "math_tool"
   task_source: str = ""  # "" = the environment's default (first in ENV_TASK_SOURCES).
   jsonl_path: str = ""  # task_source="jsonl" (coding: rows pointing at task dirs/archives).
+  # task_source in DATASET_SOURCES ("parquet", "hf_disk"): the file and its column mapping.
+  dataset: DatasetConfig = dataclasses.field(default_factory=DatasetConfig)
   seed: int = 0
   max_turns: int = 8  # Assistant turns per episode (style is always single-turn).
   max_observation_chars: int = 4096
@@ -102,6 +113,10 @@ class EnvConfig:
             f"{self.name!r} accepts {', '.join(map(repr, sources))}")
     if self.resolved_task_source == "jsonl" and not os.path.isfile(self.jsonl_path):
       fail("env", "jsonl_path", self.jsonl_path, "task_source='jsonl' needs an existing JSONL file")
+    if not isinstance(self.dataset, DatasetConfig):
+      fail("env", "dataset", self.dataset, "expected a DatasetConfig (sao_jax.config.dataset)")
+    if self.resolved_task_source in DATASET_SOURCES:
+      self.dataset.validate(self.resolved_task_source)
     if self.resolved_task_source == "dir" and not os.path.isdir(self.coding_task_dir):
       fail("env", "coding_task_dir", self.coding_task_dir,
            "task_source='dir' needs an existing directory of task directories or archives")

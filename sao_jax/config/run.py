@@ -7,6 +7,12 @@ import pathlib
 
 from sao_jax.config.checks import check_positive, fail
 
+# Where metrics go besides run_dir/metrics.jsonl, which is always written (resume,
+# plots and the progress line read it): TensorBoard events in run_dir/tensorboard,
+# Weights & Biases (`sao_jax.tracking`; needs the `wandb` extra).
+LOGGERS = ("tensorboard", "wandb")
+DEFAULT_LOGGERS = ("tensorboard",)
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RunConfig:
@@ -31,6 +37,11 @@ class RunConfig:
   `num_samplers` sampler processes run beside the learner; 0 starts none: the
   samplers run elsewhere (`sao-sampler` on another slice) and the learner reads
   their trajectories from `data.transport="directory"`.
+  `sao-eval` (`sao_jax.evaluation.benchmark`) adds to the greedy pass@1
+  `eval_samples` episodes per task sampled at `eval_temperature` and reports
+  mean@eval_samples and pass@k for each k in `eval_pass_k` (0 samples: greedy only).
+  `loggers` (from LOGGERS) receive every metrics row; W&B runs go to
+  `wandb_project` (mode, entity and key from the usual WANDB_* variables).
   """
 
   run_dir: str = "runs/default"
@@ -46,6 +57,11 @@ class RunConfig:
   eval_episodes: int = 64
   eval_seed: int = 1_000_003
   num_samplers: int = 1
+  eval_samples: int = 0
+  eval_pass_k: tuple[int, ...] = (1,)
+  eval_temperature: float = 1.0
+  loggers: tuple[str, ...] = DEFAULT_LOGGERS
+  wandb_project: str = "sao-jax"
 
   @property
   def tokenizer_file(self) -> str:
@@ -71,7 +87,7 @@ class RunConfig:
       fail("run", "init", self.init, "expected 'random' or a model directory")
     if not isinstance(self.enable_thinking, bool):
       fail("run", "enable_thinking", self.enable_thinking, "expected true or false")
-    for name in ("sft_steps", "eval_every", "num_samplers"):
+    for name in ("sft_steps", "eval_every", "num_samplers", "eval_samples"):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         fail("run", name, value, "expected an integer >= 0 (0 disables)")
@@ -84,3 +100,23 @@ class RunConfig:
            "a target needs a warm-start: set run.sft_steps to the most SFT steps to spend")
     if self.sft_lr <= 0:
       fail("run", "sft_lr", self.sft_lr, "expected a positive learning rate")
+    self._validate_eval_and_loggers()
+
+  def _validate_eval_and_loggers(self) -> None:
+    ks = self.eval_pass_k
+    if self.eval_samples and (
+        not isinstance(ks, tuple) or not ks or list(ks) != sorted(set(ks))
+        or any(isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= self.eval_samples
+               for k in ks)):
+      fail("run", "eval_pass_k", ks, "expected increasing integers in 1..run.eval_samples="
+           f"{self.eval_samples} (pass@k needs at least k samples per task)")
+    value = self.eval_temperature
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+      fail("run", "eval_temperature", value, "expected a number > 0")
+    if not isinstance(self.loggers, tuple) or len(set(self.loggers)) != len(self.loggers) or (
+        any(name not in LOGGERS for name in self.loggers)):
+      fail("run", "loggers", self.loggers, f"expected a tuple of distinct names from "
+           f"{', '.join(map(repr, LOGGERS))} (metrics.jsonl is always written)")
+    if "wandb" in self.loggers and (not isinstance(self.wandb_project, str)
+                                    or not self.wandb_project):
+      fail("run", "wandb_project", self.wandb_project, "the wandb logger needs a project name")

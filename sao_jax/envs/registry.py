@@ -7,7 +7,8 @@ Environments: "math_tool" (`math.tool.MathToolEnv`), "style"
 (`style.env.StyleEnv`), "coding" (`coding.env.CodingEnv`) and "sanity"
 (`sanity.SanityEnv`, generated tasks only). Task sources (the first
 is the default when `task_source` is empty): for math_tool "generator" (seeded
-`math.tasks.generate_task`) or "jsonl"; for style "builtin"
+`math.tasks.generate_task`), "jsonl", "parquet" or "hf_disk" (rows of the
+`env.dataset` file, `dataset_tasks`); for style "builtin"
 (`style.env.builtin_task`) or "jsonl"; for coding "generator" (seeded
 `coding.generator.generate_task`), "dir" (`coding.tasks.load_task_root` of
 `coding_task_dir`) or "jsonl" (`coding.tasks.load_jsonl`, a different row
@@ -21,7 +22,7 @@ import functools
 import logging
 from typing import Callable, Iterator
 
-from sao_jax.envs import sanity, tasks
+from sao_jax.envs import dataset_tasks, sanity, tasks
 from sao_jax.envs.coding import env as coding
 from sao_jax.envs.coding import generator as coding_generator
 from sao_jax.envs.coding import tasks as coding_tasks
@@ -31,6 +32,7 @@ from sao_jax.envs.style import env as style
 from sao_jax.envs.style import judge
 from sao_jax.envs.base import Environment, Task
 from sao_jax.config import EnvConfig
+from sao_jax.config.dataset import DATASET_SOURCES
 
 
 @functools.cache
@@ -85,6 +87,8 @@ TASK_SOURCES: dict[str, dict[str, Callable[[EnvConfig], Iterator[Task]]]] = {
         "generator": lambda c: math_tasks.iterate_generated(
             seed=c.seed, difficulty=c.difficulty, kind=c.problem_kind),
         "jsonl": lambda c: tasks.iterate_shuffled(tasks.load_jsonl(c.jsonl_path), seed=c.seed),
+        **{source: lambda c, s=source: dataset_tasks.iterate_shuffled(
+            dataset_tasks.TaskTable(c.dataset, s), seed=c.seed) for source in DATASET_SOURCES},
     },
     "style": {
         "builtin": lambda c: style.iterate_builtin(seed=c.seed),

@@ -142,8 +142,16 @@ POLICY_LOSSES = {"dis": losses.dis_policy_loss, "ppo_clip": losses.ppo_clip_loss
 
 def advantages(cfg: Config, batch: Batch, values: jax.Array | None,
                baseline: losses.RunningMeanState):
-  """Per-token advantages of the variant (0 off the action mask) and the new baseline."""
-  return ADVANTAGE_ESTIMATORS[cfg.algorithm.spec.advantage](cfg, batch, values, baseline)
+  """Per-token advantages of the variant (0 off the action mask) and the new baseline.
+
+  With `algorithm.advantage_centering="batch_mean"`: A_t - sum_s(m_s A_s) / sum_s(m_s),
+  m the action mask, over the whole batch (every micro-batch sees the same shift).
+  """
+  adv, baseline = ADVANTAGE_ESTIMATORS[cfg.algorithm.spec.advantage](cfg, batch, values, baseline)
+  if cfg.algorithm.advantage_centering == "batch_mean":
+    action = batch.action_mask.astype(bool)
+    adv = jnp.where(action, adv - losses.aggregate.masked_mean(adv, action), 0.0)
+  return adv, baseline
 
 
 def _accumulate(cfg: Config, loss_fn: Callable, params, batch: Batch, per_token: tuple):

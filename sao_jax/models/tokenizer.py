@@ -7,6 +7,10 @@
 How conversations are rendered (the checkpoint's chat template, or ChatML for
 the tokenizers `train_tokenizer` makes) is `sao_jax.chat`.
 
+Untrusted message content (a tool's output, a file, a prompt) is encoded with
+every control-token string in it as the ordinary tokens that spell it, so it
+cannot forge turn boundaries or roles: `sao_jax.chat.untrusted`.
+
 Text is forced to valid UTF-8 before encoding (`valid_utf8`): a Python string
 can hold lone surrogates (a file name with undecodable bytes as `os.listdir`
 returns it, a tool's output), which the tokenizer rejects; each becomes U+FFFD.

@@ -218,8 +218,11 @@ class EpisodeRunner:
 
 
 def run_to_completion(runner: EpisodeRunner, tasks: Iterator[Task], count: int, *,
-                      num_slots: int, seed: int) -> list[Trajectory]:
-  """Runs `count` episodes (e.g. an evaluation), keeping the runner saturated."""
+                      num_slots: int, seed: int,
+                      progress: Callable[[int], object] = lambda finished: None
+                      ) -> list[Trajectory]:
+  """Runs `count` episodes (e.g. an evaluation), keeping the runner saturated;
+  `progress(k)` hears of every k episodes that finish (a progress bar's update)."""
   done: list[Trajectory] = []
   started = 0
   while len(done) < count:
@@ -227,5 +230,8 @@ def run_to_completion(runner: EpisodeRunner, tasks: Iterator[Task], count: int, 
       task = next(tasks)
       runner.start(task, prompt_id=prompt_slot(task, num_slots), seed=seed + started)
       started += 1
-    done.extend(runner.step())
+    finished = runner.step()
+    done.extend(finished)
+    if finished:
+      progress(len(finished))
   return done

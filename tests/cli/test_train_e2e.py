@@ -82,10 +82,14 @@ def test_train_kill_sampler_then_resume(tmp_path, capsys):
   [events] = (run_dir / "tensorboard").iterdir()  # rebuilt from the rows kept
   assert ".resumed-at-2." in events.name
 
-  # sao-eval restores the latest checkpoint's policy and evaluates it.
+  # sao-eval restores the latest checkpoint's policy, evaluates it, prints a table and
+  # writes the JSON report.
   evaluate_cli.main(args + ["--episodes", "2"])
-  report = json.loads(capsys.readouterr().out)
-  assert report["step"] == 5 and 0.0 <= report["eval/accuracy"] <= 1.0
+  out = capsys.readouterr().out
+  report = json.loads((run_dir / "eval" / "step_5.json").read_text())
+  assert report["step"] == 5 and report["overall"]["tasks"] == 2
+  assert 0.0 <= report["overall"]["greedy_pass@1"] <= 1.0
+  assert "greedy_pass@1" in out and f"report: {run_dir / 'eval' / 'step_5.json'}" in out
 
 
 @pytest.mark.slow  # a second compiled run; the hang it guards against needs a whole learner

@@ -1,11 +1,14 @@
 """SFT warm-start: early stop at a validation-accuracy target, and what it records."""
 
+import io
 import itertools
 import pathlib
+import re
 
 import jax
 import numpy as np
 import pytest
+import tqdm
 
 from sao_jax import evaluation, train, warm_start
 from sao_jax.chat import chat_format
@@ -80,13 +83,19 @@ def test_warm_start_stops_at_the_first_check_reaching_the_target(monkeypatch):
   assert seeds == [cfg.run.eval_seed + 1]  # validation tasks, not the held-out set
 
 
-def test_warm_start_that_misses_the_target_says_where_it_landed():
+def test_warm_start_that_misses_the_target_says_where_it_landed(monkeypatch):
   cfg = load_config(ROOT / "configs" / "demo_cpu.py",
                     TINY + ["run.sft_steps=4", "run.sft_check_every=2",
                             "run.sft_target_accuracy=1.0"])
   lines = []
+  bars = io.StringIO()  # the progress bars, drawn as on a terminal
+  terminal_bar = tqdm.tqdm
+  monkeypatch.setattr(tqdm, "tqdm", lambda *args, **kwargs: terminal_bar(
+      *args, **{**kwargs, "disable": False, "file": bars, "mininterval": 0}))
   _, record = warm_start.sft_warm_start(cfg, _chat(cfg), warm_start.initial_policy(cfg),
                                    warm_start.demonstrations(cfg), log=lines.append)
+  assert re.search(r"SFT: 100%.* 4/4 .*loss=\d\.\d{4}", bars.getvalue())
+  assert re.search(r"eval: 100%.* 2/2 ", bars.getvalue())  # each validation check
   assert record["sft_steps"] == 4 and not record["reached_target"]
   assert [step for step, _ in record["validation"]] == [2, 4]  # a check, then the final one
   assert all(0.0 <= accuracy < 1.0 for _, accuracy in record["validation"])

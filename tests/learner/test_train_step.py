@@ -285,3 +285,26 @@ def test_moe_policy_loss_includes_the_router_load_balancing_loss():
                              0.5 * metrics["policy/router_aux_loss"], rtol=1e-4)
   with pytest.raises(ValueError, match=r"model.router_aux_loss_coef=-1"):
     C.ModelConfig(router_aux_loss_coef=-1).validate()
+
+
+@pytest.mark.parametrize("variant", ["sao", "running_mean"])
+def test_batch_mean_centering_removes_the_net_push_on_sampled_tokens(variant):
+  """advantage_centering="batch_mean": the variant's advantages minus their mean over
+  the batch's action tokens (a biased critic's uniform shift cancels), 0 off the mask."""
+  from sao_jax.learner import step as step_lib
+  cfg = make_config(variant)
+  centred = dataclasses.replace(cfg, algorithm=dataclasses.replace(
+      cfg.algorithm, advantage_centering="batch_mean"))
+  batch = jax.tree.map(jnp.asarray, make_batch(3))
+  state = state_lib.init_state(cfg, jax.random.key(0))
+  values = (jax.random.normal(jax.random.key(1), batch.rewards.shape) + 0.7
+            if cfg.algorithm.uses_critic else None)
+  plain, _ = step_lib.advantages(cfg, batch, values, state.baseline)
+  shifted, _ = step_lib.advantages(centred, batch, values, state.baseline)
+  action = np.asarray(batch.action_mask) > 0
+  plain, shifted = np.asarray(plain), np.asarray(shifted)
+  assert abs(plain[action].mean()) > 1e-3  # there is a net push to remove
+  np.testing.assert_allclose(shifted[action], plain[action] - plain[action].mean(), atol=1e-6)
+  assert np.all(shifted[~action] == 0.0)
+  with pytest.raises(ValueError, match=r"algorithm.advantage_centering.*'batch_mean'"):
+    C.AlgorithmConfig.for_variant("sao", advantage_centering="whiten").validate()

@@ -92,3 +92,33 @@ def verify_answer(predicted: str, gold: str) -> bool:
     return verdict
   predicted_number, gold_number = _as_number(predicted), _as_number(gold)
   return predicted_number is not None and predicted_number == gold_number
+
+
+def reference_answer(value: str | int, answer_format: str) -> str:
+  r"""The reference answer a dataset cell holds, written as `answer_format`
+  (`sao_jax.config.dataset.ANSWER_FORMATS`): "plain" = the cell itself (an integer
+  becomes its decimal text), "gsm8k" = the text after the last `####` with
+  thousands separators removed ("#### 1,000" -> "1000"), "boxed" = the content of
+  the last `\boxed{...}`. ValueError saying what is missing when the cell does not
+  hold an answer in that format."""
+  if isinstance(value, int) and not isinstance(value, bool):
+    if answer_format != "plain":
+      raise ValueError(f"an integer cannot hold a {answer_format!r} answer; "
+                       "use answer_format='plain'")
+    return str(value)
+  if not isinstance(value, str):
+    raise ValueError(f"expected text or an integer, got {type(value).__name__}")
+  if answer_format == "gsm8k":
+    _, marker, answer = value.rpartition("####")
+    answer = answer.strip().replace(",", "")
+    if not marker or not answer:
+      raise ValueError("no answer after '####' (GSM8K solutions end in '#### <answer>')")
+    return answer
+  if answer_format == "boxed":
+    answer = extract_boxed(value)
+    if not answer:
+      raise ValueError("no complete, non-empty \\boxed{...}")
+    return answer
+  if not value.strip():
+    raise ValueError("empty answer")
+  return value.strip()

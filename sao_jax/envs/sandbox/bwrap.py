@@ -1,4 +1,4 @@
-"""Kernel isolation for one tool run: the bubblewrap (`bwrap`) command line.
+"""Kernel isolation for one tool run: the command line that starts it.
 
 `command(...)` wraps an interpreter command so that it runs in a fresh mount
 namespace holding only
@@ -6,20 +6,36 @@ namespace holding only
 - read-only: `/usr` (with the `/lib*`, `/bin` links of a merged-/usr system),
   and the directories the caller names (the interpreter's prefix and stdlib,
   site-packages when allowed, the run's script directory, the files to copy in);
-- writable: private tmpfs mounts for `/tmp`, `/dev/shm` and the work directory,
-  each capped at `disk_bytes` by the kernel (`--size` before `--tmpfs`); they
+  the namespace's own root and `/dev` are remounted read-only too;
+- writable: `/tmp`, `/dev/shm` and the work directory, each a private tmpfs
+  capped by the kernel at `disk_bytes` of data and `max_files` files,
+  directories and links (`size=`, `nr_inodes=`); since Linux 6.6 a tmpfs
+  charges its user xattrs to the same inode budget (`nr_inodes` KiB), so one
+  mount holds at most `disk_bytes + (max_files + 1)` KiB of host memory. They
   vanish with the run, so nothing the code writes outlives it;
 - a fresh `/proc` (its own PID namespace) and a minimal `/dev`;
 
 with every namespace unshared (no network: only a down loopback; own PID, IPC,
-UTS, cgroup namespaces), a new session (no terminal to inject into), killed with
-its parent, further user namespaces disabled (no private tmpfs the caps above
-do not cover), uid/gid 65534 inside and no capabilities (`--cap-drop ALL`). When
-the caller is root, it first drops to uid/gid nobody with `setpriv`, so outside
-the namespace the code is an unprivileged user too (no `CAP_DAC_READ_SEARCH`,
-and `RLIMIT_NPROC` applies, which the kernel ignores for uid 0). Files the code
-must read are therefore read as "other": their directories must be world-
-readable (`chmod o+rx`) and traversable, instead of granting capabilities.
+UTS, cgroup namespaces; no SysV shared memory, message queues or semaphores,
+whose memory no rlimit or mount caps), a new session (no terminal to inject
+into), killed with its parent, further user namespaces disabled, uid/gid 65534
+inside and no capabilities (`--cap-drop ALL`): the code can neither unmount nor remount the
+capped mounts (that needs `CAP_SYS_ADMIN` over them; they are also locked, being
+made in a more privileged namespace than bwrap's). When the caller is root,
+bwrap itself runs as uid/gid nobody (`setpriv`), so outside the namespace the
+code is an unprivileged user too (no `CAP_DAC_READ_SEARCH`, and `RLIMIT_NPROC`
+applies, which the kernel ignores for uid 0). Files the code must read are
+therefore read as "other": their directories must be world-readable (`chmod
+o+rx`) and traversable, instead of granting capabilities.
+
+bwrap (0.8) cannot set `nr_inodes`, so the capped mounts are made before it
+starts, by `_PRELUDE`: `unshare` gives it private IPC and mount namespaces (as
+root) or user + IPC + mount namespaces (otherwise: it is root there and may
+mount a tmpfs); it sets the IPC namespace's SysV limits to 0, mounts a tmpfs
+on each mount point (`mount -a` of a per-run fstab), then execs bwrap, which
+binds them in. Those mounts exist only in that namespace, which dies with its
+last process: nothing is left mounted after the run, even when the caller is
+SIGKILLed.
 
 `unavailable_reason()` runs a self-test once per process and says why isolation
 cannot be used here (None when it works); the sandbox then refuses to run tools.
@@ -32,16 +48,31 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 
 NOBODY = 65534
 HOW_TO_GET_IT = ("install bubblewrap (`apt-get install bubblewrap`) and run where user namespaces "
-                 "work (not inside a container that forbids them), or set env.sandbox="
-                 "'unisolated' to run tool code without kernel isolation (not for untrusted "
-                 "policies)")
+                 "work (not inside a container that forbids them; on Ubuntu >= 23.10 as a "
+                 "non-root user, `sysctl kernel.apparmor_restrict_unprivileged_userns=0`), or "
+                 "set env.sandbox='unisolated' to run tool code without kernel isolation (not "
+                 "for untrusted policies)")
 # Root drops to nobody before bwrap; --no-new-privs keeps it there.
 _DROP_ROOT = ("setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
               "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs")
 _MERGED_USR_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# Run by `sh` inside the prelude's namespaces as `sh -c _PRELUDE name FSTAB
+# COMMAND...`: no SysV IPC objects in its IPC namespace (which the code shares;
+# a kernel without SysV IPC has no such files), every mount FSTAB lists, then
+# COMMAND. Any failure stops it (and so fails the self-test: no silent
+# fallback, e.g. where /proc/sys is read-only). One `mount -a` rather than a
+# `mount` per tmpfs: each run of `mount` costs a process start (~1-10 ms).
+_PRELUDE = ('set -e; if [ -e /proc/sys/kernel/shmmni ]; then '
+            'echo 0 > /proc/sys/kernel/shmmni; echo 0 > /proc/sys/kernel/msgmni; '
+            'echo 0 0 0 0 > /proc/sys/kernel/sem; fi; mount -a -T "$1"; shift; exec "$@"')
+# The capped mounts' points in the caller's `mount_points` directory (`command`
+# says where the code sees each), next to the fstab listing them.
+_MOUNT_POINTS = ("tmp", "shm", "work")
+_FSTAB = "fstab"
 
 
 def _system_mounts() -> list[str]:
@@ -55,29 +86,68 @@ def _system_mounts() -> list[str]:
   return args
 
 
-def command(inner: list[str], *, work_dir: str, copy_from: str | None, read_only: list[str],
-            disk_bytes: int, env: dict[str, str]) -> list[str]:
-  """`inner` wrapped in bwrap (see the module docstring). `work_dir` becomes an empty
-  capped tmpfs (the cwd); `copy_from`, if given, is mounted read-only at
-  `COPY_SOURCE` for the bootstrap to copy into it; `read_only` paths appear at the
-  same place."""
-  args = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns",
+def _fstab_field(text: str) -> str:
+  """`text` as an fstab field: whitespace and backslashes as octal escapes."""
+  return "".join(f"\\{ord(c):03o}" if c in " \t\n\\" else c for c in text)
+
+
+def make_mount_points(parent: str) -> str:
+  """Creates the empty directories the capped mounts go on in `parent` (which
+  the caller removes, and which others must be able to traverse); returns the
+  directory to pass to `command` as `mount_points`."""
+  points = os.path.join(parent, "mounts")
+  os.mkdir(points)
+  os.chmod(points, 0o711)  # Traversed by the prelude and bwrap, which may run as nobody.
+  for name in _MOUNT_POINTS:
+    os.mkdir(os.path.join(points, name))
+  return points
+
+
+def command(inner: list[str], *, mount_points: str, work_dir: str, copy_from: str | None,
+            read_only: list[str], disk_bytes: int, max_files: int,
+            env: dict[str, str]) -> list[str]:
+  """`inner` wrapped in the prelude and bwrap (see the module docstring). The
+  capped mounts go on the directories `make_mount_points` made in `mount_points`
+  (this writes the fstab the prelude mounts them from there);
+  `work_dir` becomes an empty capped tmpfs (the cwd); `copy_from`, if given, is
+  mounted read-only at `COPY_SOURCE` for the bootstrap to copy into it;
+  `read_only` paths appear at the same place."""
+  as_root = os.geteuid() == 0
+  places = {"tmp": "/tmp", "shm": "/dev/shm", "work": work_dir}
+  # Every namespace but IPC, which the prelude made and emptied (--unshare-all would
+  # give the code a fresh one, where SysV shared memory is limited only by RAM).
+  args = ["bwrap", "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-uts",
+          "--unshare-cgroup-try", "--disable-userns",
           "--uid", str(NOBODY), "--gid", str(NOBODY), "--cap-drop", "ALL",
           "--new-session", "--die-with-parent", *_system_mounts()]
   args += ["--proc", "/proc", "--dev", "/dev"]
   # /tmp first: the read-only and work paths may lie below it.
-  for path in ("/tmp", "/dev/shm"):
-    args += ["--perms", "0700", "--size", str(disk_bytes), "--tmpfs", path]
+  for name in ("tmp", "shm"):
+    args += ["--bind", os.path.join(mount_points, name), places[name]]
   for path in read_only:
     args += ["--ro-bind", path, path]
-  args += ["--perms", "0700", "--size", str(disk_bytes), "--tmpfs", work_dir]
+  args += ["--bind", os.path.join(mount_points, "work"), places["work"]]
   if copy_from is not None:
     args += ["--ro-bind", copy_from, COPY_SOURCE]
-  args += ["--chdir", work_dir, "--clearenv"]
+  # After every mount: bwrap makes their mount points in / and /dev. Neither is
+  # capped, so neither may stay writable.
+  args += ["--remount-ro", "/", "--remount-ro", "/dev", "--chdir", work_dir, "--clearenv"]
   for key, value in env.items():
     args += ["--setenv", key, value]
-  prefix = list(_DROP_ROOT) if os.geteuid() == 0 else []
-  return [*prefix, *args, "--", *inner]
+  # The mounts' owner as the prelude's namespace sees it: the user bwrap runs as.
+  owner = NOBODY if as_root else 0
+  options = (f"size={disk_bytes},nr_inodes={max_files + 1},mode=0700,"  # +1: the root directory
+             f"uid={owner},gid={owner}")
+  fstab = os.path.join(mount_points, _FSTAB)
+  with open(fstab, "w", encoding="utf-8") as f:
+    for name in _MOUNT_POINTS:
+      point = _fstab_field(os.path.join(mount_points, name))
+      f.write(f"sao_sandbox {point} tmpfs {options} 0 0\n")
+  # SIGKILL on the caller's death from the start (bwrap's --die-with-parent comes later).
+  namespaces = ["--ipc", "--mount"] if as_root else ["--user", "--map-root-user", "--ipc", "--mount"]
+  prelude = ["setpriv", "--pdeathsig", "KILL", "unshare", *namespaces, "--propagation", "private",
+             "sh", "-c", _PRELUDE, "sao_prelude", fstab]
+  return [*prelude, *(_DROP_ROOT if as_root else ()), *args, "--", *inner]
 
 
 # Where the files to copy into the work directory are mounted (read-only).
@@ -87,20 +157,23 @@ COPY_SOURCE = "/sao_copy_source"
 @functools.cache
 def unavailable_reason() -> str | None:
   """None if bwrap isolation works here, else why not and how to get it (cached)."""
-  missing = [tool for tool in ("bwrap",) + (("setpriv",) if os.geteuid() == 0 else ())
+  missing = [tool for tool in ("bwrap", "setpriv", "unshare", "mount", "sh")
              if shutil.which(tool) is None]
   if missing:
     return f"{' and '.join(missing)} not found on PATH; {HOW_TO_GET_IT}"
   python = os.path.realpath(sys.executable)
   roots = interpreter_roots()
-  probe = command([python, "-I", "-S", "-B", "-c", "import os, json; print('ok')"],
-                  work_dir="/sao_probe", copy_from=None, read_only=roots, disk_bytes=1 << 20,
-                  env={"PATH": "/usr/bin:/bin"})
-  try:
-    result = subprocess.run(probe, stdin=subprocess.DEVNULL, capture_output=True, timeout=30,
-                            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
-  except (OSError, subprocess.TimeoutExpired) as e:
-    return f"the bwrap self-test could not run ({e}); {HOW_TO_GET_IT}"
+  with tempfile.TemporaryDirectory(prefix="sao_probe_") as scratch:
+    os.chmod(scratch, 0o711)
+    probe = command([python, "-I", "-S", "-B", "-c", "import os, json; print('ok')"],
+                    mount_points=make_mount_points(scratch), work_dir="/sao_probe",
+                    copy_from=None, read_only=roots, disk_bytes=1 << 20, max_files=16,
+                    env={"PATH": "/usr/bin:/bin"})
+    try:
+      result = subprocess.run(probe, stdin=subprocess.DEVNULL, capture_output=True, timeout=30,
+                              env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+    except (OSError, subprocess.TimeoutExpired) as e:
+      return f"the bwrap self-test could not run ({e}); {HOW_TO_GET_IT}"
   if result.returncode != 0 or result.stdout.strip() != b"ok":
     detail = result.stderr.decode("utf-8", "replace").strip()[-500:]
     return (f"the bwrap self-test failed (exit {result.returncode}: {detail}). If it cannot "

@@ -18,7 +18,8 @@ What is enforced, and by what:
 - Kernel, `isolation="bwrap"` (the default; `bwrap` module): a fresh mount
   namespace with only `/usr`, the interpreter and stdlib (+ site-packages with
   `site_packages=True`) read-only, the work directory, `/tmp` and `/dev/shm` as
-  private tmpfs capped at `disk_mb` each and gone after the run; no network;
+  private tmpfs capped at `disk_mb` and `max_files` each (user xattrs included)
+  and gone after the run; no SysV IPC objects; no network;
   own PID namespace; new session; dies with its parent; uid nobody with no
   capabilities and no further user namespaces. No host file outside those
   mounts exists for the code, whatever it does in-process.
@@ -158,10 +159,11 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
         settings["copy_from"] = bwrap.COPY_SOURCE
         settings["workdir"] = work = os.path.realpath(workdir)
       command = bwrap.command(
-          [python, "-I", "-S", "-B", "-c", _BOOTSTRAP, json.dumps(settings)], work_dir=work,
-          copy_from=copy_from, read_only=sorted({*bwrap.interpreter_roots(), script_dir,
-                                                 *filter(os.path.exists, read_roots)}),
-          disk_bytes=limits.disk_mb << 20, env=_CHILD_ENV)
+          [python, "-I", "-S", "-B", "-c", _BOOTSTRAP, json.dumps(settings)],
+          mount_points=bwrap.make_mount_points(scratch), work_dir=work, copy_from=copy_from,
+          read_only=sorted({*bwrap.interpreter_roots(), script_dir,
+                            *filter(os.path.exists, read_roots)}),
+          disk_bytes=limits.disk_mb << 20, max_files=limits.max_files, env=_CHILD_ENV)
       cwd = "/"
     else:
       if workdir is None:

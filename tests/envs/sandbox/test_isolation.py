@@ -76,7 +76,8 @@ def _compile(c_body: str, tmp_path) -> bytes:
   source = tmp_path / f"payload_{uuid.uuid4().hex}.c"
   source.write_text("#include <arpa/inet.h>\n#include <dirent.h>\n#include <fcntl.h>\n"
                     "#include <netinet/in.h>\n#include <signal.h>\n#include <string.h>\n"
-                    "#include <sys/socket.h>\n#include <unistd.h>\n"
+                    "#include <sys/mount.h>\n#include <sys/msg.h>\n#include <sys/sem.h>\n"
+                    "#include <sys/shm.h>\n#include <sys/socket.h>\n#include <unistd.h>\n"
                     "static void say(const char *s) { write(1, s, strlen(s)); }\n"
                     f"__attribute__((constructor)) static void payload(void) {{\n{c_body}\n}}\n")
   library = source.with_suffix(".so")
@@ -149,6 +150,28 @@ def test_tmp_and_dev_shm_are_private_capped_and_vanish(tmp_path):
   result = sandbox.run_python(code, LIMITS)
   assert result.stdout.split("\n")[:2] == ["/tmp capped 28", "/dev/shm capped 28"], result
   assert not os.path.exists(f"/tmp/{marker}") and not os.path.exists(f"/dev/shm/{marker}")
+
+
+def test_the_capped_mounts_cannot_be_unmounted_or_remounted(tmp_path):
+  """Under each capped tmpfs lies an uncapped one (bwrap's root) or a host
+  directory; neither unmounting nor remounting without the caps may reach it."""
+  result = native('for (int i = 0; i < 3; i++) {\n'
+                  '  const char *p[] = {"/tmp", "/dev/shm", "."};\n'
+                  '  say(umount2(p[i], MNT_DETACH) == 0 ? "UNMOUNTED " : "KEPT ");\n'
+                  '  say(mount("none", p[i], NULL, MS_REMOUNT, "nr_inodes=0,size=0") == 0 ?\n'
+                  '      "REMOUNTED " : "KEPT ");\n'
+                  '}', tmp_path)
+  assert result.stdout.split() == ["KEPT"] * 6, result
+
+
+def test_no_sysv_ipc_objects(tmp_path):
+  """SysV shared memory outlives every mapping and fd (until its IPC namespace
+  ends) and counts against no rlimit: one run held 768 MiB of it with
+  memory_mb=256. Message queues and semaphore sets hold kernel memory likewise."""
+  result = native('say(shmget(IPC_PRIVATE, 1 << 20, IPC_CREAT | 0600) < 0 ? "NOSHM " : "SHM ");\n'
+                  'say(msgget(IPC_PRIVATE, IPC_CREAT | 0600) < 0 ? "NOMSG " : "MSG ");\n'
+                  'say(semget(IPC_PRIVATE, 1, IPC_CREAT | 0600) < 0 ? "NOSEM" : "SEM");', tmp_path)
+  assert result.stdout.split() == ["NOSHM", "NOMSG", "NOSEM"], result
 
 
 def test_work_dir_bytes_are_capped(tmp_path):

@@ -1,0 +1,53 @@
+"""Prompt/answer tasks read from dataset files: where they are, which columns hold
+what, how the reference answer is written (the `env.dataset` section)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from sao_jax.config.checks import check_choice, fail
+
+# Task sources that read `env.dataset`: Parquet (a file, or a directory of *.parquet
+# files) and a directory written by Hugging Face `datasets.Dataset.save_to_disk`.
+DATASET_SOURCES = ("parquet", "hf_disk")
+# How the answer column writes the reference (`sao_jax.envs.math.answers.reference_answer`):
+# "plain" = the answer itself (text or an integer, AIME / MATH-500 `answer`),
+# "gsm8k" = worked solution ending in `#### answer`, "boxed" = a solution whose last
+# `\boxed{...}` holds the answer (MATH `solution`).
+ANSWER_FORMATS = ("plain", "gsm8k", "boxed")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DatasetConfig:
+  """Which file and which columns (semantics: `sao_jax.envs.dataset_tasks`).
+
+  Defaults fit MATH-500 (`problem`, `answer`); GSM8K is `prompt_column="question"`,
+  `answer_format="gsm8k"`; AIME 2024 is `prompt_column="Problem"`,
+  `answer_column="Answer"`. `id_column` empty: ids are `<name>:<row>`;
+  `source_column` empty: every row's source (the per-source breakdown of
+  `sao-eval`) is the dataset's name, the file or directory name without suffix.
+  """
+
+  path: str = ""
+  prompt_column: str = "problem"
+  answer_column: str = "answer"
+  answer_format: str = "plain"
+  id_column: str = ""
+  source_column: str = ""
+
+  def validate(self, source: str) -> None:
+    """Checks the fields for task source `source` (one of DATASET_SOURCES)."""
+    if source == "parquet" and not (os.path.isfile(self.path) or os.path.isdir(self.path)):
+      fail("env.dataset", "path", self.path,
+           "task_source='parquet' needs an existing .parquet file or a directory of them")
+    if source == "hf_disk" and not os.path.isdir(self.path):
+      fail("env.dataset", "path", self.path, "task_source='hf_disk' needs the directory "
+           "`datasets.Dataset.save_to_disk` wrote (it holds state.json)")
+    for name in ("prompt_column", "answer_column"):
+      if not isinstance(getattr(self, name), str) or not getattr(self, name):
+        fail("env.dataset", name, getattr(self, name), "expected a column name")
+    for name in ("id_column", "source_column"):
+      if not isinstance(getattr(self, name), str):
+        fail("env.dataset", name, getattr(self, name), "expected a column name or ''")
+    check_choice("env.dataset", self, "answer_format", ANSWER_FORMATS)

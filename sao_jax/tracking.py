@@ -1,0 +1,46 @@
+"""Weights & Biases logging of a run's metrics rows (`run.loggers` with "wandb").
+
+    logger = WandbLogger(run_dir, project="sao-jax", name=cfg.name, config=asdict(cfg))
+    logger.write(step, {"reward/mean": 0.4})
+    logger.close()
+
+Each row is logged with its learner step as the `learner_step` metric, which
+every other metric is plotted against (W&B's own step must only grow, and SFT
+warm-start rows have negative steps). Files go to `run_dir/wandb`; where the
+run goes (online, `WANDB_MODE=offline`, entity, API key) is W&B's own
+environment variables. W&B cannot delete logged rows, so a resumed run
+(`MetricsLogger.rewind`) is a new W&B run that logs the replayed steps again;
+metrics.jsonl and TensorBoard keep each step once.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Mapping
+
+STEP_METRIC = "learner_step"
+
+
+class WandbLogger:
+
+  def __init__(self, run_dir: str | pathlib.Path, *, project: str, name: str, config: dict):
+    try:
+      import wandb
+    except ImportError:
+      raise ValueError("run.loggers includes 'wandb' but the wandb package is not installed: "
+                       "pip install 'sao-jax[wandb]' (wandb==0.31.0), or remove 'wandb' from "
+                       "run.loggers") from None
+    self._run = wandb.init(project=project, name=name, dir=str(run_dir), config=config,
+                           reinit="create_new")
+    self._run.define_metric(STEP_METRIC)
+    self._run.define_metric("*", step_metric=STEP_METRIC)
+
+  @property
+  def run(self):
+    return self._run
+
+  def write(self, step: int, metrics: Mapping[str, float]) -> None:
+    self._run.log({STEP_METRIC: step, **metrics})
+
+  def close(self) -> None:
+    self._run.finish()

@@ -1,0 +1,41 @@
+"""experiments.drift: the pre-registered collapse / learned criteria and the report."""
+
+import json
+
+import pytest
+from scipy import stats as scipy_stats
+
+from experiments import drift
+
+
+def write_run(directory, rewards):
+  directory.mkdir(parents=True)
+  (directory / "metrics.jsonl").write_text(
+      "".join(json.dumps({"step": i, "reward/mean": r}) + "\n" for i, r in enumerate(rewards)))
+  (directory / "summary.json").write_text("{}")
+
+
+def test_collapse_anywhere_and_learned_at_the_end(tmp_path):
+  learned = [0.25] * 10 + [1.0] * 50
+  dip_then_recover = [0.25] * 10 + [1.0] * 20 + [0.0] * 10 + [1.0] * 20  # collapsed AND learned
+  one_low_step = [0.25] * 30 + [0.0] + [0.25] * 29  # trailing 5-step mean stays >= 0.2
+  for seed, curve in enumerate([learned, dip_then_recover, one_low_step]):
+    write_run(drift.run_dir(tmp_path, "sao", seed), curve)
+  result = drift.arm_result(tmp_path, "sao", range(4))  # seed 3 not run: left out
+  assert result.seeds == [0, 1, 2]
+  assert result.collapsed == 1 and result.learned == 2
+  assert result.steps_to_learned[0] == 14  # the trailing 5-step mean first reaches 0.9
+  assert result.steps_to_learned[2] == 61  # never: the budget + 1
+
+
+def test_fisher_test_compares_collapse_counts(tmp_path):
+  for seed in range(4):
+    write_run(drift.run_dir(tmp_path, "sao", seed), [0.25] + [0.0] * 12)
+    write_run(drift.run_dir(tmp_path, "sao_centred", seed), [0.25] + [1.0] * 12)
+  base = drift.arm_result(tmp_path, "sao", range(4))
+  centred = drift.arm_result(tmp_path, "sao_centred", range(4))
+  want = scipy_stats.fisher_exact([[0, 4], [4, 0]]).pvalue
+  assert drift.fisher_vs(base, centred) == pytest.approx(want)
+  text = drift.report(tmp_path, range(4))
+  assert f"| sao_centred | 4 | 0 | 4 | {want:.4f} |" in text
+  assert "| sao | 4 | 4 | 0 | - |" in text
