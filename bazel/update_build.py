@@ -37,6 +37,10 @@ py_library(
 '''
 
 
+# Non-Python files a test directory reads, beyond its helper modules.
+TEST_DATA = {"tests/chat": "tests/fixtures/chat_templates/*"}
+
+
 def runtime_requirements() -> list[str]:
   """Distribution names of pyproject's [project].dependencies (versions stripped)."""
   project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -51,7 +55,11 @@ def render() -> str:
     rel = test.relative_to(ROOT)
     parts = rel.parts[1:-1]
     name = "_".join([*parts, test.stem])
-    data = f'glob(["{rel.parent.as_posix()}/*.py"], exclude = ["{rel.parent.as_posix()}/test_*.py"])'
+    patterns = [f"{rel.parent.as_posix()}/*.py"]
+    if rel.parent.as_posix() in TEST_DATA:
+      patterns.append(TEST_DATA[rel.parent.as_posix()])
+    quoted = ", ".join(f'"{pattern}"' for pattern in patterns)
+    data = f'glob([{quoted}], exclude = ["{rel.parent.as_posix()}/test_*.py"])'
     if rel.parent.as_posix() == "tests":
       data = '["BUILD", "pyproject.toml", "bazel/update_build.py"] + glob(["sao_jax/**/*.py", "tests/**/*.py", "configs/**/*.py"])'
     text += f'\npytest_test(name = "{name}", src = "{rel.as_posix()}", data = {data})\n'

@@ -42,6 +42,7 @@ from sao_jax.envs.sandbox import bwrap
 from sao_jax.envs.coding import env as coding
 from sao_jax.envs.coding import generator as coding_generator
 from sao_jax.envs.base import play
+from sao_jax.chat import chat_format
 from sao_jax.models.tokenizer import train_tokenizer
 from sao_jax.models.transformer import init_params
 from sao_jax.sampler.episodes import EpisodeRunner, make_engine
@@ -50,16 +51,16 @@ from sao_jax.sampler.episodes import EpisodeRunner, make_engine
 def env_wait_fraction(seconds: float, slots: int, seed: int) -> tuple[float, int]:
   """(time in env.step / sampler wall-clock, finished episodes) of a short run."""
   tasks = [coding_generator.generate_task(i, seed=seed, difficulty=1) for i in range(4)]
-  tokenizer = train_tokenizer([coding.SYSTEM_PROMPT] + [t.prompt for t in tasks]
-                              + [a for t in tasks for a in coding_generator.solution_actions(t)],
-                              vocab_size=512)
+  chat = chat_format(None, train_tokenizer(
+      [coding.SYSTEM_PROMPT] + [t.prompt for t in tasks]
+      + [a for t in tasks for a in coding_generator.solution_actions(t)], vocab_size=512))
   model = C.ModelConfig(vocab_size=512, hidden_size=64, intermediate_size=128, head_dim=16,
                         num_attention_heads=4, num_key_value_heads=2, logits_chunk=256,
                         max_position_embeddings=4096)
   sampler = C.SamplerConfig(slots=slots, max_seq_len=4096, prefill_buckets=(64, 512, 2048),
                             max_new_tokens=32, steps_per_call=8,
                             stop_patterns=(r"```tool[ \t]*\n.*?\n```",))
-  engine = make_engine(sampler, model, init_params(model, jax.random.key(seed)), tokenizer)
+  engine = make_engine(sampler, model, init_params(model, jax.random.key(seed)), chat)
   engine.warmup()
   in_env = [0.0]
 
@@ -77,7 +78,7 @@ def env_wait_fraction(seconds: float, slots: int, seed: int) -> tuple[float, int
     env.step = timed_step
     return env
 
-  runner = EpisodeRunner(engine, tokenizer, make_env, max_episodes=slots)
+  runner = EpisodeRunner(engine, chat, make_env, max_episodes=slots)
   finished, started, begin = 0, 0, time.perf_counter()
   while time.perf_counter() - begin < seconds:
     while runner.in_flight < runner.max_episodes:

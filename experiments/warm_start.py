@@ -26,6 +26,7 @@ from typing import Sequence
 
 from sao_jax.config import Config, load_config
 from sao_jax.models import params_io
+from sao_jax.chat import chat_format
 from sao_jax.warm_start import demonstrations, initial_policy, sft_warm_start, train_run_tokenizer
 
 DONE_FILE = "DONE.json"
@@ -37,7 +38,8 @@ def warm_start(cfg: Config, out: pathlib.Path) -> dict:
   out.mkdir(parents=True, exist_ok=True)
   tokenizer = train_run_tokenizer(cfg)
   tokenizer.save(str(out / "tokenizer.json"))
-  policy, record = sft_warm_start(cfg, tokenizer, initial_policy(cfg), demonstrations(cfg))
+  policy, record = sft_warm_start(cfg, chat_format(None, tokenizer), initial_policy(cfg),
+                                  demonstrations(cfg))
   params_io.save_params(out / "policy", policy, cfg.model)
   record["wall_s"] = time.monotonic() - start
   (out / DONE_FILE).write_text(json.dumps(record, indent=2))

@@ -30,6 +30,7 @@ import numpy as np
 import tqdm
 
 from sao_jax import eval_scores
+from sao_jax.chat import ChatFormat, load_chat
 from sao_jax.config import Config, SamplerConfig
 from sao_jax.config.dataset import DATASET_SOURCES
 from sao_jax.data.records import Trajectory
@@ -45,12 +46,12 @@ GREEDY = dict(top_k=1, temperature=1.0)
 class _Episodes:
   """An engine with `sampler` settings and a runner of `cfg.env`-like episodes on it."""
 
-  def __init__(self, cfg: Config, sampler: SamplerConfig, env_cfg, tokenizer, params: Params,
-               version: int):
+  def __init__(self, cfg: Config, sampler: SamplerConfig, env_cfg, chat: ChatFormat,
+               params: Params, version: int):
     self._num_slots = cfg.algorithm.running_mean_slots
-    self.engine = make_engine(sampler, cfg.model, params, tokenizer, version=version)
+    self.engine = make_engine(sampler, cfg.model, params, chat, version=version)
     self.engine.warmup()
-    self._runner = EpisodeRunner(self.engine, tokenizer, lambda: make_env(env_cfg),
+    self._runner = EpisodeRunner(self.engine, chat, lambda: make_env(env_cfg),
                                  max_episodes=sampler.slots)
 
   def run(self, tasks: Iterator[Task], count: int, *, seed: int, desc: str,
@@ -62,14 +63,14 @@ class _Episodes:
 
 class Evaluator:
 
-  def __init__(self, cfg: Config, tokenizer, params: Params, *, version: int = 0,
+  def __init__(self, cfg: Config, chat: ChatFormat, params: Params, *, version: int = 0,
                seed: int | None = None):
     """`seed`: the task source's seed, `run.eval_seed` unless given."""
     self._cfg = cfg
     self._env_cfg = dataclasses.replace(
         cfg.env, seed=cfg.run.eval_seed if seed is None else seed)
     self._episodes = _Episodes(cfg, dataclasses.replace(cfg.sampler, **GREEDY), self._env_cfg,
-                               tokenizer, params, version)
+                               chat, params, version)
 
   def evaluate(self, params: Params, version: int) -> dict[str, float]:
     self._episodes.engine.set_params(jax.device_put(params), version)
@@ -104,7 +105,7 @@ class _BenchmarkTasks:
     return itertools.islice(make_tasks(self.env_cfg), self.count)
 
 
-def benchmark(cfg: Config, tokenizer, params: Params, *, version: int = 0,
+def benchmark(cfg: Config, chat: ChatFormat, params: Params, *, version: int = 0,
               limit: int | None = None) -> dict:
   """Greedy and sampled episodes on the benchmark tasks; the report of the module docstring."""
   run = cfg.run
@@ -118,7 +119,7 @@ def benchmark(cfg: Config, tokenizer, params: Params, *, version: int = 0,
     sources[task.id] = str(task.metadata.get("source", tasks.name))
   greedy_success, sampled_success = {}, collections.Counter()
   failures = collections.Counter()
-  greedy = _Episodes(cfg, dataclasses.replace(cfg.sampler, **GREEDY), tasks.env_cfg, tokenizer,
+  greedy = _Episodes(cfg, dataclasses.replace(cfg.sampler, **GREEDY), tasks.env_cfg, chat,
                      params, version)
   for traj in greedy.run(iter(tasks), tasks.count, seed=run.eval_seed, desc="greedy"):
     greedy_success[traj.info["task"]] = _success(traj)
@@ -128,7 +129,7 @@ def benchmark(cfg: Config, tokenizer, params: Params, *, version: int = 0,
   if n:
     sampler = dataclasses.replace(cfg.sampler, temperature=run.eval_temperature, top_k=0,
                                   top_p=1.0)
-    sampled = _Episodes(cfg, sampler, tasks.env_cfg, tokenizer, params, version)
+    sampled = _Episodes(cfg, sampler, tasks.env_cfg, chat, params, version)
     repeated = (task for task in tasks for _ in range(n))
     for traj in sampled.run(repeated, tasks.count * n, seed=run.eval_seed + 1,
                             desc=f"sampled x{n}"):
@@ -153,13 +154,13 @@ def report_path(cfg: Config, step: int) -> pathlib.Path:
 def evaluate_checkpoint(cfg: Config, step: int | None = None, *,
                         limit: int | None = None) -> dict:
   """`benchmark` of the policy in checkpoint `step` (default: the latest) of the run
-  `cfg` describes, with the run's own tokenizer; what `sao-eval` reports."""
+  `cfg` describes, with the run's own tokenizer and chat format; what `sao-eval`
+  reports."""
   from sao_jax.checkpoint import Checkpointer
   from sao_jax.learner.state import abstract_state
-  from sao_jax.models.tokenizer import load_tokenizer
 
   cfg = cfg.with_run_paths().validate()
-  tokenizer = load_tokenizer(cfg.run.tokenizer_file)
+  chat = load_chat(cfg.run.tokenizer_file, enable_thinking=cfg.run.enable_thinking)
   checkpointer = Checkpointer(cfg)
   try:
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
@@ -169,5 +170,5 @@ def evaluate_checkpoint(cfg: Config, step: int | None = None, *,
   finally:
     checkpointer.close()
   version = int(state.policy_version)
-  result = benchmark(cfg, tokenizer, state.policy_params, version=version, limit=limit)
+  result = benchmark(cfg, chat, state.policy_params, version=version, limit=limit)
   return {"step": meta["step"], "policy_version": version, **result}

@@ -96,7 +96,7 @@ def run(cfg: Config, *, resume: bool = True, log=print) -> dict:
   except IsolationUnavailable as error:
     raise ValueError(f"env.sandbox={cfg.env.sandbox!r}: {error}") from None
   (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
-  tokenizer = warm_start.prepare_tokenizer(cfg)
+  chat = warm_start.prepare_chat(cfg)
   logger = MetricsLogger(run_dir, total_steps=cfg.learner.steps, loggers=cfg.run.loggers,
                          wandb_project=cfg.run.wandb_project, name=cfg.name,
                          config=dataclasses.asdict(cfg))
@@ -109,7 +109,7 @@ def run(cfg: Config, *, resume: bool = True, log=print) -> dict:
       if cfg.run.eval_every:  # the starting point, so the warm-start's effect is measured
         evaluate(-cfg.run.sft_steps, policy, 0)
       policy, _ = warm_start.sft_warm_start(
-          cfg, tokenizer, policy, warm_start.demonstrations(cfg), log=log,
+          cfg, chat, policy, warm_start.demonstrations(cfg), log=log,
           log_metrics=lambda step, m: logger.write(step - cfg.run.sft_steps, m))
     state = state_from_params(cfg, policy, value_params_from_policy(policy, cfg.model))
     if jax.process_count() > 1:  # every host holds the same full state on its own device;
@@ -150,7 +150,7 @@ def run(cfg: Config, *, resume: bool = True, log=print) -> dict:
     nonlocal evaluator
     params = jax.device_get(policy)
     if evaluator is None:
-      evaluator = Evaluator(cfg, tokenizer, params, version=version)
+      evaluator = Evaluator(cfg, chat, params, version=version)
     result = evaluator.evaluate(params, version)
     logger.write(step, result)
     summary.update(result)

@@ -1,12 +1,13 @@
 """SFT warm-start: from an initial policy to one that already plays the environment.
 
-    tokenizer = prepare_tokenizer(cfg)             # run.tokenizer, or trained on demonstrations
+    chat = prepare_chat(cfg)                       # run.tokenizer (+ its chat template), or trained
     policy    = initial_policy(cfg)                # random, HF directory or sao-convert params
-    policy, record = sft_warm_start(cfg, tokenizer, policy, demonstrations(cfg))
+    policy, record = sft_warm_start(cfg, chat, policy, demonstrations(cfg))
 
 Demonstrations are the environment's scripted ideal turns
 (`sao_jax.envs.registry.DEMONSTRATIONS`), played through the environment so the
-transcripts carry its real observations. SFT minimises the next-token loss on
+transcripts carry its real observations; they are encoded turn by turn in the
+run's chat format (`sao_jax.chat`), exactly as the sampler builds episodes. SFT minimises the next-token loss on
 action tokens only (`sao_jax.learner.sft`); with `run.sft_target_accuracy` it
 stops at the first validation check that reaches the target. `sao-train` and
 `experiments.warm_start` both warm-start through here.
@@ -21,6 +22,7 @@ from typing import Iterator
 import jax
 import tqdm
 
+from sao_jax.chat import ChatFormat, chat_format
 from sao_jax.config import Config
 from sao_jax.config.dataset import DATASET_SOURCES
 from sao_jax.data import pipeline
@@ -59,24 +61,27 @@ def train_run_tokenizer(cfg: Config, transcripts: int = TOKENIZER_DEMONSTRATIONS
   return tokenizer_lib.train_tokenizer(texts, cfg.model.vocab_size)
 
 
-def prepare_tokenizer(cfg: Config):
+def prepare_chat(cfg: Config) -> ChatFormat:
   """The configured tokenizer (`run.tokenizer`), else the run's own copy, else one
-  trained on the environment's texts; the run's copy (`run.tokenizer_file`, what
-  samplers and `sao-eval` load) is written if missing."""
+  trained on the environment's texts, with its chat format (the template the
+  tokenizer directory ships, else ChatML; `run.enable_thinking`). The run's copy
+  (`run.tokenizer_file` and the template files beside it, what samplers and
+  `sao-eval` load) is written if missing."""
   copy = pathlib.Path(cfg.run.tokenizer_file)
-  if cfg.run.tokenizer:
-    tokenizer = tokenizer_lib.load_tokenizer(cfg.run.tokenizer)
-  elif copy.is_file():
-    tokenizer = tokenizer_lib.load_tokenizer(copy)
+  source = cfg.run.tokenizer or (copy if copy.is_file() else None)
+  if source:
+    tokenizer = tokenizer_lib.load_tokenizer(source)
   else:
     tokenizer = train_run_tokenizer(cfg)
   if tokenizer.get_vocab_size() > cfg.model.vocab_size:
     raise ValueError(f"the tokenizer has {tokenizer.get_vocab_size()} tokens but "
                      f"model.vocab_size={cfg.model.vocab_size}; raise model.vocab_size")
+  chat = chat_format(source, tokenizer, enable_thinking=cfg.run.enable_thinking)
   if not copy.is_file():
     copy.parent.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(copy))
-  return tokenizer
+    chat.save(copy.parent)
+  return chat
 
 
 def initial_policy(cfg: Config) -> Params:
@@ -97,14 +102,14 @@ def initial_policy(cfg: Config) -> Params:
   return params
 
 
-def sft_batches(cfg: Config, tokenizer, demos: Iterator[list[dict]]) -> Iterator[Batch]:
+def sft_batches(cfg: Config, chat: ChatFormat, demos: Iterator[list[dict]]) -> Iterator[Batch]:
   """`run.sft_batch` demonstration transcripts (chat messages) per batch, padded to
   the smallest fitting length bucket."""
   length = cfg.data.length_buckets[-1]
   while True:
     rows = []
     for messages in itertools.islice(demos, cfg.run.sft_batch):
-      tokens, action = tokenizer_lib.encode_chat(tokenizer, messages)
+      tokens, action = chat.encode(messages)
       if tokens.size > length:
         raise ValueError(f"a demonstration has {tokens.size} tokens, more than "
                          f"data.length_buckets[-1]={length}; raise the largest bucket")
@@ -117,7 +122,7 @@ def sft_batches(cfg: Config, tokenizer, demos: Iterator[list[dict]]) -> Iterator
     yield pipeline.pad_batch(rows, cfg.run.sft_batch, bucket, cfg.data.pad_id)
 
 
-def sft_warm_start(cfg: Config, tokenizer, policy: Params, demos: Iterator[list[dict]], *,
+def sft_warm_start(cfg: Config, chat: ChatFormat, policy: Params, demos: Iterator[list[dict]], *,
                    log_metrics=lambda step, metrics: None, log=print) -> tuple[Params, dict]:
   """SFT of `policy` on `demos` (chat transcripts) as `cfg.run` says; returns (policy, record).
 
@@ -139,7 +144,7 @@ def sft_warm_start(cfg: Config, tokenizer, policy: Params, demos: Iterator[list[
     nonlocal validator
     params = jax.device_get(params)
     if validator is None:
-      validator = Evaluator(cfg, tokenizer, params, seed=run.eval_seed + 1)
+      validator = Evaluator(cfg, chat, params, seed=run.eval_seed + 1)
     accuracy = validator.evaluate(params, 0)["eval/accuracy"]
     checks.append((steps_done, accuracy))
     log_metrics(steps_done - 1, {"sft/validation_accuracy": accuracy})
@@ -161,7 +166,7 @@ def sft_warm_start(cfg: Config, tokenizer, policy: Params, demos: Iterator[list[
       + (f", or fewer once validation accuracy reaches {target:.2f}" if target else ""))
   try:
     policy, steps_done = train_sft(
-        policy, cfg.model, sft_batches(cfg, tokenizer, demos), steps=run.sft_steps,
+        policy, cfg.model, sft_batches(cfg, chat, demos), steps=run.sft_steps,
         learning_rate=run.sft_lr, log=log_step, stop=validate if target else None,
         check_every=run.sft_check_every)
   finally:

@@ -23,6 +23,11 @@ class RunConfig:
   `sao-convert` params directory. `tokenizer`: a tokenizer.json (or directory);
   empty trains a byte-level BPE of `model.vocab_size` on the environment's texts
   and saves it in the run directory (for from-scratch runs without a hub).
+  Episodes and demonstrations are rendered with the chat template the
+  tokenizer's directory ships, else as ChatML (`sao_jax.chat`);
+  `enable_thinking` is passed to the template (false: Qwen3's non-thinking
+  mode, the empty think block in the generation prompt); false is refused for a
+  template without that switch.
   Evaluation runs greedy decoding on `eval_episodes` held-out tasks (the task
   generator with `eval_seed` instead of `env.seed`) every `eval_every` steps.
   `sft_target_accuracy` > 0 ends the warm-start early, at the first multiple of
@@ -43,6 +48,7 @@ class RunConfig:
   run_dir: str = "runs/default"
   init: str = "random"
   tokenizer: str = ""
+  enable_thinking: bool = True
   sft_steps: int = 0  # supervised warm-start on environment demonstrations
   sft_lr: float = 3e-3
   sft_batch: int = 32
@@ -80,6 +86,8 @@ class RunConfig:
       fail("run", "run_dir", self.run_dir, "expected a directory for logs and checkpoints")
     if not self.init:
       fail("run", "init", self.init, "expected 'random' or a model directory")
+    if not isinstance(self.enable_thinking, bool):
+      fail("run", "enable_thinking", self.enable_thinking, "expected true or false")
     for name in ("sft_steps", "eval_every", "num_samplers", "eval_samples"):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value < 0:

@@ -12,12 +12,12 @@
 
 A worker drives it with text-level environments (`sao_jax.envs.base`):
 
-  engine.submit(i, encode_chat(tok, env.reset(task), add_generation_prompt=True)[0], seed=...)
+  engine.submit(i, chat.prompt(env.reset(task)), seed=...)  # chat: sao_jax.chat.ChatFormat
   while engine.busy:
     for turn in engine.step():
       result = env.step(tok.decode(turn.tokens))
       if result.done: emit(engine.finish(turn.episode_id), result)
-      else: engine.submit(turn.episode_id, <chat glue + observation + generation prompt>)
+      else: engine.submit(turn.episode_id, chat.continuation(history, [observation], closed=...))
 
 An episode's trajectory is every token in order: what was submitted (prompt,
 observations, chat glue; action_mask 0, behavior_logp 0) and what was sampled

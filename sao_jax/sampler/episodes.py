@@ -1,17 +1,20 @@
 """Multi-turn episodes: the engine generates actions, environments answer them.
 
 `EpisodeRunner` keeps up to `max_episodes` episodes in flight on one `Engine`:
-it renders an environment's messages with the chat template, submits the
-prompt, and for every turn the engine returns it decodes the action text, calls
-`env.step`, and either appends the observation (chat glue + tool/user message +
-generation prompt, all action_mask 0) or finishes the episode into a
-`records.Trajectory` with the reward on the last action token.
+it renders an environment's messages with the run's chat format
+(`sao_jax.chat`: the checkpoint's template, or ChatML), submits the prompt, and
+for every turn the engine returns it decodes the action text, calls
+`env.step`, and either appends the observation (`ChatFormat.continuation`: the
+template's text after the turn's end token, the observation message as the
+template renders its role, and the generation prompt, all action_mask 0) or
+finishes the episode into a `records.Trajectory` with the reward on the last
+action token. The episode keeps every message, so the template renders each
+observation in context.
 
-Chat glue after a turn: a turn that ended on `<|im_end|>` already closed its
-message, so the observation starts with the newline the template puts after
-it; a turn cut by a stop pattern (a complete python tool call) or a length
-limit gets `<|im_end|>\\n` first. Both are observation tokens: the policy is
-credited only for tokens it sampled.
+A turn that ended on the format's end token (`<|im_end|>`, `<|eot_id|>`, ...)
+already closed its message; a turn cut by a stop pattern (a complete python tool
+call) or a length limit gets the end token first, as observation glue: the
+policy is credited only for tokens it sampled.
 
 An environment failure ends the episode with `env_failure` set, so the learner
 counts and drops it instead of training on reward 0. An episode that runs out of
@@ -41,22 +44,24 @@ from typing import Callable, Iterator
 import jax
 import numpy as np
 
+from sao_jax.chat import ChatFormat
 from sao_jax.data.records import Trajectory
-from sao_jax.envs.base import Environment, Task
-from sao_jax.models.tokenizer import IM_END, encode_chat
+from sao_jax.envs.base import Environment, Message, Task
 from sao_jax.config import ModelConfig, SamplerConfig
 from sao_jax.models.transformer import Params
 from sao_jax.sampler.engine import Engine, Turn, stop_token_ids
 from sao_jax.sampler.paged_engine import PagedEngine
 
 
-def make_engine(cfg: SamplerConfig, model_cfg: ModelConfig, params: Params, tokenizer, *,
+def make_engine(cfg: SamplerConfig, model_cfg: ModelConfig, params: Params, chat: ChatFormat, *,
                 version: int = 0, mesh: jax.sharding.Mesh | None = None) -> Engine:
-  """An `Engine` (a `PagedEngine` for kv_layout="paged") whose stop tokens and
-  stop-pattern text come from `tokenizer`."""
+  """An `Engine` (a `PagedEngine` for kv_layout="paged") that stops on the chat
+  format's end token and `sampler.stop_tokens`, its stop-pattern text decoded by
+  the format's tokenizer."""
+  tokenizer = chat.tokenizer
   engine = PagedEngine if cfg.kv_layout == "paged" else Engine
   return engine(cfg, model_cfg, params, version=version, mesh=mesh,
-                stop_token_ids=stop_token_ids(tokenizer, cfg.stop_tokens),
+                stop_token_ids=stop_token_ids(tokenizer, (chat.end_token, *cfg.stop_tokens)),
                 detokenize=lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False))
 
 
@@ -73,6 +78,7 @@ class _Live:
   env: Environment
   task: Task
   prompt_id: int
+  messages: list[Message]  # the conversation so far, the policy's turns as decoded text
   turns: int = 0
   last_turn_end: str = ""  # the engine's finish_reason of the latest turn
 
@@ -84,9 +90,9 @@ class EpisodeRunner:
   first traceback of each type.
   """
 
-  def __init__(self, engine: Engine, tokenizer, make_env: Callable[[], Environment], *,
+  def __init__(self, engine: Engine, chat: ChatFormat, make_env: Callable[[], Environment], *,
                max_episodes: int, log: Callable[[str], None] = print):
-    self.engine, self._tokenizer, self._make_env = engine, tokenizer, make_env
+    self.engine, self._chat, self._make_env = engine, chat, make_env
     self.max_episodes = max_episodes
     self.failures: collections.Counter[str] = collections.Counter()
     self._log = log
@@ -94,8 +100,6 @@ class EpisodeRunner:
     self._live: dict[int, _Live] = {}
     self._failed: list[Trajectory] = []  # failed before reaching the engine; out at next step
     self._next_id = 0
-    self._im_end = tokenizer.token_to_id(IM_END)
-    self._newline = tokenizer.encode("\n", add_special_tokens=False).ids
 
   @property
   def in_flight(self) -> int:
@@ -107,7 +111,8 @@ class EpisodeRunner:
       # Environments that change during training (the style schedule) see the policy
       # version the episode starts with.
       env.set_step(self.engine.version)
-      prompt, _ = encode_chat(self._tokenizer, env.reset(task), add_generation_prompt=True)
+      messages = list(env.reset(task))
+      prompt = self._chat.prompt(messages)
       self.engine.submit(self._next_id, prompt, seed=seed % 2**32)
     except Exception as error:  # this episode's fault, never the runner's
       self._release(env, task)
@@ -120,7 +125,7 @@ class EpisodeRunner:
           info={"task": task.id, "turns": 0, "end": "env_failure", "truncated": False,
                 "failure_kind": type(error).__name__}))
       return
-    self._live[self._next_id] = _Live(env, task, prompt_id)
+    self._live[self._next_id] = _Live(env, task, prompt_id, messages)
     self._next_id += 1
 
   def step(self) -> list[Trajectory]:
@@ -145,7 +150,7 @@ class EpisodeRunner:
     live = self._live[turn.episode_id]
     live.turns += 1
     try:
-      action = self._tokenizer.decode(turn.tokens.tolist(), skip_special_tokens=True)
+      action = self._chat.tokenizer.decode(turn.tokens.tolist(), skip_special_tokens=True)
       result = live.env.step(action)
     except Exception as error:  # this episode's fault, never the runner's
       return self._fail(turn.episode_id, "step", error)
@@ -154,13 +159,14 @@ class EpisodeRunner:
       return self._finish(turn.episode_id, reward=result.reward or 0.0,
                           failure=result.failure, reason=result.reason,
                           kind=None if result.failure is None else ENV_DECLARED)
-    glue = [] if turn.tokens.size and turn.tokens[-1] == self._im_end else [self._im_end]
+    closed = bool(turn.tokens.size) and int(turn.tokens[-1]) == self._chat.end_token_id
+    live.messages.append({"role": "assistant", "content": action})
     message = {"role": live.env.observation_role, "content": result.observation}
     try:
-      observation, _ = encode_chat(self._tokenizer, [message], add_generation_prompt=True)
+      tokens = self._chat.continuation(live.messages, [message], closed=closed)
     except Exception as error:
       return self._fail(turn.episode_id, "encode", error)
-    tokens = np.concatenate([np.asarray(glue + self._newline, np.int32), observation])
+    live.messages.append(message)
     if tokens.size >= self.engine.room(turn.episode_id):
       return self._finish(turn.episode_id, reward=0.0, failure=None, reason="truncated")
     self.engine.submit(turn.episode_id, tokens)

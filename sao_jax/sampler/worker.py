@@ -118,13 +118,13 @@ def run_sampler(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
   import jax
 
   from sao_jax.envs.registry import make_env, make_tasks
-  from sao_jax.models.tokenizer import load_tokenizer
+  from sao_jax.chat import load_chat
   from sao_jax.sampler import weights
   from sao_jax.sampler.episodes import EpisodeRunner, make_engine, prompt_slot
   from sao_jax.sharding.mesh import make_mesh
 
   cfg = spec.cfg
-  tokenizer = load_tokenizer(spec.tokenizer_path)
+  chat = load_chat(spec.tokenizer_path, enable_thinking=cfg.run.enable_thinking)
   subscriber = weights.subscribe(spec.weights)
   got = None
   while got is None and alive():
@@ -139,8 +139,8 @@ def run_sampler(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
   params, version = got
   # sampler.sharded: the engine lays params out over this process's devices.
   mesh = make_mesh(cfg.mesh, jax.local_devices()) if cfg.sampler.sharded else None
-  engine = make_engine(cfg.sampler, cfg.model, params, tokenizer, version=version, mesh=mesh)
-  runner = EpisodeRunner(engine, tokenizer, lambda: make_env(cfg.env),
+  engine = make_engine(cfg.sampler, cfg.model, params, chat, version=version, mesh=mesh)
+  runner = EpisodeRunner(engine, chat, lambda: make_env(cfg.env),
                          max_episodes=cfg.sampler.slots * 2,
                          log=lambda line: print(f"sampler {spec.worker_id}: {line}",
                                                 file=sys.stderr, flush=True))

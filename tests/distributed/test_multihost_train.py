@@ -52,7 +52,7 @@ def test_two_process_learner_and_remote_sampler(tmp_path):
   from sao_jax.config import load_config
 
   tokenizer = tmp_path / "tokenizer"  # shared by all three: written as that run's own copy
-  warm_start.prepare_tokenizer(load_config(CONFIG, MODEL + [f"run.run_dir={tokenizer}"]))
+  warm_start.prepare_chat(load_config(CONFIG, MODEL + [f"run.run_dir={tokenizer}"]))
   ports = [free_port() for _ in range(2)]
   secret = tmp_path / "weights.secret"  # what `head -c 32 /dev/urandom > weights.secret` makes
   secret.write_bytes(os.urandom(32))

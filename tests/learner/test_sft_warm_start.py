@@ -11,6 +11,7 @@ import pytest
 import tqdm
 
 from sao_jax import evaluation, train, warm_start
+from sao_jax.chat import chat_format
 from sao_jax.config import load_config
 from sao_jax.envs.base import play
 from sao_jax.envs.registry import DEMONSTRATIONS, make_env, make_tasks
@@ -49,15 +50,16 @@ def test_a_stop_ends_training_at_a_check_with_the_params_of_that_step():
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(stopped), seen[4])
 
 
-def _tokenizer(cfg):
-  return warm_start.train_run_tokenizer(cfg, transcripts=50)  # fewer than a run's 400: faster
+def _chat(cfg):
+  # fewer transcripts than a run's 400: faster
+  return chat_format(None, warm_start.train_run_tokenizer(cfg, transcripts=50))
 
 
 def test_warm_start_stops_at_the_first_check_reaching_the_target(monkeypatch):
   cfg = load_config(ROOT / "configs" / "demo_cpu.py",
                     TINY + ["run.sft_steps=12", "run.sft_check_every=3",
                             "run.sft_target_accuracy=0.5"])
-  tokenizer = _tokenizer(cfg)
+  chat = _chat(cfg)
   scripted = iter([0.25, 0.5, 1.0])
   seeds = []
   original_init = evaluation.Evaluator.__init__
@@ -70,9 +72,9 @@ def test_warm_start_stops_at_the_first_check_reaching_the_target(monkeypatch):
   monkeypatch.setattr(evaluation.Evaluator, "evaluate",
                       lambda self, params, version: {"eval/accuracy": next(scripted)})
   logged = []
-  _, record = warm_start.sft_warm_start(cfg, tokenizer, warm_start.initial_policy(cfg),
-                                   warm_start.demonstrations(cfg), log=lambda line: None,
-                                   log_metrics=lambda step, m: logged.append((step, m)))
+  _, record = warm_start.sft_warm_start(cfg, chat, warm_start.initial_policy(cfg),
+                                        warm_start.demonstrations(cfg), log=lambda line: None,
+                                        log_metrics=lambda step, m: logged.append((step, m)))
   assert record["sft_steps"] == 6 and record["reached_target"]
   assert [(s, m) for s, m in logged if "sft/validation_accuracy" in m] == [
       (2, {"sft/validation_accuracy": 0.25}), (5, {"sft/validation_accuracy": 0.5})]
@@ -90,7 +92,7 @@ def test_warm_start_that_misses_the_target_says_where_it_landed(monkeypatch):
   terminal_bar = tqdm.tqdm
   monkeypatch.setattr(tqdm, "tqdm", lambda *args, **kwargs: terminal_bar(
       *args, **{**kwargs, "disable": False, "file": bars, "mininterval": 0}))
-  _, record = warm_start.sft_warm_start(cfg, _tokenizer(cfg), warm_start.initial_policy(cfg),
+  _, record = warm_start.sft_warm_start(cfg, _chat(cfg), warm_start.initial_policy(cfg),
                                    warm_start.demonstrations(cfg), log=lines.append)
   assert re.search(r"SFT: 100%.* 4/4 .*loss=\d\.\d{4}", bars.getvalue())
   assert re.search(r"eval: 100%.* 2/2 ", bars.getvalue())  # each validation check

@@ -12,14 +12,15 @@ from sao_jax.data import pipeline
 from sao_jax.data.transport import QueueTransport
 from sao_jax.envs.base import Environment, StepResult, Task
 from sao_jax.envs.registry import make_env, make_tasks
-from sao_jax.models.tokenizer import (END_OF_TEXT, IM_END, IM_START, encode_chat,
-                                     train_tokenizer, valid_utf8)
+from sao_jax.chat import chat_format
+from sao_jax.models.tokenizer import END_OF_TEXT, IM_END, IM_START, train_tokenizer, valid_utf8
 from sao_jax.sampler import engine as engine_lib
 from sao_jax.sampler.episodes import (ENV_DECLARED, EpisodeRunner, prompt_slot,
                                       run_to_completion)
 
 TOKENIZER = train_tokenizer(["hello world [ ] { } \" : , ```tool submit list name args"] * 4,
                             vocab_size=300)
+CHAT = chat_format(None, TOKENIZER)
 NESTED = 100_000
 
 
@@ -98,7 +99,7 @@ def task(i, fault=None):
 
 def run(tasks, script=lambda episode, turn: "hello", make=FaultyEnv, max_episodes=2):
   logs = []
-  runner = EpisodeRunner(ScriptedEngine(script), TOKENIZER, make, max_episodes=max_episodes,
+  runner = EpisodeRunner(ScriptedEngine(script), CHAT, make, max_episodes=max_episodes,
                          log=logs.append)
   done = run_to_completion(runner, iter(tasks), len(tasks), num_slots=8, seed=0)
   return sorted(done, key=lambda traj: traj.info["task"]), runner, logs
@@ -141,7 +142,7 @@ def test_an_environment_that_raises_fails_only_its_episode_counted_by_type():
 
 def test_a_failed_reset_keeps_its_prompt_id_so_a_group_stays_whole():
   logs = []
-  runner = EpisodeRunner(ScriptedEngine(lambda e, t: "hello"), TOKENIZER, FaultyEnv,
+  runner = EpisodeRunner(ScriptedEngine(lambda e, t: "hello"), CHAT, FaultyEnv,
                          max_episodes=4, log=logs.append)
   for seed in range(3):
     runner.start(task(0, "reset" if seed == 1 else None), prompt_id=5, seed=seed)
@@ -175,8 +176,8 @@ def test_text_is_forced_to_valid_utf8_before_encoding():
   assert valid_utf8("\ud83d\ude00") == "\U0001f600"  # a surrogate pair is its character
   plain = "unchanged: é, 你好"
   assert valid_utf8(plain) is plain
-  broken, _ = encode_chat(TOKENIZER, [{"role": "tool", "content": "x\ud800"}])
-  replaced, _ = encode_chat(TOKENIZER, [{"role": "tool", "content": "x\ufffd"}])
+  broken, _ = CHAT.encode([{"role": "tool", "content": "x\ud800"}])
+  replaced, _ = CHAT.encode([{"role": "tool", "content": "x\ufffd"}])
   np.testing.assert_array_equal(broken, replaced)
 
 
@@ -210,7 +211,7 @@ def test_malformed_tool_calls_are_tool_errors_the_model_sees():
              + "}}\n```"]
   engine = ScriptedEngine(lambda episode, turn: actions[turn])
   logs = []
-  runner = EpisodeRunner(engine, TOKENIZER, lambda: make_env(cfg), max_episodes=1,
+  runner = EpisodeRunner(engine, CHAT, lambda: make_env(cfg), max_episodes=1,
                          log=logs.append)
   runner.start(next(make_tasks(cfg)), prompt_id=0, seed=0)
   try:

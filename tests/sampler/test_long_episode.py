@@ -12,6 +12,7 @@ import pytest
 
 from sao_jax import config as C
 from sao_jax import losses
+from sao_jax.chat import chat_format
 from sao_jax.data import pipeline
 from sao_jax.envs.coding import env as coding
 from sao_jax.envs.coding import generator as coding_generator
@@ -30,7 +31,7 @@ def test_long_coding_episode_through_engine_and_learner():
   env_cfg = C.EnvConfig(name="coding", difficulty=1, max_turns=TURNS, max_observation_chars=100)
   task = coding_generator.generate_task(0, seed=0, difficulty=1)
   texts = [task.prompt, coding.SYSTEM_PROMPT, *coding_generator.solution_actions(task)] * 4
-  tokenizer = train_tokenizer(texts, vocab_size=320)
+  chat = chat_format(None, train_tokenizer(texts, vocab_size=320))
   model = C.ModelConfig(vocab_size=320, hidden_size=32, intermediate_size=64, head_dim=8,
                         num_attention_heads=4, num_key_value_heads=2, logits_chunk=512,
                         attention_impl="blocked", attention_block=512,
@@ -42,8 +43,8 @@ def test_long_coding_episode_through_engine_and_learner():
                  learner=C.LearnerConfig(batch_trajectories=1, critic_warmup_steps=0),
                  data=C.DataConfig(length_buckets=(LENGTH,)))
   state = state_lib.init_state(cfg, jax.random.key(0))
-  engine = make_engine(sampler, model, state.policy_params, tokenizer)
-  runner = EpisodeRunner(engine, tokenizer, lambda: make_env(env_cfg), max_episodes=1)
+  engine = make_engine(sampler, model, state.policy_params, chat)
+  runner = EpisodeRunner(engine, chat, lambda: make_env(env_cfg), max_episodes=1)
   runner.start(task, prompt_id=0, seed=0)
   done = []
   while not done:

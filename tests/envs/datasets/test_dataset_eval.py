@@ -11,6 +11,7 @@ import pytest
 
 from dataset_fixtures import MATH500, write_parquet
 from sao_jax import eval_scores, evaluation, warm_start
+from sao_jax.chat import chat_format
 from sao_jax.config import load_config
 from sao_jax.envs.math import answers
 from sao_jax.models.transformer import init_params
@@ -29,7 +30,7 @@ def test_benchmark_scores_what_the_environment_judged(tmp_path, monkeypatch):
   third of the texts; every verdict is recorded by task, and the report must
   match the scores computed from those records."""
   cfg = load_config(ROOT / "configs" / "demo_cpu.py", TINY)
-  tokenizer = warm_start.train_run_tokenizer(cfg, transcripts=10)
+  chat = chat_format(None, warm_start.train_run_tokenizer(cfg, transcripts=10))
   path = write_parquet(tmp_path / "math500.parquet", MATH500)
   cfg = load_config(ROOT / "configs" / "demo_cpu.py", TINY + [
       "env.max_turns=1", "env.task_source=parquet", f"env.dataset.path={path}",
@@ -44,7 +45,7 @@ def test_benchmark_scores_what_the_environment_judged(tmp_path, monkeypatch):
   monkeypatch.setattr(answers, "extract_boxed", lambda text: text)
   monkeypatch.setattr(answers, "verify_answer", judge)
   params = init_params(cfg.model, jax.random.key(0))
-  report = evaluation.benchmark(cfg, tokenizer, params)
+  report = evaluation.benchmark(cfg, chat, params)
 
   # Every task was judged once greedily, then 4 times sampled (the phases run in turn).
   assert sorted(verdicts) == sorted(MATH500["answer"])
@@ -63,7 +64,7 @@ def test_benchmark_scores_what_the_environment_judged(tmp_path, monkeypatch):
   verdicts.clear()
   greedy_only = evaluation.benchmark(
       dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, eval_samples=0)),
-      tokenizer, params, limit=2)
+      chat, params, limit=2)
   assert greedy_only["overall"]["tasks"] == 2 and "mean@4" not in greedy_only["overall"]
   assert [len(verdicts[a]) for a in MATH500["answer"][:2]] == [1, 1]
   first = report  # same greedy verdicts: deterministic decoding of the same rows
@@ -76,7 +77,7 @@ def test_duplicate_ids_are_refused(tmp_path):
   cfg = load_config(ROOT / "configs" / "demo_cpu.py", TINY + [
       "env.task_source=parquet", f"env.dataset.path={path}", "env.dataset.id_column=id"])
   with pytest.raises(ValueError, match="task id 'x' appears twice in dup"):
-    evaluation.benchmark(cfg, tokenizer=None, params=None)
+    evaluation.benchmark(cfg, chat=None, params=None)
 
 
 def test_dataset_runs_say_there_is_nothing_to_warm_start_on(tmp_path):
@@ -86,7 +87,7 @@ def test_dataset_runs_say_there_is_nothing_to_warm_start_on(tmp_path):
   cfg = load_config(ROOT / "configs" / "demo_cpu.py", [
       "env.task_source=parquet", f"env.dataset.path={path}", f"run.run_dir={tmp_path}/run"])
   with pytest.raises(ValueError, match=r"run.sft_steps=0 and run.tokenizer"):
-    warm_start.prepare_tokenizer(cfg)
+    warm_start.prepare_chat(cfg)
 
 
 @pytest.mark.slow  # a whole sao-train run (sampler process, learner, evaluation): minutes
