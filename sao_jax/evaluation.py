@@ -50,24 +50,41 @@ class Evaluator:
             "eval/tool_call_rate": float(np.mean(turns > 1)) if ok else 0.0}
 
 
-def evaluate_checkpoint(cfg: Config, step: int | None = None) -> dict:
-  """Held-out evaluation of the policy in checkpoint `step` (default: the latest)
-  of the run `cfg` describes, with the run's own tokenizer; what `sao-eval` prints."""
+def restore_state(cfg: Config, step: int | None = None):
+  """(train state, meta) of checkpoint `step` (default: the latest) of the run `cfg`
+  describes, on one device; under LoRA the frozen base (not in checkpoints) is
+  reloaded from `run.init`."""
+  from sao_jax import warm_start
   from sao_jax.checkpoint import Checkpointer
-  from sao_jax.learner.state import abstract_state
-  from sao_jax.models.tokenizer import load_tokenizer
+  from sao_jax.learner import state as state_lib
+  from sao_jax.models.value import value_params_from_policy
 
   cfg = cfg.with_run_paths().validate()
-  tokenizer = load_tokenizer(cfg.run.tokenizer_file)
   checkpointer = Checkpointer(cfg)
   try:
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
-                            abstract_state(cfg))
-    state, _, meta = checkpointer.restore(abstract, step)
+                            state_lib.abstract_state(cfg))
+    state, _, meta = checkpointer.restore(state_lib.checkpointed(cfg, abstract), step)
   finally:
     checkpointer.close()
+  if cfg.lora.enabled:
+    base = warm_start.initial_policy(cfg)
+    state = state_lib.with_frozen_parts(
+        cfg, state, state_lib.state_from_params(cfg, base, value_params_from_policy(base, cfg.model)))
+  return state, meta
+
+
+def evaluate_checkpoint(cfg: Config, step: int | None = None) -> dict:
+  """Held-out evaluation of the policy in checkpoint `step` (default: the latest)
+  of the run `cfg` describes, with the run's own tokenizer; what `sao-eval` prints."""
+  from sao_jax.learner.state import policy_weights
+  from sao_jax.models.tokenizer import load_tokenizer
+
+  cfg = cfg.with_run_paths().validate()
+  tokenizer = load_tokenizer(cfg.run.tokenizer_file)
+  state, meta = restore_state(cfg, step)
   version = int(state.policy_version)
-  result = Evaluator(cfg, tokenizer, state.policy_params, version=version).evaluate(
-      state.policy_params, version)
+  policy = policy_weights(cfg, state)
+  result = Evaluator(cfg, tokenizer, policy, version=version).evaluate(policy, version)
   return {"step": meta["step"], "policy_version": version, **result}

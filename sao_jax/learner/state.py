@@ -63,6 +63,29 @@ def published_weights(cfg: Config, state: TrainState) -> Params:
   return policy_trainable(cfg, state)
 
 
+def checkpointed(cfg: Config, state: TrainState) -> TrainState:
+  """What a checkpoint holds of `state`. With LoRA the frozen base is left out (it is
+  reloaded from `run.init`, `with_frozen_parts`), and so, in critic-free variants, are
+  the never-trained critic and its optimizer state: adapters + optimizer state only."""
+  if not cfg.lora.enabled:
+    return state
+  left_out = {"policy_params": {}}
+  if not cfg.algorithm.uses_critic:
+    left_out.update(value_params={}, value_opt_state={})
+  return state.replace(**left_out)
+
+
+def with_frozen_parts(cfg: Config, restored: TrainState, fresh: TrainState) -> TrainState:
+  """A restored `checkpointed` state completed with what it left out, taken from the
+  step-0 state `fresh` built around the same base."""
+  if not cfg.lora.enabled:
+    return restored
+  filled = {"policy_params": fresh.policy_params}
+  if not cfg.algorithm.uses_critic:
+    filled.update(value_params=fresh.value_params, value_opt_state=fresh.value_opt_state)
+  return restored.replace(**filled)
+
+
 def published_template(cfg: Config, policy_template: Params) -> Params:
   """Shapes of `published_weights` given the policy's (`policy_template`)."""
   return lora.abstract_adapters(cfg.model, cfg.lora) if cfg.lora.enabled else policy_template
