@@ -11,7 +11,7 @@ import pytest
 
 from learner_fixtures import make_batch, make_config
 from sao_jax import config as C
-from sao_jax.checkpoint import Checkpointer, CheckpointError
+from sao_jax.checkpoint import CheckpointError
 from sao_jax.learner import state as state_lib
 from sao_jax.learner.loop import run_learner
 from sao_jax.learner.step import train_step
@@ -118,3 +118,34 @@ def test_lora_resume_equals_uninterrupted_run(tmp_path):
   with pytest.raises(CheckpointError, match="lora.enabled: checkpoint True vs config False"):
     run_learner(plain, Batches())
   assert sorted(p.name for p in (tmp_path / "split").iterdir()) == ["2", "3"]
+
+
+def nbytes(tree):
+  return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+
+@pytest.mark.slow  # compiles two train steps
+def test_plan_counts_a_bf16_base_and_f32_adapters():
+  """sao-plan compiles the real step: its argument bytes are the state's, which under
+  LoRA hold the frozen base in param_dtype and float32 adapters + Adam moments only."""
+  from sao_jax.learner import compile as compile_lib
+  from sao_jax.planning import aot
+  from sao_jax.sharding.mesh import make_mesh
+
+  mesh = make_mesh(C.MeshConfig(data=1, fsdp=1), jax.devices()[:1])
+  batch_bytes = nbytes(compile_lib.abstract_batch(make_config("grpo"), mesh, 16))
+  states = {}
+  for enabled in (False, True):
+    cfg = make_config("grpo")
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, param_dtype="bfloat16"),
+                              lora=dataclasses.replace(LORA, enabled=enabled)).validate()
+    state = state_lib.abstract_state(cfg)
+    memory = aot.lower_train(cfg, mesh, 16).compile().memory_analysis()
+    assert memory.argument_size_in_bytes == nbytes(state) + batch_bytes
+    states[enabled] = state
+  full, low_rank = states[False], states[True]
+  assert {x.dtype for x in jax.tree.leaves(low_rank.policy_params)} == {jnp.dtype("bfloat16")}
+  assert {x.dtype for x in jax.tree.leaves(low_rank.policy_adapters)} == {jnp.dtype("float32")}
+  assert (nbytes(low_rank) - nbytes(full)
+          == nbytes(low_rank.policy_adapters) + nbytes(low_rank.policy_opt_state)
+          - nbytes(full.policy_opt_state))
