@@ -128,8 +128,9 @@ def main() -> None:
   adapter_megabytes = sum(x.nbytes for x in jax.tree.leaves(adapters)) / 1e6
   bytes_ratio = adapter_megabytes / megabytes
   lora_network = sync_times(weights_net.NetworkWeights(adapters), adapters, args.reps)
-  print(f"LoRA r={LORA.rank} ({len(LORA.targets)} projections, float32): {adapter_megabytes:.1f} MB "
-        f"per sync, {bytes_ratio:.4f} of the full policy; network sync {lora_network['sync']:.3f} s "
+  print(f"LoRA r={LORA.rank} ({len(LORA.targets)} projections, float32): "
+        f"{adapter_megabytes:.1f} MB per sync, {bytes_ratio:.4f} of the full policy; "
+        f"network sync {lora_network['sync']:.3f} s "
         f"({network['sync'] / lora_network['sync']:.1f}x faster than full)")
   auth = auth_seconds(params)
   overhead = network["sync"] / (network["sync"] - auth)

@@ -70,8 +70,8 @@ def restore_state(cfg: Config, step: int | None = None):
     checkpointer.close()
   if cfg.lora.enabled:
     base = warm_start.initial_policy(cfg)
-    state = state_lib.with_frozen_parts(
-        cfg, state, state_lib.state_from_params(cfg, base, value_params_from_policy(base, cfg.model)))
+    fresh = state_lib.state_from_params(cfg, base, value_params_from_policy(base, cfg.model))
+    state = state_lib.with_frozen_parts(cfg, state, fresh)
   return state, meta
 
 

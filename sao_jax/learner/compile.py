@@ -25,6 +25,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from sao_jax.config import Config
 from sao_jax.learner import state as state_lib
 from sao_jax.learner.step import train_step
+from sao_jax.models import lora
 from sao_jax.models.transformer import param_shardings
 from sao_jax.sharding import rules
 from sao_jax.sharding.mesh import traced_on
@@ -58,7 +59,8 @@ def state_shardings(cfg: Config, mesh: jax.sharding.Mesh) -> state_lib.TrainStat
   """A `TrainState` of `NamedSharding`s for `mesh`."""
   abstract = state_lib.abstract_state(cfg)
   replicated = NamedSharding(mesh, PartitionSpec())
-  policy = param_shardings(cfg.model, mesh, "lm")
+  policy = (lora.base_shardings(cfg.model, cfg.lora, mesh) if cfg.lora.enabled
+            else param_shardings(cfg.model, mesh, "lm"))
   value = param_shardings(cfg.model, mesh, "value")
   # LoRA adapters are small ([in, r], [r, out]): replicated, like their Adam moments.
   adapters = jax.tree.map(lambda _: replicated, abstract.policy_adapters)

@@ -36,7 +36,7 @@ LORA_SEED_STREAM = 1  # fold_in(key(cfg.seed), this): the adapters' init, apart 
 class TrainState:
   step: jax.Array  # int32: train steps taken (value-only steps included)
   policy_version: jax.Array  # int32: policy updates applied; published with the weights
-  policy_params: Params  # with LoRA: the frozen base
+  policy_params: Params  # with LoRA: the frozen base (`lora.frozen_base`: NF4 under QLoRA)
   value_params: Params
   policy_opt_state: optax.OptState
   value_opt_state: optax.OptState
@@ -54,7 +54,7 @@ def policy_weights(cfg: Config, state: TrainState) -> Params:
   """The policy a sampler or evaluator runs: base merged with the adapters under LoRA."""
   if not cfg.lora.enabled:
     return state.policy_params
-  return lora.merge(state.policy_params, state.policy_adapters, cfg.lora)
+  return lora.merge(state.policy_params, state.policy_adapters, cfg.lora, cfg.model)
 
 
 def published_weights(cfg: Config, state: TrainState) -> Params:
@@ -136,6 +136,8 @@ def state_from_params(cfg: Config, policy_params: Params, value_params: Params) 
   # by `value_params_from_policy` shares the policy's trunk arrays until copied.
   value_params = jax.tree.map(jnp.copy, value_params)
   frozen = frozen_value_mask(cfg, value_params)
+  if cfg.lora.enabled:  # QLoRA: the frozen base is held quantised
+    policy_params = lora.frozen_base(policy_params, cfg.model, cfg.lora)
   adapters = (lora.init_adapters(cfg.model, cfg.lora, jax.random.fold_in(jax.random.key(cfg.seed),
                                                                          LORA_SEED_STREAM))
               if cfg.lora.enabled else {})

@@ -37,7 +37,8 @@ Diagnostics of the training dynamics, every step: `advantage/mean`, `/std` and
 `/neg_frac` (share of action tokens with A < 0); `value/bias` = mean(V_old - G)
 over action tokens (critic variants; G the value target); `policy/update_norm`,
 the global L2 norm of the policy's parameter change (0 when no update was
-applied; with LoRA the adapters' change, as only they train); `response/action_tokens_p50`, `_p90`, `_max`: percentiles (linear
+applied; with LoRA the adapters' change, as only they train);
+`response/action_tokens_p50`, `_p90`, `_max`: percentiles (linear
 interpolation) of action tokens per trajectory in the batch. MoE policies add
 `model.router_aux_loss_coef` x the router's load-balancing loss to the policy
 loss and report `policy/router_aux_loss` and `policy/router_balance`.
@@ -193,8 +194,8 @@ def _policy_update(cfg: Config, state: state_lib.TrainState, batch: Batch, adv: 
 
   def loss_fn(trainable, mb: Batch, adv_mb):
     # LoRA: the frozen base is a constant here, so only the adapters get gradients.
-    params = (lora.merge(state.policy_params, trainable, cfg.lora) if cfg.lora.enabled
-              else trainable)
+    params = (lora.merge(state.policy_params, trainable, cfg.lora, cfg.model)
+              if cfg.lora.enabled else trainable)
     # The sampler's temperature: behavior_logp is log softmax(logits / T) (sampler/engine.py).
     out = policy_forward(params, cfg.model, mb.tokens, mb.segment_ids,
                          temperature=cfg.sampler.temperature)

@@ -17,7 +17,9 @@ which `tests/models/test_lora.py` checks against jax's gradient of the merged mo
   adapter_paths(model_cfg, lora_cfg)     -> {param path: (in, out)} of the targets
   init_adapters(model_cfg, lora_cfg, rng)-> {path-nested dict: {"a": A, "b": B}}
   abstract_adapters(model_cfg, lora_cfg) -> the same as jax.ShapeDtypeStruct
-  merge(base, adapters, lora_cfg)        -> params with every targeted W replaced by W'
+  frozen_base(policy, model_cfg, lora_cfg) -> the base as held: policy, or NF4 (QLoRA)
+  merge(base, adapters, lora_cfg, model_cfg) -> params with every targeted W replaced by W'
+  base_shardings(model_cfg, lora_cfg, mesh)  -> NamedShardings of a frozen base
 
 The adapters tree nests like the params (`adapters["layers"][0]["attn"]["q_proj"]
 ["a"]`), so orbax, the weight channels and `param_path` treat it as any params.
@@ -25,6 +27,11 @@ The adapters tree nests like the params (`adapters["layers"][0]["attn"]["q_proj"
 through it; the frozen base is a constant with no gradient) and in the sampler
 when new adapters arrive. W' is stored in W's dtype: with a bfloat16 base the
 forward sees bf16(W + s A B), exactly what a full fine-tune's bf16 weights see.
+
+QLoRA (`lora.base_quantization="nf4"`): the targeted base kernels are held as NF4
+codes (`frozen_base`), and W in W' is their dequantisation, NF4[code] * scale; the
+learner and every sampler quantise the same base the same way, so both run the
+same W'.
 """
 
 from __future__ import annotations
@@ -36,7 +43,8 @@ import jax
 import jax.numpy as jnp
 
 from sao_jax.config import LoraConfig, ModelConfig
-from sao_jax.models.transformer import Params, abstract_params, param_path
+from sao_jax.models import nf4
+from sao_jax.models.transformer import Params, abstract_params, param_path, param_shardings
 
 # Each targetable kernel: (leading dims that are its input, its rank as a dense kernel);
 # the dims after the input ones are its output.
@@ -119,14 +127,60 @@ def delta(a_IxR: jax.Array, b_RxO: jax.Array, shape: tuple[int, ...], scale: flo
   return (scale * (a_IxR.astype(jnp.float32) @ b_RxO.astype(jnp.float32))).reshape(shape)
 
 
-def merge(base: Params, adapters: Params, lora_cfg: LoraConfig) -> Params:
-  """`base` with each targeted kernel W replaced by W + s A B (in W's dtype)."""
-  flat = flat_adapters(adapters)
+def frozen_base(policy: Params, model_cfg: ModelConfig, lora_cfg: LoraConfig) -> Params:
+  """The base as the learner and samplers hold it: `policy` itself, or with
+  `lora.base_quantization="nf4"` (QLoRA) each targeted kernel replaced by its NF4
+  codes and block maxima (`sao_jax.models.nf4`, on the [in, out] view)."""
+  if not lora_cfg.quantized:
+    return policy
+  paths = adapter_paths(model_cfg, lora_cfg)
 
   def one(keypath, w):
-    ab = flat.get(param_path(keypath))
+    shape = paths.get(param_path(keypath))
+    return w if shape is None else nf4.quantize(w.reshape(shape), lora_cfg.quant_block)
+
+  return jax.tree_util.tree_map_with_path(one, policy)
+
+
+def merge(base: Params, adapters: Params, lora_cfg: LoraConfig, model_cfg: ModelConfig) -> Params:
+  """`base` (a `frozen_base`) with each targeted kernel W replaced by W + s A B, in
+  the params' dtype; an NF4 kernel is dequantised first (W = NF4[code] * scale)."""
+  flat = flat_adapters(adapters)
+  kernels = {param_path(kp): leaf for kp, leaf in
+             jax.tree_util.tree_flatten_with_path(abstract_params(model_cfg, "lm"))[0]}
+
+  def one(keypath, w):
+    path = param_path(keypath)
+    ab = flat.get(path)
     if ab is None:
       return w
-    return (w.astype(jnp.float32) + delta(ab["a"], ab["b"], w.shape, lora_cfg.scale)).astype(w.dtype)
+    kernel = kernels[path]
+    if nf4.is_quantized(w):
+      w = nf4.dequantize(w, kernel.dtype).reshape(kernel.shape)
+    w_plus = w.astype(jnp.float32) + delta(ab["a"], ab["b"], w.shape, lora_cfg.scale)
+    return w_plus.astype(w.dtype)
 
-  return jax.tree_util.tree_map_with_path(one, base)
+  return jax.tree_util.tree_map_with_path(one, base, is_leaf=nf4.is_quantized)
+
+
+def base_shardings(model_cfg: ModelConfig, lora_cfg: LoraConfig, mesh: jax.sharding.Mesh) -> Params:
+  """NamedShardings of a `frozen_base`: the params' (`param_shardings`); an NF4
+  kernel's codes and scales split their rows (the kernel's input) as its first dim
+  is split, which is a contiguous split of the flattened input when only the first
+  of its input dims is sharded (o_proj's heads), else they are replicated."""
+  shardings = param_shardings(model_cfg, mesh, "lm")
+  if not lora_cfg.quantized:
+    return shardings
+  paths = adapter_paths(model_cfg, lora_cfg)
+
+  def one(keypath, sharding):
+    path = param_path(keypath)
+    if path not in paths:
+      return sharding
+    spec = tuple(sharding.spec) + (None,) * 3
+    split = KERNEL_DIMS[path.rsplit("/", 1)[-1]][0]
+    rows = spec[0] if all(axis is None for axis in spec[1:split]) else None
+    row_split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(rows, None))
+    return {key: row_split for key in nf4.KEYS}
+
+  return jax.tree_util.tree_map_with_path(one, shardings)

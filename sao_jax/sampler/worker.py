@@ -126,9 +126,10 @@ def _published_to_policy(cfg) -> Callable[[Any], Any]:
   from sao_jax import warm_start
   from sao_jax.models import lora
 
-  base = jax.device_put(warm_start.initial_policy(cfg))
-  merge = jax.jit(lora.merge, static_argnums=2)
-  return lambda adapters: merge(base, adapters, cfg.lora)
+  base = jax.jit(lora.frozen_base, static_argnums=(1, 2))(  # QLoRA: the learner's NF4 base
+      warm_start.initial_policy(cfg), cfg.model, cfg.lora)
+  merge = jax.jit(lora.merge, static_argnums=(2, 3))
+  return lambda adapters: merge(base, adapters, cfg.lora, cfg.model)
 
 
 def run_sampler(spec: WorkerSpec, alive: Callable[[], bool]) -> None:

@@ -19,6 +19,7 @@ TINY = [
     "model.hidden_size=32", "model.intermediate_size=64", "model.head_dim=8",
     "model.num_attention_heads=4", "model.num_key_value_heads=2", "model.vocab_size=384",
     "learner.batch_trajectories=8", "learner.critic_warmup_steps=0", "run.sft_steps=0",
+    "run.sft_target_accuracy=0",
     "run.eval_episodes=4", "run.eval_every=0", "sampler.slots=4", "sampler.max_new_tokens=24",
     "lora.enabled=true", "lora.rank=4", "lora.alpha=8.0", "learner.policy_lr=1e-3",
 ]
@@ -64,8 +65,9 @@ def test_lora_run_syncs_adapters_only(tmp_path, monkeypatch):
 
   from sao_jax.evaluation import evaluate_checkpoint
   assert 0.0 <= evaluate_checkpoint(cfg)["eval/accuracy"] <= 1.0
-  convert_cli.main(["lora-to-hf", "--config", str(CONFIG), *sum((["--set", o] for o in overrides), []),
-                    "--out", str(tmp_path / "merged"), "--peft_out", str(tmp_path / "adapter")])
+  sets = [arg for override in overrides for arg in ("--set", override)]
+  convert_cli.main(["lora-to-hf", "--config", str(CONFIG), *sets, "--out", str(tmp_path / "merged"),
+                    "--peft_out", str(tmp_path / "adapter")])
   assert (tmp_path / "merged" / "model.safetensors").is_file()
   config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
   assert config["r"] == 4 and config["lora_alpha"] == 8.0

@@ -149,3 +149,21 @@ def test_plan_counts_a_bf16_base_and_f32_adapters():
   assert (nbytes(low_rank) - nbytes(full)
           == nbytes(low_rank.policy_adapters) + nbytes(low_rank.policy_opt_state)
           - nbytes(full.policy_opt_state))
+
+
+@pytest.mark.slow  # three compiled steps on 1 and 8 devices
+def test_qlora_sharded_step_equals_unsharded():
+  """QLoRA (NF4 base, rows of its codes split like the kernel's input) on a 2x4 mesh
+  equals one device; the NF4 base never changes."""
+  from test_sharded_step import CFG, _assert_same_run, run_on
+
+  cfg = dataclasses.replace(CFG, lora=dataclasses.replace(
+      LORA, base_quantization="nf4", quant_block=16)).validate()
+  reference = run_on(C.MeshConfig(fsdp=1), jax.devices()[:1], cfg=cfg)
+  _assert_same_run(reference, run_on(C.MeshConfig(fsdp=2, tensor=4), jax.devices(), cfg=cfg))
+  _, state, _ = reference
+  q = state.policy_params["layers"][0]["attn"]["q_proj"]
+  assert q["nf4_codes"].dtype == jnp.uint8
+  fresh = state_lib.init_state(cfg, jax.random.key(0))
+  for x, y in zip(host(fresh.policy_params), host(state.policy_params)):
+    np.testing.assert_array_equal(x, y)

@@ -13,7 +13,7 @@ import tiny
 from tiny import DENSE, MOE, build_hf, hf_logits, padded_batch
 
 from sao_jax.config import LoraConfig
-from sao_jax.models import hf, lora, peft_io, transformer
+from sao_jax.models import hf, lora, nf4, peft_io, transformer
 
 LORA = LoraConfig(enabled=True, rank=4, alpha=8.0)
 
@@ -37,7 +37,7 @@ def test_zero_b_gives_the_base_model_exactly(base):
   assert all(np.any(np.asarray(ab["a"]) != 0) and not np.any(np.asarray(ab["b"]))
              for ab in lora.flat_adapters(adapters).values())
   tokens, mask = padded_batch()
-  merged = jax.jit(lora.merge, static_argnums=2)(base, adapters, LORA)
+  merged = jax.jit(lora.merge, static_argnums=(2, 3))(base, adapters, LORA, DENSE)
   np.testing.assert_array_equal(np.asarray(tiny.logits_forward(merged, DENSE, tokens, mask)),
                                 np.asarray(tiny.logits_forward(base, DENSE, tokens, mask)))
 
@@ -52,9 +52,9 @@ def test_adapter_gradient_is_dense_gradient_projected(base):
   def loss(params):
     return jnp.sum(tiny.forward.logits_forward(params, DENSE, tokens, mask) * probe)
 
-  merged = lora.merge(base, adapters, LORA)
+  merged = lora.merge(base, adapters, LORA, DENSE)
   dense_grad = jax.jit(jax.grad(loss))(merged)
-  adapter_grad = jax.jit(jax.grad(lambda a: loss(lora.merge(base, a, LORA))))(adapters)
+  adapter_grad = jax.jit(jax.grad(lambda a: loss(lora.merge(base, a, LORA, DENSE))))(adapters)
   dense = {transformer.param_path(p): g
            for p, g in jax.tree_util.tree_flatten_with_path(dense_grad)[0]}
   shapes = lora.adapter_paths(DENSE, LORA)
@@ -76,7 +76,7 @@ def test_peft_and_merged_exports_match_transformers(tmp_path):
   model.save_pretrained(tmp_path / "base")
   cfg, base_params = hf.load_hf(tmp_path / "base")
   adapters = _random_b(lora.init_adapters(cfg, LORA, jax.random.key(3)))
-  merged = lora.merge(base_params, adapters, LORA)
+  merged = lora.merge(base_params, adapters, LORA, cfg)
   tokens, mask = padded_batch(1)
   real = mask.astype(bool)
   ours = np.asarray(tiny.logits_forward(merged, cfg, tokens, mask))
@@ -101,3 +101,59 @@ def test_bad_targets_are_named():
     LoraConfig(alpha=-1.0).validate()
   with pytest.raises(ValueError, match=r"mlp/\w+_proj has shape \(4, .*not a dense 2-d kernel"):
     lora.adapter_paths(dataclasses.replace(MOE, mlp_only_layers=()), LORA)
+
+
+QLORA = dataclasses.replace(LORA, base_quantization="nf4", quant_block=16)
+
+
+def nf4_reference(w_IxO, block):
+  """Python loop: per block of a row, m = max |w|; each value -> the index of the NF4
+  level nearest to w / m (ties to the lower); restored as level * m."""
+  codes, restored = np.zeros(w_IxO.shape, np.int64), np.zeros(w_IxO.shape, np.float32)
+  for i in range(w_IxO.shape[0]):
+    for start in range(0, w_IxO.shape[1], block):
+      values = w_IxO[i, start:start + block].astype(np.float32)
+      m = np.float32(np.max(np.abs(values)))
+      for j, v in enumerate(values):
+        x = np.float32(v / m) if m > 0 else np.float32(0.0)
+        distances = [abs(float(x) - float(level)) for level in nf4.NF4_LEVELS]
+        code = int(np.argmin(distances))  # first minimum: the lower level on a tie
+        codes[i, start + j] = code
+        restored[i, start + j] = nf4.NF4_LEVELS[code] * m
+  return codes, restored
+
+
+def test_nf4_matches_a_loop_reference():
+  w = np.asarray(jax.random.normal(jax.random.key(4), (6, 48))) * 0.05
+  w[2, 16:32] = 0.0  # an all-zero block: scale 0, restored as 0
+  q = nf4.quantize(jnp.asarray(w), 16)
+  codes, restored = nf4_reference(w, 16)
+  packed = np.asarray(q["nf4_codes"])
+  np.testing.assert_array_equal(np.stack([packed >> 4, packed & 15], -1).reshape(6, 48), codes)
+  np.testing.assert_array_equal(np.asarray(nf4.dequantize(q, jnp.float32)), restored)
+  with pytest.raises(ValueError, match="48 output values.*blocks of 20"):
+    nf4.quantize(jnp.asarray(w), 20)
+
+
+def test_qlora_base_is_nf4_and_step_zero_is_its_dequantization(base):
+  """The base is held as NF4 codes; zero-B adapters give exactly the model whose
+  targeted kernels are the loop reference's dequantization."""
+  held = lora.frozen_base(base, DENSE, QLORA)
+  paths = lora.adapter_paths(DENSE, QLORA)
+  reference = {}
+  for keypath, w in jax.tree_util.tree_flatten_with_path(base)[0]:
+    path = transformer.param_path(keypath)
+    reference[path] = (nf4_reference(np.asarray(w).reshape(paths[path]), 16)[1].reshape(w.shape)
+                       if path in paths else np.asarray(w))
+  dequantized = jax.tree.unflatten(jax.tree.structure(base), list(reference.values()))
+  # Targeted kernels: half a byte a value plus a float32 scale per 16, against 4 bytes.
+  held_flat = {transformer.param_path(p): x for p, x in jax.tree_util.tree_flatten_with_path(
+      held, is_leaf=nf4.is_quantized)[0]}
+  assert all(held_flat[path]["nf4_codes"].dtype == jnp.uint8 for path in paths)
+  assert (sum(x.nbytes for path in paths for x in held_flat[path].values())
+          == sum(i * o // 2 + i * o // 16 * 4 for i, o in paths.values()))
+  adapters = lora.init_adapters(DENSE, QLORA, jax.random.key(1))
+  merged = jax.jit(lora.merge, static_argnums=(2, 3))(held, adapters, QLORA, DENSE)
+  tokens, mask = padded_batch()
+  np.testing.assert_array_equal(np.asarray(tiny.logits_forward(merged, DENSE, tokens, mask)),
+                                np.asarray(tiny.logits_forward(dequantized, DENSE, tokens, mask)))
