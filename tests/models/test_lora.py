@@ -135,6 +135,7 @@ def test_nf4_matches_a_loop_reference():
     nf4.quantize(jnp.asarray(w), 20)
 
 
+@pytest.mark.slow  # a Python-loop NF4 of every kernel, and a merge compile
 def test_qlora_base_is_nf4_and_step_zero_is_its_dequantization(base):
   """The base is held as NF4 codes; zero-B adapters give exactly the model whose
   targeted kernels are the loop reference's dequantization."""
