@@ -21,7 +21,13 @@ are reported, and the adopted params are checked bit-exact against the published
 ones. What authentication adds to a sync is timed on its own: signing the
 version's header at publish and checking it at adopt (the handshake happens once
 per connection, in the warm-up); `auth_overhead_ratio` is network sync time over
-that time minus it. The last line is `RESULT {json}`.
+that time minus it.
+
+LoRA (`lora.enabled`): the learner publishes only the adapters (rank 16 on all
+seven projections, float32) and samplers merge them into the base they hold.
+`lora_sync_bytes_ratio` is bytes per sync, adapters over the full policy (target
+<= 0.05); the adapters are also synced through the network channel, timed the same
+way (`lora_sync_seconds_network`). The last line is `RESULT {json}`.
 """
 
 from __future__ import annotations
@@ -36,7 +42,8 @@ import time
 import jax
 import numpy as np
 
-from sao_jax.config import ModelConfig
+from sao_jax.config import LoraConfig, ModelConfig
+from sao_jax.models import lora
 from sao_jax.models.transformer import init_params
 from sao_jax.sampler import weights, weights_net, weights_wire
 
@@ -44,6 +51,7 @@ from sao_jax.sampler import weights, weights_net, weights_wire
 MODEL = ModelConfig(vocab_size=32768, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
                     num_attention_heads=12, num_key_value_heads=4, head_dim=64,
                     tie_word_embeddings=True, logits_chunk=128)
+LORA = LoraConfig(enabled=True, rank=16)
 
 
 def sync_times(publisher, params, reps: int) -> dict[str, float]:
@@ -116,6 +124,14 @@ def main() -> None:
           f"adopt {t['adopt']:.2f} s)  {megabytes / 1e3 / t['sync']:.2f} GB/s")
   ratio = directory["sync"] / network["sync"]
   print(f"network sync is {ratio:.1f}x faster than directory")
+  adapters = jax.block_until_ready(lora.init_adapters(model, LORA, jax.random.key(1)))
+  adapter_megabytes = sum(x.nbytes for x in jax.tree.leaves(adapters)) / 1e6
+  bytes_ratio = adapter_megabytes / megabytes
+  lora_network = sync_times(weights_net.NetworkWeights(adapters), adapters, args.reps)
+  print(f"LoRA r={LORA.rank} ({len(LORA.targets)} projections, float32): "
+        f"{adapter_megabytes:.1f} MB per sync, {bytes_ratio:.4f} of the full policy; "
+        f"network sync {lora_network['sync']:.3f} s "
+        f"({network['sync'] / lora_network['sync']:.1f}x faster than full)")
   auth = auth_seconds(params)
   overhead = network["sync"] / (network["sync"] - auth)
   print(f"authentication: {auth * 1e6:.0f} us per sync (x{overhead:.4f} of network sync)")
@@ -129,7 +145,10 @@ def main() -> None:
       "publish_seconds_directory": round(directory["publish"], 3),
       "adopt_seconds_directory": round(directory["adopt"], 3),
       "directory_over_network": round(ratio, 2),
-      "auth_seconds_per_sync": round(auth, 6), "auth_overhead_ratio": round(overhead, 4)}))
+      "auth_seconds_per_sync": round(auth, 6), "auth_overhead_ratio": round(overhead, 4),
+      "lora_rank": LORA.rank, "lora_megabytes": round(adapter_megabytes, 2),
+      "lora_sync_bytes_ratio": round(bytes_ratio, 4),
+      "lora_sync_seconds_network": round(lora_network["sync"], 4)}))
 
 
 if __name__ == "__main__":

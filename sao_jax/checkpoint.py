@@ -2,7 +2,8 @@
 
 One checkpoint per saved step, three items:
   state  the `TrainState` (params, optimizer states, step, policy version,
-         baseline windows, skip counter), saved sharded, restored against an
+         baseline windows, skip counter; with LoRA without the frozen base,
+         `learner.state.checkpointed`), saved sharded, restored against an
          abstract state whose shardings may describe a different mesh;
   data   the data pipeline's JSON state (iterator position, RNG, counters), so a
          resumed run consumes exactly the batches an uninterrupted one would;
@@ -39,7 +40,7 @@ from typing import Any, Callable
 import jax
 import orbax.checkpoint as ocp
 
-from sao_jax.config import CheckpointConfig, Config
+from sao_jax.config import CheckpointConfig, Config, LoraConfig
 from sao_jax.storage import storage_path
 
 FORMAT_VERSION = 1
@@ -76,6 +77,15 @@ def _describe_difference(saved: dict, current: dict, prefix: str = "") -> list[s
     elif a != b and not (isinstance(a, list) and isinstance(b, tuple) and a == list(b)):
       diffs.append(f"{prefix}{key}: checkpoint {a!r} vs config {b!r}")
   return diffs
+
+
+def _lora_difference(saved: dict | None, current: LoraConfig) -> list[str]:
+  """What makes the saved state's tree differ: LoRA on/off, rank, targets (a
+  checkpoint from before the lora section had it off)."""
+  saved = saved or {"enabled": False}
+  keys = ("enabled", "rank", "targets") if saved.get("enabled") and current.enabled else ("enabled",)
+  return _describe_difference({k: saved.get(k) for k in keys},
+                              {k: getattr(current, k) for k in keys}, "lora.")
 
 
 class Checkpointer:
@@ -167,6 +177,7 @@ class Checkpointer:
                      f"{plain_error(error)}") from error
     saved_model = meta.get("config", {}).get("model", {})
     diffs = _describe_difference(saved_model, dataclasses.asdict(self._config.model), "model.")
+    diffs += _lora_difference(meta.get("config", {}).get("lora"), self._config.lora)
     if meta.get("format") != FORMAT_VERSION or diffs:
       raise CheckpointError(
           f"checkpoint {path} does not match this run: "

@@ -151,24 +151,41 @@ def report_path(cfg: Config, step: int) -> pathlib.Path:
   return pathlib.Path(cfg.run.run_dir) / "eval" / f"step_{step}.json"
 
 
-def evaluate_checkpoint(cfg: Config, step: int | None = None, *,
-                        limit: int | None = None) -> dict:
-  """`benchmark` of the policy in checkpoint `step` (default: the latest) of the run
-  `cfg` describes, with the run's own tokenizer and chat format; what `sao-eval`
-  reports."""
+def restore_state(cfg: Config, step: int | None = None):
+  """(train state, meta) of checkpoint `step` (default: the latest) of the run `cfg`
+  describes, on one device; under LoRA the frozen base (not in checkpoints) is
+  reloaded from `run.init`."""
+  from sao_jax import warm_start
   from sao_jax.checkpoint import Checkpointer
-  from sao_jax.learner.state import abstract_state
+  from sao_jax.learner import state as state_lib
+  from sao_jax.models.value import value_params_from_policy
 
   cfg = cfg.with_run_paths().validate()
-  chat = load_chat(cfg.run.tokenizer_file, enable_thinking=cfg.run.enable_thinking)
   checkpointer = Checkpointer(cfg)
   try:
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
-                            abstract_state(cfg))
-    state, _, meta = checkpointer.restore(abstract, step)
+                            state_lib.abstract_state(cfg))
+    state, _, meta = checkpointer.restore(state_lib.checkpointed(cfg, abstract), step)
   finally:
     checkpointer.close()
+  if cfg.lora.enabled:
+    base = warm_start.initial_policy(cfg)
+    fresh = state_lib.state_from_params(cfg, base, value_params_from_policy(base, cfg.model))
+    state = state_lib.with_frozen_parts(cfg, state, fresh)
+  return state, meta
+
+
+def evaluate_checkpoint(cfg: Config, step: int | None = None, *,
+                        limit: int | None = None) -> dict:
+  """`benchmark` of the policy in checkpoint `step` (default: the latest) of the run
+  `cfg` describes (under LoRA, the base merged with the checkpoint's adapters), with
+  the run's own tokenizer and chat format; what `sao-eval` reports."""
+  from sao_jax.learner.state import policy_weights
+
+  cfg = cfg.with_run_paths().validate()
+  chat = load_chat(cfg.run.tokenizer_file, enable_thinking=cfg.run.enable_thinking)
+  state, meta = restore_state(cfg, step)
   version = int(state.policy_version)
-  result = benchmark(cfg, chat, state.policy_params, version=version, limit=limit)
+  result = benchmark(cfg, chat, policy_weights(cfg, state), version=version, limit=limit)
   return {"step": meta["step"], "policy_version": version, **result}

@@ -44,7 +44,8 @@ from sao_jax.envs.sandbox import IsolationUnavailable
 from sao_jax.evaluation import Evaluator
 from sao_jax.learner import compile as compile_lib
 from sao_jax.learner.loop import run_learner
-from sao_jax.learner.state import state_from_params
+from sao_jax.learner.state import (policy_weights, published_template, published_weights,
+                                   state_from_params)
 from sao_jax.metrics import MetricsLogger, batch_metrics, plot_curves, read_metrics
 from sao_jax.models.value import value_params_from_policy
 from sao_jax.sampler import weights
@@ -111,13 +112,20 @@ def run(cfg: Config, *, resume: bool = True, log=print) -> dict:
       policy, _ = warm_start.sft_warm_start(
           cfg, chat, policy, warm_start.demonstrations(cfg), log=log,
           log_metrics=lambda step, m: logger.write(step - cfg.run.sft_steps, m))
+    return state_around(mesh, policy)
+
+  def state_around(mesh, policy):
     state = state_from_params(cfg, policy, value_params_from_policy(policy, cfg.model))
     if jax.process_count() > 1:  # every host holds the same full state on its own device;
       state = jax.device_get(state)  # from host memory, each places the shards it holds
     return jax.device_put(state, compile_lib.state_shardings(cfg, mesh))
 
-  publisher = weights.make_publisher(cfg.sampler,
-                                     jax.eval_shape(lambda: warm_start.initial_policy(cfg)))
+  def base_state(mesh):  # a LoRA resume's frozen base: run.init again (no SFT with LoRA)
+    return state_around(mesh, warm_start.initial_policy(cfg))
+
+  # LoRA: the channel carries only the adapters; samplers load the base once.
+  publisher = weights.make_publisher(cfg.sampler, published_template(
+      cfg, jax.eval_shape(lambda: warm_start.initial_policy(cfg))))
   drops = pipeline.Drops()
   transport = learner_transport(cfg, drops)
   supervisor = SamplerSupervisor(
@@ -142,7 +150,8 @@ def run(cfg: Config, *, resume: bool = True, log=print) -> dict:
   def publish(state, force=False):
     version = int(jax.device_get(state.policy_version))
     if force or version != published["version"]:
-      publisher.publish(state.policy_params, version)  # copies what it keeps: state is donated
+      # Copies what it keeps: state is donated.
+      publisher.publish(published_weights(cfg, state), version)
       published["version"] = version
     return version
 
@@ -161,7 +170,7 @@ def run(cfg: Config, *, resume: bool = True, log=print) -> dict:
     version = publish(state)
     supervisor.check()
     if cfg.run.eval_every and steps_done % cfg.run.eval_every == 0:
-      evaluate(steps_done, state.policy_params, version)
+      evaluate(steps_done, policy_weights(cfg, state), version)
 
   reported_drops: set[str] = set()
 
@@ -176,13 +185,14 @@ def run(cfg: Config, *, resume: bool = True, log=print) -> dict:
     if resumed:  # the steps after the checkpoint are trained and logged again
       logger.rewind(int(jax.device_get(state.step)))
     if cfg.run.eval_every and not resumed:
-      evaluate(0, state.policy_params, 0)
+      evaluate(0, policy_weights(cfg, state), 0)
     publish(state, force=True)
     supervisor.start()
 
   try:
     result = run_learner(cfg, with_host_metrics, on_metrics=on_metrics, after_step=after_step,
-                         on_start=on_start, resume=resume, initial_state=initial_state, log=log)
+                         on_start=on_start, resume=resume, initial_state=initial_state,
+                         base_state=base_state, log=log)
   finally:
     transport.close()
     supervisor.stop()

@@ -16,6 +16,7 @@ from sao_jax.config.env import (ENV_JUDGES, ENV_PROBLEM_KINDS, ENV_STYLES, ENV_T
 from sao_jax.config.learner import (ADVANTAGE_VALUES, LR_SCHEDULES, CheckpointConfig,
                                     LearnerConfig)
 from sao_jax.config.loading import apply_overrides, load_config, main
+from sao_jax.config.lora import BASE_QUANTIZATIONS, LORA_TARGETS, LoraConfig
 from sao_jax.config.mesh import MESH_AXES, MeshConfig
 from sao_jax.config.model import DTYPES, ModelConfig
 from sao_jax.config.root import Config
@@ -23,10 +24,10 @@ from sao_jax.config.run import RunConfig
 from sao_jax.config.sampler import SamplerConfig
 
 __all__ = [
-    "ADVANTAGE_VALUES", "DTYPES", "ENV_JUDGES", "ENV_PROBLEM_KINDS", "ENV_STYLES",
+    "ADVANTAGE_VALUES", "BASE_QUANTIZATIONS", "DTYPES", "ENV_JUDGES", "ENV_PROBLEM_KINDS", "ENV_STYLES",
     "ENV_TASK_SOURCES", "FROZEN_ATTENTION_PATTERNS", "GAE_METHODS", "LOSS_AGGS",
-    "LR_SCHEDULES", "MESH_AXES", "TRANSPORTS", "VARIANTS", "AlgorithmConfig", "CheckpointConfig",
+    "LORA_TARGETS", "LR_SCHEDULES", "MESH_AXES", "TRANSPORTS", "VARIANTS", "AlgorithmConfig", "CheckpointConfig",
     "Config", "DataConfig",
-    "EnvConfig", "LearnerConfig", "MeshConfig", "ModelConfig", "RunConfig", "SamplerConfig", "apply_overrides", "load_config",
+    "EnvConfig", "LearnerConfig", "LoraConfig", "MeshConfig", "ModelConfig", "RunConfig", "SamplerConfig", "apply_overrides", "load_config",
     "main",
 ]

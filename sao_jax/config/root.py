@@ -9,6 +9,7 @@ from sao_jax.config.checks import check_finite, fail
 from sao_jax.config.data import DataConfig
 from sao_jax.config.env import EnvConfig
 from sao_jax.config.learner import CheckpointConfig, LearnerConfig
+from sao_jax.config.lora import LoraConfig
 from sao_jax.config.mesh import MeshConfig
 from sao_jax.config.model import ModelConfig
 from sao_jax.config.run import RunConfig
@@ -30,6 +31,7 @@ class Config:
   data: DataConfig = dataclasses.field(default_factory=DataConfig)
   sampler: SamplerConfig = dataclasses.field(default_factory=SamplerConfig)
   run: RunConfig = dataclasses.field(default_factory=RunConfig)
+  lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)
 
   def validate(self) -> "Config":
     check_finite("", self)  # every float field of every section, before any range check
@@ -50,7 +52,23 @@ class Config:
             "that whole groups fit a batch")
     if self.run.num_samplers == 0:
       self.check_remote_samplers()
+    if self.lora.enabled:
+      self._check_lora()
     return self
+
+  def _check_lora(self) -> None:
+    """LoRA runs reload their frozen base from `run.init` (checkpoints hold only the
+    adapters), and adapters sit on dense projections only."""
+    if self.run.sft_steps:
+      fail("run", "sft_steps", self.run.sft_steps,
+           "with lora.enabled the frozen base is reloaded from run.init on resume, so it "
+           "cannot be an in-run SFT result; warm-start first (python -m "
+           "experiments.warm_start), point run.init at its output and set run.sft_steps=0")
+    mlp = [t for t in self.lora.targets if t in ("gate_proj", "up_proj", "down_proj")]
+    if self.model.num_experts and mlp:
+      fail("lora", "targets", self.lora.targets,
+           f"model.num_experts={self.model.num_experts}: adapters on MoE experts are not "
+           f"supported; drop {mlp} (attention projections only)")
 
   def check_remote_samplers(self) -> None:
     """ValueError unless samplers on other hosts (`sao-sampler`) can reach the

@@ -25,6 +25,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from sao_jax.config import Config
 from sao_jax.learner import state as state_lib
 from sao_jax.learner.step import train_step
+from sao_jax.models import lora
 from sao_jax.models.transformer import param_shardings
 from sao_jax.sharding import rules
 from sao_jax.sharding.mesh import traced_on
@@ -58,15 +59,21 @@ def state_shardings(cfg: Config, mesh: jax.sharding.Mesh) -> state_lib.TrainStat
   """A `TrainState` of `NamedSharding`s for `mesh`."""
   abstract = state_lib.abstract_state(cfg)
   replicated = NamedSharding(mesh, PartitionSpec())
-  policy = param_shardings(cfg.model, mesh, "lm")
+  policy = (lora.base_shardings(cfg.model, cfg.lora, mesh) if cfg.lora.enabled
+            else param_shardings(cfg.model, mesh, "lm"))
   value = param_shardings(cfg.model, mesh, "value")
+  # LoRA adapters are small ([in, r], [r, out]): replicated, like their Adam moments.
+  adapters = jax.tree.map(lambda _: replicated, abstract.policy_adapters)
+  trained, trained_sh = ((abstract.policy_adapters, adapters) if cfg.lora.enabled
+                         else (abstract.policy_params, policy))
   return state_lib.TrainState(
       step=replicated,
       policy_version=replicated,
       policy_params=policy,
       value_params=value,
-      policy_opt_state=_opt_state_shardings(abstract.policy_opt_state, abstract.policy_params,
-                                            policy, replicated),
+      policy_adapters=adapters,
+      policy_opt_state=_opt_state_shardings(abstract.policy_opt_state, trained, trained_sh,
+                                            replicated),
       value_opt_state=_opt_state_shardings(abstract.value_opt_state, abstract.value_params,
                                            value, replicated),
       baseline=jax.tree.map(lambda _: replicated, abstract.baseline),

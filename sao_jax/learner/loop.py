@@ -32,7 +32,7 @@ from sao_jax import distributed
 from sao_jax.checkpoint import Checkpointer, PreemptionWatcher
 from sao_jax.config import Config
 from sao_jax.learner import compile as compile_lib
-from sao_jax.learner.state import TrainState, abstract_state
+from sao_jax.learner.state import TrainState, abstract_state, checkpointed, with_frozen_parts
 from sao_jax.learner.step import update_policy_at
 from sao_jax.sharding.mesh import make_mesh
 from sao_jax.types import Batch
@@ -59,11 +59,14 @@ def run_learner(cfg: Config, batches: Iterator[Batch | tuple[Batch, dict]], *,
                 on_start: Callable[[TrainState, bool], None] = lambda state, resumed: None,
                 mesh: jax.sharding.Mesh | None = None, resume: bool = True,
                 initial_state: Callable[[jax.sharding.Mesh], TrainState] | None = None,
+                base_state: Callable[[jax.sharding.Mesh], TrainState] | None = None,
                 log: Callable[[str], None] = print) -> LearnerResult:
   """Trains until `cfg.learner.steps` steps are done, the data ends, or SIGTERM.
 
   `initial_state(mesh)` builds the state of a fresh run (default: random init
-  from `cfg.seed`); it is not called when resuming from a checkpoint.
+  from `cfg.seed`); it is not called when resuming from a checkpoint. With LoRA
+  checkpoints leave the frozen base out (`state.checkpointed`); a resume takes it
+  from `base_state(mesh)`, a step-0 state around the base (default: `initial_state`).
   `on_start(state, resumed)` runs once before the first step (e.g. to publish
   the first weights and start samplers); `after_step(steps_done, state)` after
   each dispatched step (e.g. to publish weights or evaluate). Resuming takes the
@@ -83,22 +86,25 @@ def run_learner(cfg: Config, batches: Iterator[Batch | tuple[Batch, dict]], *,
 
   checkpointer = Checkpointer(cfg) if cfg.checkpoint.directory else None
 
+  def fresh_state(mesh):
+    return compile_lib.init_sharded_state(cfg, mesh, jax.random.key(cfg.seed))
+
   resumed = bool(checkpointer and resume and checkpointer.latest_step() is not None)
   if resumed:
     state_sh = compile_lib.state_shardings(cfg, mesh)
     abstract = jax.tree.map(
         lambda leaf, sh: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sh),
         abstract_state(cfg), state_sh)
-    state, data_state, _ = checkpointer.restore(abstract, log=log)
+    state, data_state, _ = checkpointer.restore(checkpointed(cfg, abstract), log=log)
+    if cfg.lora.enabled:
+      state = with_frozen_parts(cfg, state, (base_state or initial_state or fresh_state)(mesh))
     if data_state:
       if not hasattr(batches, "set_state"):
         raise ValueError("the checkpoint holds a data-pipeline position but the batch iterator "
                          "has no set_state(); resume with the same kind of pipeline")
       batches.set_state(data_state)
-  elif initial_state is not None:
-    state = initial_state(mesh)
   else:
-    state = compile_lib.init_sharded_state(cfg, mesh, jax.random.key(cfg.seed))
+    state = (initial_state or fresh_state)(mesh)
 
   def report(step, metrics, host_metrics):
     on_metrics(step, {**jax.tree.map(float, jax.device_get(metrics)), **host_metrics})
@@ -153,14 +159,14 @@ def run_learner(cfg: Config, batches: Iterator[Batch | tuple[Batch, dict]], *,
         if pending is not None and (preempted or checkpointer.due(step)):
           report(*pending)
           pending = None
-        checkpointer.save(step, state, _data_state(batches), force=preempted)
+        checkpointer.save(step, checkpointed(cfg, state), _data_state(batches), force=preempted)
       if preempted:
         stopped_by = "preemption"
         break
     if pending is not None:
       report(*pending)
     if checkpointer and stopped_by != "preemption" and step > start:
-      checkpointer.save(step, state, _data_state(batches), force=True)
+      checkpointer.save(step, checkpointed(cfg, state), _data_state(batches), force=True)
   finally:
     watcher.close()
     if checkpointer:

@@ -8,6 +8,10 @@ non-finite loss or gradients.
 The value optimiser is an `optax.partition` of a trainable branch and
 `optax.set_to_zero()` for the frozen attention leaves (SAO.md §4), so frozen
 leaves carry no optimizer state and never move.
+
+LoRA (`lora.enabled`, `sao_jax.models.lora`): `policy_params` is the frozen
+base and `policy_adapters` the trained adapters; the policy optimizer and its
+state cover only the adapters. Without LoRA `policy_adapters` is empty.
 """
 
 from __future__ import annotations
@@ -21,20 +25,70 @@ import optax
 
 from sao_jax.config import Config, LearnerConfig
 from sao_jax.losses import RunningMeanState, init_running_mean
-from sao_jax.models import value as value_model
+from sao_jax.models import lora, value as value_model
 from sao_jax.models.transformer import Params, init_params
+
+
+LORA_SEED_STREAM = 1  # fold_in(key(cfg.seed), this): the adapters' init, apart from the params'
 
 
 @flax.struct.dataclass
 class TrainState:
   step: jax.Array  # int32: train steps taken (value-only steps included)
   policy_version: jax.Array  # int32: policy updates applied; published with the weights
-  policy_params: Params
+  policy_params: Params  # with LoRA: the frozen base (`lora.frozen_base`: NF4 under QLoRA)
   value_params: Params
   policy_opt_state: optax.OptState
   value_opt_state: optax.OptState
   baseline: RunningMeanState
   nonfinite_skips: jax.Array  # int32: updates skipped because loss or grads were not finite
+  policy_adapters: Params = flax.struct.field(default_factory=dict)  # LoRA adapters; {} without
+
+
+def policy_trainable(cfg: Config, state: TrainState) -> Params:
+  """What the policy optimizer trains: the adapters with LoRA, else the params."""
+  return state.policy_adapters if cfg.lora.enabled else state.policy_params
+
+
+def policy_weights(cfg: Config, state: TrainState) -> Params:
+  """The policy a sampler or evaluator runs: base merged with the adapters under LoRA."""
+  if not cfg.lora.enabled:
+    return state.policy_params
+  return lora.merge(state.policy_params, state.policy_adapters, cfg.lora, cfg.model)
+
+
+def published_weights(cfg: Config, state: TrainState) -> Params:
+  """What the weight channel ships each version: only the adapters under LoRA (samplers
+  hold the base and merge, `sao_jax.sampler.worker`), else the whole policy."""
+  return policy_trainable(cfg, state)
+
+
+def checkpointed(cfg: Config, state: TrainState) -> TrainState:
+  """What a checkpoint holds of `state`. With LoRA the frozen base is left out (it is
+  reloaded from `run.init`, `with_frozen_parts`), and so, in critic-free variants, are
+  the never-trained critic and its optimizer state: adapters + optimizer state only."""
+  if not cfg.lora.enabled:
+    return state
+  left_out = {"policy_params": {}}
+  if not cfg.algorithm.uses_critic:
+    left_out.update(value_params={}, value_opt_state={})
+  return state.replace(**left_out)
+
+
+def with_frozen_parts(cfg: Config, restored: TrainState, fresh: TrainState) -> TrainState:
+  """A restored `checkpointed` state completed with what it left out, taken from the
+  step-0 state `fresh` built around the same base."""
+  if not cfg.lora.enabled:
+    return restored
+  filled = {"policy_params": fresh.policy_params}
+  if not cfg.algorithm.uses_critic:
+    filled.update(value_params=fresh.value_params, value_opt_state=fresh.value_opt_state)
+  return restored.replace(**filled)
+
+
+def published_template(cfg: Config, policy_template: Params) -> Params:
+  """Shapes of `published_weights` given the policy's (`policy_template`)."""
+  return lora.abstract_adapters(cfg.model, cfg.lora) if cfg.lora.enabled else policy_template
 
 
 def _schedule(cfg: LearnerConfig, peak_lr: float) -> optax.Schedule:
@@ -82,12 +136,18 @@ def state_from_params(cfg: Config, policy_params: Params, value_params: Params) 
   # by `value_params_from_policy` shares the policy's trunk arrays until copied.
   value_params = jax.tree.map(jnp.copy, value_params)
   frozen = frozen_value_mask(cfg, value_params)
+  if cfg.lora.enabled:  # QLoRA: the frozen base is held quantised
+    policy_params = lora.frozen_base(policy_params, cfg.model, cfg.lora)
+  adapters = (lora.init_adapters(cfg.model, cfg.lora, jax.random.fold_in(jax.random.key(cfg.seed),
+                                                                         LORA_SEED_STREAM))
+              if cfg.lora.enabled else {})
   return TrainState(
       step=jnp.zeros((), jnp.int32),
       policy_version=jnp.zeros((), jnp.int32),
       policy_params=policy_params,
       value_params=value_params,
-      policy_opt_state=policy_optimizer(cfg).init(policy_params),
+      policy_adapters=adapters,
+      policy_opt_state=policy_optimizer(cfg).init(adapters if cfg.lora.enabled else policy_params),
       value_opt_state=value_optimizer(cfg, frozen).init(value_params),
       baseline=init_running_mean(_baseline_slots(cfg), cfg.algorithm.running_mean_window),
       nonfinite_skips=jnp.zeros((), jnp.int32),

@@ -37,7 +37,8 @@ Diagnostics of the training dynamics, every step: `advantage/mean`, `/std` and
 `/neg_frac` (share of action tokens with A < 0); `value/bias` = mean(V_old - G)
 over action tokens (critic variants; G the value target); `policy/update_norm`,
 the global L2 norm of the policy's parameter change (0 when no update was
-applied); `response/action_tokens_p50`, `_p90`, `_max`: percentiles (linear
+applied; with LoRA the adapters' change, as only they train);
+`response/action_tokens_p50`, `_p90`, `_max`: percentiles (linear
 interpolation) of action tokens per trajectory in the batch. MoE policies add
 `model.router_aux_loss_coef` x the router's load-balancing loss to the policy
 loss and report `policy/router_aux_loss` and `policy/router_balance`.
@@ -56,7 +57,7 @@ import optax
 from sao_jax import losses, segments
 from sao_jax.config import Config
 from sao_jax.learner import state as state_lib
-from sao_jax.models import moe
+from sao_jax.models import lora, moe
 from sao_jax.models.forward import policy_forward, router_balance, value_forward
 from sao_jax.types import Batch
 
@@ -199,7 +200,10 @@ def _policy_update(cfg: Config, state: state_lib.TrainState, batch: Batch, adv: 
                                          segment_ids=batch.segment_ids)
                  if cfg.learner.micro_batches > 1 else None)
 
-  def loss_fn(params, mb: Batch, adv_mb):
+  def loss_fn(trainable, mb: Batch, adv_mb):
+    # LoRA: the frozen base is a constant here, so only the adapters get gradients.
+    params = (lora.merge(state.policy_params, trainable, cfg.lora, cfg.model)
+              if cfg.lora.enabled else trainable)
     # The sampler's temperature: behavior_logp is log softmax(logits / T) (sampler/engine.py).
     out = policy_forward(params, cfg.model, mb.tokens, mb.segment_ids,
                          temperature=cfg.sampler.temperature)
@@ -224,19 +228,20 @@ def _policy_update(cfg: Config, state: state_lib.TrainState, batch: Batch, adv: 
     metrics["lag0_tokens"] = Total(jnp.sum(lag0.astype(jnp.float32)))
     return loss, metrics
 
-  loss, grads, metrics = _accumulate(cfg, loss_fn, state.policy_params, batch, (adv,))
+  trainable = state_lib.policy_trainable(cfg, state)
+  loss, grads, metrics = _accumulate(cfg, loss_fn, trainable, batch, (adv,))
   params, opt_state, finite, grad_norm = _guarded_update(
-      state_lib.policy_optimizer(cfg), state.policy_params, state.policy_opt_state, grads, loss)
+      state_lib.policy_optimizer(cfg), trainable, state.policy_opt_state, grads, loss)
   update_norm = optax.tree.norm(jax.tree.map(
-      lambda new, old: new.astype(jnp.float32) - old.astype(jnp.float32), params,
-      state.policy_params))
+      lambda new, old: new.astype(jnp.float32) - old.astype(jnp.float32), params, trainable))
   gap_sum, lag0_tokens = metrics.pop("lag0_abs_logp_sum"), metrics.pop("lag0_tokens")
   metrics = {f"policy/{k}": v for k, v in metrics.items()}
   metrics.update({"policy/loss": loss, "policy/grad_norm": grad_norm,
                   "policy/update_norm": update_norm,
                   "policy/updated": finite.astype(jnp.float32),
                   "mismatch/lag0_abs_logp_sum": gap_sum, "mismatch/lag0_tokens": lag0_tokens})
-  return state.replace(policy_params=params, policy_opt_state=opt_state,
+  trained = {"policy_adapters" if cfg.lora.enabled else "policy_params": params}
+  return state.replace(**trained, policy_opt_state=opt_state,
                        policy_version=state.policy_version + finite.astype(jnp.int32),
                        nonfinite_skips=state.nonfinite_skips + (~finite).astype(jnp.int32)), metrics
 

@@ -25,7 +25,7 @@ from sao_jax.config import Config, MeshConfig
 from sao_jax.learner import compile as compile_lib
 from sao_jax.learner import state as state_lib
 from sao_jax.models import decode
-from sao_jax.models.transformer import param_shardings
+from sao_jax.models.transformer import abstract_params, param_shardings
 from sao_jax.planning import estimate, hardware
 from sao_jax.sampler import steps as sampler_steps
 from sao_jax.sharding.mesh import make_mesh, traced_on
@@ -116,8 +116,8 @@ def lower_train(cfg: Config, mesh: jax.sharding.Mesh, seq_len: int):
 def lower_decode(cfg: Config, mesh: jax.sharding.Mesh, batch: int, max_len: int):
   """One sampler decode step (`decode.decode_step`) on a cache of `max_len` slots."""
   model = cfg.model
-  params = _abstract(state_lib.abstract_state(cfg).policy_params,
-                     param_shardings(model, mesh, "lm"))
+  # The policy a sampler runs (under LoRA the merged one, not the learner's base).
+  params = _abstract(abstract_params(model, "lm"), param_shardings(model, mesh, "lm"))
   cache_shapes = jax.eval_shape(functools.partial(decode.init_cache, model, batch, max_len))
   cache_sh = sampler_steps.cache_shardings(cache_shapes, mesh)
   cache = _abstract(cache_shapes, cache_sh)

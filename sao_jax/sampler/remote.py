@@ -22,6 +22,7 @@ import threading
 
 from sao_jax.config import Config
 from sao_jax.data.transport import DirectoryTransport
+from sao_jax.learner.state import published_template
 from sao_jax.models.transformer import abstract_params
 from sao_jax.sampler import weights
 from sao_jax.sampler.worker import SamplerSupervisor, WorkerSpec
@@ -53,8 +54,9 @@ def run(cfg: Config, *, workers: int = 1, first_worker: int = 0, log=print,
           and _wait_for(f"the learner to reopen {transport.directory} (a previous run closed "
                         "it)", lambda: not transport.closed, stop, log)):
     return 0
-  # What the learner publishes: the policy.
-  spec = weights.remote_spec(cfg.sampler, abstract_params(cfg.model, "lm"))
+  # What the learner publishes: the policy, or only its adapters under LoRA.
+  spec = weights.remote_spec(cfg.sampler,
+                             published_template(cfg, abstract_params(cfg.model, "lm")))
   supervisor = SamplerSupervisor(
       [WorkerSpec(cfg=cfg, tokenizer_path=str(tokenizer), weights=spec, transport=transport,
                   worker_id=first_worker + i) for i in range(workers)], log=log)

@@ -15,6 +15,9 @@ times with different seeds and one prompt id. An episode that fails (its
 environment raised, its observation could not be encoded) is that episode's
 failure, never the worker's (`sampler.episodes`).
 
+Under LoRA the channel carries only the adapters: the worker loads the frozen
+base once (`run.init`) and adopts each version as the base merged with them.
+
 Until the first weights arrive an unreachable weight channel (a learner on
 another slice that has not started serving) is waited for, not an error.
 
@@ -113,6 +116,22 @@ def process_main(run: Callable[[WorkerSpec, Callable[[], bool]], None], spec: Wo
   exit_without_flushing(code)
 
 
+def _published_to_policy(cfg) -> Callable[[Any], Any]:
+  """Published weights -> the policy's params: as they are, or under LoRA (where the
+  learner ships only adapters) the base, loaded once from `run.init`, merged with them."""
+  if not cfg.lora.enabled:
+    return lambda params: params
+  import jax
+
+  from sao_jax import warm_start
+  from sao_jax.models import lora
+
+  base = jax.jit(lora.frozen_base, static_argnums=(1, 2))(  # QLoRA: the learner's NF4 base
+      warm_start.initial_policy(cfg), cfg.model, cfg.lora)
+  merge = jax.jit(lora.merge, static_argnums=(2, 3))
+  return lambda adapters: merge(base, adapters, cfg.lora, cfg.model)
+
+
 def run_sampler(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
   """The sampler loop (module docstring)."""
   import jax
@@ -136,7 +155,8 @@ def run_sampler(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
     time.sleep(0.01 if got else 0.05)
   if got is None:
     return
-  params, version = got
+  to_policy = _published_to_policy(cfg)
+  params, version = to_policy(got[0]), got[1]
   # sampler.sharded: the engine lays params out over this process's devices.
   mesh = make_mesh(cfg.mesh, jax.local_devices()) if cfg.sampler.sharded else None
   engine = make_engine(cfg.sampler, cfg.model, params, chat, version=version, mesh=mesh)
@@ -153,7 +173,7 @@ def run_sampler(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
     while alive():
       got = subscriber.poll()
       if got is not None:
-        engine.set_params(got[0], got[1])
+        engine.set_params(to_policy(got[0]), got[1])
       while runner.in_flight + group <= runner.max_episodes:
         task = next(tasks)
         for _ in range(group):
