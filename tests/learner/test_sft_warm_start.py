@@ -46,15 +46,18 @@ def test_a_stop_ends_training_at_a_check_with_the_params_of_that_step():
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(stopped), seen[4])
 
 
-def _tokenizer(cfg):
-  return warm_start.train_run_tokenizer(cfg, transcripts=50)  # fewer than a run's 400: faster
+@pytest.fixture(scope="module")
+def tokenizer():
+  """One for the module: it depends only on the environment and model.vocab_size,
+  which the warm-start tests share; 50 transcripts, fewer than a run's 400: faster."""
+  return warm_start.train_run_tokenizer(load_config(ROOT / "configs" / "demo_cpu.py", TINY),
+                                        transcripts=50)
 
 
-def test_warm_start_stops_at_the_first_check_reaching_the_target(monkeypatch):
+def test_warm_start_stops_at_the_first_check_reaching_the_target(monkeypatch, tokenizer):
   cfg = load_config(ROOT / "configs" / "demo_cpu.py",
                     TINY + ["run.sft_steps=12", "run.sft_check_every=3",
                             "run.sft_target_accuracy=0.5"])
-  tokenizer = _tokenizer(cfg)
   scripted = iter([0.25, 0.5, 1.0])
   seeds = []
   original_init = evaluation.Evaluator.__init__
@@ -78,12 +81,12 @@ def test_warm_start_stops_at_the_first_check_reaching_the_target(monkeypatch):
   assert seeds == [cfg.run.eval_seed + 1]  # validation tasks, not the held-out set
 
 
-def test_warm_start_that_misses_the_target_says_where_it_landed():
+def test_warm_start_that_misses_the_target_says_where_it_landed(tokenizer):
   cfg = load_config(ROOT / "configs" / "demo_cpu.py",
                     TINY + ["run.sft_steps=4", "run.sft_check_every=2",
                             "run.sft_target_accuracy=1.0"])
   lines = []
-  _, record = warm_start.sft_warm_start(cfg, _tokenizer(cfg), warm_start.initial_policy(cfg),
+  _, record = warm_start.sft_warm_start(cfg, tokenizer, warm_start.initial_policy(cfg),
                                    warm_start.demonstrations(cfg), log=lines.append)
   assert record["sft_steps"] == 4 and not record["reached_target"]
   assert [step for step, _ in record["validation"]] == [2, 4]  # a check, then the final one
