@@ -1,11 +1,36 @@
-"""Test-wide JAX setup: 8 emulated CPU devices, strict numerics.
+"""Test-wide JAX setup: 8 emulated CPU devices, strict numerics, one compilation cache.
 
 This must run before any JAX computation, which is why it lives here and not in
 per-module XLA_FLAGS (those are order-dependent and break).
+
+Many tests build the same program as an earlier one through a fresh `jax.jit`
+(every `run_learner` call compiles its train step; a resumed run, a restarted
+sampler and a subprocess compile what their predecessor compiled), and jit
+objects do not share executables. JAX's persistent compilation cache, keyed by
+the lowered program, the devices and the compile options, lets the later one
+load the executable the first compiled: the same program runs, only XLA's
+compile is skipped. The cache is a fresh directory per test session, removed at
+exit, so no executable outlives the code that produced it; the environment
+variables hand it to the processes tests start (samplers, CLIs). A damaged entry
+(a process killed while writing it) is not fatal: JAX warns and compiles.
 """
 
-import jax
+import atexit
+import os
+import shutil
+import tempfile
+
+_COMPILATION_CACHE = tempfile.mkdtemp(prefix="sao-jax-tests-xla-cache-")
+atexit.register(shutil.rmtree, _COMPILATION_CACHE, ignore_errors=True)
+os.environ["JAX_COMPILATION_CACHE_DIR"] = _COMPILATION_CACHE
+# Cache every program that takes XLA a noticeable time (the default 1 s leaves out
+# most tiny-model steps on a quiet machine); eager op-by-op programs stay out.
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.2"
+
+import jax  # noqa: E402  (reads the variables above)
 
 jax.config.update("jax_platforms", "cpu")
 jax.config.update("jax_num_cpu_devices", 8)
 jax.config.update("jax_numpy_rank_promotion", "raise")
+jax.config.update("jax_compilation_cache_dir", _COMPILATION_CACHE)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)

@@ -1,6 +1,7 @@
 """`sao-train` end to end on CPU: sampler process, learner, outputs, crash-restart, resume
 (from a damaged newest checkpoint, with each step logged once)."""
 
+import functools
 import json
 import os
 import pathlib
@@ -29,7 +30,13 @@ def sampler_processes():
           and not any("resource_tracker" in part for part in p.cmdline())]
 
 
-def test_train_kill_sampler_then_resume(tmp_path, capsys):
+def test_train_kill_sampler_then_resume(tmp_path, capsys, monkeypatch):
+  from sao_jax import warm_start
+  # The run trains its own tokenizer and writes the copy samplers and sao-eval load,
+  # as a real run does, on 50 demonstration transcripts instead of 400: each is a
+  # played episode with a sandboxed tool run, and nothing here depends on the merges.
+  monkeypatch.setattr(warm_start, "train_run_tokenizer",
+                      functools.partial(warm_start.train_run_tokenizer, transcripts=50))
   run_dir = tmp_path / "run"
   overrides = TINY + [f"run.run_dir={run_dir}", "learner.steps=3"]
   killed = []
@@ -96,8 +103,6 @@ def test_train_kill_sampler_then_resume(tmp_path, capsys):
 def test_a_sampler_that_dies_before_the_first_step_is_restarted(tmp_path, monkeypatch):
   """The learner restarts samplers while it waits for trajectories, not only after
   a step: before, a sampler that died on start-up left the learner waiting forever."""
-  import functools
-
   import dying_sampler
   from sao_jax import train
   from sao_jax.sampler.worker import SamplerSupervisor

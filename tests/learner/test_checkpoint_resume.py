@@ -4,6 +4,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import shutil
 import signal
 import struct
 import subprocess
@@ -65,6 +66,20 @@ def assert_bitwise_equal(a, b):
 def uninterrupted(tmp_path_factory):
   cfg = config(tmp_path_factory.mktemp("full"), steps=5)
   return run_learner(cfg, Batches())
+
+
+@pytest.fixture(scope="module")
+def two_steps(tmp_path_factory):
+  """The checkpoint directory of a 2-step run (latest checkpoint: step 2), made once."""
+  directory = tmp_path_factory.mktemp("two_steps")
+  run_learner(config(directory, steps=2), Batches())
+  return directory
+
+
+def copy_of(two_steps, tmp_path):
+  """A fresh copy of the 2-step run's checkpoints in `tmp_path`, for a test to damage."""
+  shutil.copytree(two_steps, tmp_path, dirs_exist_ok=True)
+  return config(tmp_path, steps=2)
 
 
 def test_resume_equals_uninterrupted_run(tmp_path, uninterrupted):
@@ -139,9 +154,8 @@ def test_restore_onto_a_different_mesh(tmp_path):
     assert leaf.sharding == sharding
 
 
-def test_half_written_checkpoint_is_never_picked_up(tmp_path):
-  cfg = config(tmp_path, steps=2)
-  run_learner(cfg, Batches())
+def test_half_written_checkpoint_is_never_picked_up(tmp_path, two_steps):
+  cfg = copy_of(two_steps, tmp_path)
   # What a crash mid-save leaves behind: orbax's temporary directory for step 4.
   partial = tmp_path / "4.orbax-checkpoint-tmp-1234"
   (partial / "state").mkdir(parents=True)
@@ -149,19 +163,17 @@ def test_half_written_checkpoint_is_never_picked_up(tmp_path):
   assert Checkpointer(cfg).latest_step() == 2
 
 
-def test_checkpoint_of_another_model_shape_is_named(tmp_path):
-  cfg = config(tmp_path, steps=2)
-  run_learner(cfg, Batches())
+def test_checkpoint_of_another_model_shape_is_named(tmp_path, two_steps):
+  cfg = copy_of(two_steps, tmp_path)
   bigger = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, hidden_size=64))
   with pytest.raises(CheckpointError, match=r"model.hidden_size: checkpoint 32 vs config 64"):
     run_learner(dataclasses.replace(bigger, learner=dataclasses.replace(bigger.learner, steps=3)),
                 Batches())
 
 
-def test_corrupt_checkpoints_are_named_and_left_in_place(tmp_path):
+def test_corrupt_checkpoints_are_named_and_left_in_place(tmp_path, two_steps):
   """When no checkpoint restores, each one's problem is named and nothing is moved."""
-  cfg = config(tmp_path, steps=2)
-  run_learner(cfg, Batches())
+  cfg = copy_of(two_steps, tmp_path)
   steps = Checkpointer(cfg).all_steps()
   for step in steps:
     state_dir = tmp_path / str(step) / "state"

@@ -50,16 +50,18 @@ def test_a_stop_ends_training_at_a_check_with_the_params_of_that_step():
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(stopped), seen[4])
 
 
-def _chat(cfg):
-  # fewer transcripts than a run's 400: faster
+@pytest.fixture(scope="module")
+def chat():
+  """One for the module: it depends only on the environment and model.vocab_size,
+  which the warm-start tests share; 50 transcripts, fewer than a run's 400: faster."""
+  cfg = load_config(ROOT / "configs" / "demo_cpu.py", TINY)
   return chat_format(None, warm_start.train_run_tokenizer(cfg, transcripts=50))
 
 
-def test_warm_start_stops_at_the_first_check_reaching_the_target(monkeypatch):
+def test_warm_start_stops_at_the_first_check_reaching_the_target(monkeypatch, chat):
   cfg = load_config(ROOT / "configs" / "demo_cpu.py",
                     TINY + ["run.sft_steps=12", "run.sft_check_every=3",
                             "run.sft_target_accuracy=0.5"])
-  chat = _chat(cfg)
   scripted = iter([0.25, 0.5, 1.0])
   seeds = []
   original_init = evaluation.Evaluator.__init__
@@ -83,7 +85,7 @@ def test_warm_start_stops_at_the_first_check_reaching_the_target(monkeypatch):
   assert seeds == [cfg.run.eval_seed + 1]  # validation tasks, not the held-out set
 
 
-def test_warm_start_that_misses_the_target_says_where_it_landed(monkeypatch):
+def test_warm_start_that_misses_the_target_says_where_it_landed(monkeypatch, chat):
   cfg = load_config(ROOT / "configs" / "demo_cpu.py",
                     TINY + ["run.sft_steps=4", "run.sft_check_every=2",
                             "run.sft_target_accuracy=1.0"])
@@ -92,7 +94,7 @@ def test_warm_start_that_misses_the_target_says_where_it_landed(monkeypatch):
   terminal_bar = tqdm.tqdm
   monkeypatch.setattr(tqdm, "tqdm", lambda *args, **kwargs: terminal_bar(
       *args, **{**kwargs, "disable": False, "file": bars, "mininterval": 0}))
-  _, record = warm_start.sft_warm_start(cfg, _chat(cfg), warm_start.initial_policy(cfg),
+  _, record = warm_start.sft_warm_start(cfg, chat, warm_start.initial_policy(cfg),
                                    warm_start.demonstrations(cfg), log=lines.append)
   assert re.search(r"SFT: 100%.* 4/4 .*loss=\d\.\d{4}", bars.getvalue())
   assert re.search(r"eval: 100%.* 2/2 ", bars.getvalue())  # each validation check

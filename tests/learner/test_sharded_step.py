@@ -38,11 +38,20 @@ def unsharded():
   return run_on(C.MeshConfig(fsdp=1), jax.devices()[:1])
 
 
-@pytest.mark.parametrize("mesh_cfg", [C.MeshConfig(fsdp=2, tensor=4),
-                                      C.MeshConfig(data=2, fsdp=4)],
-                         ids=["fsdp2xtensor4", "data2xfsdp4"])
-def test_sharded_step_equals_unsharded(unsharded, mesh_cfg):
-  _assert_same_run(unsharded, run_on(mesh_cfg, jax.devices()))
+@pytest.fixture(scope="module")
+def fsdp2xtensor4():
+  """Also the layout test's run: the step on this mesh is compiled and run once."""
+  return run_on(C.MeshConfig(fsdp=2, tensor=4), jax.devices())
+
+
+@pytest.fixture(scope="module")
+def data2xfsdp4():
+  return run_on(C.MeshConfig(data=2, fsdp=4), jax.devices())
+
+
+@pytest.mark.parametrize("mesh", ["fsdp2xtensor4", "data2xfsdp4"])
+def test_sharded_step_equals_unsharded(unsharded, mesh, request):
+  _assert_same_run(unsharded, request.getfixturevalue(mesh))
 
 
 def test_expert_parallel_moe_step_equals_unsharded():
@@ -76,8 +85,8 @@ def _assert_same_run(reference, run):
       np.testing.assert_allclose(m[name], ref_m[name], rtol=1e-5, atol=1e-6, err_msg=name)
 
 
-def test_state_is_laid_out_as_the_rules_say():
-  mesh, state, _ = run_on(C.MeshConfig(fsdp=2, tensor=4), jax.devices(), steps=1)
+def test_state_is_laid_out_as_the_rules_say(fsdp2xtensor4):
+  mesh, state, _ = fsdp2xtensor4  # after two steps: the step keeps the layout it was given
   expected = compile_lib.state_shardings(CFG, mesh)
   for got, want in zip(jax.tree.leaves(state), jax.tree.leaves(expected)):
     assert got.sharding == want
