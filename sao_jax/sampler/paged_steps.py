@@ -30,7 +30,7 @@ from sao_jax.config.sampler import SamplerConfig
 from sao_jax.models import paged
 from sao_jax.models.transformer import Params
 from sao_jax.sampler.sampling import sample, token_keys
-from sao_jax.sampler.steps import Sampling
+from sao_jax.sampler.steps import Sampling, decode_loop
 from sao_jax.sharding.mesh import traced_on
 from sao_jax.sharding.rules import logical_to_spec
 
@@ -57,25 +57,12 @@ def prefill(params: Params, cache: paged.PagedKVCache, pages_NxM: jax.Array, row
 def decode(params: Params, cache: paged.PagedKVCache, pages_NxM: jax.Array, token_N: jax.Array,
            active_N: jax.Array, budget_N: jax.Array, seed_N: jax.Array, *, entries: int,
            cfg: ModelConfig, sampling: Sampling) -> tuple[paged.PagedKVCache, jax.Array, jax.Array, jax.Array]:
-  """steps_per_call decode steps over every slot (`steps.decode`, paged attention)."""
-  stop_M = jnp.asarray(sampling.stop_token_ids or (-1,), jnp.int32)
+  """steps_per_call decode steps over every slot (`steps.decode_loop`, paged attention)."""
   rows_N = jnp.arange(token_N.shape[0], dtype=jnp.int32)
-
-  def one_step(carry, _):
-    cache, token_N, active_N, budget_N = carry
-    logits_NxV, cache = paged.extend_paged(params, cfg, cache, pages_NxM, rows_N, token_N[:, None],
-                                           active_N[:, None], entries=entries)
-    new_N, logp_N = sample(logits_NxV, token_keys(seed_N, cache.length_N),
-                           sampling.temperature, sampling.top_k, sampling.top_p)
-    emitted_N = active_N
-    budget_N = budget_N - emitted_N.astype(jnp.int32)
-    stopped_N = jnp.any(new_N[:, None] == stop_M[None, :], axis=1) | (budget_N <= 0)
-    carry = (cache, jnp.where(emitted_N, new_N, token_N), active_N & ~stopped_N, budget_N)
-    return carry, (new_N, logp_N, emitted_N)
-
-  (cache, _, _, _), (tokens_KxN, logp_KxN, emitted_KxN) = jax.lax.scan(
-      one_step, (cache, token_N, active_N.astype(bool), budget_N), length=sampling.steps_per_call)
-  return cache, tokens_KxN, logp_KxN, emitted_KxN
+  extend = lambda c, t_N, a_N: paged.extend_paged(params, cfg, c, pages_NxM, rows_N, t_N[:, None],
+                                                  a_N[:, None], entries=entries)
+  return decode_loop(extend, lambda c: c.length_N, cache, token_N, active_N, budget_N, seed_N,
+                     sampling)
 
 
 def compile_paged_steps(cfg: ModelConfig, sampler: SamplerConfig, stop_token_ids: tuple[int, ...],

@@ -79,17 +79,20 @@ def prefill(params: Params, cache: kv.KVCache, slot: jax.Array, tokens_1xC: jax.
   return _put_row(cache, slot, row), token_1[0], logp_1[0]
 
 
-def decode(params: Params, cache: kv.KVCache, token_N: jax.Array, active_N: jax.Array,
-           budget_N: jax.Array, seed_N: jax.Array, *, cfg: ModelConfig, sampling: Sampling
-           ) -> tuple[kv.KVCache, jax.Array, jax.Array, jax.Array]:
-  """steps_per_call decode steps over every slot (module docstring)."""
+def decode_loop(extend: Callable, positions: Callable, cache, token_N: jax.Array,
+                active_N: jax.Array, budget_N: jax.Array, seed_N: jax.Array,
+                sampling: Sampling):
+  """steps_per_call decode steps over every slot, for any cache layout (module
+  docstring): `extend(cache, token_N, active_N) -> (logits_NxV, cache)` appends one
+  token per active row, `positions(cache) -> [N]` is each row's length (the token
+  index its sampling key folds in). Returns (cache, tokens_KxN, logp_KxN, emitted_KxN)."""
   # An empty stop set still needs a [M] array; -1 matches no token.
   stop_M = jnp.asarray(sampling.stop_token_ids or (-1,), jnp.int32)
 
   def one_step(carry, _):
     cache, token_N, active_N, budget_N = carry
-    logits_NxV, cache = kv.extend(params, cfg, cache, token_N[:, None], active_N[:, None])
-    new_N, logp_N = sample(logits_NxV, token_keys(seed_N, cache.length_B),
+    logits_NxV, cache = extend(cache, token_N, active_N)
+    new_N, logp_N = sample(logits_NxV, token_keys(seed_N, positions(cache)),
                            sampling.temperature, sampling.top_k, sampling.top_p)
     emitted_N = active_N
     budget_N = budget_N - emitted_N.astype(jnp.int32)
@@ -100,6 +103,15 @@ def decode(params: Params, cache: kv.KVCache, token_N: jax.Array, active_N: jax.
   (cache, _, _, _), (tokens_KxN, logp_KxN, emitted_KxN) = jax.lax.scan(
       one_step, (cache, token_N, active_N.astype(bool), budget_N), length=sampling.steps_per_call)
   return cache, tokens_KxN, logp_KxN, emitted_KxN
+
+
+def decode(params: Params, cache: kv.KVCache, token_N: jax.Array, active_N: jax.Array,
+           budget_N: jax.Array, seed_N: jax.Array, *, cfg: ModelConfig, sampling: Sampling
+           ) -> tuple[kv.KVCache, jax.Array, jax.Array, jax.Array]:
+  """steps_per_call decode steps over every slot of the dense cache (`decode_loop`)."""
+  extend = lambda c, t_N, a_N: kv.extend(params, cfg, c, t_N[:, None], a_N[:, None])
+  return decode_loop(extend, lambda c: c.length_B, cache, token_N, active_N, budget_N, seed_N,
+                     sampling)
 
 
 def compile_steps(cfg: ModelConfig, sampler: SamplerConfig, stop_token_ids: tuple[int, ...],
