@@ -15,27 +15,24 @@ section. Plan it first (needs libtpu; tests/test_ready_configs.py runs this):
     .venv/bin/sao-plan --config configs/llama3_2_1b.py --topology v5p:2x2x1
 """
 
-from sao_jax.config import (AlgorithmConfig, Config, DataConfig, LearnerConfig, MeshConfig,
-                            ModelConfig, RunConfig, SamplerConfig)
+import dataclasses
+import pathlib
+
+from sao_jax.config import Config, load_config
+
+# The run setting (mesh, algorithm, learner, data, sampler, bf16 blocked-attention
+# model with remat and scanned layers) is the one of configs/qwen3_0_6b.py.
+BASE = pathlib.Path(__file__).resolve().parent / "qwen3_0_6b.py"
 
 
 def get_config() -> Config:
-  return Config(
-      name="llama3_2_1b",
-      mesh=MeshConfig(data=1, fsdp=-1, tensor=1, expert=1),
-      model=ModelConfig(family="llama", vocab_size=128256, hidden_size=2048,
-                        intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-                        num_key_value_heads=8, head_dim=64, rope_theta=500_000.0,
-                        rope_type="llama3", rope_factor=32.0, rope_low_freq_factor=1.0,
-                        rope_high_freq_factor=4.0, rope_original_max_position_embeddings=8192,
-                        rms_norm_eps=1e-5, max_position_embeddings=131072,
-                        tie_word_embeddings=True, param_dtype="bfloat16",
-                        compute_dtype="bfloat16", attention_impl="blocked",
-                        remat_policy="full", scan_layers=True),
-      algorithm=AlgorithmConfig.for_variant("sao"),
-      learner=LearnerConfig(batch_trajectories=32, micro_batches=4, policy_lr=1e-6,
-                            value_lr=5e-6),
-      data=DataConfig(length_buckets=(1024, 2048, 4096)),
-      sampler=SamplerConfig(slots=32, max_seq_len=4096, prefill_buckets=(512, 2048)),
-      run=RunConfig(run_dir="runs/llama3_2_1b"),
-  )
+  base = load_config(BASE)
+  return dataclasses.replace(
+      base, name="llama3_2_1b",
+      model=dataclasses.replace(
+          base.model, family="llama", vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+          num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+          rope_theta=500_000.0, rope_type="llama3", rope_factor=32.0, rope_low_freq_factor=1.0,
+          rope_high_freq_factor=4.0, rope_original_max_position_embeddings=8192, rms_norm_eps=1e-5,
+          max_position_embeddings=131072),
+      run=dataclasses.replace(base.run, run_dir="runs/llama3_2_1b"))

@@ -15,25 +15,22 @@ section. Plan it first (needs libtpu; tests/test_ready_configs.py runs this):
     .venv/bin/sao-plan --config configs/qwen2_5_0_5b.py --topology v5p:2x2x1
 """
 
-from sao_jax.config import (AlgorithmConfig, Config, DataConfig, LearnerConfig, MeshConfig,
-                            ModelConfig, RunConfig, SamplerConfig)
+import dataclasses
+import pathlib
+
+from sao_jax.config import Config, load_config
+
+# The run setting (mesh, algorithm, learner, data, sampler, bf16 blocked-attention
+# model with remat and scanned layers) is the one of configs/qwen3_0_6b.py.
+BASE = pathlib.Path(__file__).resolve().parent / "qwen3_0_6b.py"
 
 
 def get_config() -> Config:
-  return Config(
-      name="qwen2_5_0_5b",
-      mesh=MeshConfig(data=1, fsdp=-1, tensor=1, expert=1),
-      model=ModelConfig(family="qwen2", vocab_size=151936, hidden_size=896,
-                        intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                        num_key_value_heads=2, head_dim=64, rope_theta=1_000_000.0,
-                        rms_norm_eps=1e-6, max_position_embeddings=32768,
-                        tie_word_embeddings=True, param_dtype="bfloat16",
-                        compute_dtype="bfloat16", attention_impl="blocked",
-                        remat_policy="full", scan_layers=True),
-      algorithm=AlgorithmConfig.for_variant("sao"),
-      learner=LearnerConfig(batch_trajectories=32, micro_batches=4, policy_lr=1e-6,
-                            value_lr=5e-6),
-      data=DataConfig(length_buckets=(1024, 2048, 4096)),
-      sampler=SamplerConfig(slots=32, max_seq_len=4096, prefill_buckets=(512, 2048)),
-      run=RunConfig(run_dir="runs/qwen2_5_0_5b"),
-  )
+  base = load_config(BASE)
+  return dataclasses.replace(
+      base, name="qwen2_5_0_5b",
+      model=dataclasses.replace(
+          base.model, family="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864,
+          num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, head_dim=64,
+          rope_theta=1_000_000.0, rms_norm_eps=1e-6, max_position_embeddings=32768),
+      run=dataclasses.replace(base.run, run_dir="runs/qwen2_5_0_5b"))
