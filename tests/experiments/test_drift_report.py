@@ -8,10 +8,16 @@ from scipy import stats as scipy_stats
 from experiments import drift
 
 
-def write_run(directory, rewards):
+def write_run(directory, rewards, entropy=None, negative=None):
+  """A finished run's metrics: the reward curve, and per step the policy's entropy,
+  negative-advantage share and update norm (0 before the first update: step 0)."""
+  entropy = entropy or [1.0] * len(rewards)
+  negative = negative or [0.5] * len(rewards)
   directory.mkdir(parents=True)
-  (directory / "metrics.jsonl").write_text(
-      "".join(json.dumps({"step": i, "reward/mean": r}) + "\n" for i, r in enumerate(rewards)))
+  (directory / "metrics.jsonl").write_text("".join(
+      json.dumps({"step": i, "reward/mean": r, "policy/entropy": e, "advantage/neg_frac": n,
+                  "policy/update_norm": 0.0 if i == 0 else 0.5}) + "\n"
+      for i, (r, e, n) in enumerate(zip(rewards, entropy, negative))))
   (directory / "summary.json").write_text("{}")
 
 
@@ -39,3 +45,15 @@ def test_fisher_test_compares_collapse_counts(tmp_path):
   text = drift.report(tmp_path, range(4))
   assert f"| sao_centred | 4 | 0 | 4 | {want:.4f} |" in text
   assert "| sao | 4 | 4 | 0 | - |" in text
+
+
+def test_early_diagnostics_read_only_the_first_updates(tmp_path):
+  """The entropy peak and negative-advantage share come from the first
+  EARLY_UPDATES steps that updated the policy: not step 0 (no update yet), not later."""
+  entropy = [9.0, 1.0, 5.9, 1.2, 1.1, 7.0, 7.0]  # step 0: no update; step 5: too late
+  negative = [1.0, 0.2, 0.3, 0.8, 0.1, 1.0, 1.0]
+  write_run(drift.run_dir(tmp_path, "sao", 0), [0.25] * 7, entropy, negative)
+  result = drift.arm_result(tmp_path, "sao", range(1))
+  assert drift.EARLY_UPDATES == 4
+  assert result.entropy_peak == [5.9] and result.negative_share == [0.8]
+  assert "| sao | 5.900 (n=1, no CI) | 1/1 | 0.800 (n=1, no CI) |" in drift.report(tmp_path, range(1))
