@@ -50,7 +50,7 @@ def demonstrations(cfg: Config) -> Iterator[list[dict]]:
                      "directory), and start from a trained policy (run.init)")
   demo = DEMONSTRATIONS[cfg.env.name]
   for task in make_tasks(cfg.env):
-    yield play(make_env(cfg.env), task, demo(task)).messages
+    yield play(make_env(cfg.env), task, demo(task, cfg.env)).messages
 
 
 def train_run_tokenizer(cfg: Config, transcripts: int = TOKENIZER_DEMONSTRATIONS):

@@ -105,14 +105,14 @@ TASK_SOURCES: dict[str, dict[str, Callable[[EnvConfig], Iterator[Task]]]] = {
     "sanity": {"generator": lambda c: sanity.iterate_generated(seed=c.seed)},
 }
 
-# Scripted ideal turns per environment (task -> the assistant turns that earn full
-# reward): what the SFT warm-start (`sao_jax.warm_start`) imitates and a run's own
-# tokenizer is trained on.
-DEMONSTRATIONS: dict[str, Callable[[Task], list[str]]] = {
-    "math_tool": math_tasks.demonstration,
-    "coding": coding_generator.solution_actions,
-    "style": style.demonstration,
-    "sanity": sanity.demonstration,
+# Scripted ideal turns per environment ((task, env config) -> the assistant turns
+# that earn full reward): what the SFT warm-start (`sao_jax.warm_start`) imitates
+# and a run's own tokenizer is trained on.
+DEMONSTRATIONS: dict[str, Callable[[Task, EnvConfig], list[str]]] = {
+    "math_tool": lambda task, c: math_tasks.demonstration(task, c.demo_tool_rate),
+    "coding": lambda task, c: coding_generator.solution_actions(task),
+    "style": lambda task, c: style.demonstration(task),
+    "sanity": lambda task, c: sanity.demonstration(task),
 }
 
 

@@ -124,7 +124,7 @@ def test_every_environment_has_demonstrations_that_earn_full_reward(env, config)
   cfg = load_config(ROOT / "configs" / config)
   assert cfg.env.name == env
   for task in itertools.islice(make_tasks(cfg.env), 3):
-    played = play(make_env(cfg.env), task, DEMONSTRATIONS[env](task))
+    played = play(make_env(cfg.env), task, DEMONSTRATIONS[env](task, cfg.env))
     if env == "style":
       assert played.result.info["quality"], played.messages
     else:

@@ -107,8 +107,16 @@ def _word_problem(rng: random.Random, difficulty: int) -> tuple[str, str, int]:
   return " ".join(sentences), "\n".join(program), count
 
 
-def demonstration(task: Task) -> list[str]:
-  r"""Ideal assistant turns: run `task.metadata["program"]`, then `\boxed{answer}`."""
+def demonstration(task: Task, tool_rate: float = 1.0) -> list[str]:
+  r"""Ideal assistant turns: run `task.metadata["program"]`, then `\boxed{answer}`.
+
+  With `tool_rate` < 1 that share of tasks (a fixed per-task draw) is
+  demonstrated that way and the rest are answered at once without the tool
+  (`env.demo_tool_rate`): an expert who computes in their head, which a small
+  policy imitates in form but not in accuracy, so RL has a strategy to find.
+  """
+  if tool_rate < 1 and random.Random(f"demo-tool:{task.id}").random() >= tool_rate:
+    return [f"The answer is \\boxed{{{task.answer}}}."]
   program = task.metadata.get("program")
   if not program:
     raise ValueError(f"task {task.id!r} has no 'program' in its metadata; demonstrations need "

@@ -237,3 +237,20 @@ def test_verify_answer_works_off_the_main_thread():
   worker.start()
   worker.join()
   assert results == [True]
+
+
+def test_demo_tool_rate_mixes_direct_answers_in_a_fixed_share():
+  """env.demo_tool_rate: that share of demonstrations calls the tool; the rest answer
+  at once (one turn, full reward, no tool message); the choice is fixed per task."""
+  env = make_env()
+  generated = [math_tasks.generate_task(i, seed=3, difficulty=1, kind="arithmetic")
+               for i in range(200)]
+  direct = [t for t in generated if len(math_tasks.demonstration(t, tool_rate=0.5)) == 1]
+  assert 70 <= len(direct) <= 130  # Binomial(200, 0.5): 7 standard deviations either side
+  assert all(math_tasks.demonstration(t, tool_rate=0.5) ==
+             math_tasks.demonstration(t, tool_rate=0.5) for t in generated[:20])
+  transcript = play(env, direct[0], math_tasks.demonstration(direct[0], tool_rate=0.5))
+  assert transcript.result.reward == 1.0
+  assert "tool" not in [m["role"] for m in transcript.messages]
+  assert all(len(math_tasks.demonstration(t, tool_rate=1.0)) == 2 for t in generated[:20])
+  assert all(len(math_tasks.demonstration(t, tool_rate=0.0)) == 1 for t in generated[:20])
