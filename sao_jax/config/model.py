@@ -171,8 +171,8 @@ class ModelConfig:
       fail("model", "layer_types", self.layer_types,
            f"family {self.family!r} has no sliding-window layers; use family 'gemma3' or "
            "all full_attention")
-    if sliding and (isinstance(self.sliding_window, bool) or not isinstance(self.sliding_window, int)
-                    or self.sliding_window <= 0):
+    window = self.sliding_window
+    if sliding and (isinstance(window, bool) or not isinstance(window, int) or window <= 0):
       fail("model", "sliding_window", self.sliding_window,
            "sliding_attention layers need a positive window (tokens)")
     if sliding and self.scan_layers and len(set(self.layer_types)) > 1:

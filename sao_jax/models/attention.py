@@ -296,7 +296,8 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
 def blocked_attention(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax.Array,
-                      segment_ids_BxS: jax.Array, block: int, positions_BxS: jax.Array | None = None,
+                      segment_ids_BxS: jax.Array, block: int,
+                      positions_BxS: jax.Array | None = None,
                       window: int | None = None) -> jax.Array:
   """Causal flash attention within segments (module docstring); T == S, any T
   (padded to blocks with id 0). With `window`, keys at least `window` positions

@@ -226,7 +226,8 @@ def _layer_types(hf: dict[str, Any], arch: HfArchitecture) -> tuple[str, ...]:
   pattern = hf.get("sliding_window_pattern", arch.defaults["sliding_window_pattern"])
   if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern <= 0:
     raise _unsupported("sliding_window_pattern", pattern, "a positive integer")
-  return tuple("sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers))
+  return tuple("sliding_attention" if (i + 1) % pattern else "full_attention"
+               for i in range(layers))
 
 
 def _transposed(w: list[np.ndarray]) -> np.ndarray:

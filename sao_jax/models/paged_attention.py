@@ -12,8 +12,9 @@ first_L[e]): row row_L[e] may read pool page page_L[e], whose token at offset j
 sits at position first_L[e] + j of that row's sequence (row_L[e] == B marks an
 unused entry). With s_e = q k^T / sqrt(H) for the row's queries against the
 entry's keys (float32), masked where the key position exceeds the query's
-position (or, with a sliding `window` W, is not above query position - W), the softmax over a row's keys is assembled across its entries
-exactly by segment reductions over the row id:
+position (or, with a sliding `window` W, is not above query position - W),
+the softmax over a row's keys is assembled across its entries exactly by
+segment reductions over the row id:
 
     m_b   = max_{e in b} max_j s_e[j]
     l_b   = sum_{e in b} sum_j exp(s_e[j] - m_b)

@@ -88,7 +88,8 @@ def test_paged_kv_cache_greedy_decoding_equals_generate(gemma, prompts_and_gener
   got = []
   for _ in range(STEPS):
     got.append(np.asarray(jnp.argmax(logits, axis=-1)))
-    logits, cache = extend_paged(params, cfg, cache, pages_NxM, rows_B, jnp.asarray(got[-1])[:, None],
+    next_Bx1 = jnp.asarray(got[-1])[:, None]
+    logits, cache = extend_paged(params, cfg, cache, pages_NxM, rows_B, next_Bx1,
                                  jnp.ones((rows, 1), bool), rows * per_row)
   np.testing.assert_array_equal(np.stack(got, axis=1), want)
 
