@@ -14,7 +14,7 @@ import transformers
 import tiny
 from tiny import build_hf, hf_logits, padded_batch
 from sao_jax.config import MeshConfig
-from sao_jax.models import decode, hf, paged, transformer, value
+from sao_jax.models import decode, hf, paged, params_io, transformer, value
 from sao_jax.sharding.mesh import make_mesh
 
 STEPS = 6
@@ -104,3 +104,12 @@ def test_gemma_norms_shard_and_the_critic_freezes_attention():
   assert tuple(layer["attn"]["q_proj"].spec) == ("fsdp", "tensor", None)
   frozen = value.frozen_mask(transformer.abstract_params(cfg, "value"))["layers"][1]
   assert frozen["attn"]["q_norm"]["scale"] and not frozen["pre_mlp_norm"]["scale"]
+
+
+def test_params_directory_keeps_the_layer_types(gemma, tmp_path):
+  """sao-convert's params directory (JSON lists) loads back the same hashable config."""
+  _, cfg, params = gemma
+  params_io.save_params(tmp_path, params, cfg)
+  loaded, head = params_io.load_config(tmp_path)
+  assert (loaded, head) == (cfg, "lm")
+  hash(loaded)  # a jit static argument

@@ -200,3 +200,17 @@ def test_sliding_window_fields_are_validated():
       dataclasses.replace(gemma, **fields).validate()
   # Identical layers scan: all local (or all global) Gemma 3 layers.
   dataclasses.replace(gemma, layer_types=local_global[:1] * 2, scan_layers=True).validate()
+
+
+def test_gemma3_local_and_global_rope_equal_transformers():
+  """Local layers: default RoPE of base rope_local_base_freq; global: rope_theta with
+  Gemma-3-4B's linear scaling (head_dim 256)."""
+  from transformers.models.gemma3.modeling_gemma3 import Gemma3RotaryEmbedding
+  config = {**GEMMA3_1B_OLD_FORMAT, "rope_scaling": {"rope_type": "linear", "factor": 8.0}}
+  ref = Gemma3RotaryEmbedding(transformers.Gemma3TextConfig.from_dict(config))
+  cfg = hf.config_from_hf(config)
+  for index, kind in ((0, "sliding_attention"), (5, "full_attention")):
+    assert cfg.layer_types[index] == kind
+    freq, scaling = rope.layer_frequencies(cfg, index)
+    np.testing.assert_allclose(freq, getattr(ref, f"{kind}_inv_freq").numpy(), rtol=1e-6, atol=0)
+    assert scaling == getattr(ref, f"{kind}_attention_scaling") == 1.0
