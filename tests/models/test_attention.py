@@ -59,10 +59,11 @@ def _loop_window_mask(seg, pos, window):
   return visible
 
 
-@pytest.mark.parametrize("block", [4, 5])
-def test_sliding_window_blocked_matches_dense_and_the_definition(block):
+def test_sliding_window_blocked_matches_dense_and_the_definition():
   """Gemma 3's local layers: packed segments, left/right padding and a hole (where index
-  and position distances differ), window 3; values and gradients."""
+  and position distances differ), window 3; values and gradients over 4 blocks (the
+  last one padded)."""
+  block = 4
   q, k, v, _ = _inputs(5)
   seg = np.array([[0] * 4 + [1] * 9, [1] * 5 + [2] * 5 + [0] * 3, [1] * 5 + [0] + [1] * 7])
   seg = jnp.asarray(seg, jnp.int32)
