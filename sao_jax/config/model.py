@@ -184,3 +184,7 @@ class ModelConfig:
     if self.query_pre_attn_scalar is not None and not self.query_pre_attn_scalar > 0:
       fail("model", "query_pre_attn_scalar", self.query_pre_attn_scalar,
            "expected a positive number, or None for head_dim")
+    if self.query_pre_attn_scalar is not None and not FAMILIES[self.family].gemma:
+      # Only Gemma's HF config has the field: export would drop it silently.
+      fail("model", "query_pre_attn_scalar", self.query_pre_attn_scalar,
+           f"family {self.family!r} scales attention by head_dim; set None (or family 'gemma3')")

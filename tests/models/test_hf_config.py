@@ -185,10 +185,12 @@ def test_rope_frequencies_equal_transformers(params):
 def test_sliding_window_fields_are_validated():
   local_global = ("sliding_attention", "full_attention")
   gemma = dataclasses.replace(tiny.DENSE, family="gemma3", layer_types=local_global,
-                              sliding_window=4)
+                              sliding_window=4, query_pre_attn_scalar=12.0)
   gemma.validate()
   for fields, named in [
       (dict(family="llama"), "family 'llama' has no sliding-window layers"),
+      (dict(family="qwen3", layer_types=()),
+       "model.query_pre_attn_scalar=12.0 is invalid: family 'qwen3' scales attention by head_dim"),
       (dict(layer_types=local_global[:1]), "one entry per layer"),
       (dict(layer_types=("sliding_attention", "local")), r"\['local'\] are not layer types"),
       (dict(sliding_window=None), "model.sliding_window=None"),
