@@ -49,6 +49,7 @@ class _Episodes:
   def __init__(self, cfg: Config, sampler: SamplerConfig, env_cfg, chat: ChatFormat,
                params: Params, version: int):
     self._num_slots = cfg.algorithm.running_mean_slots
+    chat.require_role(make_env(env_cfg).observation_role, f"env.name={env_cfg.name!r}")
     self.engine = make_engine(sampler, cfg.model, params, chat, version=version)
     self.engine.warmup()
     self._runner = EpisodeRunner(self.engine, chat, lambda: make_env(env_cfg),

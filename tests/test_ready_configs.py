@@ -1,5 +1,5 @@
 """Ready-made configs for small real checkpoints (configs/qwen3_0_6b.py, qwen2_5_0_5b.py,
-llama3_2_1b.py): they validate, their `model` section is what `config_from_hf` reads
+llama3_2_1b.py, gemma3_1b.py): they validate, their `model` section is what `config_from_hf` reads
 from the checkpoint's config.json (so `--set run.init=<that directory>` is accepted),
 and (slow) sao-plan's programs lower at full size on the CPU mesh and, with libtpu,
 fit a v5p host."""
@@ -45,6 +45,17 @@ CHECKPOINTS = {
                          "original_max_position_embeddings": 8192, "rope_type": "llama3"},
         "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
         "use_cache": True, "vocab_size": 128256},
+    "gemma3_1b.py": {  # google/gemma-3-1b-it
+        "architectures": ["Gemma3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "attn_logit_softcapping": None, "bos_token_id": 2, "cache_implementation": "hybrid",
+        "eos_token_id": [1, 106], "final_logit_softcapping": None, "head_dim": 256,
+        "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152, "initializer_range": 0.02,
+        "intermediate_size": 6912, "max_position_embeddings": 32768, "model_type": "gemma3_text",
+        "num_attention_heads": 4, "num_hidden_layers": 26, "num_key_value_heads": 1,
+        "pad_token_id": 0, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06,
+        "rope_local_base_freq": 10000, "rope_scaling": None, "rope_theta": 1000000,
+        "sliding_window": 512, "sliding_window_pattern": 6, "torch_dtype": "bfloat16",
+        "use_cache": True, "vocab_size": 262144},
 }
 
 

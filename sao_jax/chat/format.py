@@ -5,6 +5,7 @@
   chat.continuation(history, new, closed=...) -> tokens appended after a policy turn
   chat.encode(messages, add_generation_prompt=False) -> (tokens_T, action_mask_T)
   chat.save(directory)                   -> the template files a run directory keeps
+  chat.require_role(role, sender)        -> ValueError unless the template renders `role` turns
 
 Which format: a tokenizer directory (or the directory holding a tokenizer.json)
 that ships a chat template (`chat_template.jinja`, else `chat_template` in
@@ -145,6 +146,18 @@ class ChatFormat:
     tokens = np.concatenate([ids for ids, _ in pieces]).astype(np.int32)
     mask = np.concatenate([np.full(ids.shape, flag, np.int32) for ids, flag in pieces])
     return tokens, mask
+
+  def require_role(self, role: str, sender: str) -> None:
+    """Refuses, naming `sender`, a template that cannot render a `role` message after
+    the policy's turn (Gemma 3's has no tool role), before any episode runs into it."""
+    probe = [{"role": "user", "content": "?"}, {"role": "assistant", "content": _PROBE},
+             {"role": role, "content": "?"}]
+    try:
+      self.render(probe, add_generation_prompt=True)
+    except ValueError as error:
+      raise ValueError(f"{sender} answers the policy with {role!r} messages, but {error}. Use an "
+                       f"environment without tool results (env.name='style' or 'sanity') or "
+                       f"a checkpoint whose chat template renders {role!r} messages") from error
 
   def save(self, directory: str | pathlib.Path) -> None:
     """Writes the template and its special tokens where `load_chat` finds them

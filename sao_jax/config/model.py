@@ -17,6 +17,9 @@ ATTENTION_IMPLS = ("dense", "blocked")
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
 # RoPE frequency rules (`sao_jax.models.rope`): transformers' rope_type names.
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+# ModelConfig.layer_types entries (transformers' names): full causal attention, or
+# causal attention to the `sliding_window` most recent positions (Gemma 3 local layers).
+LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -24,7 +27,7 @@ class ModelConfig:
   """Decoder hyper-parameters (dense when `num_experts == 0`).
 
   `family` selects the architecture (`sao_jax.models.families`: qwen3, qwen2,
-  llama). Field names follow Hugging Face's configs (`Qwen3Config`,
+  llama, gemma3). Field names follow Hugging Face's configs (`Qwen3Config`,
   `Qwen3MoeConfig`, ...) so a `config.json` maps onto them one to one; the
   `rope_*` fields are the entries of its `rope_parameters`. `hf_path`, when set,
   is a local Hugging Face directory whose config and weights replace these fields.
@@ -53,6 +56,16 @@ class ModelConfig:
   rope_beta_slow: float = 1.0
   rope_attention_factor: float | None = None
   rope_truncate: bool = True
+  # Local/global attention (family gemma3). layer_types: one LAYER_TYPES entry per
+  # layer, () for all full_attention. A "sliding_attention" layer lets query
+  # position p read key positions q with p - sliding_window < q <= p and rotates
+  # with default RoPE of base rope_local_base_freq; the rope_* fields above are
+  # those of the full_attention layers.
+  layer_types: tuple[str, ...] = ()
+  sliding_window: int | None = None
+  rope_local_base_freq: float = 10_000.0
+  # Attention scores are q.k * query_pre_attn_scalar^-1/2 (None: head_dim, the usual 1/sqrt(H)).
+  query_pre_attn_scalar: float | None = None
   rms_norm_eps: float = 1e-6
   max_position_embeddings: int = 4096
   tie_word_embeddings: bool = True
@@ -134,7 +147,44 @@ class ModelConfig:
       fail("model", "scan_layers", self.scan_layers,
            "needs identical layers, but mlp_only_layers / decoder_sparse_step mix dense and "
            "MoE layers; set scan_layers=False")
+    self._validate_layer_types()
     bad_layers = [i for i in self.mlp_only_layers if not 0 <= i < self.num_hidden_layers]
     if bad_layers:
       fail("model", "mlp_only_layers", self.mlp_only_layers,
             f"layer indices must lie in [0, {self.num_hidden_layers})")
+
+  def sliding_layer(self, index: int) -> bool:
+    """Layer `index` attends within `sliding_window` (layer_types "sliding_attention")."""
+    return bool(self.layer_types) and self.layer_types[index] == "sliding_attention"
+
+  def _validate_layer_types(self) -> None:
+    if self.layer_types:
+      if len(self.layer_types) != self.num_hidden_layers:
+        fail("model", "layer_types", self.layer_types,
+             f"expected one entry per layer (num_hidden_layers={self.num_hidden_layers}), or ()")
+      bad = sorted(set(self.layer_types) - set(LAYER_TYPES))
+      if bad:
+        fail("model", "layer_types", self.layer_types,
+             f"{bad} are not layer types; allowed values are {LAYER_TYPES}")
+    sliding = any(self.sliding_layer(i) for i in range(self.num_hidden_layers))
+    if sliding and not FAMILIES[self.family].gemma:
+      fail("model", "layer_types", self.layer_types,
+           f"family {self.family!r} has no sliding-window layers; use family 'gemma3' or "
+           "all full_attention")
+    window = self.sliding_window
+    if sliding and (isinstance(window, bool) or not isinstance(window, int) or window <= 0):
+      fail("model", "sliding_window", self.sliding_window,
+           "sliding_attention layers need a positive window (tokens)")
+    if sliding and self.scan_layers and len(set(self.layer_types)) > 1:
+      fail("model", "scan_layers", self.scan_layers,
+           "needs identical layers, but layer_types mixes sliding and full attention "
+           "(different masks and RoPE bases); set scan_layers=False")
+    if self.rope_local_base_freq <= 0:
+      fail("model", "rope_local_base_freq", self.rope_local_base_freq, "expected a positive number")
+    if self.query_pre_attn_scalar is not None and not self.query_pre_attn_scalar > 0:
+      fail("model", "query_pre_attn_scalar", self.query_pre_attn_scalar,
+           "expected a positive number, or None for head_dim")
+    if self.query_pre_attn_scalar is not None and not FAMILIES[self.family].gemma:
+      # Only Gemma's HF config has the field: export would drop it silently.
+      fail("model", "query_pre_attn_scalar", self.query_pre_attn_scalar,
+           f"family {self.family!r} scales attention by head_dim; set None (or family 'gemma3')")

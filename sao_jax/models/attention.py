@@ -1,6 +1,8 @@
 """The attention core softmax(q k^T / sqrt(H) + mask) v: dense reference and blocked.
 
-  CausalMask(segment_ids_BxS)                        causal within segments, never materialised
+  CausalMask(segment_ids_BxS, positions_BxS=None, window=None)
+                                                     causal within segments (and a sliding
+                                                     window), never materialised
   visible_mask(mask, t)                              -> visible_BxTxS bool (materialised)
   dense_attention(q, k, v, visible_BxTxS)            -> out_BxTxNxH   (reference; decode path)
   blocked_attention(q, k, v, segment_ids_BxS, block) -> out_BxTxNxH   (training path, O(T) memory)
@@ -10,7 +12,10 @@ Shapes: q_BxTxNxH, k/v_BxSxKxH with N = K * G (query head n reads kv head n // G
 `CausalMask` says query t may read key s iff s <= t and seg[b, s] == seg[b, t] != 0
 (`sao_jax.segments`: 0 is padding, k >= 1 the row's k-th packed trajectory; a 0/1
 padding mask is the one-segment case); it requires T == S (a whole sequence
-attending to itself).
+attending to itself). With a `window` W (Gemma 3's local layers) query t also
+needs pos[b, t] - pos[b, s] < W, positions counted within the segment
+(`sao_jax.models.forward.positions`), as transformers' sliding-window mask
+allows key index > query index - W on an unpadded sequence.
 
 `blocked_attention` is flash attention in pure JAX: queries and keys are split
 into blocks of `block` positions; for query block i it scans the key blocks j
@@ -57,12 +62,24 @@ _MASKED = -1e30
 
 
 class CausalMask(NamedTuple):
-  """Query t may read key s iff s <= t and seg[b, s] == seg[b, t] != 0 (requires T == S).
+  """Query t may read key s iff s <= t and seg[b, s] == seg[b, t] != 0 (requires T == S),
+  and, with a `window` W, pos[b, t] - pos[b, s] < W.
 
   `segment_ids_BxS`: int segment ids, 0 on padding (a bool padding mask works too).
+  `positions_BxS`: each token's position in its segment; needed with a window.
   """
 
   segment_ids_BxS: jax.Array
+  positions_BxS: jax.Array | None = None
+  window: int | None = None
+
+  def windowed(self, window: int | None) -> "CausalMask":
+    """This mask restricted to a sliding window (None: unchanged)."""
+    if window is None:
+      return self
+    if self.positions_BxS is None:
+      raise ValueError(f"CausalMask: a sliding window ({window}) needs positions_BxS")
+    return self._replace(window=window)
 
 
 def _same_segment(seg_q_BxT: jax.Array, seg_k_BxS: jax.Array) -> jax.Array:
@@ -70,13 +87,25 @@ def _same_segment(seg_q_BxT: jax.Array, seg_k_BxS: jax.Array) -> jax.Array:
   return (seg_q_BxT[:, :, None] == seg_k_BxS[:, None, :]) & (seg_q_BxT[:, :, None] != 0)
 
 
+def _in_window(pos_q_BxT: jax.Array, pos_k_BxS: jax.Array, window: int | None) -> jax.Array:
+  """[B, T, S] bool: pos_q - pos_k < window (all True without a window)."""
+  if window is None:
+    return jnp.ones((pos_q_BxT.shape[0], pos_q_BxT.shape[1], pos_k_BxS.shape[1]), bool)
+  return (pos_q_BxT[:, :, None] - pos_k_BxS[:, None, :]) < window
+
+
 def visible_mask(mask: jax.Array | CausalMask, t: int) -> jax.Array:
-  """visible_BxTxS: `mask` itself if already materialised, else causal & same segment."""
+  """visible_BxTxS: `mask` itself if already materialised, else causal & same segment
+  (& within the window)."""
   if not isinstance(mask, CausalMask):
     return mask
   seg_BxS = mask.segment_ids_BxS.astype(jnp.int32)
   causal_TxS = jnp.tril(jnp.ones((t, seg_BxS.shape[1]), bool))
-  return causal_TxS[None, :, :] & _same_segment(seg_BxS[:, :t], seg_BxS)
+  visible_BxTxS = causal_TxS[None, :, :] & _same_segment(seg_BxS[:, :t], seg_BxS)
+  if mask.window is None:
+    return visible_BxTxS
+  pos_BxS = mask.positions_BxS.astype(jnp.int32)
+  return visible_BxTxS & _in_window(pos_BxS[:, :t], pos_BxS, mask.window)
 
 
 def dense_attention(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax.Array,
@@ -128,8 +157,10 @@ def _unblock(x: jax.Array, t: int) -> jax.Array:
   return x.reshape(x.shape[0], -1, *x.shape[3:])[:, :t]
 
 
-def _scores(q_BxCxKxGxH, k_BxCxKxH, seg_q_BxC, seg_k_BxC, i, j, block):
-  """Masked float32 scores s_ij [B, K, G, C, C] and visibility for blocks (i, j)."""
+def _scores(q_BxCxKxGxH, k_BxCxKxH, seg_q_BxC, seg_k_BxC, i, j, block, pos_q_BxC, pos_k_BxC,
+            window):
+  """Masked float32 scores s_ij [B, K, G, C, C] and visibility for blocks (i, j); the
+  positions are None without a window."""
   h = q_BxCxKxGxH.shape[-1]
   s = jnp.einsum("bqkgh,bskh->bkgqs", q_BxCxKxGxH, k_BxCxKxH,
                  preferred_element_type=jnp.float32) * (h ** -0.5)
@@ -137,6 +168,8 @@ def _scores(q_BxCxKxGxH, k_BxCxKxH, seg_q_BxC, seg_k_BxC, i, j, block):
   k_pos_C = j * block + jnp.arange(block)
   visible_BxCxC = ((k_pos_C[None, :] <= q_pos_C[:, None])[None]
                    & _same_segment(seg_q_BxC, seg_k_BxC))
+  if window is not None:
+    visible_BxCxC = visible_BxCxC & _in_window(pos_q_BxC, pos_k_BxC, window)
   visible = visible_BxCxC[:, None, None]
   return jnp.where(visible, s, -jnp.inf), visible
 
@@ -155,7 +188,7 @@ def _needed(seg_N):
   return causal_NxN & overlap_NxN
 
 
-def _forward(q_N, k_N, v_N, seg_N, block):
+def _forward(q_N, k_N, v_N, seg_N, pos_N, block, window):
   """Blocked forward; returns out [nb, B, C, K, G, H] (q dtype) and lse [nb, B, K, G, C]."""
   # Ties the segment ids to q/k/v. Under `lax.scan` over layers, JAX's partial
   # evaluation hoists computations that depend only on loop constants out of the
@@ -163,23 +196,24 @@ def _forward(q_N, k_N, v_N, seg_N, block):
   # masks of all nb x nb block pairs were materialised up front as [nb, nb, B, K,
   # G, C, C] arrays (8 GiB each for a 32K-token row; the cause of
   # scan_layers' extra TPU memory). Through the barrier they count as per-layer.
-  q_N, k_N, v_N, seg_N = jax.lax.optimization_barrier((q_N, k_N, v_N, seg_N))
+  q_N, k_N, v_N, seg_N, pos_N = jax.lax.optimization_barrier((q_N, k_N, v_N, seg_N, pos_N))
   nb = q_N.shape[0]
   dt = q_N.dtype
   needed_NxN = _needed(seg_N)
 
   def query_block(args):
-    q_BxCxKxGxH, seg_q_BxC, i = args
+    q_BxCxKxGxH, seg_q_BxC, pos_q_BxC, i = args
     b, c, kv, g, h = q_BxCxKxGxH.shape
     init = (jnp.full((b, kv, g, c), -jnp.inf, jnp.float32), jnp.zeros((b, kv, g, c), jnp.float32),
             jnp.zeros((b, kv, g, c, h), jnp.float32))
 
     def key_block(carry, xs):
-      k_BxCxKxH, v_BxCxKxH, seg_k_BxC, j = xs
+      k_BxCxKxH, v_BxCxKxH, seg_k_BxC, pos_k_BxC, j = xs
 
       def update(carry):
         m, l, acc = carry
-        s, _ = _scores(q_BxCxKxGxH, k_BxCxKxH, seg_q_BxC, seg_k_BxC, i, j, block)
+        s, _ = _scores(q_BxCxKxGxH, k_BxCxKxH, seg_q_BxC, seg_k_BxC, i, j, block, pos_q_BxC,
+                       pos_k_BxC, window)
         m_new = jnp.maximum(m, jnp.max(s, axis=-1))
         # A row with nothing visible yet keeps m = -inf; shift by 0 there to avoid inf - inf.
         m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
@@ -192,27 +226,27 @@ def _forward(q_N, k_N, v_N, seg_N, block):
 
       return jax.lax.cond(needed_NxN[i, j], update, lambda c: c, carry), None
 
-    (m, l, acc), _ = jax.lax.scan(key_block, init, (k_N, v_N, seg_N, jnp.arange(nb)))
+    (m, l, acc), _ = jax.lax.scan(key_block, init, (k_N, v_N, seg_N, pos_N, jnp.arange(nb)))
     has_key = l > 0
     out = acc / jnp.where(has_key, l, 1.0)[..., None]
     lse = jnp.where(has_key, m + jnp.log(jnp.where(has_key, l, 1.0)), 0.0)
     return jnp.einsum("bkgqh->bqkgh", out).astype(dt), lse
 
-  return jax.lax.map(query_block, (q_N, seg_N, jnp.arange(nb)))
+  return jax.lax.map(query_block, (q_N, seg_N, pos_N, jnp.arange(nb)))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _flash(q_N, k_N, v_N, seg_N, block):
-  return _forward(q_N, k_N, v_N, seg_N, block)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _flash(q_N, k_N, v_N, seg_N, pos_N, block, window):
+  return _forward(q_N, k_N, v_N, seg_N, pos_N, block, window)[0]
 
 
-def _flash_fwd(q_N, k_N, v_N, seg_N, block):
-  out_N, lse_N = _forward(q_N, k_N, v_N, seg_N, block)
-  return out_N, (q_N, k_N, v_N, seg_N, out_N, lse_N)
+def _flash_fwd(q_N, k_N, v_N, seg_N, pos_N, block, window):
+  out_N, lse_N = _forward(q_N, k_N, v_N, seg_N, pos_N, block, window)
+  return out_N, (q_N, k_N, v_N, seg_N, pos_N, out_N, lse_N)
 
 
-def _flash_bwd(block, residuals, dout_N):
-  q_N, k_N, v_N, seg_N, out_N, lse_N = residuals
+def _flash_bwd(block, window, residuals, dout_N):
+  q_N, k_N, v_N, seg_N, pos_N, out_N, lse_N = residuals
   nb = q_N.shape[0]
   h = q_N.shape[-1]
   dt = q_N.dtype
@@ -222,15 +256,16 @@ def _flash_bwd(block, residuals, dout_N):
                        out_N.astype(jnp.float32))
 
   def key_block(dq_N, xs):
-    k_BxCxKxH, v_BxCxKxH, seg_k_BxC, j = xs
+    k_BxCxKxH, v_BxCxKxH, seg_k_BxC, pos_k_BxC, j = xs
     zeros_kv = jnp.zeros(k_BxCxKxH.shape, jnp.float32)
 
     def query_block(carry, ys):
-      q_BxCxKxGxH, dout_BxCxKxGxH, lse, delta, seg_q_BxC, i = ys
+      q_BxCxKxGxH, dout_BxCxKxGxH, lse, delta, seg_q_BxC, pos_q_BxC, i = ys
 
       def grads(carry):
         dk, dv = carry
-        s, visible = _scores(q_BxCxKxGxH, k_BxCxKxH, seg_q_BxC, seg_k_BxC, i, j, block)
+        s, visible = _scores(q_BxCxKxGxH, k_BxCxKxH, seg_q_BxC, seg_k_BxC, i, j, block,
+                             pos_q_BxC, pos_k_BxC, window)
         p = jnp.where(visible, jnp.exp(s - lse[..., None]), 0.0)
         dv = dv + jnp.einsum("bkgqs,bqkgh->bskh", p.astype(dt), dout_BxCxKxGxH,
                              preferred_element_type=jnp.float32)
@@ -248,21 +283,27 @@ def _flash_bwd(block, residuals, dout_N):
       return jax.lax.cond(needed_NxN[i, j], grads, skip, carry)
 
     (dk, dv), dq_parts_N = jax.lax.scan(
-        query_block, (zeros_kv, zeros_kv), (q_N, dout_N, lse_N, delta_N, seg_N, jnp.arange(nb)))
+        query_block, (zeros_kv, zeros_kv),
+        (q_N, dout_N, lse_N, delta_N, seg_N, pos_N, jnp.arange(nb)))
     return dq_N + dq_parts_N, (dk, dv)
 
   dq_N, (dk_N, dv_N) = jax.lax.scan(key_block, jnp.zeros(q_N.shape, jnp.float32),
-                                    (k_N, v_N, seg_N, jnp.arange(nb)))
-  return (dq_N.astype(dt), dk_N.astype(k_N.dtype), dv_N.astype(v_N.dtype), None)
+                                    (k_N, v_N, seg_N, pos_N, jnp.arange(nb)))
+  return (dq_N.astype(dt), dk_N.astype(k_N.dtype), dv_N.astype(v_N.dtype), None, None)
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
 def blocked_attention(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax.Array,
-                      segment_ids_BxS: jax.Array, block: int) -> jax.Array:
+                      segment_ids_BxS: jax.Array, block: int,
+                      positions_BxS: jax.Array | None = None,
+                      window: int | None = None) -> jax.Array:
   """Causal flash attention within segments (module docstring); T == S, any T
-  (padded to blocks with id 0)."""
+  (padded to blocks with id 0). With `window`, keys at least `window` positions
+  (`positions_BxS`) before the query are masked too; such block pairs are still
+  visited, since a hole of padding inside a segment makes index and position
+  distances differ."""
   b, t, n, h = q_BxTxNxH.shape
   if k_BxSxKxH.shape[1] != t:
     raise ValueError(f"blocked_attention: key length {k_BxSxKxH.shape[1]} != query length {t}; "
@@ -277,7 +318,10 @@ def blocked_attention(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax
   k_N = _blocks(k_BxSxKxH.astype(dt), nb, block)
   v_N = _blocks(v_BxSxKxH.astype(dt), nb, block)
   seg_N = _blocks(segment_ids_BxS.astype(jnp.int32), nb, block)
-  out_N = _flash(q_N, k_N, v_N, seg_N, block)
+  if window is not None and positions_BxS is None:
+    raise ValueError(f"blocked_attention: a sliding window ({window}) needs positions_BxS")
+  pos_N = None if window is None else _blocks(positions_BxS.astype(jnp.int32), nb, block)
+  out_N = _flash(q_N, k_N, v_N, seg_N, pos_N, block, window)
   return _unblock(out_N, t).reshape(b, t, n, h)
 
 
@@ -288,5 +332,6 @@ def attend(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax.Array,
   if impl not in ATTENTION_IMPLS:
     raise ValueError(f"attention impl={impl!r} is invalid: allowed values are {ATTENTION_IMPLS}")
   if impl == "blocked" and isinstance(mask, CausalMask):
-    return blocked_attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask.segment_ids_BxS, block)
+    return blocked_attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask.segment_ids_BxS, block,
+                             mask.positions_BxS, mask.window)
   return dense_attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, visible_mask(mask, q_BxTxNxH.shape[1]))

@@ -7,13 +7,25 @@ tree branches on a family name.
                                 values sao_jax implements, for `sao_jax.models.hf`)
 
 Every family is a pre-norm decoder: x + attn(norm(x)), then h + mlp(norm(h)), with
-RMSNorm, rotary grouped-query attention and a SwiGLU MLP (or Qwen3-MoE experts).
+RMSNorm, rotary grouped-query attention and a gated MLP (or Qwen3-MoE experts).
 They differ in:
 
-  family  q/k RMSNorm (per head, before RoPE)  q/k/v projection bias  MoE variant
-  qwen3   yes                                  no                     Qwen3-MoE
-  qwen2   no                                   yes                    no   (Qwen2, Qwen2.5)
-  llama   no                                   no                     no   (Llama 3.x)
+  family  q/k RMSNorm (per head,  q/k/v projection  MoE        Gemma 3 block (below)
+          before RoPE)            bias              variant
+  qwen3   yes                     no                Qwen3-MoE  no
+  qwen2   no                      yes               no         no   (Qwen2, Qwen2.5)
+  llama   no                      no                no         no   (Llama 3.x)
+  gemma3  yes                     no                no         yes  (Gemma 3 text models)
+
+The Gemma 3 block (`gemma=True`): every RMSNorm scales by (1 + w) in float32
+(w initialised to 0); the block is x + norm(attn(norm(x))), then
+h + norm(mlp(norm(h))) (norms after attention and after the MLP too); the token
+embedding is multiplied by sqrt(hidden_size) (rounded to the embedding dtype,
+as transformers does); the MLP gate is GELU (tanh approximation) instead of
+SiLU; attention scores are scaled by query_pre_attn_scalar^-1/2; and layers may
+be local (`ModelConfig.layer_types` "sliding_attention": a query reads only
+the `sliding_window` most recent positions, RoPE base rope_local_base_freq, no
+scaling) or global (full causal attention, rope_theta and its scaling).
 
 RoPE scaling (`ModelConfig.rope_type`) is per checkpoint, not per family
 (`sao_jax.models.rope`).
@@ -33,12 +45,14 @@ class Family:
   qk_norm: bool   # RMSNorm over head_dim on every query and key head, before RoPE
   qkv_bias: bool  # q/k/v projections add a bias: q = x W_q + b_q (o_proj has none)
   moe: bool       # has a mixture-of-experts variant (num_experts > 0)
+  gemma: bool = False  # the Gemma 3 block (module docstring)
 
 
 FAMILIES: Mapping[str, Family] = MappingProxyType({
     "qwen3": Family(qk_norm=True, qkv_bias=False, moe=True),
     "qwen2": Family(qk_norm=False, qkv_bias=True, moe=False),
     "llama": Family(qk_norm=False, qkv_bias=False, moe=False),
+    "gemma3": Family(qk_norm=True, qkv_bias=False, moe=False, gemma=True),
 })
 
 
@@ -93,6 +107,19 @@ HF_ARCHITECTURES: Mapping[str, HfArchitecture] = MappingProxyType({
         defaults=_defaults(vocab_size=32000, hidden_size=4096, intermediate_size=11008,
                            num_hidden_layers=32, num_attention_heads=32,
                            max_position_embeddings=2048)),
+    # Softcapping is None in every Gemma 3 checkpoint (Gemma 2 used it); a
+    # bidirectional (embedding-model) variant is not a causal LM.
+    "Gemma3ForCausalLM": HfArchitecture(
+        family="gemma3", moe=False, model_type="gemma3_text",
+        fixed=MappingProxyType({"hidden_activation": "gelu_pytorch_tanh", "attention_bias": False,
+                                "attn_logit_softcapping": None, "final_logit_softcapping": None,
+                                "use_bidirectional_attention": False}),
+        defaults=_defaults(vocab_size=262_208, hidden_size=2304, intermediate_size=9216,
+                           num_hidden_layers=26, num_attention_heads=8, num_key_value_heads=4,
+                           head_dim=256, max_position_embeddings=131_072, tie_word_embeddings=True,
+                           sliding_window=4096, sliding_window_pattern=6,
+                           query_pre_attn_scalar=256, rope_theta=1_000_000.0,
+                           rope_local_base_freq=10_000.0)),
 })
 
 

@@ -73,8 +73,9 @@ def positions(seg_BxT: jax.Array) -> jax.Array:
 def _trunk(params, cfg, head, tokens_BxT, seg_BxT):
   # Causal structure within segments, never a [B, T, T] array unless attention is dense.
   seg_BxT = seg_BxT.astype(jnp.int32)
+  pos_BxT = positions(seg_BxT)
   h_BxTxD, _, router_logits = model(params, cfg, head).trunk(
-      tokens_BxT, positions(seg_BxT), CausalMask(seg_BxT))
+      tokens_BxT, pos_BxT, CausalMask(seg_BxT, pos_BxT))
   return h_BxTxD, router_logits
 
 

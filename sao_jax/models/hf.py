@@ -1,12 +1,13 @@
-"""Hugging Face checkpoints (Qwen3, Qwen3-MoE, Qwen2/2.5, Llama 3.x) in and out.
+"""Hugging Face checkpoints (Qwen3, Qwen3-MoE, Qwen2/2.5, Llama 3.x, Gemma 3 text) in and out.
 
   config_from_hf(hf_dir_or_dict, **overrides) -> ModelConfig
   load_hf(hf_dir, mesh=None, **overrides)     -> (cfg, params)
   export_hf(params, cfg, out_dir, max_shard_bytes=5 GiB, tokenizer_dir=None)
 
 Supported: the architectures of `sao_jax.models.families.HF_ARCHITECTURES`, with
-RoPE types default, linear, llama3 and yarn, full attention (no sliding window)
-and SiLU; anything else is rejected with the offending config entry named.
+RoPE types default, linear, llama3 and yarn, full attention (sliding-window
+layers for Gemma 3 only) and the family's activation; anything else is rejected
+with the offending config entry named.
 Weights are read from `model.safetensors` or a
 sharded `model.safetensors.index.json`, one tensor at a time, converted to our
 layout (HF `nn.Linear` weights are [out, in]; our kernels are [in, out] with
@@ -23,7 +24,7 @@ import dataclasses
 import json
 import pathlib
 import shutil
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import jax
 import numpy as np
@@ -31,7 +32,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from sao_jax.config import ModelConfig
-from sao_jax.models.families import FAMILIES, HF_ARCHITECTURES, hf_architecture
+from sao_jax.models.families import FAMILIES, HF_ARCHITECTURES, HfArchitecture, hf_architecture
 from sao_jax.models.params_io import place
 from sao_jax.models.transformer import Params, abstract_params, is_moe_layer, param_path, param_shardings
 
@@ -55,6 +56,8 @@ _ROPE_KEYS = {
              "original_max_position_embeddings": "rope_original_max_position_embeddings"},
 }
 _DEFAULT_THETA = 10_000.0  # transformers' rope_theta when config.json names none
+# Gemma 3 fields read from config.json (defaults: families.HF_ARCHITECTURES).
+_GEMMA_FIELDS = ("sliding_window", "query_pre_attn_scalar")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +103,40 @@ def _rope_fields(hf: dict[str, Any], max_position_embeddings: int) -> dict[str, 
         f"lets rope_scaling replace rope_parameters, so it would use rope_theta={theta} instead "
         f"of {params['rope_theta']}; move the rope_scaling entries into rope_parameters and "
         "delete rope_scaling")
+  return _parse_rope(rope, source, theta, hf, max_position_embeddings)
+
+
+def _gemma_rope_fields(hf: dict[str, Any], defaults: Mapping[str, Any],
+                       max_position_embeddings: int) -> dict[str, Any]:
+  """The `rope_*` fields of a Gemma 3 config.json, read as transformers' Gemma3TextConfig.
+
+  `rope_parameters` holds one dict per layer type. The full_attention dict is
+  updated with `rope_scaling` (older checkpoints: e.g. linear, factor 8), its
+  theta defaults to the top-level `rope_theta`, else 1e6; sliding_attention
+  layers use default RoPE whose theta defaults to `rope_local_base_freq`, else 1e4.
+  """
+  params = hf.get("rope_parameters") or {}
+  other = sorted(set(params) - {"full_attention", "sliding_attention"})
+  if other:
+    raise _unsupported(f"rope_parameters.{other[0]}", params[other[0]],
+                       "for Gemma 3 one dict per layer type (full_attention, sliding_attention)")
+  full = {**(params.get("full_attention") or {}), **(hf.get("rope_scaling") or {})}
+  full = {key: value for key, value in full.items() if value is not None}
+  theta = float(full.pop("rope_theta", hf.get("rope_theta", defaults["rope_theta"])))
+  local = dict(params.get("sliding_attention") or {})
+  local_type = local.pop("rope_type", local.pop("type", "default"))
+  local_theta = local.pop("rope_theta", hf.get("rope_local_base_freq",
+                                               defaults["rope_local_base_freq"]))
+  if local_type != "default" or local:
+    raise _unsupported("rope_parameters.sliding_attention", params["sliding_attention"],
+                       "default RoPE (rope_type and rope_theta only) on sliding_attention layers")
+  fields = _parse_rope(full, "rope_parameters.full_attention", theta, hf, max_position_embeddings)
+  return {**fields, "rope_local_base_freq": float(local_theta)}
+
+
+def _parse_rope(rope: dict[str, Any], source: str, theta: float, hf: dict[str, Any],
+                max_position_embeddings: int) -> dict[str, Any]:
+  """`rope` (one rope_parameters dict without rope_theta, read from `source`) as `rope_*` fields."""
   rope_type = rope.pop("rope_type", rope.get("type", "default"))
   rope.pop("type", None)
   if rope_type not in _ROPE_KEYS:
@@ -148,7 +185,9 @@ def config_from_hf(source: str | pathlib.Path | dict[str, Any], **overrides: Any
   for name, value in arch.fixed.items():
     if hf.get(name, value) != value:
       raise _unsupported(name, hf[name], f"{name}={value!r} for {archs[0]}")
-  if any(kind != "full_attention" for kind in hf.get("layer_types") or ()):
+  gemma = FAMILIES[arch.family].gemma
+  layer_types = _layer_types(hf, arch) if gemma else ()
+  if not gemma and any(kind != "full_attention" for kind in hf.get("layer_types") or ()):
     raise _unsupported("layer_types", hf["layer_types"], f"only full_attention for {archs[0]}")
   if hf.get("partial_rotary_factor", 1.0) != 1.0:
     raise _unsupported("partial_rotary_factor", hf["partial_rotary_factor"],
@@ -163,14 +202,32 @@ def config_from_hf(source: str | pathlib.Path | dict[str, Any], **overrides: Any
     fields["num_experts"] = hf.get("num_experts",
                                    hf.get("num_local_experts", arch.defaults["num_experts"]))
     fields["mlp_only_layers"] = tuple(fields["mlp_only_layers"] or ())
-  fields.update(_rope_fields(hf, fields["max_position_embeddings"]), family=arch.family,
-                tie_word_embeddings=bool(fields["tie_word_embeddings"]))
+  if gemma:
+    fields.update({name: hf.get(name, arch.defaults[name]) for name in _GEMMA_FIELDS},
+                  layer_types=layer_types)
+    fields.update(_gemma_rope_fields(hf, arch.defaults, fields["max_position_embeddings"]))
+  else:
+    fields.update(_rope_fields(hf, fields["max_position_embeddings"]))
+  fields.update(family=arch.family, tie_word_embeddings=bool(fields["tie_word_embeddings"]))
   dtype = hf.get("dtype", hf.get("torch_dtype"))
   if dtype in ("float32", "bfloat16"):
     fields["param_dtype"] = fields["compute_dtype"] = dtype
   cfg = ModelConfig(**{**fields, **overrides})
   cfg.validate()
   return cfg
+
+
+def _layer_types(hf: dict[str, Any], arch: HfArchitecture) -> tuple[str, ...]:
+  """Gemma 3's per-layer attention kinds: `layer_types`, else every
+  `sliding_window_pattern`-th layer full and the rest sliding (transformers' rule)."""
+  if hf.get("layer_types"):
+    return tuple(hf["layer_types"])
+  layers = hf.get("num_hidden_layers", arch.defaults["num_hidden_layers"])
+  pattern = hf.get("sliding_window_pattern", arch.defaults["sliding_window_pattern"])
+  if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern <= 0:
+    raise _unsupported("sliding_window_pattern", pattern, "a positive integer")
+  return tuple("sliding_attention" if (i + 1) % pattern else "full_attention"
+               for i in range(layers))
 
 
 def _transposed(w: list[np.ndarray]) -> np.ndarray:
@@ -191,6 +248,9 @@ def _entries(cfg: ModelConfig) -> list[_Entry]:
     ours, hf = f"layers/{i}", f"model.layers.{i}"
     entries += [same(f"{ours}/input_norm/scale", f"{hf}.input_layernorm.weight"),
                 same(f"{ours}/post_attn_norm/scale", f"{hf}.post_attention_layernorm.weight")]
+    if family.gemma:
+      entries += [same(f"{ours}/pre_mlp_norm/scale", f"{hf}.pre_feedforward_layernorm.weight"),
+                  same(f"{ours}/post_mlp_norm/scale", f"{hf}.post_feedforward_layernorm.weight")]
     if family.qk_norm:
       entries += [same(f"{ours}/attn/q_norm/scale", f"{hf}.self_attn.q_norm.weight"),
                   same(f"{ours}/attn/k_norm/scale", f"{hf}.self_attn.k_norm.weight")]
@@ -277,8 +337,15 @@ def hf_config(cfg: ModelConfig) -> dict[str, Any]:
   rope.update({key: getattr(cfg, field) for key, field in _ROPE_KEYS[cfg.rope_type].items()
                if getattr(cfg, field) is not None})
   out: dict[str, Any] = {field: getattr(cfg, field) for field in _SIZE_FIELDS}
-  out.update(arch.fixed, architectures=[name], model_type=arch.model_type, dtype=cfg.param_dtype,
-             rope_theta=cfg.rope_theta, rope_parameters=rope)
+  out.update(arch.fixed, architectures=[name], model_type=arch.model_type, dtype=cfg.param_dtype)
+  if FAMILIES[cfg.family].gemma:
+    out.update(sliding_window=cfg.sliding_window,
+               query_pre_attn_scalar=cfg.query_pre_attn_scalar or cfg.head_dim,
+               layer_types=list(cfg.layer_types or ["full_attention"] * cfg.num_hidden_layers),
+               rope_parameters={"full_attention": rope, "sliding_attention": {
+                   "rope_type": "default", "rope_theta": cfg.rope_local_base_freq}})
+  else:
+    out.update(rope_theta=cfg.rope_theta, rope_parameters=rope)
   if arch.moe:
     out.update({field: getattr(cfg, field) for field in _MOE_FIELDS},
                mlp_only_layers=list(cfg.mlp_only_layers))

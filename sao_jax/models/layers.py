@@ -1,4 +1,4 @@
-"""Decoder building blocks in flax nnx: RMSNorm, GQA attention with RoPE, SwiGLU MLP, MoE.
+"""Decoder building blocks in flax nnx: RMSNorm, GQA attention with RoPE, gated MLP, MoE.
 
 Every parameter is an `nnx.Param` whose `logical_axes` metadata names its
 dimensions; `sao_jax.sharding.rules` turns those names into mesh shardings.
@@ -38,17 +38,26 @@ def param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str, ...], cfg: Mo
 
 
 class RMSNorm(nnx.Module):
-  """y = x / sqrt(mean(x^2, -1) + eps) * scale, computed in float32."""
+  """y = x / sqrt(mean(x^2, -1) + eps) * scale, the normalisation in float32.
+
+  Most families multiply in x's dtype by `scale` (initialised to 1); the Gemma 3
+  block (`families.Family.gemma`) multiplies by (1 + scale) in float32 before
+  casting back (scale initialised to 0), as transformers' Gemma3RMSNorm does.
+  """
 
   def __init__(self, size: int, cfg: ModelConfig, rngs: nnx.Rngs, axis_name: str = "norm"):
-    self.scale = param(rngs, (size,), (axis_name,), cfg, init="ones")
+    self.unit_offset = FAMILIES[cfg.family].gemma
+    self.scale = param(rngs, (size,), (axis_name,), cfg,
+                       init="zeros" if self.unit_offset else "ones")
     self.eps = cfg.rms_norm_eps
 
   def __call__(self, x: jax.Array) -> jax.Array:
     x32 = x.astype(jnp.float32)
     normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-    scale = self.scale[...].astype(x.dtype).reshape((1,) * (x.ndim - 1) + (-1,))
-    return scale * normed.astype(x.dtype)
+    shape = (1,) * (x.ndim - 1) + (-1,)
+    if self.unit_offset:
+      return (normed * (1.0 + self.scale[...].astype(jnp.float32).reshape(shape))).astype(x.dtype)
+    return self.scale[...].astype(x.dtype).reshape(shape) * normed.astype(x.dtype)
 
 
 class Attention(nnx.Module):
@@ -56,10 +65,16 @@ class Attention(nnx.Module):
 
     q = x W_q (+ b_q), k = x W_k (+ b_k), v = x W_v (+ b_v)   biases: family.qkv_bias
     q, k = RMSNorm(q), RMSNorm(k) per head                    family.qk_norm
-    out = softmax(rope(q) rope(k)^T / sqrt(H) + mask) v W_o,  query head n reads kv head n // G.
+    out = softmax(rope(q) rope(k)^T / sqrt(s) + mask) v W_o,  query head n reads kv head n // G,
+
+  s = cfg.query_pre_attn_scalar, or H when None (the attention cores divide by
+  sqrt(H), so q is multiplied by sqrt(H / s) first). Layer `index` is a
+  sliding-window layer when `cfg.sliding_layer(index)`: the mask also hides keys
+  `sliding_window` or more positions back, in every path (full sequence, dense
+  cache, paged cache), and RoPE is `rope.layer_frequencies`.
   """
 
-  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, index: int, rngs: nnx.Rngs):
     d, n, k, h = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     family = FAMILIES[cfg.family]
     self.q_proj = param(rngs, (d, n, h), ("embed", "heads", "head_dim"), cfg)
@@ -75,6 +90,8 @@ class Attention(nnx.Module):
       self.k_norm = RMSNorm(h, cfg, rngs, axis_name="head_dim")
     self.family = family
     self.cfg = cfg
+    self.index = index
+    self.window = cfg.sliding_window if cfg.sliding_layer(index) else None
 
   def __call__(self, x_BxTxD: jax.Array, pos_BxT: jax.Array, visible_BxTxS: jax.Array,
                kv_cache: tuple[jax.Array, jax.Array, jax.Array] | None
@@ -100,13 +117,15 @@ class Attention(nnx.Module):
       v_BxTxKxH = v_BxTxKxH + self.v_bias[...].astype(dt)[None, None]
     if self.family.qk_norm:
       q_BxTxNxH, k_BxTxKxH = self.q_norm(q_BxTxNxH), self.k_norm(k_BxTxKxH)
-    inv_freq_h, scaling = rope.inverse_frequencies(cfg)
+    inv_freq_h, scaling = rope.layer_frequencies(cfg, self.index)
     q_BxTxNxH = rope.apply(q_BxTxNxH, pos_BxT, inv_freq_h, scaling)
     k_BxTxKxH = rope.apply(k_BxTxKxH, pos_BxT, inv_freq_h, scaling)
+    if cfg.query_pre_attn_scalar is not None:
+      q_BxTxNxH = q_BxTxNxH * jnp.asarray((cfg.head_dim / cfg.query_pre_attn_scalar) ** 0.5, dt)
     q_BxTxNxH = constrain(q_BxTxNxH, ("activation_batch", "activation_length",
                                       "activation_heads", "head_dim"))
     if isinstance(kv_cache, paged_attention.PagedLayer):  # the paged engine's pools
-      out_BxTxNxH, new_cache = kv_cache.attend(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH)
+      out_BxTxNxH, new_cache = kv_cache.attend(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, self.window)
     elif kv_cache is not None:
       k_cache, v_cache, slot_BxT = kv_cache
       row_Bx1 = jnp.arange(slot_BxT.shape[0])[:, None]
@@ -114,11 +133,18 @@ class Attention(nnx.Module):
       # in place. In [B, S, K, H] XLA re-lays-out the whole cache every decode step.
       k_BxKxSxH = k_cache.at[row_Bx1, :, slot_BxT].set(k_BxTxKxH.astype(k_cache.dtype), mode="drop")
       v_BxKxSxH = v_cache.at[row_Bx1, :, slot_BxT].set(v_BxTxKxH.astype(v_cache.dtype), mode="drop")
+      if self.window is not None:  # a dense cache holds token i in slot i: slot = position
+        slots_S = jnp.arange(k_BxKxSxH.shape[2], dtype=jnp.int32)
+        visible_BxTxS = visible_BxTxS & (pos_BxT[:, :, None] - slots_S[None, None, :] < self.window)
       out_BxTxNxH = attention.cached_attention(q_BxTxNxH, k_BxKxSxH.astype(dt),
                                                v_BxKxSxH.astype(dt), visible_BxTxS)
       new_cache = (k_BxKxSxH, v_BxKxSxH)
     else:
       # A CausalMask runs cfg.attention_impl (sao_jax.models.attention).
+      if isinstance(visible_BxTxS, attention.CausalMask):
+        visible_BxTxS = visible_BxTxS.windowed(self.window)
+      elif self.window is not None:  # keys are the queries' own tokens: same positions
+        visible_BxTxS = visible_BxTxS & (pos_BxT[:, :, None] - pos_BxT[:, None, :] < self.window)
       out_BxTxNxH = attention.attend(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, visible_BxTxS,
                                      cfg.attention_impl, cfg.attention_block)
       new_cache = None
@@ -130,20 +156,27 @@ class Attention(nnx.Module):
     return constrain(out_BxTxD, BTD), new_cache
 
 
+# Gate activation of the MLP: SwiGLU, or GELU with the tanh approximation (Gemma 3,
+# transformers' gelu_pytorch_tanh).
+_GATE_ACTIVATIONS = {False: jax.nn.silu, True: lambda x: jax.nn.gelu(x, approximate=True)}
+
+
 class MLP(nnx.Module):
-  """SwiGLU: down(silu(x W_gate) * (x W_up))."""
+  """Gated MLP: down(act(x W_gate) * (x W_up)), act = silu (SwiGLU), or tanh-approximated
+  GELU for the Gemma 3 block."""
 
   def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
     d, f = cfg.hidden_size, cfg.intermediate_size
     self.gate_proj = param(rngs, (d, f), ("embed", "mlp"), cfg)
     self.up_proj = param(rngs, (d, f), ("embed", "mlp"), cfg)
     self.down_proj = param(rngs, (f, d), ("mlp", "embed"), cfg)
+    self.gemma = FAMILIES[cfg.family].gemma
 
   def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
     dt = x_BxTxD.dtype
     gate_BxTxF = x_BxTxD @ self.gate_proj[...].astype(dt)
     up_BxTxF = x_BxTxD @ self.up_proj[...].astype(dt)
-    h_BxTxF = constrain(jax.nn.silu(gate_BxTxF) * up_BxTxF,
+    h_BxTxF = constrain(_GATE_ACTIVATIONS[self.gemma](gate_BxTxF) * up_BxTxF,
                         ("activation_batch", "activation_length", "activation_mlp"))
     return constrain(h_BxTxF @ self.down_proj[...].astype(dt), BTD)
 

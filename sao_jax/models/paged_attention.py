@@ -1,10 +1,10 @@
 """Ragged paged attention in pure JAX: queries of B rows against the pages they own.
 
-  PagedLayer(k_pages, v_pages, write_BxC, pos_BxC, row_L, page_L, first_L).attend(q, k, v)
+  PagedLayer(k_pages, v_pages, write_BxC, pos_BxC, row_L, page_L, first_L).attend(q, k, v, window)
       -> (out_BxTxNxH, PagedLayer with the chunk's keys/values written)
-  ragged_attention(q_BxTxNxH, k_pages, v_pages, pos_BxT, row_L, page_L, first_L)
+  ragged_attention(q_BxTxNxH, k_pages, v_pages, pos_BxT, row_L, page_L, first_L, window)
       -> out_BxTxNxH
-  gathered_attention(q_BxTxNxH, k_pages, v_pages, pos_BxT, table_BxM)
+  gathered_attention(q_BxTxNxH, k_pages, v_pages, pos_BxT, table_BxM, window)
       -> out_BxTxNxH
 
 Pools are [P, page, K, H]. The call lists L entries e = (row_L[e], page_L[e],
@@ -12,8 +12,9 @@ first_L[e]): row row_L[e] may read pool page page_L[e], whose token at offset j
 sits at position first_L[e] + j of that row's sequence (row_L[e] == B marks an
 unused entry). With s_e = q k^T / sqrt(H) for the row's queries against the
 entry's keys (float32), masked where the key position exceeds the query's
-position, the softmax over a row's keys is assembled across its entries
-exactly by segment reductions over the row id:
+position (or, with a sliding `window` W, is not above query position - W),
+the softmax over a row's keys is assembled across its entries exactly by
+segment reductions over the row id:
 
     m_b   = max_{e in b} max_j s_e[j]
     l_b   = sum_{e in b} sum_j exp(s_e[j] - m_b)
@@ -54,8 +55,9 @@ class PagedLayer(NamedTuple):
   first_L: jax.Array    # entry -> position of the page's first token
   table_BxM: jax.Array | None = None  # whole page tables: attend with gathered_attention
 
-  def attend(self, q_BxTxNxH, k_BxTxKxH, v_BxTxKxH):
-    """Writes the chunk's keys/values, then ragged attention over the entries."""
+  def attend(self, q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, window: int | None = None):
+    """Writes the chunk's keys/values, then ragged attention over the entries (a
+    sliding-window layer passes its `window`; its pages stay allocated)."""
     p, size, kv, h = self.k_pages.shape
     flat = lambda pool: pool.reshape(p * size, kv, h)
     write = self.write_BxC.reshape(-1)
@@ -64,16 +66,16 @@ class PagedLayer(NamedTuple):
     v_pages = flat(self.v_pages).at[write].set(
         v_BxTxKxH.reshape(-1, kv, h).astype(self.v_pages.dtype), mode="drop").reshape(p, size, kv, h)
     if self.table_BxM is not None:
-      out = gathered_attention(q_BxTxNxH, k_pages, v_pages, self.pos_BxC, self.table_BxM)
+      out = gathered_attention(q_BxTxNxH, k_pages, v_pages, self.pos_BxC, self.table_BxM, window)
     else:
       out = ragged_attention(q_BxTxNxH, k_pages, v_pages, self.pos_BxC, self.row_L, self.page_L,
-                             self.first_L)
+                             self.first_L, window)
     return out, self._replace(k_pages=k_pages, v_pages=v_pages)
 
 
 def ragged_attention(q_BxTxNxH: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
                      pos_BxT: jax.Array, row_L: jax.Array, page_L: jax.Array,
-                     first_L: jax.Array) -> jax.Array:
+                     first_L: jax.Array, window: int | None = None) -> jax.Array:
   """softmax over each row's listed pages (module docstring), float32 scores."""
   b, t, n, h = q_BxTxNxH.shape
   kv, size = k_pages.shape[2], k_pages.shape[1]
@@ -87,6 +89,8 @@ def ragged_attention(q_BxTxNxH: jax.Array, k_pages: jax.Array, v_pages: jax.Arra
   key_pos_LxS = first_L[:, None] + jnp.arange(size, dtype=jnp.int32)[None, :]
   qpos_LxT = pos_BxT.at[row_L].get(mode="fill", fill_value=-1)
   visible_LxTxS = valid_L[:, None, None] & (key_pos_LxS[:, None, :] <= qpos_LxT[:, :, None])
+  if window is not None:
+    visible_LxTxS = visible_LxTxS & (qpos_LxT[:, :, None] - key_pos_LxS[:, None, :] < window)
   s_LxKxGxTxS = jnp.where(visible_LxTxS[:, None, None], s_LxKxGxTxS, _MASKED)
   m_BxKxGxT = jax.ops.segment_max(jnp.max(s_LxKxGxTxS, axis=-1), row_L, num_segments=b)
   m_LxKxGxT = m_BxKxGxT.at[row_L].get(mode="fill", fill_value=0.0)
@@ -101,7 +105,8 @@ def ragged_attention(q_BxTxNxH: jax.Array, k_pages: jax.Array, v_pages: jax.Arra
 
 
 def gathered_attention(q_BxTxNxH: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
-                       pos_BxT: jax.Array, table_BxM: jax.Array) -> jax.Array:
+                       pos_BxT: jax.Array, table_BxM: jax.Array,
+                       window: int | None = None) -> jax.Array:
   """softmax over each row's page table, gathered to [B, M * page] keys (-1: no page)."""
   b, t, n, h = q_BxTxNxH.shape
   size, kv = k_pages.shape[1], k_pages.shape[2]
@@ -116,6 +121,8 @@ def gathered_attention(q_BxTxNxH: jax.Array, k_pages: jax.Array, v_pages: jax.Ar
   allocated_BxS = jnp.repeat(table_BxM >= 0, size, axis=1)
   key_pos_S = jnp.arange(m * size, dtype=jnp.int32)
   visible_BxTxS = allocated_BxS[:, None, :] & (key_pos_S[None, None, :] <= pos_BxT[:, :, None])
+  if window is not None:
+    visible_BxTxS = visible_BxTxS & (pos_BxT[:, :, None] - key_pos_S[None, None, :] < window)
   s_BxKxGxTxS = jnp.where(visible_BxTxS[:, None, None], s_BxKxGxTxS, _MASKED)
   p_BxKxGxTxS = jnp.where(visible_BxTxS[:, None, None], jax.nn.softmax(s_BxKxGxTxS, axis=-1), 0.0)
   out_BxKxGxTxH = jnp.einsum("bkgts,bskh->bkgth", p_BxKxGxTxS.astype(dt), v_BxSxKxH,

@@ -43,13 +43,16 @@ def place(array: np.ndarray, path: str, expected: jax.ShapeDtypeStruct,
   return jax.device_put(array, sharding) if sharding is not None else jax.device_put(array)
 
 
+# ModelConfig fields holding tuples; an older params directory may lack them (then ()).
+_TUPLE_FIELDS = ("mlp_only_layers", "layer_types")
+
+
 def save_params(directory: str | pathlib.Path, params: Params, cfg: ModelConfig,
                 head: str = "lm") -> None:
   """Writes `params` (any sharding) and `cfg` to `directory`."""
   directory = pathlib.Path(directory)
   directory.mkdir(parents=True, exist_ok=True)
   fields = dataclasses.asdict(cfg)
-  fields["mlp_only_layers"] = list(cfg.mlp_only_layers)
   (directory / CONFIG_FILE).write_text(json.dumps({**fields, "head": head}, indent=2))
   tensors = {}
   for keypath, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
@@ -65,7 +68,8 @@ def load_config(directory: str | pathlib.Path) -> tuple[ModelConfig, str]:
                             "save_params or `sao-convert hf-to-sao`")
   fields = json.loads(path.read_text())
   head = fields.pop("head", "lm")
-  fields["mlp_only_layers"] = tuple(fields.get("mlp_only_layers", ()))
+  for name in _TUPLE_FIELDS:  # JSON has lists; a config is hashable (jit static) with tuples
+    fields[name] = tuple(fields.get(name, ()))
   cfg = ModelConfig(**fields)
   cfg.validate()
   return cfg, head

@@ -1,6 +1,7 @@
 """Rotary position embedding and its context-length scalings, as transformers computes them.
 
   inverse_frequencies(cfg) -> (inv_freq_h float32 [H/2], attention_scaling)
+  layer_frequencies(cfg, index) -> the same for decoder layer `index`
   apply(x_BxTxNxH, pos_BxT, inv_freq_h, attention_scaling) -> x rotated
 
 Base frequencies, with base = rope_theta and i = 0 .. H/2 - 1:
@@ -24,6 +25,10 @@ Base frequencies, with base = rope_theta and i = 0 .. H/2 - 1:
            and cos/sin are multiplied by attention_scaling =
            rope_attention_factor, or 0.1 ln(s) + 1 when unset (1 when s <= 1).
 
+A sliding-window layer (`cfg.sliding_layer(index)`, Gemma 3's local layers)
+rotates with the default rule and base = rope_local_base_freq; every other
+layer uses rope_theta and `cfg.rope_type`.
+
 The rotation ("rotate half" layout, as Hugging Face): with phi = pos * f',
 x -> (x * cos(phi) + rotate_half(x) * sin(phi)) * attention_scaling,
 rotate_half([a, b]) = [-b, a]. Frequencies are computed once on the host in
@@ -32,6 +37,7 @@ float32 like transformers; the rotation runs in float32.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -94,6 +100,14 @@ def inverse_frequencies(cfg: ModelConfig) -> tuple[np.ndarray, float]:
   dim = cfg.head_dim
   base_h = np.float32(cfg.rope_theta) ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim))
   return _RULES[cfg.rope_type](cfg, (np.float32(1.0) / base_h).astype(np.float32))
+
+
+def layer_frequencies(cfg: ModelConfig, index: int) -> tuple[np.ndarray, float]:
+  """`inverse_frequencies` of decoder layer `index` (module docstring: local layers)."""
+  if cfg.sliding_layer(index):
+    return inverse_frequencies(dataclasses.replace(cfg, rope_type="default",
+                                                   rope_theta=cfg.rope_local_base_freq))
+  return inverse_frequencies(cfg)
 
 
 def apply(x_BxTxNxH: jax.Array, pos_BxT: jax.Array, inv_freq_h: np.ndarray,

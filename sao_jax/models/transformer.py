@@ -30,6 +30,7 @@ from flax import nnx
 
 from sao_jax.config import ModelConfig
 from sao_jax.models import layers
+from sao_jax.models.families import FAMILIES
 from sao_jax.sharding.rules import constrain, logical_to_spec
 
 HEADS = ("lm", "value")
@@ -43,16 +44,30 @@ def is_moe_layer(cfg: ModelConfig, index: int) -> bool:
 
 
 class DecoderLayer(nnx.Module):
-  """x + attn(norm(x)), then h + mlp(norm(h)) (pre-norm residual block)."""
+  """x + attn(norm(x)), then h + mlp(norm(h)) (pre-norm residual block).
+
+  The Gemma 3 block also normalises each branch's output:
+  h = x + post_attn_norm(attn(input_norm(x))), y = h + post_mlp_norm(mlp(pre_mlp_norm(h))).
+  Norm names follow the HF tensors: `post_attn_norm` is post_attention_layernorm,
+  which is the pre-MLP norm in the other families.
+  """
 
   def __init__(self, cfg: ModelConfig, index: int, rngs: nnx.Rngs):
-    self.input_norm = layers.RMSNorm(cfg.hidden_size, cfg, rngs)
-    self.attn = layers.Attention(cfg, rngs)
-    self.post_attn_norm = layers.RMSNorm(cfg.hidden_size, cfg, rngs)
+    d = cfg.hidden_size
+    self.input_norm = layers.RMSNorm(d, cfg, rngs)
+    self.attn = layers.Attention(cfg, index, rngs)
+    self.post_attn_norm = layers.RMSNorm(d, cfg, rngs)
+    self.gemma = FAMILIES[cfg.family].gemma
+    if self.gemma:
+      self.pre_mlp_norm = layers.RMSNorm(d, cfg, rngs)
+      self.post_mlp_norm = layers.RMSNorm(d, cfg, rngs)
     self.mlp = layers.MoE(cfg, rngs) if is_moe_layer(cfg, index) else layers.MLP(cfg, rngs)
 
   def __call__(self, x_BxTxD, pos_BxT, visible_BxTxS, kv_cache):
     attn_BxTxD, new_cache = self.attn(self.input_norm(x_BxTxD), pos_BxT, visible_BxTxS, kv_cache)
+    if self.gemma:
+      h_BxTxD = x_BxTxD + self.post_attn_norm(attn_BxTxD)
+      return h_BxTxD + self.post_mlp_norm(self.mlp(self.pre_mlp_norm(h_BxTxD))), new_cache, None
     h_BxTxD = x_BxTxD + attn_BxTxD
     mlp_out = self.mlp(self.post_attn_norm(h_BxTxD))
     router_logits = None
@@ -85,7 +100,12 @@ def _remat_layer(policy: str):
 
 
 class Decoder(nnx.Module):
-  """Token embedding -> decoder layers -> final RMSNorm -> LM or value head."""
+  """Token embedding -> decoder layers -> final RMSNorm -> LM or value head.
+
+  The Gemma 3 block multiplies the embedded tokens by sqrt(hidden_size), that
+  factor first rounded to the embedding's dtype (transformers'
+  Gemma3TextScaledWordEmbedding: 55.4256 becomes 55.5 in bfloat16).
+  """
 
   def __init__(self, cfg: ModelConfig, head: str, rngs: nnx.Rngs):
     if head not in HEADS:
@@ -105,7 +125,10 @@ class Decoder(nnx.Module):
     """Final-normed hidden states h_BxTxD (compute dtype), updated KV caches
     (one (k, v) per layer, or None) and router logits (one per MoE layer)."""
     cfg = self.cfg
-    x_BxTxD = jnp.take(self.embed[...], tokens_BxT, axis=0).astype(cfg.compute_dtype)
+    x_BxTxD = jnp.take(self.embed[...], tokens_BxT, axis=0)
+    if FAMILIES[cfg.family].gemma:
+      x_BxTxD = x_BxTxD * jnp.asarray(cfg.hidden_size ** 0.5, x_BxTxD.dtype)
+    x_BxTxD = x_BxTxD.astype(cfg.compute_dtype)
     x_BxTxD = constrain(x_BxTxD, layers.BTD)
     if cfg.scan_layers and kv_caches is None:
       x_BxTxD, router_logits = self._scanned_layers(x_BxTxD, pos_BxT, visible_BxTxS)

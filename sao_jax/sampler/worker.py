@@ -144,6 +144,7 @@ def run_sampler(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
 
   cfg = spec.cfg
   chat = load_chat(spec.tokenizer_path, enable_thinking=cfg.run.enable_thinking)
+  chat.require_role(make_env(cfg.env).observation_role, f"env.name={cfg.env.name!r}")
   subscriber = weights.subscribe(spec.weights)
   got = None
   while got is None and alive():

@@ -167,6 +167,12 @@ def test_a_template_without_a_tool_role_refuses_tool_results_by_name(formats):
   chat, _ = formats["gemma3"]
   with pytest.raises(ValueError, match="refused a conversation with roles.*alternate"):
     chat.encode([USER, {"role": "assistant", "content": ANSWER}, TOOL])
+  # Before any episode: the sampler and sao-eval check the environment's observation role.
+  with pytest.raises(ValueError, match=r"env.name='math_tool' answers the policy with 'tool' "
+                                       r"messages, but .*alternate.*env.name='style'"):
+    chat.require_role("tool", "env.name='math_tool'")
+  chat.require_role("user", "env.name='style'")
+  formats["qwen3"][0].require_role("tool", "env.name='math_tool'")
 
 
 def test_bad_input_is_refused_naming_it(formats, family_dirs, tmp_path):

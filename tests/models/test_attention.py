@@ -48,6 +48,42 @@ def test_blocked_matches_dense_values_and_grads(block):
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
 
+def _loop_window_mask(seg, pos, window):
+  """visible[b, t, s] by the definition: same nonzero segment, s <= t, pos[t] - pos[s] < window."""
+  b, t = seg.shape
+  visible = np.zeros((b, t, t), bool)
+  for r in range(b):
+    for i in range(t):
+      for j in range(i + 1):
+        visible[r, i, j] = seg[r, i] == seg[r, j] != 0 and pos[r, i] - pos[r, j] < window
+  return visible
+
+
+def test_sliding_window_blocked_matches_dense_and_the_definition():
+  """Gemma 3's local layers: packed segments, left/right padding and a hole (where index
+  and position distances differ), window 3; values and gradients over 4 blocks (the
+  last one padded)."""
+  block = 4
+  q, k, v, _ = _inputs(5)
+  seg = np.array([[0] * 4 + [1] * 9, [1] * 5 + [2] * 5 + [0] * 3, [1] * 5 + [0] + [1] * 7])
+  seg = jnp.asarray(seg, jnp.int32)
+  pos = forward.positions(seg)
+  mask = attention.CausalMask(seg, pos).windowed(3)
+  visible = attention.visible_mask(mask, q.shape[1])
+  np.testing.assert_array_equal(visible, _loop_window_mask(np.asarray(seg), np.asarray(pos), 3))
+  has_key = _has_key(seg != 0)
+  cot = jax.random.normal(jax.random.key(2), q.shape) * has_key
+  blocked = jax.jit(lambda q, k, v: attention.blocked_attention(q, k, v, seg, block, pos, 3))
+  dense = jax.jit(lambda q, k, v: attention.dense_attention(q, k, v, visible))
+  np.testing.assert_allclose(blocked(q, k, v) * has_key, dense(q, k, v) * has_key,
+                             atol=1e-5, rtol=1e-5)
+  grad = lambda f: jax.jit(jax.grad(lambda q, k, v: jnp.sum(f(q, k, v) * cot), argnums=(0, 1, 2)))
+  for got, want in zip(grad(blocked)(q, k, v), grad(dense)(q, k, v)):
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+  with pytest.raises(ValueError, match="sliding window .3. needs positions_BxS"):
+    attention.CausalMask(seg).windowed(3)
+
+
 def test_blocked_gives_zero_for_rows_without_visible_keys():
   q, k, v, valid = _inputs(2)
   out = attention.blocked_attention(q, k, v, valid, 4)
@@ -72,7 +108,12 @@ def test_attend_runs_dense_for_an_explicit_mask():
                                 attention.dense_attention(q, k, v, visible))
 
 
-@pytest.mark.parametrize("base", [DENSE, MOE], ids=["dense", "moe"])
+GEMMA3 = dataclasses.replace(DENSE, family="gemma3", sliding_window=4, query_pre_attn_scalar=12,
+                             layer_types=("sliding_attention", "full_attention"))
+
+
+@pytest.mark.parametrize("base", [DENSE, MOE, pytest.param(GEMMA3, marks=pytest.mark.slow)],
+                         ids=["dense", "moe", "gemma3"])
 def test_model_blocked_equals_dense(base):
   dense_cfg = dataclasses.replace(base, attention_impl="dense")
   blocked_cfg = dataclasses.replace(base, attention_impl="blocked", attention_block=4)

@@ -1,5 +1,6 @@
-"""Qwen2.5, Llama 3.x and YaRN-scaled Qwen3 against transformers: logits on padded rows,
-export through sao-convert, greedy KV-cache decoding against `generate`, sharding."""
+"""Qwen2.5, Llama 3.x, Gemma 3 and YaRN-scaled Qwen3 against transformers: logits on padded
+rows, export through sao-convert, greedy KV-cache decoding against `generate`, sharding.
+(Gemma 3's sliding-window specifics: test_gemma3.py.)"""
 
 import dataclasses
 import json
@@ -38,7 +39,8 @@ def _qwen3_with_user_yarn(path):
 # Each kind compiles its own forward (~5 s on 2 busy cores): the untied Llama (an
 # lm_head entry, as in Qwen3-MoE) runs with the slow suite.
 @pytest.fixture(scope="module", params=[
-    "qwen2", "llama", pytest.param("llama_untied", marks=pytest.mark.slow), "qwen3_user_yarn"])
+    "qwen2", "llama", pytest.param("llama_untied", marks=pytest.mark.slow), "qwen3_user_yarn",
+    "gemma3"])
 def family(request, tmp_path_factory):
   """(kind, HF model, its directory, our config and params loaded from it)."""
   path = tmp_path_factory.mktemp(request.param)
@@ -59,9 +61,10 @@ def test_config_maps_family_and_rope(family):
   kind, model, _, cfg, _ = family
   expected = {"qwen2": ("qwen2", "default", True), "llama": ("llama", "llama3", True),
               "llama_untied": ("llama", "default", False),
-              "qwen3_user_yarn": ("qwen3", "yarn", True)}[kind]
+              "qwen3_user_yarn": ("qwen3", "yarn", True), "gemma3": ("gemma3", "linear", True)}[kind]
   assert (cfg.family, cfg.rope_type, cfg.tie_word_embeddings) == expected
-  assert cfg.rope_theta == model.config.rope_parameters["rope_theta"]
+  rope_parameters = model.config.rope_parameters  # Gemma 3: one dict per layer type
+  assert cfg.rope_theta == rope_parameters.get("full_attention", rope_parameters)["rope_theta"]
 
 
 def test_logits_match_transformers_on_padded_rows(family):

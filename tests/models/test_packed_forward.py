@@ -47,10 +47,19 @@ def _packed(trajs):
   return tokens, seg, where
 
 
-@pytest.mark.parametrize("impl,block", [("dense", 512), ("blocked", 4), ("blocked", 3)])
-def test_packed_row_equals_each_trajectory_alone(impl, block):
+# Gemma 3 with a window (4) shorter than most trajectories: local layers count
+# distances within the segment.
+GEMMA3 = dataclasses.replace(DENSE, family="gemma3", sliding_window=4,
+                             layer_types=("sliding_attention", "full_attention"))
+
+
+@pytest.mark.parametrize("impl,block,base", [
+    ("dense", 512, DENSE), ("blocked", 4, DENSE), ("blocked", 3, DENSE),
+    pytest.param("dense", 512, GEMMA3, marks=pytest.mark.slow, id="gemma3-dense"),
+    pytest.param("blocked", 3, GEMMA3, marks=pytest.mark.slow, id="gemma3-blocked")])
+def test_packed_row_equals_each_trajectory_alone(impl, block, base):
   """logp, entropy and values of a packed row equal the unpacked rows (fp32)."""
-  cfg = dataclasses.replace(DENSE, attention_impl=impl, attention_block=block)
+  cfg = dataclasses.replace(base, attention_impl=impl, attention_block=block)
   policy = transformer.init_params(cfg, jax.random.key(0))
   critic = transformer.init_params(cfg, jax.random.key(1), head="value")
   # A non-zero head, so the values depend on the trunk (the fresh head is zero).

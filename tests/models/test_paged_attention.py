@@ -5,6 +5,7 @@ batch of decode rows (1 query) and prefill rows (several queries)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ref_ragged_paged_attention
 
 from sao_jax.models.paged_attention import gathered_attention, ragged_attention
@@ -12,7 +13,8 @@ from sao_jax.models.paged_attention import gathered_attention, ragged_attention
 PAGES, PAGE, KV, GROUP, H = 12, 4, 2, 3, 8
 
 
-def test_ragged_attention_matches_jax_reference():
+@pytest.mark.parametrize("window", [None, 3], ids=["full", "sliding_window"])
+def test_ragged_attention_matches_jax_reference(window):
   rng = np.random.default_rng(0)
   kv_lens = np.array([9, 1, 6], np.int32)   # keys each row holds, its new queries included
   q_lens = np.array([1, 1, 4], np.int32)    # two decode rows, one 4-token prefill chunk
@@ -27,7 +29,7 @@ def test_ragged_attention_matches_jax_reference():
   pos_BxT = (kv_lens - q_lens)[:, None] + np.arange(t)[None, :]
   out = ragged_attention(*map(jnp.asarray, (q_BxTxNxH, k_pages, v_pages, pos_BxT.astype(np.int32),
                                              rows.astype(np.int32), table[rows, cols],
-                                             (cols * PAGE).astype(np.int32))))
+                                             (cols * PAGE).astype(np.int32))), window)
 
   # jax's reference: queries concatenated, k and v interleaved on the head axis.
   kv_pages = np.stack([k_pages, v_pages], axis=3).reshape(PAGES, PAGE, 2 * KV, H)
@@ -35,12 +37,12 @@ def test_ragged_attention_matches_jax_reference():
   cu_q_lens = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
   want = ref_ragged_paged_attention(jnp.asarray(queries), jnp.asarray(kv_pages), kv_lens,
                                     np.maximum(table, 0), cu_q_lens, np.array([b], np.int32),
-                                    sm_scale=H ** -0.5)
+                                    sm_scale=H ** -0.5, sliding_window=window)
   got = np.concatenate([np.asarray(out)[i, :q_lens[i]] for i in range(b)])
   np.testing.assert_allclose(got, np.asarray(want), rtol=0, atol=1e-5)
   assert jax.numpy.isfinite(out).all()
   # The prefill path: whole page tables gathered, one softmax per row.
   gathered = gathered_attention(*map(jnp.asarray, (q_BxTxNxH, k_pages, v_pages,
-                                                   pos_BxT.astype(np.int32), table)))
+                                                   pos_BxT.astype(np.int32), table)), window)
   got = np.concatenate([np.asarray(gathered)[i, :q_lens[i]] for i in range(b)])
   np.testing.assert_allclose(got, np.asarray(want), rtol=0, atol=1e-5)

@@ -39,6 +39,14 @@ def _randomize(model: torch.nn.Module, seed: int) -> None:
 # 6.3 < 32 / 4), blends f_1 (29.8) and divides f_2, f_3 by the factor.
 LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500.0, "factor": 8.0, "low_freq_factor": 1.0,
                "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+# Gemma 3: layer 0 local (window 4 < the 11-token test rows, RoPE base 100), layer 1
+# global with linear scaling (as Gemma-3-4B and larger checkpoints), and an attention
+# scale 12^-1/2 that is not head_dim's.
+GEMMA3_FIELDS = dict(
+    sliding_window=4, layer_types=["sliding_attention", "full_attention"],
+    query_pre_attn_scalar=12, tie_word_embeddings=True,
+    rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 5000.0},
+                     "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}})
 # kind -> (config class, model class, config fields beyond the common sizes).
 FAMILY_KINDS = {
     "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM,
@@ -47,6 +55,7 @@ FAMILY_KINDS = {
               dict(rope_parameters=LLAMA3_ROPE, tie_word_embeddings=True)),
     "llama_untied": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
                      dict(rope_theta=5000.0, tie_word_embeddings=False)),
+    "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM, GEMMA3_FIELDS),
 }
 
 

@@ -18,6 +18,9 @@ DENSE = ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=128, head_
                     num_attention_heads=8, num_key_value_heads=4, logits_chunk=4)
 MOE = dataclasses.replace(DENSE, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                           tie_word_embeddings=False)
+# Gemma 3: a local layer (window 3 < the 8-token rows) and a global one, four norms each.
+GEMMA3 = dataclasses.replace(DENSE, family="gemma3", sliding_window=3, query_pre_attn_scalar=12,
+                             layer_types=("sliding_attention", "full_attention"))
 FSDP_TENSOR = MeshConfig(fsdp=2, tensor=4)
 FSDP_EXPERT = MeshConfig(fsdp=2, tensor=1, expert=4)
 
@@ -37,6 +40,10 @@ EXPECTED = {
                              "layers/1/mlp/gate_proj": ("fsdp", "tensor"),
                              "layers/1/mlp/down_proj": ("tensor", "fsdp"),
                              "layers/0/attn/q_norm/scale": (), "final_norm/scale": ()},
+    (False, "gemma3"): {"layers/0/attn/q_proj": ("fsdp", "tensor"),
+                        "layers/1/attn/o_proj": ("tensor", None, "fsdp"),
+                        "layers/0/pre_mlp_norm/scale": (), "layers/1/post_mlp_norm/scale": (),
+                        "layers/0/attn/k_norm/scale": ()},
     (True, "fsdp_tensor"): {"lm_head": ("fsdp", "tensor"), "layers/0/mlp/router": ("fsdp",),
                             "layers/0/mlp/gate_proj": (None, "fsdp", "tensor"),
                             "layers/0/mlp/down_proj": (None, "tensor", "fsdp")},
@@ -46,7 +53,8 @@ EXPECTED = {
                             "layers/0/attn/q_proj": ("fsdp",)},
 }
 CASES = [(DENSE, FSDP_TENSOR, "fsdp_tensor"), (MOE, FSDP_TENSOR, "fsdp_tensor"),
-         (MOE, FSDP_EXPERT, "fsdp_expert")]
+         (MOE, FSDP_EXPERT, "fsdp_expert"),
+         pytest.param(GEMMA3, FSDP_TENSOR, "gemma3", marks=pytest.mark.slow)]
 
 
 def _batch():
@@ -60,7 +68,8 @@ def _loss(params, cfg, tokens, mask):
   return jnp.sum(out.logp_BxT) + 0.1 * jnp.sum(out.entropy_BxT), out
 
 
-@pytest.mark.parametrize("cfg,mesh_cfg,layout", CASES, ids=["dense", "moe", "moe_expert_parallel"])
+@pytest.mark.parametrize("cfg,mesh_cfg,layout", CASES,
+                         ids=["dense", "moe", "moe_expert_parallel", "gemma3"])
 def test_sharded_forward_and_grad_match_unsharded(cfg, mesh_cfg, layout):
   mesh = make_mesh(mesh_cfg)
   params = transformer.init_params(cfg, jax.random.key(0), mesh=mesh)
