@@ -41,6 +41,9 @@ evenly (the batch without pages; it could not hold the long tail).
 with every slot busy, over the pages split evenly, / steps_per_call) against
 its floor, reading params + the listed pages' keys and values once at the
 memory bandwidth measured in this run: floor_s / step_s (1 = bandwidth bound).
+`decode_roofline_fraction` takes the larger of that floor and the step's FLOPs
+at the rate of a jitted matmul measured in the run (where a step is compute
+bound, as a batch of 32 is on a CPU, the bandwidth floor is not reachable).
 
 `prefill_batched_speedup`: 16 observations of 128 tokens prefilled by the paged
 engine's program in one 16-row call vs 16 one-row calls. Both sides do the same
@@ -201,6 +204,13 @@ def profile(engine: Engine, cfg, params, sampler_cfg: SamplerConfig, repeats: in
           "sampling": _best(lambda: jax.block_until_ready(sampling_only(logits)), repeats)}
 
 
+def matmul_rate(dtype: str, n: int = 1024, repeats: int = 3) -> float:
+  """FLOP/s of a jitted n x n `jnp.dot` in dtype: the compute roofline."""
+  a = jax.random.normal(jax.random.key(0), (n, n), dtype)
+  dot = jax.jit(jnp.dot)
+  return 2 * n**3 / _best(lambda: jax.block_until_ready(dot(a, a)), repeats)
+
+
 def memory_bandwidth(n_bytes: int = 1 << 28, repeats: int = 3) -> float:
   """Bytes/s of a jitted read of a large float32 array (x.sum()): the decode roofline."""
   x = jnp.ones((n_bytes // 4,), jnp.float32)
@@ -280,16 +290,24 @@ def full_decode_call_s(engine: Engine, repeats: int) -> float:
   return _best(call, max(repeats, 2))
 
 
-def decode_bandwidth_fraction(engine: PagedEngine, params, call_s: float,
-                              bandwidth: float) -> tuple[float, float, float]:
-  """(floor_s / step_s, step_s, floor_s) of the paged decode step whose call took
-  call_s with every slot busy (module docstring); bandwidth in bytes/s."""
+def decode_floors(engine: PagedEngine, cfg, params, call_s: float, bandwidth: float,
+                  matmul_rate: float) -> dict[str, float]:
+  """The paged decode step whose call took call_s with every slot busy (module
+  docstring) vs its floors: bytes (params + listed pages) / bandwidth, and FLOPs
+  (2 per matmul param per token, 4 * positions * heads * head_dim per token and
+  layer for attention) / the measured matmul rate."""
+  n = engine.cfg.slots
   listed = int((engine._pool.table_NxM >= 0).sum())
   pool_bytes = sum(x.nbytes for x in jax.tree.leaves((engine._cache.k, engine._cache.v)))
   live_bytes = pool_bytes * listed / engine._pool.num_pages
-  floor_s = (sum(x.nbytes for x in jax.tree.leaves(params)) + live_bytes) / bandwidth
-  step_s = call_s / engine.cfg.steps_per_call
-  return floor_s / step_s, step_s, floor_s
+  n_params = sum(x.size for x in jax.tree.leaves(params))
+  matmul_params = n_params - (0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size)
+  positions = listed * engine.cfg.kv_page_size / n
+  flops = n * (2 * matmul_params + 4 * positions * cfg.num_hidden_layers
+               * cfg.num_attention_heads * cfg.head_dim)
+  return {"step_s": call_s / engine.cfg.steps_per_call,
+          "bandwidth_s": (sum(x.nbytes for x in jax.tree.leaves(params)) + live_bytes) / bandwidth,
+          "compute_s": flops / matmul_rate}
 
 
 def prefill_batched_speedup(cfg, params, repeats: int, rows: int = 16,
@@ -419,8 +437,10 @@ def main() -> None:
 
   longtail = paged_vs_dense(cfg, params, args)
   paged_speedup = longtail["paged_tps"] / longtail["dense_tps"]
-  fraction, step_s, floor_s = decode_bandwidth_fraction(longtail["engine"], params,
-                                                        longtail["paged_call_s"], bandwidth)
+  floors = decode_floors(longtail["engine"], cfg, params, longtail["paged_call_s"], bandwidth,
+                         matmul_rate(args.dtype))
+  fraction = floors["bandwidth_s"] / floors["step_s"]
+  roofline = max(floors["bandwidth_s"], floors["compute_s"]) / floors["step_s"]
   pre = prefill_batched_speedup(cfg, params, args.repeats, args.prefill_rows, args.prefill_chunk)
   lengths = longtail["lengths"]
   step_ratio = lambda key: longtail[key] / longtail["dense_step_tps"]
@@ -440,7 +460,10 @@ def main() -> None:
             f"{longtail['same_batch_step_tps']:.0f} tokens/s = "
             f"{step_ratio('same_batch_step_tps'):.2f}x"),
            ("paged decode step vs bandwidth floor",
-            f"{step_s * 1e3:.2f} ms vs {floor_s * 1e3:.2f} ms = {fraction:.2f}"),
+            f"{floors['step_s'] * 1e3:.2f} ms vs {floors['bandwidth_s'] * 1e3:.2f} ms = "
+            f"{fraction:.2f}"),
+           ("  vs compute floor (FLOPs / matmul rate)",
+            f"{floors['compute_s'] * 1e3:.2f} ms; roofline fraction {roofline:.2f}"),
            (f"prefill {args.prefill_rows} x {args.prefill_chunk}: one call / one row per call",
             f"{pre['batched_s'] * 1e3:.1f} ms / {pre['single_s'] * 1e3:.1f} ms = "
             f"{pre['speedup']:.2f}x"),
@@ -457,6 +480,7 @@ def main() -> None:
                 paged_vs_dense_decode_call=round(step_ratio("paged_step_tps"), 3),
                 dense_same_batch_vs_dense_decode_call=round(step_ratio("same_batch_step_tps"), 3),
                 decode_bandwidth_fraction=round(fraction, 3),
+                decode_roofline_fraction=round(roofline, 3),
                 prefill_batched_speedup=round(pre["speedup"], 3))
   print("RESULT " + json.dumps(result))
 
