@@ -261,9 +261,8 @@ def paged_vs_dense(cfg, params, args) -> dict:
   paged_tps = longtail_tokens_per_s(paged, lengths, prompt, cfg.vocab_size)
   same_batch = dataclasses.replace(base, slots=args.paged_slots,
                                    max_seq_len=pages * page // args.paged_slots)
-  calls = {name: full_decode_call_s(engine, args.repeats) for name, engine in (
-      ("dense", Engine(base, cfg, params)), ("paged", paged),
-      ("same_batch", Engine(same_batch, cfg, params)))}
+  calls = full_decode_calls_s({"dense": Engine(base, cfg, params), "paged": paged,
+                               "same_batch": Engine(same_batch, cfg, params)}, args.repeats)
   tps = lambda name, slots: slots * args.steps_per_call / calls[name]
   return {"lengths": lengths, "dense_tps": dense_tps, "paged_tps": paged_tps,
           "preemptions": paged.stats["preemptions"], "pages": pages, "engine": paged,
@@ -272,22 +271,35 @@ def paged_vs_dense(cfg, params, args) -> dict:
           "same_batch_step_tps": tps("same_batch", args.paged_slots)}
 
 
-def full_decode_call_s(engine: Engine, repeats: int) -> float:
-  """Seconds of the engine's decode call with every slot active (a paged engine's
-  pool split evenly among its slots): the device program alone, no host scheduling."""
-  n = engine.cfg.slots
-  engine._active_N[:], engine._budget_N[:] = True, 10**6
-  if isinstance(engine, PagedEngine):
-    for slot in range(n):
-      engine._pool.release(slot)
-    for slot in range(n):
-      engine._pool.ensure(slot, engine._pool.num_pages // n * engine.cfg.kv_page_size)
+def full_decode_calls_s(engines: dict[str, Engine], repeats: int) -> dict[str, float]:
+  """Best seconds of each engine's decode call with every slot active (a paged
+  engine's pool split evenly among its slots): the device programs alone, no host
+  scheduling. The engines take turns call by call, so a change in the machine's
+  load hits all of them alike."""
+  calls = {}
+  for name, engine in engines.items():
+    n = engine.cfg.slots
+    engine._active_N[:], engine._budget_N[:] = True, 10**6
+    if isinstance(engine, PagedEngine):
+      for slot in range(n):
+        engine._pool.release(slot)
+      for slot in range(n):
+        engine._pool.ensure(slot, engine._pool.num_pages // n * engine.cfg.kv_page_size)
 
-  def call():
-    engine._cache, tokens, *_ = engine._decode_call()
-    jax.block_until_ready(tokens)
+    def call(engine=engine):
+      start = time.perf_counter()
+      engine._cache, tokens, *_ = engine._decode_call()
+      jax.block_until_ready(tokens)
+      return time.perf_counter() - start
 
-  return _best(call, max(repeats, 2))
+    calls[name] = call
+  for call in calls.values():
+    call()  # warm-up (compiles where warmup() was not run)
+  best = {name: float("inf") for name in calls}
+  for _ in range(max(repeats, 2)):
+    for name, call in calls.items():
+      best[name] = min(best[name], call())
+  return best
 
 
 def decode_floors(engine: PagedEngine, cfg, params, call_s: float, bandwidth: float,
