@@ -31,7 +31,8 @@ to the end; a 16-token prompt, no stop tokens) on the dense engine with
 of exactly the same number of token positions and `--paged-slots` slots. Ratio
 of sampled tokens/s (wall time, prefill and preemption included, compilation
 excluded; `paged_vs_dense_decode_call` is the same ratio for one decode call with
-every slot busy, the device program alone), in the steady state: until the last episode is admitted, since a
+every slot busy, the device program alone; the engines' calls alternate, best of
+`--repeats`), in the steady state: until the last episode is admitted, since a
 finite batch's drain (its longest episode alone) measures the tail, not the
 engine. `dense_same_batch_step_tps` bounds the paged decode call: a dense
 engine with the paged engine's slots, each a row of the same KV memory split
