@@ -34,7 +34,7 @@ excluded; `paged_vs_dense_decode_call` is the same ratio for one decode call wit
 every slot busy, the device program alone; the engines' calls alternate, best of
 `--repeats`), in the steady state: until the last episode is admitted, since a
 finite batch's drain (its longest episode alone) measures the tail, not the
-engine. `dense_same_batch_step_tps` bounds the paged decode call: a dense
+engine. `dense_same_batch_vs_dense_decode_call` bounds the paged decode call: a dense
 engine with the paged engine's slots, each a row of the same KV memory split
 evenly (the batch without pages; it could not hold the long tail).
 
