@@ -38,7 +38,7 @@ py_library(
 
 
 # Non-Python files a test directory reads, beyond its helper modules.
-TEST_DATA = {"tests/chat": "tests/fixtures/chat_templates/*"}
+TEST_DATA = {"tests/chat": "tests/fixtures/chat_templates/*", "tests/benchmarks": "benchmarks/*"}
 
 
 def runtime_requirements() -> list[str]:

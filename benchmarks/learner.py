@@ -1,18 +1,25 @@
 """Learner step throughput on CPU against a matmul roofline, and FSDP memory per device.
 
   .venv/bin/python benchmarks/learner.py [--batch 8 --seq 32 --steps 5]
+      [--dtype bfloat16] [--accelerator [--peak-tflops 989]] [--small]
 
-Model: the ~100M-parameter dense Qwen3 config of benchmarks/forward.py, float32.
+Model: the ~100M-parameter dense Qwen3 config of benchmarks/forward.py, computing
+in `--dtype` (params float32). `--accelerator` runs on the default backend (a
+GPU) instead of 8 emulated CPU devices; the FSDP memory comparison then needs 8
+devices and is left out with fewer. `--small`: a tiny model and batch, a quick
+CPU check (`benchmarks/accelerator.sh --small`).
 One full SAO step (`sao_jax.learner.step.train_step` jitted by
 `sao_jax.learner.compile.compile_train_step`: value forward, GAE, one DIS policy
 update, K=2 value updates) on a synthetic batch: a 40% prompt, then action
 tokens whose behaviour log-probs sit near a random model's -log(vocab), and a
 0/1 outcome on the last action token. Compared:
 
-  * tokens/s: median over `--steps` timed steps on one CPU device, compile and
+  * tokens/s: median over `--steps` timed steps on one device, compile and
     a warm-up step excluded; achieved FLOP/s (XLA `cost_analysis()` FLOPs of the
     compiled step, or 20 * params * tokens if it reports none) as a fraction of
-    a large float32 `jnp.dot` timed right before the steps.
+    a large `jnp.dot` in `--dtype` timed right before the steps
+    (`roofline_fraction`), and of `--peak-tflops` when given (`mfu`; without it
+    `mfu` is the roofline fraction, and `mfu_peak` says which).
   * memory: the step compiled from abstract state and batch for an 8-way FSDP
     mesh over 8 emulated CPU devices and for a 1-device mesh; each program's
     per-device peak from `memory_analysis()` is arguments + outputs - aliased
@@ -25,6 +32,7 @@ The last line is `RESULT {json}` for the side-by-side tables.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -45,14 +53,17 @@ from sao_jax.types import Batch
 MODEL = ModelConfig(vocab_size=32768, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
                     num_attention_heads=12, num_key_value_heads=4, head_dim=64,
                     tie_word_embeddings=True, logits_chunk=128)
+SMALL_MODEL = ModelConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                          tie_word_embeddings=True, logits_chunk=64)
 DEVICES = 8
 PROMPT_FRACTION = 0.4
 
 
-def matmul_flops_per_s(n: int = 2048, steps: int = 3) -> float:
-  """FLOP/s of a float32 n x n `jnp.dot`, mean over `steps` calls after a warm-up."""
-  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-  b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
+def matmul_flops_per_s(n: int = 2048, steps: int = 3, dtype: str = "float32") -> float:
+  """FLOP/s of an n x n `jnp.dot` in dtype, mean over `steps` calls after a warm-up."""
+  a = jax.random.normal(jax.random.key(0), (n, n), dtype)
+  b = jax.random.normal(jax.random.key(1), (n, n), dtype)
   dot = jax.jit(jnp.dot)
   jax.block_until_ready(dot(a, b))
   start = time.perf_counter()
@@ -110,17 +121,27 @@ def main() -> None:
   parser.add_argument("--batch", type=int, default=8, help="trajectories; a multiple of 8")
   parser.add_argument("--seq", type=int, default=32)
   parser.add_argument("--steps", type=int, default=5)
+  parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+  parser.add_argument("--accelerator", action="store_true", help="default backend, not CPU")
+  parser.add_argument("--peak-tflops", type=float, default=0.0, help="the device's peak in --dtype")
+  parser.add_argument("--matmul-size", type=int, default=2048, help="n of the roofline n x n dot")
+  parser.add_argument("--small", action="store_true", help="tiny model and batch (CPU check)")
   args = parser.parse_args()
-  jax.config.update("jax_platforms", "cpu")
-  jax.config.update("jax_num_cpu_devices", DEVICES)
-
-  cfg = Config(model=MODEL, learner=LearnerConfig(batch_trajectories=args.batch)).validate()
+  if not args.accelerator:
+    jax.config.update("jax_platforms", "cpu")
+    jax.config.update("jax_num_cpu_devices", DEVICES)
+  if args.small:
+    args.batch, args.seq, args.steps = 8, 16, 2
+  model = dataclasses.replace(SMALL_MODEL if args.small else MODEL, compute_dtype=args.dtype)
+  cfg = Config(model=model, learner=LearnerConfig(batch_trajectories=args.batch)).validate()
   batch = synthetic_batch(cfg, args.seq)
   tokens = args.batch * args.seq
 
   start = time.perf_counter()
-  fsdp_mesh = make_mesh(MeshConfig(fsdp=DEVICES))
-  fsdp_peak, fsdp_source = peak_bytes(cfg, fsdp_mesh, compile_step(cfg, fsdp_mesh, batch))
+  fsdp = len(jax.devices()) >= DEVICES
+  if fsdp:
+    fsdp_mesh = make_mesh(MeshConfig(fsdp=DEVICES))
+    fsdp_peak, fsdp_source = peak_bytes(cfg, fsdp_mesh, compile_step(cfg, fsdp_mesh, batch))
   one_mesh = make_mesh(MeshConfig(fsdp=1), jax.devices()[:1])
   compiled = compile_step(cfg, one_mesh, batch)
   one_peak, one_source = peak_bytes(cfg, one_mesh, compiled)
@@ -139,7 +160,8 @@ def main() -> None:
   state, metrics = compiled(state, device_batch, update_policy)  # warm-up
   jax.block_until_ready(metrics)
 
-  roofline = matmul_flops_per_s()
+  roofline = matmul_flops_per_s(args.matmul_size, dtype=args.dtype)
+  peak = args.peak_tflops * 1e12 or roofline
   seconds = []
   for _ in range(args.steps):
     start = time.perf_counter()
@@ -152,9 +174,10 @@ def main() -> None:
   assert int(state.policy_version) == args.steps + 1, "a policy update was skipped"
 
   gib = lambda n: f"{n / 2**30:.3f} GiB"
-  rows = [("policy params", f"{n_params / 1e6:.1f}M"),
+  rows = [("policy params", f"{n_params / 1e6:.1f}M ({args.dtype} compute, "
+                            f"{jax.devices()[0].platform})"),
           ("batch x seq", f"{args.batch} x {args.seq} ({tokens} tokens)"),
-          ("compile (2 meshes)", f"{compile_s:.1f} s"),
+          (f"compile ({1 + fsdp} meshes)", f"{compile_s:.1f} s"),
           ("step median", f"{step_s * 1e3:.0f} ms (min {min(seconds) * 1e3:.0f}, "
                           f"max {max(seconds) * 1e3:.0f})"),
           ("tokens/s", f"{tokens_per_s:.1f}"),
@@ -163,14 +186,18 @@ def main() -> None:
           ("achieved", f"{achieved / 1e9:.1f} GFLOP/s"),
           ("matmul roofline", f"{roofline / 1e9:.1f} GFLOP/s"),
           ("fraction", f"{achieved / roofline:.3f}"),
-          ("1-device peak", f"{gib(one_peak)} ({one_source})"),
-          (f"fsdp={DEVICES} peak/device", f"{gib(fsdp_peak)} ({fsdp_source})"),
-          ("fsdp memory ratio", f"{fsdp_peak / one_peak:.3f} (ideal {1 / DEVICES:.3f})")]
+          ("mfu", f"{achieved / peak:.3f} of {peak / 1e9:.1f} GFLOP/s"),
+          ("1-device peak", f"{gib(one_peak)} ({one_source})")]
+  result = {"name": "learner", "dtype": args.dtype, "tokens_per_s": round(tokens_per_s, 1),
+            "roofline_fraction": round(achieved / roofline, 3), "mfu": round(achieved / peak, 3),
+            "mfu_peak": "--peak-tflops" if args.peak_tflops else "measured matmul"}
+  if fsdp:
+    rows += [(f"fsdp={DEVICES} peak/device", f"{gib(fsdp_peak)} ({fsdp_source})"),
+             ("fsdp memory ratio", f"{fsdp_peak / one_peak:.3f} (ideal {1 / DEVICES:.3f})")]
+    result["fsdp_memory_ratio"] = round(fsdp_peak / one_peak, 3)
   for name, value in rows:
     print(f"{name:>22}  {value}")
-  print("RESULT " + json.dumps({"name": "learner", "tokens_per_s": round(tokens_per_s, 1),
-                                "roofline_fraction": round(achieved / roofline, 3),
-                                "fsdp_memory_ratio": round(fsdp_peak / one_peak, 3)}))
+  print("RESULT " + json.dumps(result))
 
 
 if __name__ == "__main__":

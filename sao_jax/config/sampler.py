@@ -52,8 +52,8 @@ class SamplerConfig:
   entry of `weights_addresses` (loopback without them) and serves at most
   `weights_max_connections` connections at once.
 
-  KV cache (`kv_layout`): "dense" gives every slot its own `max_seq_len`-token
-  row. "paged" (`sao_jax.sampler.paged_engine`) keeps one pool of `kv_pages`
+  KV cache (`kv_layout`): "paged" (the default, `sao_jax.sampler.paged_engine`)
+  keeps one pool of `kv_pages`
   pages of `kv_page_size` tokens (0: the pages `slots` dense rows would take);
   episodes are admitted while slots and pages last, an episode that needs a page
   when none is free preempts the most recently admitted one (its pages are
@@ -61,6 +61,9 @@ class SamplerConfig:
   prefills of several slots run in one call of up to the smallest of
   `prefill_row_buckets` rows that fits. With `kv_prefix_sharing`, episodes whose
   prompts start alike (a GRPO group) share those pages instead of prefilling them.
+  "dense" gives every slot its own `max_seq_len`-token row (`sao_jax.sampler.
+  engine`): the paged engine's reference in its exactness tests, and no page
+  bookkeeping when every episode runs to max_seq_len.
 
   Placement: with `sharded`, a sampler process lays params and KV cache out
   over all its local devices with the top-level `mesh` config (its -1 axis
@@ -87,7 +90,7 @@ class SamplerConfig:
   weights_secret_env: str = ""
   weights_max_connections: int = 64
   sharded: bool = False
-  kv_layout: str = "dense"
+  kv_layout: str = "paged"
   kv_page_size: int = 16
   kv_pages: int = 0  # 0: slots * ceil(max_seq_len / kv_page_size), the dense cache's memory
   prefill_row_buckets: tuple[int, ...] = (1, 4)

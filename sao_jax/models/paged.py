@@ -5,8 +5,10 @@
                                                             -> (logits_BxV, cache)
   set_lengths(cache, rows_B, length_B)                      -> cache whose rows hold length_B
 
-Layout. Layer l keeps k and v pools [P, page, K, H]: P pages of `page` token
-positions each. Slot n owns the pages listed in its page table pages_NxM[n]
+Layout. Layer l keeps k and v pools [P, K, page, H]: P pages of `page` token
+positions each, KV heads before positions so that attention contracts a
+gathered page where it lies (in [P, page, K, H] XLA transposed every gathered
+page on every decode step). Slot n owns the pages listed in its page table pages_NxM[n]
 (the host's, `sao_jax.sampler.pages`; -1 = no page): token i of slot n lives in
 page pages_NxM[n, i // page] at offset i % page, and its RoPE position is i.
 `length_N[n]` is the number of real tokens slot n holds, as in `decode.KVCache`.
@@ -42,8 +44,8 @@ from sao_jax.models.transformer import Params, model
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class PagedKVCache:
-  k: tuple[jax.Array, ...]   # per layer [P, page, K, H], compute dtype
-  v: tuple[jax.Array, ...]   # per layer [P, page, K, H]
+  k: tuple[jax.Array, ...]   # per layer [P, K, page, H], compute dtype
+  v: tuple[jax.Array, ...]   # per layer [P, K, page, H]
   length_N: jax.Array        # int32: real tokens held by each slot
 
 
@@ -52,7 +54,7 @@ def init_paged_cache(cfg: ModelConfig, num_pages: int, page_size: int, slots: in
   if min(num_pages, page_size, slots) <= 0:
     raise ValueError(f"init_paged_cache: num_pages={num_pages}, page_size={page_size}, "
                      f"slots={slots}; all must be positive")
-  shape = (num_pages, page_size, cfg.num_key_value_heads, cfg.head_dim)
+  shape = (num_pages, cfg.num_key_value_heads, page_size, cfg.head_dim)
   zeros = lambda: tuple(jnp.zeros(shape, cfg.compute_dtype) for _ in range(cfg.num_hidden_layers))
   return PagedKVCache(k=zeros(), v=zeros(), length_N=jnp.zeros((slots,), jnp.int32))
 
@@ -80,7 +82,7 @@ def extend_paged(params: Params, cfg: ModelConfig, cache: PagedKVCache, pages_Nx
                  rows_B: jax.Array, tokens_BxC: jax.Array, mask_BxC: jax.Array,
                  entries: int | None = None) -> tuple[jax.Array, PagedKVCache]:
   """Appends each row's real chunk tokens; returns next-token logits_BxV (float32) and the cache."""
-  p, size = cache.k[0].shape[:2]
+  p, _, size, _ = cache.k[0].shape
   m = pages_NxM.shape[1]
   mask_BxC = mask_BxC.astype(bool)
   c = tokens_BxC.shape[1]

@@ -7,8 +7,9 @@
   gathered_attention(q_BxTxNxH, k_pages, v_pages, pos_BxT, table_BxM, window)
       -> out_BxTxNxH
 
-Pools are [P, page, K, H]. The call lists L entries e = (row_L[e], page_L[e],
-first_L[e]): row row_L[e] may read pool page page_L[e], whose token at offset j
+Pools are [P, K, page, H] (KV heads first: see `sao_jax.models.paged`). The
+call lists L entries e = (row_L[e], page_L[e], first_L[e]): row row_L[e] may
+read pool page page_L[e], whose token at offset j
 sits at position first_L[e] + j of that row's sequence (row_L[e] == B marks an
 unused entry). With s_e = q k^T / sqrt(H) for the row's queries against the
 entry's keys (float32), masked where the key position exceeds the query's
@@ -46,9 +47,9 @@ class PagedLayer(NamedTuple):
   """One layer's pools plus the call's write and read plan; `attend` is what
   `sao_jax.models.layers.Attention` runs in place of the dense cache update."""
 
-  k_pages: jax.Array   # [P, page, K, H]
+  k_pages: jax.Array   # [P, K, page, H]
   v_pages: jax.Array
-  write_BxC: jax.Array  # flat pool position (page * size + offset) per new token; P * size drops
+  write_BxC: jax.Array  # pool position page * size + offset per new token; P * size drops
   pos_BxC: jax.Array    # query positions
   row_L: jax.Array      # entry -> row in [0, B]; B marks an unused entry
   page_L: jax.Array     # entry -> pool page (0 where unused; masked)
@@ -58,13 +59,13 @@ class PagedLayer(NamedTuple):
   def attend(self, q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, window: int | None = None):
     """Writes the chunk's keys/values, then ragged attention over the entries (a
     sliding-window layer passes its `window`; its pages stay allocated)."""
-    p, size, kv, h = self.k_pages.shape
-    flat = lambda pool: pool.reshape(p * size, kv, h)
+    _, kv, size, h = self.k_pages.shape
     write = self.write_BxC.reshape(-1)
-    k_pages = flat(self.k_pages).at[write].set(
-        k_BxTxKxH.reshape(-1, kv, h).astype(self.k_pages.dtype), mode="drop").reshape(p, size, kv, h)
-    v_pages = flat(self.v_pages).at[write].set(
-        v_BxTxKxH.reshape(-1, kv, h).astype(self.v_pages.dtype), mode="drop").reshape(p, size, kv, h)
+    page, offset = write // size, write % size  # page P (padding) is out of range: dropped
+    k_pages = self.k_pages.at[page, :, offset].set(
+        k_BxTxKxH.reshape(-1, kv, h).astype(self.k_pages.dtype), mode="drop")
+    v_pages = self.v_pages.at[page, :, offset].set(
+        v_BxTxKxH.reshape(-1, kv, h).astype(self.v_pages.dtype), mode="drop")
     if self.table_BxM is not None:
       out = gathered_attention(q_BxTxNxH, k_pages, v_pages, self.pos_BxC, self.table_BxM, window)
     else:
@@ -78,13 +79,13 @@ def ragged_attention(q_BxTxNxH: jax.Array, k_pages: jax.Array, v_pages: jax.Arra
                      first_L: jax.Array, window: int | None = None) -> jax.Array:
   """softmax over each row's listed pages (module docstring), float32 scores."""
   b, t, n, h = q_BxTxNxH.shape
-  kv, size = k_pages.shape[2], k_pages.shape[1]
+  kv, size = k_pages.shape[1], k_pages.shape[2]
   g = n // kv
   dt = q_BxTxNxH.dtype
   valid_L = row_L < b
   q_LxTxKxGxH = q_BxTxNxH.reshape(b, t, kv, g, h).at[row_L].get(mode="fill", fill_value=0)
-  k_LxSxKxH, v_LxSxKxH = k_pages[page_L].astype(dt), v_pages[page_L].astype(dt)
-  s_LxKxGxTxS = jnp.einsum("ltkgh,lskh->lkgts", q_LxTxKxGxH, k_LxSxKxH,
+  k_LxKxSxH, v_LxKxSxH = k_pages[page_L].astype(dt), v_pages[page_L].astype(dt)
+  s_LxKxGxTxS = jnp.einsum("ltkgh,lksh->lkgts", q_LxTxKxGxH, k_LxKxSxH,
                            preferred_element_type=jnp.float32) * (h ** -0.5)
   key_pos_LxS = first_L[:, None] + jnp.arange(size, dtype=jnp.int32)[None, :]
   qpos_LxT = pos_BxT.at[row_L].get(mode="fill", fill_value=-1)
@@ -97,7 +98,7 @@ def ragged_attention(q_BxTxNxH: jax.Array, k_pages: jax.Array, v_pages: jax.Arra
   p_LxKxGxTxS = jnp.where(visible_LxTxS[:, None, None],
                           jnp.exp(s_LxKxGxTxS - m_LxKxGxT[..., None]), 0.0)
   l_BxKxGxT = jax.ops.segment_sum(jnp.sum(p_LxKxGxTxS, axis=-1), row_L, num_segments=b)
-  o_LxKxGxTxH = jnp.einsum("lkgts,lskh->lkgth", p_LxKxGxTxS.astype(dt), v_LxSxKxH,
+  o_LxKxGxTxH = jnp.einsum("lkgts,lksh->lkgth", p_LxKxGxTxS.astype(dt), v_LxKxSxH,
                            preferred_element_type=jnp.float32)
   o_BxKxGxTxH = jax.ops.segment_sum(o_LxKxGxTxH, row_L, num_segments=b)
   out = o_BxKxGxTxH / jnp.where(l_BxKxGxT > 0, l_BxKxGxT, 1.0)[..., None]
@@ -109,14 +110,15 @@ def gathered_attention(q_BxTxNxH: jax.Array, k_pages: jax.Array, v_pages: jax.Ar
                        window: int | None = None) -> jax.Array:
   """softmax over each row's page table, gathered to [B, M * page] keys (-1: no page)."""
   b, t, n, h = q_BxTxNxH.shape
-  size, kv = k_pages.shape[1], k_pages.shape[2]
+  kv, size = k_pages.shape[1], k_pages.shape[2]
   m = table_BxM.shape[1]
   g = n // kv
   dt = q_BxTxNxH.dtype
   pages_BxM = jnp.maximum(table_BxM, 0)
-  k_BxSxKxH = k_pages[pages_BxM].reshape(b, m * size, kv, h).astype(dt)
-  v_BxSxKxH = v_pages[pages_BxM].reshape(b, m * size, kv, h).astype(dt)
-  s_BxKxGxTxS = jnp.einsum("btkgh,bskh->bkgts", q_BxTxNxH.reshape(b, t, kv, g, h), k_BxSxKxH,
+  # [B, M, K, page, H] -> [B, K, M * page, H]: one row's keys in position order.
+  rows = lambda pool: pool[pages_BxM].swapaxes(1, 2).reshape(b, kv, m * size, h).astype(dt)
+  k_BxKxSxH, v_BxKxSxH = rows(k_pages), rows(v_pages)
+  s_BxKxGxTxS = jnp.einsum("btkgh,bksh->bkgts", q_BxTxNxH.reshape(b, t, kv, g, h), k_BxKxSxH,
                            preferred_element_type=jnp.float32) * (h ** -0.5)
   allocated_BxS = jnp.repeat(table_BxM >= 0, size, axis=1)
   key_pos_S = jnp.arange(m * size, dtype=jnp.int32)
@@ -125,6 +127,6 @@ def gathered_attention(q_BxTxNxH: jax.Array, k_pages: jax.Array, v_pages: jax.Ar
     visible_BxTxS = visible_BxTxS & (pos_BxT[:, :, None] - key_pos_S[None, None, :] < window)
   s_BxKxGxTxS = jnp.where(visible_BxTxS[:, None, None], s_BxKxGxTxS, _MASKED)
   p_BxKxGxTxS = jnp.where(visible_BxTxS[:, None, None], jax.nn.softmax(s_BxKxGxTxS, axis=-1), 0.0)
-  out_BxKxGxTxH = jnp.einsum("bkgts,bskh->bkgth", p_BxKxGxTxS.astype(dt), v_BxSxKxH,
+  out_BxKxGxTxH = jnp.einsum("bkgts,bksh->bkgth", p_BxKxGxTxS.astype(dt), v_BxKxSxH,
                              preferred_element_type=jnp.float32)
   return out_BxKxGxTxH.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h).astype(dt)

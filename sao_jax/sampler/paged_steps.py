@@ -84,7 +84,7 @@ def _compiled(cfg: ModelConfig, sampling: Sampling, mesh: jax.sharding.Mesh | No
 
 def paged_cache_shardings(cache, mesh: jax.sharding.Mesh):
   """Pools: KV heads over tensor, pages and positions whole; lengths over the batch axes."""
-  names = {1: ("activation_batch",), 4: (None, None, "activation_kv_heads", "head_dim")}
+  names = {1: ("activation_batch",), 4: (None, "activation_kv_heads", None, "head_dim")}
 
   def one(leaf):
     spec = logical_to_spec(names[leaf.ndim], leaf.shape, dict(mesh.shape), strict=False)

@@ -27,7 +27,9 @@ def test_ragged_attention_matches_jax_reference(window):
   # Ours: every allocated (row, column) is an entry; padding queries sit past q_len.
   rows, cols = np.nonzero(table >= 0)
   pos_BxT = (kv_lens - q_lens)[:, None] + np.arange(t)[None, :]
-  out = ragged_attention(*map(jnp.asarray, (q_BxTxNxH, k_pages, v_pages, pos_BxT.astype(np.int32),
+  # Our pools are [P, K, page, H]; the reference's [P, page, 2K, H].
+  k_ours, v_ours = k_pages.transpose(0, 2, 1, 3), v_pages.transpose(0, 2, 1, 3)
+  out = ragged_attention(*map(jnp.asarray, (q_BxTxNxH, k_ours, v_ours, pos_BxT.astype(np.int32),
                                              rows.astype(np.int32), table[rows, cols],
                                              (cols * PAGE).astype(np.int32))), window)
 
@@ -42,7 +44,7 @@ def test_ragged_attention_matches_jax_reference(window):
   np.testing.assert_allclose(got, np.asarray(want), rtol=0, atol=1e-5)
   assert jax.numpy.isfinite(out).all()
   # The prefill path: whole page tables gathered, one softmax per row.
-  gathered = gathered_attention(*map(jnp.asarray, (q_BxTxNxH, k_pages, v_pages,
+  gathered = gathered_attention(*map(jnp.asarray, (q_BxTxNxH, k_ours, v_ours,
                                                    pos_BxT.astype(np.int32), table)), window)
   got = np.concatenate([np.asarray(gathered)[i, :q_lens[i]] for i in range(b)])
   np.testing.assert_allclose(got, np.asarray(want), rtol=0, atol=1e-5)

@@ -14,8 +14,9 @@ from sao_jax.sampler.engine import Engine
 VOCAB = 64
 MODEL = ModelConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, head_dim=8,
                     num_attention_heads=4, num_key_value_heads=2, logits_chunk=16)
-# 3 slots, two prefill buckets (so prompts > 16 tokens take several chunks).
-SAMPLER = SamplerConfig(slots=3, max_seq_len=96, prefill_buckets=(8, 16), steps_per_call=4,
+# The dense engine (the paged one's reference): 3 slots, two prefill buckets (so
+# prompts > 16 tokens take several chunks).
+SAMPLER = SamplerConfig(kv_layout="dense", slots=3, max_seq_len=96, prefill_buckets=(8, 16), steps_per_call=4,
                         max_new_tokens=12, stop_patterns=())
 STOP = 5  # the stop token id of every test engine
 CHARS = string.ascii_letters + string.digits + "`\n"

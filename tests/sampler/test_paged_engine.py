@@ -2,13 +2,16 @@
 give: same tokens, behavior_logp within 1e-5, with preemption, batched prefill and
 no compilation after warm-up; on one device and on a mesh."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
 
-from engine_fixtures import MODEL, VOCAB, engine, params, prompts, with_sampler
+from engine_fixtures import MODEL, SAMPLER, STOP, VOCAB, engine, params, prompts, with_sampler
 from sao_jax.config import MeshConfig
-from sao_jax.models import forward
+from sao_jax.models import forward, transformer
+from sao_jax.sampler.engine import Engine
 from sao_jax.sampler.paged_engine import PagedEngine
 from sao_jax.sampler.pages import PagePool
 from sao_jax.sharding.mesh import make_mesh
@@ -109,6 +112,20 @@ def test_sharded_paged_engine_matches_dense(weights, dense_rollout):
   mesh = make_mesh(MeshConfig(fsdp=4, tensor=2))
   got, _ = _rollout(engine(weights, PAGED, engine_cls=PagedEngine, mesh=mesh))
   _assert_same(got, dense_rollout)
+
+
+@pytest.mark.slow  # a dense and an expert-parallel paged rollout of an MoE model
+def test_expert_parallel_paged_engine_matches_dense():
+  moe = dataclasses.replace(MODEL, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+                            tie_word_embeddings=False)
+  base = transformer.init_params(moe, jax.random.key(0))
+  weights = jax.tree.map(lambda x: x * 10.0 if x.ndim >= 2 else x, base)
+  want, _ = _rollout(Engine(SAMPLER, moe, weights, stop_token_ids=(STOP,)))
+  mesh = make_mesh(MeshConfig(fsdp=2, tensor=1, expert=4))
+  eng = PagedEngine(PAGED, moe, weights, stop_token_ids=(STOP,), mesh=mesh)
+  got, _ = _rollout(eng)
+  _assert_same(got, want)
+  assert eng.stats["preemptions"] > 0, eng.stats
 
 
 def test_page_pool_hands_out_and_takes_back_pages():
