@@ -27,13 +27,19 @@ bubblewrap: $(STAMP)
 	  fi; }
 	@$(PY) -m sao_jax.envs.sandbox.prepare
 
-## test: the default suite (what CI runs); slow-marked checks excluded.
+## Parallel test workers (pytest-xdist): one per core, at most 4 (each worker is a
+## JAX runtime of ~1 GB with 8 emulated devices). `make test TEST_WORKERS=0` runs in
+## one process.
+TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(os.cpu_count() or 1, 4))")
+
+## test: the default suite (what CI runs); slow-marked checks excluded; the 25
+## slowest tests are listed at the end.
 test: $(STAMP) bubblewrap
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=25
 
 ## test-all: every test, including those marked slow.
 test-all: $(STAMP)
-	$(PY) -m pytest -q -m "slow or not slow"
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=25 -m "slow or not slow"
 
 ## demo: the CPU demo (configs/demo_cpu.py) in a fresh runs/demo_cpu-<time> directory.
 demo: $(STAMP) bubblewrap

@@ -13,6 +13,13 @@ compile is skipped. The cache is a fresh directory per test session, removed at
 exit, so no executable outlives the code that produced it; the environment
 variables hand it to the processes tests start (samplers, CLIs). A damaged entry
 (a process killed while writing it) is not fatal: JAX warns and compiles.
+
+Under pytest-xdist (`-n 2` in `make test`) the controller process loads this
+file before it starts the workers, which inherit its environment: every worker
+uses the controller's directory (`_SESSION_CACHE`), so a program one worker
+compiled is loaded by the other, and only the controller removes the directory,
+after the workers are gone. A reader that meets an entry another process is
+still writing takes it for a damaged one: it warns and compiles, as above.
 """
 
 import atexit
@@ -20,8 +27,14 @@ import os
 import shutil
 import tempfile
 
-_COMPILATION_CACHE = tempfile.mkdtemp(prefix="sao-jax-tests-xla-cache-")
-atexit.register(shutil.rmtree, _COMPILATION_CACHE, ignore_errors=True)
+_SESSION_CACHE = "SAO_JAX_TESTS_XLA_CACHE"  # set by the session's first process
+
+if _SESSION_CACHE in os.environ and "PYTEST_XDIST_WORKER" in os.environ:
+  _COMPILATION_CACHE = os.environ[_SESSION_CACHE]
+else:
+  _COMPILATION_CACHE = tempfile.mkdtemp(prefix="sao-jax-tests-xla-cache-")
+  atexit.register(shutil.rmtree, _COMPILATION_CACHE, ignore_errors=True)
+  os.environ[_SESSION_CACHE] = _COMPILATION_CACHE
 os.environ["JAX_COMPILATION_CACHE_DIR"] = _COMPILATION_CACHE
 # Cache every program that takes XLA a noticeable time (the default 1 s leaves out
 # most tiny-model steps on a quiet machine); eager op-by-op programs stay out.

@@ -15,6 +15,8 @@ plus a picklable subscriber spec that a sampler process turns into a subscriber:
   leaves it in /dev/shm, and the next publisher created on the host unlinks
   every such block whose owner is dead (`reclaim_stale_blocks`). Samplers
   still attached keep their mapping; they die with that learner anyway.
+  Publishers given another `block_prefix` create and reclaim only the blocks
+  of that prefix (tests running side by side each use their own).
 - `DirectoryWeights` (many hosts): each version is an orbax checkpoint in a
   shared directory or bucket (written to a temporary name, renamed when
   complete); subscribers restore the newest one.
@@ -43,7 +45,7 @@ from sao_jax.sampler import weights_net, weights_wire
 
 _HEADER_WORDS = 8  # [latest_slot, version_0, version_1, seq_0, seq_1, ...]
 _HEADER_BYTES = _HEADER_WORDS * 8
-_BLOCK_PREFIX = "sao_w"  # + owner pid + "_" + random hex; short: macOS allows 31 chars
+BLOCK_PREFIX = "sao_w"  # + owner pid + "_" + random hex; short: macOS allows 31 chars
 SHM_DIR = "/dev/shm"  # where Linux keeps POSIX shared memory
 
 
@@ -67,11 +69,11 @@ def _layout(template: Any) -> tuple[jax.tree_util.PyTreeDef, list[_Leaf], int]:
   return treedef, layout, -(-offset // 64) * 64
 
 
-def _block_owner(name: str) -> int | None:
-  """The pid in a weight block's name, or None if `name` is not a weight block."""
-  if not name.startswith(_BLOCK_PREFIX):
+def _block_owner(name: str, prefix: str) -> int | None:
+  """The pid in a weight block's name, or None if `name` is not a block of `prefix`."""
+  if not name.startswith(prefix):
     return None
-  pid, sep, token = name[len(_BLOCK_PREFIX):].partition("_")
+  pid, sep, token = name[len(prefix):].partition("_")
   return int(pid) if sep and pid.isdigit() and token else None
 
 
@@ -90,8 +92,8 @@ def _running(pid: int) -> bool:
     return True
 
 
-def reclaim_stale_blocks(directory: str = SHM_DIR) -> list[str]:
-  """Unlinks the weight blocks in `directory` whose owner process is gone (a
+def reclaim_stale_blocks(directory: str = SHM_DIR, prefix: str = BLOCK_PREFIX) -> list[str]:
+  """Unlinks the weight blocks of `prefix` in `directory` whose owner process is gone (a
   learner killed before `close()`); returns their names. A live owner's block
   (pid reuse included) is kept. Without the directory (not Linux) nothing is done.
   Owners are looked up in this PID namespace: containers that share one /dev/shm
@@ -102,7 +104,7 @@ def reclaim_stale_blocks(directory: str = SHM_DIR) -> list[str]:
     return []
   reclaimed = []
   for name in sorted(names):
-    owner = _block_owner(name)
+    owner = _block_owner(name, prefix)
     if owner is not None and not _running(owner):
       try:
         os.unlink(os.path.join(directory, name))
@@ -125,15 +127,15 @@ class SharedMemorySpec:
 class SharedMemoryWeights:
   """Publisher side; owns the shared-memory block (`close()` unlinks it).
 
-  Creating one first reclaims the blocks of dead learners on this host
-  (`reclaimed` names them).
+  Creating one first reclaims the blocks of dead learners on this host that
+  carry its `block_prefix` (`reclaimed` names them).
   """
 
-  def __init__(self, template: Any):
+  def __init__(self, template: Any, block_prefix: str = BLOCK_PREFIX):
     treedef, layout, slot_bytes = _layout(template)
-    self.reclaimed = reclaim_stale_blocks()
+    self.reclaimed = reclaim_stale_blocks(prefix=block_prefix)
     self._shm = shared_memory.SharedMemory(
-        name=f"{_BLOCK_PREFIX}{os.getpid()}_{secrets.token_hex(4)}", create=True,
+        name=f"{block_prefix}{os.getpid()}_{secrets.token_hex(4)}", create=True,
         size=_HEADER_BYTES + 2 * slot_bytes)
     self._header = np.ndarray((_HEADER_WORDS,), np.int64, self._shm.buf[:_HEADER_BYTES])
     self._header[:] = 0

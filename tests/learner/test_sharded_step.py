@@ -20,7 +20,9 @@ CFG = replace_model(make_config(adam_eps=1e-2), num_attention_heads=8, num_key_v
 MOE_CFG = replace_model(CFG, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)
 
 
-def run_on(mesh_cfg, devices, steps=2, cfg=CFG):
+def run_on(mesh_cfg, devices, steps=2, cfg=CFG, program=None):
+  """(mesh, state, metrics) after `steps` steps; `program(step, state, batch)`, if
+  given, sees the compiled step and the arguments of its last call."""
   mesh = make_mesh(mesh_cfg, devices)
   step = compile_lib.compile_train_step(cfg, mesh, LENGTH)
   state = compile_lib.init_sharded_state(cfg, mesh, jax.random.key(0))
@@ -28,6 +30,8 @@ def run_on(mesh_cfg, devices, steps=2, cfg=CFG):
   for i in range(steps):
     batch = compile_lib.put_batch(make_batch(10 + i, behavior_shift=0.2),
                                   compile_lib.batch_shardings(cfg, mesh, LENGTH))
+    if program is not None and i == steps - 1:
+      program(step, state, batch)
     state, m = step(state, batch, jnp.asarray(True))
     metrics.append(m)
   return mesh, state, metrics
@@ -57,18 +61,12 @@ def test_sharded_step_equals_unsharded(unsharded, mesh, request):
 def test_expert_parallel_moe_step_equals_unsharded():
   """The train step routes through the MoE's shard_map (it is traced on the mesh)."""
   reference = run_on(C.MeshConfig(fsdp=1), jax.devices()[:1], cfg=MOE_CFG)
-  mesh_cfg = C.MeshConfig(fsdp=2, tensor=1, expert=4)
-  mesh = make_mesh(mesh_cfg, jax.devices())
-  lowered = compile_lib.compile_train_step(MOE_CFG, mesh, LENGTH).lower(
-      *_abstract_args(MOE_CFG, mesh))
-  assert "reduce_scatter" in lowered.as_text()
-  _assert_same_run(reference, run_on(mesh_cfg, jax.devices(), cfg=MOE_CFG))
-
-
-def _abstract_args(cfg, mesh):
-  state = compile_lib.init_sharded_state(cfg, mesh, jax.random.key(0))
-  batch = compile_lib.put_batch(make_batch(10), compile_lib.batch_shardings(cfg, mesh, LENGTH))
-  return state, batch, jnp.asarray(True)
+  programs = []
+  run = run_on(C.MeshConfig(fsdp=2, tensor=1, expert=4), jax.devices(), cfg=MOE_CFG,
+               program=lambda step, state, batch: programs.append(
+                   step.lower(state, batch, jnp.asarray(True)).as_text()))
+  assert "reduce_scatter" in programs[0]
+  _assert_same_run(reference, run)
 
 
 def _assert_same_run(reference, run):

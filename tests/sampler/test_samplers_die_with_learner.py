@@ -5,7 +5,9 @@ The learner here is a spawned process that builds what `sao-train` builds for
 same-host samplers (a shared-memory weight channel, a queue transport, a
 `SamplerSupervisor`), then is SIGKILLed. Its block outlives it because its
 resource tracker is this test's process (as when a process-group kill takes the
-learner's tracker too): only the next publisher can reclaim it.
+learner's tracker too): only the next publisher can reclaim it. The blocks here
+carry this test process's own prefix (`BLOCKS`), so a publisher of a test running
+beside this one (another pytest worker) cannot reclaim them first.
 """
 
 import multiprocessing
@@ -26,6 +28,7 @@ from sao_jax.sampler import weights
 from sao_jax.sampler.worker import SamplerSupervisor, WorkerSpec, hand_over, run_sampler
 
 CAPACITY, LENGTH, SAMPLERS = 8, 4000, 2  # 8 x ~52 KB: far more than a 64 KiB pipe holds
+BLOCKS = f"sao_t{os.getpid()}p"  # + learner pid + "_" + random hex
 
 
 def realistic(seed: int, length: int = LENGTH) -> Trajectory:
@@ -71,10 +74,10 @@ def params():
   return {"embed": jnp.ones((64, 32), jnp.float32), "head": jnp.ones((32,), jnp.bfloat16)}
 
 
-def _learner(report, progress_dir, cfg=None, tokenizer_path=""):
+def _learner(report, progress_dir, blocks, cfg=None, tokenizer_path=""):
   """A learner-like process: weight block, transport, supervised samplers; then waits."""
   if cfg is None:
-    publisher = weights.SharedMemoryWeights(params())
+    publisher = weights.SharedMemoryWeights(params(), block_prefix=blocks)
     publisher.publish(params(), version=1)
     run = flood
   else:
@@ -82,7 +85,7 @@ def _learner(report, progress_dir, cfg=None, tokenizer_path=""):
     import jax
 
     policy = init_params(cfg.model, jax.random.key(0))
-    publisher = weights.SharedMemoryWeights(policy)
+    publisher = weights.SharedMemoryWeights(policy, block_prefix=blocks)
     publisher.publish(policy, version=1)
     run = run_sampler
   transport = CountingTransport(CAPACITY, progress_dir)
@@ -116,7 +119,7 @@ def _kill_learner_with_full_queue(progress_dir, **learner_kwargs):
   blocked handing over), SIGKILLs it; returns (sampler pids, weight block name)."""
   context = multiprocessing.get_context("spawn")
   report = context.Queue()
-  learner = context.Process(target=_learner, args=(report, str(progress_dir)),
+  learner = context.Process(target=_learner, args=(report, str(progress_dir), BLOCKS),
                             kwargs=learner_kwargs)
   learner.start()
   pids, block = report.get(timeout=120)
@@ -140,7 +143,7 @@ def _assert_gone_and_reclaimed(pids, block):
     os.kill(pid, signal.SIGKILL)
   assert not survivors, f"samplers {survivors} outlived their SIGKILLed learner by 10 s"
   assert (pathlib.Path(weights.SHM_DIR) / block).exists()  # nobody cleaned it up...
-  publisher = weights.SharedMemoryWeights(params())  # ... until the next start
+  publisher = weights.SharedMemoryWeights(params(), block_prefix=BLOCKS)  # ... until the next start
   try:
     assert block in publisher.reclaimed
     assert not (pathlib.Path(weights.SHM_DIR) / block).exists()
@@ -183,10 +186,13 @@ def test_reclaim_keeps_live_owners_blocks_and_removes_dead_ones(tmp_path):
   live_block = tmp_path / f"sao_w{os.getpid()}_0123abcd"
   dead_block = tmp_path / f"sao_w{dead.pid}_0123abcd"
   other = tmp_path / f"psm_{dead.pid}"  # not a weight block: never touched
-  for path in (live_block, dead_block, other):
+  dead_test_block = tmp_path / f"sao_t1p{dead.pid}_0123abcd"  # another prefix's
+  for path in (live_block, dead_block, other, dead_test_block):
     path.write_bytes(b"x")
   assert weights.reclaim_stale_blocks(str(tmp_path)) == [dead_block.name]
   assert live_block.exists() and other.exists() and not dead_block.exists()
+  assert dead_test_block.exists()
+  assert weights.reclaim_stale_blocks(str(tmp_path), "sao_t1p") == [dead_test_block.name]
   assert weights.reclaim_stale_blocks(str(tmp_path / "missing")) == []
 
 
