@@ -111,20 +111,12 @@ def rewards(directory: pathlib.Path) -> np.ndarray:
   return np.array([row["reward/mean"] for row in step_rows(directory)])
 
 
-def early_entropy_peak(directory: pathlib.Path) -> float:
-  """The highest policy entropy (nats per action token) over the first
-  EARLY_UPDATES steps that updated the policy: the first Adam steps' route to a
-  collapse shows here (ln 384 = 5.95 is uniform over the vocabulary)."""
-  updated = [row["policy/entropy"] for row in step_rows(directory)
-             if row.get("policy/update_norm", 0.0) > 0]
-  return max(updated[:EARLY_UPDATES])
-
-
-def early_negative_share(directory: pathlib.Path) -> float:
-  """The largest share of action tokens with a negative advantage over the
-  first EARLY_UPDATES steps that updated the policy."""
-  updated = [row["advantage/neg_frac"] for row in step_rows(directory)
-             if row.get("policy/update_norm", 0.0) > 0]
+def early_peak(directory: pathlib.Path, key: str) -> float:
+  """The largest value of metric `key` over the first EARLY_UPDATES steps that
+  updated the policy. With "policy/entropy" (nats per action token; ln 384 =
+  5.95 is uniform over the vocabulary) the first Adam steps' route to a
+  collapse shows; with "advantage/neg_frac", how much of the batch they push down."""
+  updated = [row[key] for row in step_rows(directory) if row.get("policy/update_norm", 0.0) > 0]
   return max(updated[:EARLY_UPDATES])
 
 
@@ -136,8 +128,8 @@ class ArmResult:
   lowest: list[float]  # lowest trailing SMOOTHING-step mean reward, per seed
   steps_to_learned: list[int]
   auc: list[float]
-  entropy_peak: list[float]  # early_entropy_peak, per seed
-  negative_share: list[float]  # early_negative_share, per seed
+  entropy_peak: list[float]  # early_peak of the entropy, per seed
+  negative_share: list[float]  # early_peak of the negative-advantage share, per seed
 
   @property
   def collapsed(self) -> int:
@@ -160,8 +152,8 @@ def arm_result(out: pathlib.Path, arm: str, seeds: Sequence[int]) -> ArmResult:
   return ArmResult(arm, done, [float(c[-FINAL_WINDOW:].mean()) for c in curves],
                    [float(s.min()) for s in smooth], [steps_to(s) for s in smooth],
                    [float(c.mean()) for c in curves],
-                   [early_entropy_peak(run_dir(out, arm, s)) for s in done],
-                   [early_negative_share(run_dir(out, arm, s)) for s in done])
+                   [early_peak(run_dir(out, arm, s), "policy/entropy") for s in done],
+                   [early_peak(run_dir(out, arm, s), "advantage/neg_frac") for s in done])
 
 
 def fisher_vs(base: ArmResult, other: ArmResult) -> float:
