@@ -16,7 +16,7 @@ import tiny
 from tiny import build_hf, hf_logits, padded_batch
 from sao_jax.cli import convert
 from sao_jax.config import MeshConfig
-from sao_jax.models import decode, hf, transformer, value
+from sao_jax.models import hf, transformer, value
 from sao_jax.sharding.mesh import make_mesh
 
 # Qwen's long-context instructions: add this to the config.json of a checkpoint
@@ -89,16 +89,6 @@ def test_sao_convert_export_loads_in_transformers(family, tmp_path):
                              hf_logits(model, tokens, mask)[real], atol=1e-5, rtol=0)
 
 
-def _greedy(params, cfg, tokens, mask, steps):
-  cache = decode.init_cache(cfg, tokens.shape[0], tokens.shape[1] + steps)
-  logits, cache = tiny.extend(params, cfg, cache, jnp.asarray(tokens), jnp.asarray(mask))
-  out = []
-  for _ in range(steps):
-    out.append(np.asarray(jnp.argmax(logits, axis=-1)))
-    logits, cache = tiny.decode_step(params, cfg, cache, jnp.asarray(out[-1]))
-  return np.stack(out, axis=1)
-
-
 # Slow: compiling prefill and decode takes ~10 s per family. The default suite still
 # ties decoding to transformers through the shared attention code: decoding equals
 # the full forward (test_decode.py) and the full forward equals transformers (above).
@@ -111,7 +101,7 @@ def test_kv_cache_greedy_decoding_equals_generate(family):
   with torch.no_grad():
     ref = model.generate(input_ids=torch.tensor(tokens), attention_mask=torch.tensor(mask),
                          max_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0)
-  np.testing.assert_array_equal(_greedy(params, cfg, tokens, mask, 6),
+  np.testing.assert_array_equal(tiny.greedy(params, cfg, tokens, mask, 6),
                                 ref[:, tokens.shape[1]:].numpy())
 
 

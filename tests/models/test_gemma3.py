@@ -14,7 +14,7 @@ import transformers
 import tiny
 from tiny import build_hf, hf_logits, padded_batch
 from sao_jax.config import MeshConfig
-from sao_jax.models import decode, hf, paged, params_io, transformer, value
+from sao_jax.models import hf, paged, params_io, transformer, value
 from sao_jax.sharding.mesh import make_mesh
 
 STEPS = 6
@@ -63,13 +63,7 @@ def test_window_and_layer_types_change_the_logits(gemma):
 def test_kv_cache_greedy_decoding_equals_generate(gemma, prompts_and_generate):
   _, cfg, params = gemma
   tokens, mask, want = prompts_and_generate
-  cache = decode.init_cache(cfg, tokens.shape[0], tokens.shape[1] + STEPS)
-  logits, cache = tiny.extend(params, cfg, cache, jnp.asarray(tokens), jnp.asarray(mask))
-  got = []
-  for _ in range(STEPS):
-    got.append(np.asarray(jnp.argmax(logits, axis=-1)))
-    logits, cache = tiny.decode_step(params, cfg, cache, jnp.asarray(got[-1]))
-  np.testing.assert_array_equal(np.stack(got, axis=1), want)
+  np.testing.assert_array_equal(tiny.greedy(params, cfg, tokens, mask, STEPS), want)
 
 
 @pytest.mark.slow  # compiles the paged prefill and decode (~10 s on 2 cores)

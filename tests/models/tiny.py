@@ -97,3 +97,15 @@ def padded_batch(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
   mask[0, :3] = 0
   mask[1, -2:] = 0
   return tokens, mask
+
+
+def greedy(params, cfg: ModelConfig, tokens: np.ndarray, mask: np.ndarray,
+           steps: int) -> np.ndarray:
+  """[B, steps] tokens greedily decoded with the dense KV cache after the prompts."""
+  cache = decode.init_cache(cfg, tokens.shape[0], tokens.shape[1] + steps)
+  logits, cache = extend(params, cfg, cache, jax.numpy.asarray(tokens), jax.numpy.asarray(mask))
+  out = []
+  for _ in range(steps):
+    out.append(np.asarray(jax.numpy.argmax(logits, axis=-1)))
+    logits, cache = decode_step(params, cfg, cache, jax.numpy.asarray(out[-1]))
+  return np.stack(out, axis=1)
