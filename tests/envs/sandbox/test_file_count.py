@@ -160,13 +160,21 @@ def _descendants(pid: int) -> set[int]:
   return found
 
 
-def _alive(pid: int) -> bool:
-  """Running (a zombie has already left its namespaces, mounts included)."""
+def _stat(pid: int) -> list[str] | None:
+  """/proc/PID/stat's fields after the command name (state first), None when gone."""
   try:
     with open(f"/proc/{pid}/stat") as stat:
-      return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+      return stat.read().rsplit(")", 1)[1].split()
   except OSError:
-    return False
+    return None
+
+
+def _alive(pid: int, started: str) -> bool:
+  """The process that started at `started` (clock ticks after boot) is running: a
+  zombie has already left its namespaces, mounts included, and a new process that
+  reused the pid (pid_max can be 32768; other pytest workers spawn many) is not it."""
+  fields = _stat(pid)
+  return fields is not None and fields[0] != "Z" and fields[19] == started
 
 
 def test_a_sigkilled_caller_leaves_no_sandbox_and_so_no_mount_behind():
@@ -186,15 +194,15 @@ def test_a_sigkilled_caller_leaves_no_sandbox_and_so_no_mount_behind():
     while not any(b"sao-sandbox-ready" in _cmdline(p) for p in _descendants(caller.pid)):
       assert time.monotonic() < deadline and caller.poll() is None, "the sandbox never started"
       time.sleep(0.05)
-    run = _descendants(caller.pid)
+    run = {p: fields[19] for p in _descendants(caller.pid) if (fields := _stat(p))}
   finally:
     caller.kill()
     caller.wait()
   deadline = time.monotonic() + 5
-  while any(map(_alive, run)) and time.monotonic() < deadline:
+  while any(_alive(*entry) for entry in run.items()) and time.monotonic() < deadline:
     time.sleep(0.05)
   try:
-    assert not [p for p in run if _alive(p)], "sandbox processes outlived their caller"
+    assert not [p for p in run.items() if _alive(*p)], "sandbox processes outlived their caller"
     with open("/proc/self/mountinfo") as host:
       assert " tmpfs sao_sandbox " not in host.read()
     (run_dir,) = os.listdir(scratch)  # Left behind, but only as empty mount points.
