@@ -6,7 +6,10 @@ from the environment's task source with `run.eval_seed` in place of
 `env.seed`, the same tasks every time, so accuracy is comparable across steps.
 Reported: `eval/accuracy` (mean final reward over episodes that did not fail),
 `eval/failures`, `eval/mean_turns`, `eval/tool_call_rate` (episodes with more
-than one turn).
+than one turn). Given a path, it also writes the first `run.eval_transcripts`
+episodes (in task order) as JSON lines: task id, reward, turns, environment
+failure and the whole conversation as text (`write_transcripts`), since what a
+collapsed policy writes says more than its accuracy (README, demo walk-through).
 
 `benchmark` (what `sao-eval` runs) plays every task once greedily and, with
 `run.eval_samples` = n > 0, n more times sampled at `run.eval_temperature`;
@@ -22,6 +25,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
+import json
+import os
 import pathlib
 from typing import Iterator
 
@@ -72,12 +77,20 @@ class Evaluator:
         cfg.env, seed=cfg.run.eval_seed if seed is None else seed)
     self._episodes = _Episodes(cfg, dataclasses.replace(cfg.sampler, **GREEDY), self._env_cfg,
                                chat, params, version)
+    self._chat = chat
 
-  def evaluate(self, params: Params, version: int) -> dict[str, float]:
+  def evaluate(self, params: Params, version: int, *,
+               transcripts: pathlib.Path | None = None) -> dict[str, float]:
+    """Metrics of the module docstring; with `transcripts`, the first
+    `run.eval_transcripts` episodes are written there too."""
     self._episodes.engine.set_params(jax.device_put(params), version)
     episodes = self._cfg.run.eval_episodes
-    tasks = itertools.islice(make_tasks(self._env_cfg), episodes)
-    trajs = self._episodes.run(tasks, episodes, seed=0, desc="eval", leave=False)
+    tasks = list(itertools.islice(make_tasks(self._env_cfg), episodes))
+    trajs = self._episodes.run(iter(tasks), episodes, seed=0, desc="eval", leave=False)
+    if transcripts is not None and self._cfg.run.eval_transcripts:
+      order = {task.id: i for i, task in enumerate(tasks)}
+      first = sorted(trajs, key=lambda t: order[t.info["task"]])[:self._cfg.run.eval_transcripts]
+      write_transcripts(transcripts, first, self._chat)
     ok = [t for t in trajs if t.env_failure is None]
     turns = np.array([t.info["turns"] for t in ok]) if ok else np.zeros(0)
     return {"eval/accuracy": float(np.mean([t.outcome for t in ok])) if ok else 0.0,
@@ -142,6 +155,22 @@ def benchmark(cfg: Config, chat: ChatFormat, params: Params, *, version: int = 0
           **eval_scores.summarize(scores, run.eval_pass_k if n else ())}
 
 
+def write_transcripts(path: pathlib.Path, trajs: list[Trajectory], chat: ChatFormat) -> None:
+  """One JSON line per episode: {"task", "reward", "turns", "env_failure", "text"},
+  the text being the whole token sequence decoded (prompt, actions, observations,
+  special tokens kept). Written to a temporary file and renamed, so a reader sees
+  the old file or the new one, never half of one."""
+  path.parent.mkdir(parents=True, exist_ok=True)
+  partial = path.with_name(path.name + ".partial")
+  with partial.open("w") as f:
+    for traj in trajs:
+      f.write(json.dumps({"task": traj.info.get("task"), "reward": traj.outcome,
+                          "turns": traj.info.get("turns"), "env_failure": traj.env_failure,
+                          "text": chat.tokenizer.decode(traj.tokens.tolist(),
+                                                        skip_special_tokens=False)}) + "\n")
+  os.replace(partial, path)
+
+
 def _success(traj: Trajectory) -> bool:
   """Full reward (a verified answer in math) from an episode the environment judged."""
   return traj.env_failure is None and traj.outcome >= 1.0
@@ -150,6 +179,12 @@ def _success(traj: Trajectory) -> bool:
 def report_path(cfg: Config, step: int) -> pathlib.Path:
   """Where `sao-eval` writes the JSON report of checkpoint `step` unless told otherwise."""
   return pathlib.Path(cfg.run.run_dir) / "eval" / f"step_{step}.json"
+
+
+def transcripts_path(cfg: Config, step: int) -> pathlib.Path:
+  """Where training writes the transcripts of its evaluation at `step` (negative
+  steps: during the SFT warm-start)."""
+  return pathlib.Path(cfg.run.run_dir) / "eval" / f"episodes_step_{step}.jsonl"
 
 
 def restore_state(cfg: Config, step: int | None = None):

@@ -41,7 +41,7 @@ from sao_jax.data import pipeline
 from sao_jax.data.learner_data import learner_batches, learner_transport, local_batch_sizes
 from sao_jax.envs.registry import make_env
 from sao_jax.envs.sandbox import IsolationUnavailable
-from sao_jax.evaluation import Evaluator
+from sao_jax.evaluation import Evaluator, transcripts_path
 from sao_jax.learner import compile as compile_lib
 from sao_jax.learner.loop import run_learner
 from sao_jax.learner.state import (policy_weights, published_template, published_weights,
@@ -160,7 +160,7 @@ def run(cfg: Config, *, resume: bool = True, log=print) -> dict:
     params = jax.device_get(policy)
     if evaluator is None:
       evaluator = Evaluator(cfg, chat, params, version=version)
-    result = evaluator.evaluate(params, version)
+    result = evaluator.evaluate(params, version, transcripts=transcripts_path(cfg, step))
     logger.write(step, result)
     summary.update(result)
     log(f"eval @ step {step}: accuracy {result['eval/accuracy']:.3f} "
@@ -205,7 +205,7 @@ def run(cfg: Config, *, resume: bool = True, log=print) -> dict:
   summary.update(rl_gain(run_dir))
   if "eval/rl_gain" in summary:
     log(f"held-out accuracy ({cfg.run.eval_episodes} episodes): after SFT "
-        f"{summary['eval/accuracy_after_sft']:.3f}, after RL {summary['eval/accuracy_after_rl']:.3f}, "
-        f"RL gain {summary['eval/rl_gain']:+.3f}")
+        f"{summary['eval/accuracy_after_sft']:.3f}, after RL "
+        f"{summary['eval/accuracy_after_rl']:.3f}, RL gain {summary['eval/rl_gain']:+.3f}")
   (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
   return summary

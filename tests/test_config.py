@@ -58,6 +58,7 @@ def test_variant_presets_follow_the_paper():
     ("run", {"sft_target_accuracy": 1.5}, r"run.sft_target_accuracy=1.5.*\[0, 1\]"),
     ("run", {"sft_target_accuracy": 0.5}, r"run.sft_target_accuracy=0.5.*run.sft_steps"),
     ("run", {"sft_steps": 10, "sft_check_every": 0}, r"run.sft_check_every=0.*positive"),
+    ("run", {"eval_transcripts": -1}, r"run.eval_transcripts=-1.*>= 0"),
 ])
 def test_bad_values_are_named(section, changes, message):
   base = cfg.Config()

@@ -29,7 +29,10 @@ class RunConfig:
   mode, the empty think block in the generation prompt); false is refused for a
   template without that switch.
   Evaluation runs greedy decoding on `eval_episodes` held-out tasks (the task
-  generator with `eval_seed` instead of `env.seed`) every `eval_every` steps.
+  generator with `eval_seed` instead of `env.seed`) every `eval_every` steps,
+  and writes the first `eval_transcripts` of those episodes as text to
+  RUN_DIR/eval/episodes_step_<step>.jsonl (the same tasks every time, so what
+  the policy writes can be compared across steps; 0 writes none).
   `sft_target_accuracy` > 0 ends the warm-start early, at the first multiple of
   `sft_check_every` steps where greedy accuracy on `eval_episodes` validation
   tasks (seed `eval_seed + 1`, so the held-out set the run reports on plays no
@@ -57,6 +60,7 @@ class RunConfig:
   eval_every: int = 20
   eval_episodes: int = 64
   eval_seed: int = 1_000_003
+  eval_transcripts: int = 16
   num_samplers: int = 1
   eval_samples: int = 0
   eval_pass_k: tuple[int, ...] = (1,)
@@ -88,7 +92,7 @@ class RunConfig:
       fail("run", "init", self.init, "expected 'random' or a model directory")
     if not isinstance(self.enable_thinking, bool):
       fail("run", "enable_thinking", self.enable_thinking, "expected true or false")
-    for name in ("sft_steps", "eval_every", "num_samplers", "eval_samples"):
+    for name in ("sft_steps", "eval_every", "num_samplers", "eval_samples", "eval_transcripts"):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         fail("run", name, value, "expected an integer >= 0 (0 disables)")

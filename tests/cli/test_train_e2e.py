@@ -63,6 +63,8 @@ def test_train_kill_sampler_then_resume(tmp_path, capsys, monkeypatch):
   assert all(r["staleness/max"] <= cfg.data.max_lag for r in rows if "staleness/max" in r)
   assert (run_dir / "curves.png").stat().st_size > 0
   assert list((run_dir / "tensorboard").iterdir())
+  transcripts = (run_dir / "eval" / "episodes_step_2.jsonl").read_text().splitlines()
+  assert len(transcripts) == cfg.run.eval_episodes  # fewer than run.eval_transcripts
   saved = {int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit()}
   assert {2, 3} <= saved and max(saved) == 3  # every 2 steps, and the final step
 

@@ -1,0 +1,63 @@
+"""Held-out evaluation writes what the policy wrote: the first episodes as text."""
+
+import dataclasses
+import json
+import pathlib
+
+import pytest
+
+from sao_jax import evaluation, warm_start
+from sao_jax.chat import chat_format
+from sao_jax.config import load_config
+from sao_jax.envs.registry import make_tasks
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+# The sanity environment (no sandbox) and a tiny random policy: fast, and its
+# episodes end with rewards no test chooses.
+TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.head_dim=8",
+        "model.num_attention_heads=4", "model.num_key_value_heads=2", "sampler.slots=4",
+        "run.eval_episodes=6"]
+
+
+def sanity(transcripts: int):
+  return load_config(ROOT / "configs" / "sanity_cpu.py",
+                     TINY + [f"run.eval_transcripts={transcripts}"])
+
+
+@pytest.fixture(scope="module")
+def chat_and_params():
+  cfg = sanity(0)
+  return chat_format(None, warm_start.train_run_tokenizer(cfg, transcripts=50)), \
+      warm_start.initial_policy(cfg)
+
+
+def evaluate(transcripts: int, path, chat_and_params) -> dict:
+  chat, params = chat_and_params
+  evaluator = evaluation.Evaluator(sanity(transcripts), chat, params)
+  return evaluator.evaluate(params, 0, transcripts=path)
+
+
+def test_the_first_episodes_in_task_order_are_written_whole(chat_and_params, tmp_path):
+  cfg = sanity(4)
+  path = tmp_path / evaluation.transcripts_path(cfg, 20).relative_to(cfg.run.run_dir)
+  result = evaluate(4, path, chat_and_params)
+  assert [p.name for p in path.parent.iterdir()] == ["episodes_step_20.jsonl"]  # no .partial
+  rows = [json.loads(line) for line in path.read_text().splitlines()]
+  env_cfg = dataclasses.replace(cfg.env, seed=cfg.run.eval_seed)
+  tasks = [task for task, _ in zip(make_tasks(env_cfg), range(4))]
+  assert [row["task"] for row in rows] == [task.id for task in tasks]
+  for row, task in zip(rows, tasks):
+    assert task.prompt in row["text"] and row["text"].startswith("<|im_start|>")
+    assert row["reward"] in (0.0, 1.0) and row["turns"] == 1 and row["env_failure"] is None
+  # They are the episodes the metrics count: written whole, they give the accuracy.
+  every = tmp_path / "every.jsonl"
+  again = evaluate(cfg.run.eval_episodes, every, chat_and_params)
+  rewards = [json.loads(line)["reward"] for line in every.read_text().splitlines()]
+  assert again == result and len(rewards) == cfg.run.eval_episodes
+  assert sum(rewards) / len(rewards) == result["eval/accuracy"]
+
+
+def test_no_path_or_zero_transcripts_writes_nothing(chat_and_params, tmp_path):
+  evaluate(4, None, chat_and_params)
+  evaluate(0, tmp_path / "none.jsonl", chat_and_params)
+  assert list(tmp_path.iterdir()) == []
