@@ -41,6 +41,16 @@ def _trajectories(seed: int) -> list[Trajectory]:
   return trajs
 
 
+def _config(variant: str = "sao", **learner):
+  """The tiny learner config at the sampler temperature 0.7, which the step applies
+  to its log-probs (a step that forgot it would still pass at 1.0). A large Adam eps
+  keeps the first update ~linear in the gradient, so equal gradients (up to
+  summation order) show as equal params (test_train_step.py). The lag-0 tests use
+  the packed test's configs, so they run the steps it compiled (`_step`)."""
+  cfg = make_config(variant, adam_eps=1e-2, **learner)
+  return dataclasses.replace(cfg, sampler=dataclasses.replace(cfg.sampler, temperature=0.7))
+
+
 @functools.lru_cache(maxsize=None)
 def _step(cfg):
   return jax.jit(functools.partial(train_step, cfg=cfg))
@@ -64,11 +74,8 @@ def _leaves(state):
     ("running_mean", {"micro_batches": 2}),
 ])
 def test_packed_step_equals_unpacked_step(variant, learner):
-  # A large Adam eps keeps the first update ~linear in the gradient, so equal
-  # gradients (up to summation order) show as equal params (test_train_step.py).
-  unpacked_cfg = make_config(variant, adam_eps=1e-2, **learner)
-  packed_cfg = make_config(variant, adam_eps=1e-2, batch_tokens=len(PACKED) * ROW,
-                           row_length=ROW, **learner)
+  unpacked_cfg = _config(variant, **learner)
+  packed_cfg = _config(variant, batch_tokens=len(PACKED) * ROW, row_length=ROW, **learner)
   if variant == "grpo_dis":
     algorithm = dataclasses.replace(unpacked_cfg.algorithm, loss_agg="seq_mean_token_mean")
     unpacked_cfg = dataclasses.replace(unpacked_cfg, algorithm=algorithm)
@@ -134,8 +141,7 @@ def _with_sampler_logp(cfg, state, batch, lag0_rows):
 
 @pytest.mark.parametrize("micro_batches", [1, 2])
 def test_lag0_mismatch_metric(micro_batches):
-  cfg = make_config(micro_batches=micro_batches)
-  cfg = dataclasses.replace(cfg, sampler=dataclasses.replace(cfg.sampler, temperature=0.7))
+  cfg = _config(micro_batches=micro_batches)  # 2: the packed test's "sao" step
   state = state_lib.init_state(cfg, jax.random.key(0))
   state = state.replace(policy_version=jnp.asarray(3, jnp.int32))
   # Micro-batch m takes rows m, m + 2, ...: three lag-0 rows in one, one in the other.
@@ -162,7 +168,7 @@ def test_lag0_mismatch_metric(micro_batches):
 def test_no_lag0_tokens_reads_nan():
   """Without lag-0 tokens the mismatch is undefined: NaN, never a 0 that reads as
   "sampler and learner agree" (also on value-only steps, which update no policy)."""
-  cfg = make_config()
+  cfg = _config()  # test_lag0_mismatch_metric[1]'s step
   batch = make_batch(10)  # behavior_version -1: several versions
   for update_policy in (True, False):
     state = state_lib.init_state(cfg, jax.random.key(0))
