@@ -5,6 +5,7 @@ import dataclasses
 import pathlib
 import types
 
+import jax
 import pytest
 
 from sao_jax.cli import plan as plan_cli
@@ -152,12 +153,31 @@ def test_plan_table_shows_paged_beside_dense():
   train = dataclasses.replace(decode, name="train_step")
   cfg = _cfg()
   result = aot.Plan(cfg=cfg, seq_len=32768, device=hardware.chip_spec("v5p"), devices=4,
-                    hbm_fraction=0.95, train=train, decode=decode, sampler_batch=64,
+                    hbm_fraction=0.95, train=train, decode=decode,
+                    paged_decode=dataclasses.replace(decode, name="paged_decode"), sampler_batch=64,
                     mean_episode_tokens=4096, model_flops=1e15, hardware_flops=1.2e15,
                     roofline=estimate.roofline(1e15, 1.2e15, 1000, 4, 459e12))
   table = aot.format_plan(result)
   assert "decode step (batch 64, cache 32768)" in table
-  assert "paged decode (same KV memory, mean episode 4096 tokens, pages of 16): 512 episodes" in table
+  assert ("paged decode (same KV memory, mean episode 4096 tokens, pages of 16): 512 episodes"
+          in table)
+  assert "\npaged_decode v5p:2x2x1" in table  # its compiled memory, a row like the others
+
+
+def test_paged_decode_compiles_at_the_claimed_concurrency_in_the_dense_memory():
+  """What `plan` compiles for the paged engine, here on the CPU mesh: slots for the
+  episodes the figures claim, a pool of the dense cache's pages, donated."""
+  from sao_jax.sharding.mesh import make_mesh
+  cfg = _small_config()
+  mesh = make_mesh(MeshConfig(fsdp=-1), jax.devices()[:4])
+  episodes = estimate.paged_episodes(8, 256, 64, cfg.sampler.kv_page_size)
+  pages = estimate.paged_pool_pages(8, 256, cfg.sampler.kv_page_size)
+  assert (episodes, pages) == (32, 128)  # 8 rows of 256 tokens = 128 pages of 16; 4 a episode
+  compiled = aot.lower_paged_decode(cfg, mesh, episodes, pages, 256).compile()
+  memory = estimate.MemoryUse.from_stats(compiled.memory_analysis())
+  m = cfg.model  # K and V pools per layer, bf16; KV heads are not split on an fsdp mesh
+  pool = 2 * m.num_hidden_layers * pages * 16 * m.num_key_value_heads * m.head_dim * 2
+  assert memory.arguments >= pool and memory.aliased >= pool  # the pool is donated in place
 
 
 def test_compiler_out_of_memory_message():
@@ -212,6 +232,7 @@ def test_aot_plan_small_config_fits_v5e():
   aot.check_fits(result)
   table = aot.format_plan(result)
   assert "train_step   v5e:2x2" in table and "decode_step  v5e:2x2" in table
+  assert "paged_decode v5e:2x2" in table  # the paged engine's call, compiled (sampler default)
   assert "MFU <=" in table
 
 

@@ -12,7 +12,9 @@ memory against HBM, FLOPs and the roofline step time / MFU / tokens per second,
 and exits 1 with what to change when a program does not fit. Beside the dense
 decode figures it prints the paged engine's: episodes that fit in the same KV
 memory and the decode tokens/s bound, for episodes of --mean-episode-tokens
-(default seq_len / 8).
+(default seq_len / 8); with `sampler.kv_layout="paged"` it also compiles the
+paged engine's decode call at that many slots over that memory (the
+`paged_decode` row), so the concurrency it claims is one the compiler fits.
 """
 
 from __future__ import annotations

@@ -8,8 +8,14 @@ The train step is `sao_jax.learner.compile.compile_train_step` (the learner's ow
 jit, shardings and donation) lowered on `jax.ShapeDtypeStruct`s that carry the
 state's and batch's shardings over a mesh of compile-only TPU devices from
 `jax.experimental.topologies`; the decode step is `sao_jax.models.decode.
-decode_step` on an abstract KV cache for the sampler's slice. Nothing is ever
-allocated, so a 30B-parameter plan runs on a laptop CPU once libtpu is installed.
+decode_step` on an abstract KV cache for the sampler's slice. With the paged
+engine (`sampler.kv_layout="paged"`), its own decode call
+(`sao_jax.sampler.paged_steps.decode`, `sampler.steps_per_call` steps) is
+compiled too, at the concurrency the paged figures claim: as many slots as
+episodes of the assumed mean length fit in the dense cache's memory, over a
+pool of exactly that memory, so the claim is checked by the compiler rather
+than only estimated. Nothing is ever allocated, so a 30B-parameter plan runs on
+a laptop CPU once libtpu is installed.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from sao_jax.learner import state as state_lib
 from sao_jax.models import decode
 from sao_jax.models.transformer import abstract_params, param_shardings
 from sao_jax.planning import estimate, hardware
+from sao_jax.models import paged
+from sao_jax.sampler import paged_steps
 from sao_jax.sampler import steps as sampler_steps
 from sao_jax.sharding.mesh import make_mesh, traced_on
 from sao_jax.sharding.rules import RULES, logical_to_spec
@@ -58,6 +66,7 @@ class Plan:
   hbm_fraction: float  # usable share of HBM
   train: Program
   decode: Program | None
+  paged_decode: Program | None  # the paged engine's decode call at `paged_decode(plan).episodes`
   sampler_batch: int
   mean_episode_tokens: int  # the assumed length distribution's mean, for the paged figures
   model_flops: float
@@ -69,7 +78,7 @@ class Plan:
     return self.device.hbm_bytes * self.hbm_fraction
 
   def programs(self) -> list[Program]:
-    return [self.train] + ([self.decode] if self.decode else [])
+    return [p for p in (self.train, self.decode, self.paged_decode) if p is not None]
 
 
 def _abstract(tree, shardings):
@@ -130,6 +139,23 @@ def lower_decode(cfg: Config, mesh: jax.sharding.Mesh, batch: int, max_len: int)
   return step.lower(params, cache, tokens)
 
 
+def lower_paged_decode(cfg: Config, mesh: jax.sharding.Mesh, slots: int, pages: int,
+                       max_len: int):
+  """The paged engine's decode call (`paged_steps.decode`: `sampler.steps_per_call`
+  steps over `slots` slots) on an abstract pool of `pages` pages, every page listed."""
+  model, page = cfg.model, cfg.sampler.kv_page_size
+  params = _abstract(abstract_params(model, "lm"), param_shardings(model, mesh, "lm"))
+  cache_shapes = jax.eval_shape(functools.partial(paged.init_paged_cache, model, pages, page,
+                                                  slots))
+  cache = _abstract(cache_shapes, paged_steps.paged_cache_shardings(cache_shapes, mesh))
+  host = NamedSharding(mesh, PartitionSpec())  # the engine's numpy arguments: replicated
+  arg = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=host)
+  step = paged_steps.compile_paged_steps(model, cfg.sampler, (), mesh).decode
+  return step.lower(params, cache, arg((slots, -(-max_len // page)), jnp.int32),
+                    arg((slots,), jnp.int32), arg((slots,), jnp.bool_),
+                    arg((slots,), jnp.int32), arg((slots,), jnp.uint32), entries=pages)
+
+
 def batch_shards(mesh_shape: dict[str, int]) -> int:
   """Devices a batch dimension splits over (the activation-batch mesh axes)."""
   count = 1
@@ -157,7 +183,8 @@ def plan(cfg: Config, topology: str, seq_len: int, *, sampler_topology: str | No
   train = _program("train_step", topology, mesh, _compile(
       lower_train(cfg, mesh, seq_len), cfg, "train_step", mesh, device.name, seq_len))
   sampler_batch = sampler_batch or cfg.sampler.slots
-  decode_program = None
+  mean_episode_tokens = mean_episode_tokens or max(seq_len // 8, 1)
+  decode_program = paged_program = None
   if with_decode:
     sampler_topology = sampler_topology or topology
     if hardware.parse_topology(sampler_topology)[0] != generation:
@@ -168,12 +195,20 @@ def plan(cfg: Config, topology: str, seq_len: int, *, sampler_topology: str | No
     decode_program = _program("decode_step", sampler_topology, sampler, _compile(
         lower_decode(cfg, sampler, sampler_batch, seq_len), cfg, "decode_step", sampler,
         device.name, seq_len))
+    if cfg.sampler.kv_layout == "paged":
+      page = cfg.sampler.kv_page_size
+      episodes = estimate.paged_episodes(sampler_batch, seq_len, mean_episode_tokens, page)
+      pages = estimate.paged_pool_pages(sampler_batch, seq_len, page)
+      paged_program = _program("paged_decode", sampler_topology, sampler, _compile(
+          lower_paged_decode(cfg, sampler, episodes, pages, seq_len), cfg, "paged_decode",
+          sampler, device.name, seq_len))
   model_flops, hardware_flops = estimate.step_flops(cfg, seq_len)
   tokens = cfg.learner.batch_rows * seq_len  # token slots: packed rows count whole
   return Plan(cfg=cfg, seq_len=seq_len, device=device, devices=len(devices),
               hbm_fraction=hbm_fraction, train=train, decode=decode_program,
-              sampler_batch=sampler_batch,
-              mean_episode_tokens=mean_episode_tokens or max(seq_len // 8, 1), model_flops=model_flops, hardware_flops=hardware_flops,
+              paged_decode=paged_program, sampler_batch=sampler_batch,
+              mean_episode_tokens=mean_episode_tokens, model_flops=model_flops,
+              hardware_flops=hardware_flops,
               roofline=estimate.roofline(model_flops, hardware_flops, tokens, len(devices),
                                          device.peak_bf16_flops))
 

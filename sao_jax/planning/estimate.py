@@ -200,6 +200,20 @@ class PagedDecode:
   tokens_per_s: float
 
 
+def paged_pool_pages(dense_slots: int, seq_len: int, page_size: int) -> int:
+  """Pages in the dense cache's KV memory: dense_slots rows of ceil(seq_len / page)."""
+  return dense_slots * -(-seq_len // page_size)
+
+
+def paged_episodes(dense_slots: int, seq_len: int, mean_tokens: int, page_size: int) -> int:
+  """Episodes of `mean_tokens` tokens the dense cache's memory holds as pages
+  (`paged_decode`'s formula)."""
+  if not 0 < mean_tokens <= seq_len:
+    raise ValueError(f"mean episode tokens={mean_tokens} is invalid: expected 0 < mean <= "
+                     f"seq_len={seq_len}")
+  return paged_pool_pages(dense_slots, seq_len, page_size) // -(-mean_tokens // page_size)
+
+
 def paged_decode(dense_slots: int, seq_len: int, mean_tokens: int, page_size: int,
                  dense_flops: float, dense_bytes: float, peak_flops: float,
                  bytes_per_s: float) -> PagedDecode:
@@ -218,10 +232,6 @@ def paged_decode(dense_slots: int, seq_len: int, mean_tokens: int, page_size: in
 
   and tokens/s <= episodes / seconds.
   """
-  if not 0 < mean_tokens <= seq_len:
-    raise ValueError(f"mean episode tokens={mean_tokens} is invalid: expected 0 < mean <= "
-                     f"seq_len={seq_len}")
-  pool = dense_slots * -(-seq_len // page_size)
-  episodes = pool // -(-mean_tokens // page_size)
+  episodes = paged_episodes(dense_slots, seq_len, mean_tokens, page_size)
   seconds = max(dense_bytes / bytes_per_s, dense_flops * episodes / dense_slots / peak_flops)
   return PagedDecode(episodes=episodes, seconds=seconds, tokens_per_s=episodes / seconds)
