@@ -13,8 +13,8 @@ one line per config:
 
 `sampler_concurrency_gain`: episodes that fit per sampler host, paged (pages of
 sampler.kv_page_size, episodes of seq_len / 8 tokens on average) vs dense, at the
-dense cache's memory (`aot.paged_decode`); `paged_decode_gib_per_chip`: the paged
-engine's decode call compiled at that many slots over that memory. `hbm_fraction`
+dense cache's memory (`aot.paged_decode`); `paged_decode_gib_per_chip` (configs on
+the paged engine): its decode call compiled at that many slots over that memory. `hbm_fraction`
 is the largest program's per-device total over HBM (> 0.95 does not fit);
 `estimated_mfu` and `tokens_per_s` are compute-roofline bounds.
 """
@@ -57,11 +57,12 @@ def plan_one(name: str, topology: str, sampler_topology: str) -> dict:
           "train_gib_per_chip": round(result.train.memory.total / 2**30, 2),
           "decode_gib_per_chip": round(result.decode.memory.total / 2**30, 2),
           "decode_ms": round(aot.decode_seconds(result) * 1e3, 3),
-          "paged_decode_gib_per_chip": round(result.paged_decode.memory.total / 2**30, 2),
           "sampler_concurrency_gain": round(aot.paged_decode(result).episodes
                                             / result.sampler_batch, 3),
           "paged_decode_tokens_per_s": round(aot.paged_decode(result).tokens_per_s),
-          "compile_s": round(seconds, 1)}
+          "compile_s": round(seconds, 1),
+          **({"paged_decode_gib_per_chip": round(result.paged_decode.memory.total / 2**30, 2)}
+             if result.paged_decode else {})}
 
 
 def main() -> None:

@@ -15,6 +15,12 @@ per layer plus one layer's working set; the 36 layers run as one `lax.scan`
 Samplers: one engine per sampler host, sharded over its 4 chips
 (`sampler.sharded`), 64 slots of 32K tokens: 4.1 GiB of params and 72 GiB of KV
 cache per chip (76.0 GiB, 80.0%).
+The engine is the dense one (`kv_layout="dense"`): the paged engine's pure-JAX
+decode gathers every listed page into temporaries (about twice the pool) and
+keeps its pool whole on each chip of an fsdp sampler mesh, so at this size it
+does not fit: sao-plan's `paged_decode` row asked 580 GiB of temporaries per
+v5p chip for the 8B config (README, paged KV cache). Paged pays on TPU once the
+Pallas ragged paged attention kernel streams the pages instead.
 
 Prove it compiles and fits before paying for the slices (CPU + libtpu; ~9 min on
 2 busy cores):
@@ -56,5 +62,5 @@ def get_config() -> Config:
       learner=LearnerConfig(batch_trajectories=64, micro_batches=4, policy_lr=1e-6,
                             value_lr=5e-6),
       sampler=SamplerConfig(slots=64, max_seq_len=32768, prefill_buckets=(512, 2048, 8192),
-                            sharded=True),
+                            sharded=True, kv_layout="dense"),
   )
