@@ -14,12 +14,8 @@ Samplers: `sao-sampler` runs one engine per sampler host, sharded over that
 host's 4 chips (`sampler.sharded`), with 64 slots of 32K tokens: 16.4 GiB of
 params and 48 GiB of KV cache per chip. (128 slots per host would need 112.6
 GiB of the 95.)
-The engine is the dense one (`kv_layout="dense"`): the paged engine's pure-JAX
-decode gathers every listed page into temporaries (about twice the pool) and
-keeps its pool whole on each chip of an fsdp sampler mesh, so at this size it
-does not fit: sao-plan's `paged_decode` row asked 580 GiB of temporaries per
-v5p chip for the 8B config (README, paged KV cache). Paged pays on TPU once the
-Pallas ragged paged attention kernel streams the pages instead.
+The engine is the dense one (`kv_layout="dense"`), for the reason
+configs/qwen3_8b_v5p32.py gives: at this size the paged engine does not fit yet.
 
 Prove it compiles and fits before paying for the slices (CPU + libtpu):
 
