@@ -131,6 +131,15 @@ def test_decode_advice_names_sampler_knobs():
   assert "a shorter cache (--seq-len, now 32768)" in message
 
 
+def test_paged_decode_advice_names_the_engine_not_the_learner():
+  message = estimate.compiler_oom_message(
+      _cfg(), "paged_decode", "RESOURCE_EXHAUSTED: the total memory required for HLO "
+      "temporaries (580.27G) exceeds available HBM (95.74G).", "v5p", 32768, 4)
+  assert message.startswith("paged_decode does not fit: the TPU compiler needs 580.27 GiB")
+  assert "--set sampler.kv_layout=dense" in message and "--mean-episode-tokens" in message
+  assert "learner.micro_batches" not in message and "remat" not in message
+
+
 def test_paged_decode_figures_at_the_dense_cache_memory():
   # 64 dense rows of 32K tokens = 131072 pages of 16; 4096-token episodes take 256 pages.
   paged = estimate.paged_decode(64, 32768, 4096, 16, dense_flops=1e12, dense_bytes=76e9,

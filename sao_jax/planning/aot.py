@@ -30,10 +30,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 from sao_jax.config import Config, MeshConfig
 from sao_jax.learner import compile as compile_lib
 from sao_jax.learner import state as state_lib
-from sao_jax.models import decode
+from sao_jax.models import decode, paged
 from sao_jax.models.transformer import abstract_params, param_shardings
 from sao_jax.planning import estimate, hardware
-from sao_jax.models import paged
 from sao_jax.sampler import paged_steps
 from sao_jax.sampler import steps as sampler_steps
 from sao_jax.sharding.mesh import make_mesh, traced_on

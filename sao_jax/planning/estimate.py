@@ -138,7 +138,13 @@ def _advice(cfg: Config, memory: MemoryUse, program: str, seq_len: int,
   model, learner = cfg.model, cfg.learner
   state_fixes = [f"--set mesh.fsdp=... larger than {cfg.mesh.fsdp} (shards params and optimizer "
                  "state over more chips; set another axis smaller or use a larger --topology)"]
-  if program == "decode_step":
+  if program == "paged_decode":
+    # Its temporaries are the gathered pages, ~2x the pool (README, paged KV cache).
+    activation_fixes = ["--set sampler.kv_layout=dense (the paged engine's decode gathers every "
+                        "listed page: about twice its pool in temporaries)",
+                        "a larger --mean-episode-tokens (fewer slots over the same pool)",
+                        "a smaller --sampler-batch (a smaller pool: that many dense rows)"]
+  elif program == "decode_step":
     activation_fixes = ["a smaller --sampler-batch", f"a shorter cache (--seq-len, now {seq_len})",
                         f"--set mesh.tensor=... larger than {cfg.mesh.tensor} for the sampler "
                         "(shards KV heads)"]
