@@ -25,8 +25,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
-import json
-import os
 import pathlib
 from typing import Iterator
 
@@ -34,7 +32,7 @@ import jax
 import numpy as np
 import tqdm
 
-from sao_jax import eval_scores
+from sao_jax import eval_scores, metrics
 from sao_jax.chat import ChatFormat, load_chat
 from sao_jax.config import Config, SamplerConfig
 from sao_jax.config.dataset import DATASET_SOURCES
@@ -158,17 +156,13 @@ def benchmark(cfg: Config, chat: ChatFormat, params: Params, *, version: int = 0
 def write_transcripts(path: pathlib.Path, trajs: list[Trajectory], chat: ChatFormat) -> None:
   """One JSON line per episode: {"task", "reward", "turns", "env_failure", "text"},
   the text being the whole token sequence decoded (prompt, actions, observations,
-  special tokens kept). Written to a temporary file and renamed, so a reader sees
-  the old file or the new one, never half of one."""
+  special tokens kept), written atomically (`metrics.write_jsonl`)."""
   path.parent.mkdir(parents=True, exist_ok=True)
-  partial = path.with_name(path.name + ".partial")
-  with partial.open("w") as f:
-    for traj in trajs:
-      f.write(json.dumps({"task": traj.info.get("task"), "reward": traj.outcome,
-                          "turns": traj.info.get("turns"), "env_failure": traj.env_failure,
-                          "text": chat.tokenizer.decode(traj.tokens.tolist(),
-                                                        skip_special_tokens=False)}) + "\n")
-  os.replace(partial, path)
+  metrics.write_jsonl(path, (
+      {"task": traj.info.get("task"), "reward": traj.outcome, "turns": traj.info.get("turns"),
+       "env_failure": traj.env_failure,
+       "text": chat.tokenizer.decode(traj.tokens.tolist(), skip_special_tokens=False)}
+      for traj in trajs))
 
 
 def _success(traj: Trajectory) -> bool:

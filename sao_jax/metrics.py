@@ -31,7 +31,7 @@ import math
 import os
 import pathlib
 import time
-from typing import Mapping
+from typing import Iterable, Mapping
 
 import numpy as np
 
@@ -123,9 +123,7 @@ class MetricsLogger:
     path = self.run_dir / METRICS_FILE
     self._jsonl.close()
     kept = [] if step is None else [row for row in _rows(path) if not _replayed(row, step)]
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text("".join(json.dumps(row) + "\n" for row in kept), encoding="utf-8")
-    os.replace(partial, path)  # atomic: a crash leaves the old file or the new one
+    write_jsonl(path, kept)
     self._jsonl = open(path, "a", encoding="utf-8")
     if self._tb is not None:
       self._rewind_tensorboard(step, kept)
@@ -178,6 +176,14 @@ def _replayed(row: dict, step: int) -> bool:
   if any(key.startswith("eval/") for key in row):
     return row["step"] > step
   return row["step"] >= step
+
+
+def write_jsonl(path: pathlib.Path, rows: Iterable[Mapping]) -> None:
+  """One JSON object per line, written to a temporary file and renamed: a reader
+  (or a crash) sees the old file or the new one, never half of one."""
+  partial = path.with_name(path.name + ".partial")
+  partial.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+  os.replace(partial, path)
 
 
 def _rows(path: pathlib.Path) -> list[dict]:
