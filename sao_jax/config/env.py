@@ -83,6 +83,9 @@ class EnvConfig:
   # math_tool: the share of SFT demonstrations that call the tool; the rest answer
   # at once without it (the demo's warm-start, so RL has a strategy to find).
   demo_tool_rate: float = 1.0
+  # math_tool: the share of SFT demonstrations from a careless expert who guesses the
+  # question's first number without the tool (imperfect data that only RL can correct).
+  demo_guess_rate: float = 0.0
   coding_bug_kind: str = "mixed"  # coding
   # Coding: a directory of task dirs/archives (task_source="dir"), and the reward
   # shape (False: 1 iff every hidden test passes; True: the fraction that pass).
@@ -124,9 +127,10 @@ class EnvConfig:
       fail("env", "coding_task_dir", self.coding_task_dir,
            "task_source='dir' needs an existing directory of task directories or archives")
     check_positive("env", self, "max_turns", "max_observation_chars")
-    rate = self.demo_tool_rate
-    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate <= 1:
-      fail("env", "demo_tool_rate", rate, "expected a number in [0, 1]")
+    for field in ("demo_tool_rate", "demo_guess_rate"):
+      rate = getattr(self, field)
+      if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate <= 1:
+        fail("env", field, rate, "expected a number in [0, 1]")
     if not isinstance(self.tool, SandboxLimits):
       fail("env", "tool", self.tool, "expected a SandboxLimits (sao_jax.config.env)")
     self.tool.validate()

@@ -109,7 +109,8 @@ TASK_SOURCES: dict[str, dict[str, Callable[[EnvConfig], Iterator[Task]]]] = {
 # that earn full reward): what the SFT warm-start (`sao_jax.warm_start`) imitates
 # and a run's own tokenizer is trained on.
 DEMONSTRATIONS: dict[str, Callable[[Task, EnvConfig], list[str]]] = {
-    "math_tool": lambda task, c: math_tasks.demonstration(task, c.demo_tool_rate),
+    "math_tool": lambda task, c: math_tasks.demonstration(task, c.demo_tool_rate,
+                                                             c.demo_guess_rate),
     "coding": lambda task, c: coding_generator.solution_actions(task),
     "style": lambda task, c: style.demonstration(task),
     "sanity": lambda task, c: sanity.demonstration(task),

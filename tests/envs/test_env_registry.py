@@ -88,6 +88,7 @@ def test_unknown_names_list_the_known_ones():
     ({"difficulty": 9}, "env.difficulty=9"),
     ({"problem_kind": "essay"}, "env.problem_kind='essay'"),
     ({"demo_tool_rate": 1.5}, "env.demo_tool_rate=1.5"),
+    ({"demo_guess_rate": -0.1}, "env.demo_guess_rate=-0.1"),
     ({"tool": SandboxLimits(wall_time_s=0)}, "env.tool.wall_time_s=0"),
     ({"tool": SandboxLimits(memory_mb=1.5)}, "env.tool.memory_mb=1.5"),
     ({"seed": "0"}, "env.seed='0'"),

@@ -11,13 +11,15 @@ r"""Generated math tasks and scripted demonstrations.
   word problems have `difficulty` steps on a count starting below
   `10 * 10**(difficulty-1)`. Answers are integers.
 - `demonstration(task)`: the ideal assistant turns (a tool call that prints the
-  answer, then the boxed answer) for SFT warm-starts.
+  answer, then the boxed answer) for SFT warm-starts; `tool_rate` and
+  `guess_rate` mix in direct answers and careless guesses.
 """
 
 from __future__ import annotations
 
 import itertools
 import random
+import re
 import types
 from typing import Iterator
 
@@ -107,14 +109,26 @@ def _word_problem(rng: random.Random, difficulty: int) -> tuple[str, str, int]:
   return " ".join(sentences), "\n".join(program), count
 
 
-def demonstration(task: Task, tool_rate: float = 1.0) -> list[str]:
-  r"""Ideal assistant turns: run `task.metadata["program"]`, then `\boxed{answer}`.
+def demonstration(task: Task, tool_rate: float = 1.0, guess_rate: float = 0.0) -> list[str]:
+  r"""Assistant turns to imitate: run `task.metadata["program"]`, then `\boxed{answer}`.
 
-  With `tool_rate` < 1 that share of tasks (a fixed per-task draw) is
-  demonstrated that way and the rest are answered at once without the tool
-  (`env.demo_tool_rate`): an expert who computes in their head, which a small
-  policy imitates in form but not in accuracy, so RL has a strategy to find.
+  With `guess_rate` > 0 that share of tasks (a fixed per-task draw,
+  `env.demo_guess_rate`) is demonstrated by a careless expert who answers at
+  once, without the tool, with the first number of the question: wrong on
+  every difficulty-1 arithmetic task (a + b != a and a - b != a for b >= 1). SFT
+  imitates the habit as faithfully as the skill (at the first token the policy
+  guesses with probability ~`guess_rate`), and more SFT cannot remove it; only
+  RL, paid for right answers, can. With `tool_rate` < 1 that share of the
+  remaining tasks is demonstrated with the tool and the rest are answered at
+  once, rightly, without it (`env.demo_tool_rate`): an expert who computes in
+  their head, which a small policy imitates in form but not in accuracy.
   """
+  if guess_rate > 0 and random.Random(f"demo-guess:{task.id}").random() < guess_rate:
+    first = re.search(r"\d+", task.prompt)
+    if first is None:
+      raise ValueError(f"task {task.id!r} has no number in its prompt to guess; set "
+                       "env.demo_guess_rate=0 for this task source")
+    return [f"The answer is \\boxed{{{first.group()}}}."]
   if tool_rate < 1 and random.Random(f"demo-tool:{task.id}").random() >= tool_rate:
     return [f"The answer is \\boxed{{{task.answer}}}."]
   program = task.metadata.get("program")

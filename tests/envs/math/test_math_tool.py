@@ -239,6 +239,27 @@ def test_verify_answer_works_off_the_main_thread():
   assert results == [True]
 
 
+def test_demo_guess_rate_mixes_wrong_guesses_in_a_fixed_share():
+  """env.demo_guess_rate: that share of demonstrations answers at once with the
+  question's first number (reward 0 on difficulty-1 arithmetic); the choice is
+  fixed per task and independent of demo_tool_rate's."""
+  env = make_env()
+  generated = [math_tasks.generate_task(i, seed=3, difficulty=1, kind="arithmetic")
+               for i in range(200)]
+  demos = [math_tasks.demonstration(t, guess_rate=0.5) for t in generated]
+  guessed = [t for t, d in zip(generated, demos) if len(d) == 1]
+  assert 70 <= len(guessed) <= 130  # Binomial(200, 0.5): 7 standard deviations either side
+  assert demos[:20] == [math_tasks.demonstration(t, guess_rate=0.5) for t in generated[:20]]
+  first = guessed[0].prompt.split()[1]  # "Compute 7 - 3." -> "7"
+  assert math_tasks.demonstration(guessed[0], guess_rate=0.5) == [
+      f"The answer is \\boxed{{{first}}}."]
+  assert all(play(env, t, math_tasks.demonstration(t, guess_rate=1.0)).result.reward == 0.0
+             for t in guessed[:5])
+  tool = [t for t, d in zip(generated, demos) if len(d) == 2]
+  assert play(env, tool[0], math_tasks.demonstration(tool[0], guess_rate=0.5)).result.reward == 1.0
+  assert all(len(math_tasks.demonstration(t, guess_rate=0.0)) == 2 for t in generated[:20])
+
+
 def test_demo_tool_rate_mixes_direct_answers_in_a_fixed_share():
   """env.demo_tool_rate: that share of demonstrations calls the tool; the rest answer
   at once (one turn, full reward, no tool message); the choice is fixed per task."""
