@@ -29,7 +29,11 @@ a shard larger than that is refused before it is read. A peer that fails the
 handshake, breaks the protocol, sends an unsigned header or a shard whose crc32
 differs (`WeightChecksumError`, naming the leaf, the shard and the version) is
 counted in `stats` and logged; `poll()` returns None and the subscriber keeps
-its previous version. It never adopts an older version. A learner host that
+its previous version; until the retry time the next polls return None at once
+without touching the network, the wait doubling from `_RETRY_FIRST_S` per
+consecutive failure up to `_RETRY_MAX_S` (a broken peer costs one reconnect
+per wait, not one per decode step), and a clean poll resets it. It never
+adopts an older version. A learner host that
 cannot be reached raises ConnectionError; a learner that proved the secret but
 serves another model (or is not one host of the learner) raises ValueError.
 
@@ -66,6 +70,8 @@ from sao_jax.sampler.weights_wire import LENGTH, PROTOCOL, PeerError
 
 _IDLE_SECONDS = 60.0  # an authenticated subscriber with no request for this long is closed
 _SHARDS_PER_LEAF = 64  # most shards of one leaf a header may list (a host's devices)
+_RETRY_FIRST_S = 0.05  # a subscriber's wait after a peer broke the protocol, doubled per
+_RETRY_MAX_S = 5.0     # consecutive failure up to this
 
 
 class WeightChecksumError(PeerError):
@@ -331,6 +337,8 @@ class NetworkSubscriber:
                           + 256 * _SHARDS_PER_LEAF * len(self._leaves))
     self.stats: collections.Counter = collections.Counter()  # connection errors by reason
     self.version = -1
+    self._retry_wait = 0.0  # 0 after a clean poll; else the last wait (module docstring)
+    self._retry_at = 0.0    # time.monotonic() before which poll() stays off the network
 
   def _check_hosts(self, replies: list[dict]) -> list[list[int]]:
     """Every host's versions, once the replies are well-formed and from one learner."""
@@ -358,16 +366,20 @@ class NetworkSubscriber:
 
   def poll(self) -> tuple[Any, int] | None:
     """(params, version) of a newer version, or None: nothing newer, or a peer broke the
-    protocol (counted in `stats`, logged; that connection is reopened next time)."""
+    protocol (counted in `stats`, logged; that connection is reopened once the retry
+    wait has passed: module docstring)."""
+    if time.monotonic() < self._retry_at:
+      return None
     try:
       replies = [c.call({"op": "versions"}) for c in self._connections]
       version = choose_version(self._check_hosts(replies), self.version)
-      if version is None:
-        return None
-      leaves = self._fetch(version)
+      leaves = None if version is None else self._fetch(version)
     except PeerError as error:  # its connection is closed: the stream position is lost
       wire.count_error(self.stats, error, "subscriber")
+      self._retry_wait = min(max(2 * self._retry_wait, _RETRY_FIRST_S), _RETRY_MAX_S)
+      self._retry_at = time.monotonic() + self._retry_wait
       return None
+    self._retry_wait = 0.0
     if leaves is None:
       return None
     self.version = version

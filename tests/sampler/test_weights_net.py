@@ -100,6 +100,8 @@ def test_checksum_mismatch_names_leaf_and_version_and_keeps_weights(channel, cap
   assert re.search(r"version 2 leaf \['layers'\]\[0\]\['w'\].*keeping version 1", caplog.text)
   assert subscriber.stats == {"checksum": 1} and subscriber.version == 1
   publisher.publish(params(3), version=3)
+  assert subscriber.poll() is None  # within the retry wait: off the network
+  time.sleep(weights_net._RETRY_FIRST_S * 1.5)
   tree, version = subscriber.poll()  # the connection recovers; the next version is adopted
   assert version == 3
   assert_exact(tree, params(3))

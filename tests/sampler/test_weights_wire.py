@@ -209,7 +209,14 @@ def test_hostile_server_is_counted_not_a_crash(reply, reason):
   subscriber = subscriber_of(f"127.0.0.1:{listener.getsockname()[1]}")
   try:
     assert subscriber.poll() is None and subscriber.poll() is None
-    assert subscriber.stats == {reason: 2} and subscriber.version == -1
+    # Before: every poll (each decode step) reconnected to the broken peer. Now the
+    # second poll waits out the backoff without touching the network ...
+    assert subscriber.stats == {reason: 1} and subscriber.version == -1
+    time.sleep(weights_net._RETRY_FIRST_S * 1.5)
+    assert subscriber.poll() is None  # ... and the next one after it retries,
+    assert subscriber.stats == {reason: 2}
+    assert subscriber.poll() is None  # with the wait doubled.
+    assert subscriber.stats == {reason: 2} and subscriber._retry_wait == 2 * weights_net._RETRY_FIRST_S
   finally:
     subscriber.close()
     listener.close()
