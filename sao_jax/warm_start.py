@@ -152,7 +152,8 @@ def sft_warm_start(cfg: Config, chat: ChatFormat, policy: Params, demos: Iterato
         f"(target {run.sft_target_accuracy:.2f})")
     return accuracy >= run.sft_target_accuracy
 
-  # A progress bar with the latest loss, on a terminal (off when stderr is a log file).
+  # A progress bar with the latest loss on a terminal; in a log file (stderr not a
+  # terminal: the bar is off) a line every `run.sft_check_every` steps instead.
   bar = tqdm.tqdm(total=run.sft_steps, desc="SFT", unit="step", disable=None)
 
   def log_step(step: int, metrics: dict) -> None:
@@ -160,6 +161,8 @@ def sft_warm_start(cfg: Config, chat: ChatFormat, policy: Params, demos: Iterato
     log_metrics(step, metrics)
     bar.set_postfix(loss=f"{metrics['sft/loss']:.4f}", refresh=False)
     bar.update(1)
+    if bar.disable and (step + 1) % run.sft_check_every == 0:
+      log(f"SFT step {step + 1}/{run.sft_steps}: loss {metrics['sft/loss']:.4f}")
 
   target = run.sft_target_accuracy
   log(f"SFT warm-start: {run.sft_steps} steps on demonstrations"

@@ -56,7 +56,7 @@ class RunConfig:
   sft_lr: float = 3e-3
   sft_batch: int = 32
   sft_target_accuracy: float = 0.0  # 0: all sft_steps
-  sft_check_every: int = 25
+  sft_check_every: int = 25  # also the interval of SFT progress lines in a log file
   eval_every: int = 20
   eval_episodes: int = 64
   eval_seed: int = 1_000_003

@@ -105,6 +105,19 @@ def test_warm_start_that_misses_the_target_says_where_it_landed(monkeypatch, cha
   assert np.isfinite(record["final_sft_loss"])
 
 
+def test_warm_start_in_a_log_file_reports_progress_every_check_interval(chat):
+  """With stderr not a terminal (no progress bar) a run still shows where SFT is."""
+  cfg = load_config(ROOT / "configs" / "demo_cpu.py",
+                    TINY + ["run.sft_steps=4", "run.sft_check_every=2",
+                            "run.sft_target_accuracy=0"])
+  lines = []
+  _, record = warm_start.sft_warm_start(cfg, chat, warm_start.initial_policy(cfg),
+                                        warm_start.demonstrations(cfg), log=lines.append)
+  progress = [line for line in lines if line.startswith("SFT step")]
+  assert [line.split(":")[0] for line in progress] == ["SFT step 2/4", "SFT step 4/4"]
+  assert progress[-1] == f"SFT step 4/4: loss {record['final_sft_loss']:.4f}"
+
+
 def test_a_multi_host_learner_refuses_an_accuracy_target(monkeypatch, tmp_path):
   cfg = load_config(ROOT / "configs" / "demo_cpu.py",
                     TINY + ["run.sft_steps=4", "run.sft_target_accuracy=0.5", "run.eval_every=0",
