@@ -69,7 +69,8 @@ def test_centred_sao_with_lr_warmup_does_not_drift_where_plain_sao_collapses(tmp
   from experiments import drift
   from sao_jax.config.loading import apply_overrides
   cfg = apply_overrides(sanity_config("sao"), [
-      *drift.SETTING, *drift.ARMS["sao_centred_lr_warmup"][1], "seed=1", "env.seed=1"])
+      *drift.SETTING, f"learner.steps={drift.STEPS}", *drift.ARMS["sao_centred_lr_warmup"][1],
+      "seed=1", "env.seed=1"])
   rewards = training_rewards(cfg, tmp_path)
   smooth = np.convolve(rewards, np.ones(WINDOW) / WINDOW, mode="valid")
   assert smooth.min() >= drift.COLLAPSED_BELOW, rewards
