@@ -47,6 +47,18 @@ before they ran: the same criteria, judged over all 1000 steps (collapsed: the
 trailing 5-step mean reward below 0.1 at any step; learned: the last 10 steps'
 mean >= 0.9); the claim holds for an arm with no collapse in 8 seeds.
 
+`sao_centred_lr_warmup_contrast` (the remedy plus
+`algorithm.require_reward_contrast`: no policy update on a batch whose
+trajectories all earned the same reward) was added after seed 0 of the remedy's
+1000-step run collapsed at step ~600, from a saturated reward of 1.0: over
+steps 500-600 its median policy gradient norm was 1.7e-6 while its median
+update norm was 0.07 (Adam normalising the critic's residual error in batches
+of all-1 rewards into full-size steps), a random walk that ended in a one-token
+reply earning 0 everywhere, from which centred advantages of all-0 batches
+cannot climb back. Its criteria are the same, and it runs in both studies
+(60 steps: does the gate cost learning speed? 1000 steps: does it stop the
+late collapse?).
+
 The report (`docs/drift.md`, or `--report`) is generated from the runs' metrics.jsonl.
 """
 
@@ -74,6 +86,9 @@ ARMS = {
     "sao_centred": ("sao", ("algorithm.advantage_centering=batch_mean",)),
     "sao_centred_lr_warmup": ("sao", ("algorithm.advantage_centering=batch_mean",
                                       "learner.lr_warmup_steps=10")),
+    "sao_centred_lr_warmup_contrast": ("sao", ("algorithm.advantage_centering=batch_mean",
+                                               "learner.lr_warmup_steps=10",
+                                               "algorithm.require_reward_contrast=true")),
     "grpo": ("grpo", ()),
     "sao_lam1": ("sao", ("algorithm.lam_policy=1.0",)),
     "sao_critic_warmup": ("sao", ("learner.critic_warmup_steps=10",

@@ -101,6 +101,12 @@ class AlgorithmConfig:
   # policy update carries no net push up or down on the sampled tokens (a critic's
   # bias is such a push); "none": the estimator's advantages as they are.
   advantage_centering: str = "none"
+  # True: skip the policy update (its optimizer state unchanged; the critic still
+  # trains) on a batch whose trajectories all earned the same reward. Its advantages
+  # then hold no outcome contrast, only the critic's residual error, which Adam's
+  # normalisation turns into full-size steps: SAO's random walk at a saturated (or
+  # all-failing) reward (README, "Why SAO drifted"). False: the paper's SAO.
+  require_reward_contrast: bool = False
   # Policy loss (SAO.md §2): DIS band (1 - eps_low, 1 + eps_high), PPO clip for grpo/ppo.
   eps_low: float = 0.3
   eps_high: float = 5.0
@@ -168,6 +174,9 @@ class AlgorithmConfig:
       fail("algorithm", "value_updates_per_step", self.value_updates_per_step,
             f"variant {self.variant!r} has no critic; set it to 0")
     check_positive("algorithm", self, "group_size", "running_mean_window", "running_mean_slots")
+    if not isinstance(self.require_reward_contrast, bool):
+      fail("algorithm", "require_reward_contrast", self.require_reward_contrast,
+           "expected True or False")
     for pattern in self.frozen_patterns:
       try:
         re.compile(pattern)

@@ -14,6 +14,9 @@
 
 `advantage_values="after_critic_update"` runs the K value updates first and
 computes the advantages from the updated critic (targets still from V_old).
+With `algorithm.require_reward_contrast` the policy update is skipped (as on a
+value-only step; `policy/no_contrast_skip` = 1) when max_i R_i = min_i R_i over
+the batch's trajectories i, R_i the trajectory's summed reward.
 
 Every update is guarded: if its loss or gradient norm is not finite, params
 and optimizer state keep their old values and `nonfinite_skips` counts it.
@@ -337,6 +340,15 @@ def train_step(state: state_lib.TrainState, batch: Batch, update_policy: jax.Arr
       jnp.square(adv - metrics["advantage/mean"]), action))
   metrics["advantage/neg_frac"] = losses.aggregate.masked_mean(
       (adv < 0).astype(jnp.float32), action)
+
+  if alg.require_reward_contrast:
+    # No two trajectories differ in reward: the advantages are the critic's residual
+    # error, not signal (AlgorithmConfig.require_reward_contrast).
+    highest = jnp.max(jnp.where(exists > 0, outcome, -jnp.inf))
+    lowest = jnp.min(jnp.where(exists > 0, outcome, jnp.inf))
+    contrast = highest > lowest
+    metrics["policy/no_contrast_skip"] = (update_policy & ~contrast).astype(jnp.float32)
+    update_policy = update_policy & contrast
 
   def skip(state):
     shapes = jax.eval_shape(lambda s: _policy_update(cfg, s, batch, adv)[1], state)

@@ -308,3 +308,32 @@ def test_batch_mean_centering_removes_the_net_push_on_sampled_tokens(variant):
   assert np.all(shifted[~action] == 0.0)
   with pytest.raises(ValueError, match=r"algorithm.advantage_centering.*'batch_mean'"):
     C.AlgorithmConfig.for_variant("sao", advantage_centering="whiten").validate()
+
+
+def test_require_reward_contrast_skips_the_policy_update_on_a_uniform_reward_batch():
+  """algorithm.require_reward_contrast: a batch whose trajectories all earned the same
+  reward updates only the critic (SAO's critic-noise advantages would otherwise move
+  the policy at full Adam step size); one differing reward restores the update."""
+  cfg = make_config()
+  gated = dataclasses.replace(cfg, algorithm=dataclasses.replace(
+      cfg.algorithm, require_reward_contrast=True))
+  batch = make_batch(4)
+  positions = np.arange(batch.rewards.shape[1])
+  last_action = np.max(np.where(batch.action_mask > 0, positions, -1), axis=1, keepdims=True)
+  uniform = batch._replace(rewards=(positions == last_action).astype(np.float32))
+  assert set(np.asarray(uniform.rewards).sum(1)) == {1.0}  # every trajectory earned 1
+  state, metrics = run(cfg, uniform)  # the paper's SAO moves the policy anyway ...
+  assert metrics["policy/update_norm"] > 0 and int(state.policy_version) == 1
+  initial = state_lib.init_state(gated, jax.random.key(0))
+  state, metrics = run(gated, uniform, state=initial)  # ... the gate does not
+  assert metrics["policy/no_contrast_skip"] == 1.0 and metrics["policy/updated"] == 0.0
+  assert int(state.policy_version) == 0 and adam_counts(state.policy_opt_state) == [0]
+  assert all(np.array_equal(a, b) for a, b in zip(leaves(state.policy_params),
+                                                   leaves(initial.policy_params)))
+  assert adam_counts(state.value_opt_state) == [2]  # the critic still trains
+  contrast = uniform._replace(rewards=np.where(np.arange(len(uniform.rewards))[:, None] == 0,
+                                               0.0, uniform.rewards).astype(np.float32))
+  state, metrics = run(gated, contrast)
+  assert metrics["policy/no_contrast_skip"] == 0.0 and int(state.policy_version) == 1
+  with pytest.raises(ValueError, match=r"algorithm.require_reward_contrast=1"):
+    C.AlgorithmConfig(require_reward_contrast=1).validate()
