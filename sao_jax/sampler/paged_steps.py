@@ -83,11 +83,17 @@ def _compiled(cfg: ModelConfig, sampling: Sampling, mesh: jax.sharding.Mesh | No
 
 
 def paged_cache_shardings(cache, mesh: jax.sharding.Mesh):
-  """Pools: KV heads over tensor, pages and positions whole; lengths over the batch axes."""
-  names = {1: ("activation_batch",), 4: (None, "activation_kv_heads", None, "head_dim")}
+  """Pools [P, page, 2K, H]: the combined-head axis over tensor where tensor divides K (each
+  device then holds whole (k, v) pairs), pages and positions whole; lengths over the batch axes."""
+  mesh_shape = dict(mesh.shape)
 
   def one(leaf):
-    spec = logical_to_spec(names[leaf.ndim], leaf.shape, dict(mesh.shape), strict=False)
+    if leaf.ndim == 1:
+      spec = logical_to_spec(("activation_batch",), leaf.shape, mesh_shape, strict=False)
+    else:
+      p, page, kv2, h = leaf.shape
+      spec = logical_to_spec((None, None, "activation_kv_heads", "head_dim"),
+                             (p, page, kv2 // 2, h), mesh_shape, strict=False)
     return jax.sharding.NamedSharding(mesh, spec)
 
   return jax.tree.map(one, cache)
