@@ -1,7 +1,7 @@
 """Incremental decoding with a paged KV cache: a pool of fixed-size pages per layer.
 
   init_paged_cache(cfg, num_pages, page_size, slots)        -> PagedKVCache (empty)
-  extend_paged(params, cfg, cache, pages_NxM, rows_B, tokens_BxC, mask_BxC, entries)
+  extend_paged(params, cfg, cache, pages_NxM, rows_B, tokens_BxC, mask_BxC, entries, kernel)
                                                             -> (logits_BxV, cache)
   set_lengths(cache, rows_B, length_B)                      -> cache whose rows hold length_B
 
@@ -27,7 +27,9 @@ column) pairs in use are its L = `entries` entries, the first allocated
 columns of the table in row-major order (decode over all N slots; the host
 guarantees at most `entries` are allocated, e.g. the pool size P when no page
 is shared), so a decode step reads the pages in use, not N x max_seq_len
-positions.
+positions. With `kernel` (decode, C = 1) the Pallas TPU kernel reads them
+instead (`sao_jax.models.paged_kernel`): row b's first length + 1 positions
+through its page table, where its token is real and has a page; no entry list.
 """
 
 from __future__ import annotations
@@ -80,7 +82,8 @@ def _entry_columns(table_BxM: jax.Array, count: int):
 
 def extend_paged(params: Params, cfg: ModelConfig, cache: PagedKVCache, pages_NxM: jax.Array,
                  rows_B: jax.Array, tokens_BxC: jax.Array, mask_BxC: jax.Array,
-                 entries: int | None = None) -> tuple[jax.Array, PagedKVCache]:
+                 entries: int | None = None, kernel: bool = False
+                 ) -> tuple[jax.Array, PagedKVCache]:
   """Appends each row's real chunk tokens; returns next-token logits_BxV (float32) and the cache."""
   p, size, _, _ = cache.kv[0].shape
   m = pages_NxM.shape[1]
@@ -96,6 +99,11 @@ def extend_paged(params: Params, cfg: ModelConfig, cache: PagedKVCache, pages_Nx
   write_BxC = jnp.where(writable_BxC, page_BxC * size + pos_BxC % size, p * size)
   if entries is None:  # whole tables: gathered attention, no entry list
     plan = dict(row_L=None, page_L=None, first_L=None, table_BxM=table_BxM)
+  elif kernel:
+    if c != 1:
+      raise ValueError(f"extend_paged: kernel=True decodes one token per row, got chunks of {c}")
+    kv_len_B = jnp.where(writable_BxC[:, 0], pos_BxC[:, 0] + 1, 0)
+    plan = dict(row_L=None, page_L=None, first_L=None, table_BxM=table_BxM, kv_len_B=kv_len_B)
   else:
     row_L, page_L, column_L = _entry_columns(table_BxM, entries)
     plan = dict(row_L=row_L, page_L=page_L, first_L=column_L * size)
