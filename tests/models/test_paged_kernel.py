@@ -9,14 +9,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import NamedSharding, PartitionSpec
 
-from sao_jax.config import ModelConfig
+from sao_jax.config import MeshConfig, ModelConfig
 from sao_jax.config.sampler import SamplerConfig
 from sao_jax.models import transformer
 from sao_jax.models.paged_attention import ragged_attention
 from sao_jax.models.paged_kernel import kernel_attention, kernel_unsupported
 from sao_jax.sampler.paged_engine import PagedEngine
 from sao_jax.sampler.paged_steps import decode_attention
+from sao_jax.sharding.mesh import make_mesh, traced_on
 from tpu_interpret import interpret
 
 # head_dim 128: the kernel's online softmax needs a multiple of 128 (kernel_unsupported).
@@ -29,15 +31,22 @@ def _relative_error(got, want) -> float:
   return float(np.abs(np.asarray(got) - np.asarray(want)).max() / np.abs(np.asarray(want)).max())
 
 
+# Keys each row holds (its new token included): 3 pages with the last one partly
+# filled, an inactive row, a partly filled first page, exactly two full pages.
+KV_LEN_B = np.array([9, 0, 3, 8], np.int32)
+TABLE_BxM = np.array([[7, 2, 10], [-1, -1, -1], [5, -1, -1], [0, 11, -1]], np.int32)
+
+
+def _inputs(seed: int = 0):
+  rng = np.random.default_rng(seed)
+  q_BxNxH = rng.normal(size=(len(KV_LEN_B), KV * GROUP, H)).astype(np.float32)
+  return q_BxNxH, rng.normal(size=(PAGES, PAGE, 2 * KV, H)).astype(np.float32)
+
+
 @pytest.mark.parametrize("window", [None, 3], ids=["full", "sliding_window"])
 def test_kernel_matches_reference_on_ragged_rows(window):
-  rng = np.random.default_rng(0)
-  # Keys each row holds (its new token included): 3 pages with the last one partly
-  # filled, an inactive row, a partly filled first page, exactly two full pages.
-  kv_len_B = np.array([9, 0, 3, 8], np.int32)
-  table_BxM = np.array([[7, 2, 10], [-1, -1, -1], [5, -1, -1], [0, 11, -1]], np.int32)
-  kv_pages = rng.normal(size=(PAGES, PAGE, 2 * KV, H)).astype(np.float32)
-  q_BxNxH = rng.normal(size=(len(kv_len_B), KV * GROUP, H)).astype(np.float32)
+  q_BxNxH, kv_pages = _inputs()
+  kv_len_B, table_BxM = KV_LEN_B, TABLE_BxM
 
   with interpret():
     got = kernel_attention(jnp.asarray(q_BxNxH), jnp.asarray(kv_pages), jnp.asarray(kv_len_B),
@@ -57,6 +66,20 @@ def test_kernel_support_names_what_it_cannot_take():
   assert kernel_unsupported(8, 2, 128, jnp.bfloat16) is None
   assert "head_dim=64" in kernel_unsupported(8, 2, 64, jnp.float32)
   assert "6 combined kv heads" in kernel_unsupported(6, 3, 128, jnp.float32)
+
+
+@pytest.mark.slow  # the kernel interpreted on 8 devices
+def test_kernel_on_a_mesh_splits_heads_over_tensor():
+  """Under shard_map each device runs the kernel on its tensor shard of the heads
+  (pool split as paged_cache_shardings splits it): the same output."""
+  q_BxNxH, kv_pages = _inputs()
+  mesh = make_mesh(MeshConfig(fsdp=4, tensor=2))
+  pool = jax.device_put(kv_pages, NamedSharding(mesh, PartitionSpec(None, None, "tensor", None)))
+  with interpret():
+    want = kernel_attention(*map(jnp.asarray, (q_BxNxH, kv_pages, KV_LEN_B, TABLE_BxM)))
+    got = jax.jit(traced_on(mesh, kernel_attention))(jnp.asarray(q_BxNxH), pool,
+                                                     jnp.asarray(KV_LEN_B), jnp.asarray(TABLE_BxM))
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
 # A model the kernel takes: head_dim 128, 4 query heads per KV head (>= the 3 slots).
