@@ -140,6 +140,19 @@ def test_paged_decode_advice_names_the_engine_not_the_learner():
   assert "learner.micro_batches" not in message and "remat" not in message
 
 
+def test_paged_decode_kernel_page_table_refusal_names_the_page_size():
+  """The Pallas kernel's page tables sit in SMEM: 512 slots x 2048 pages of 16 tokens
+  (the 8B config at 32K tokens) is 4 MiB, refused on v5p (1 MiB)."""
+  message = estimate.compiler_oom_message(
+      _cfg(), "paged_decode", "RESOURCE_EXHAUSTED: Allocation (size=4194304) would exceed memory "
+      "(size=1048576) :: #allocation9 [shape = 'u8[4194304]{0}', space=smem, size = 0x400000, "
+      "scoped, tag = 'prefetched SMEM operand 1'] :: ragged_paged_attention_kernel.36", "v5p",
+      32768, 4)
+  assert "ran out of memory: RESOURCE_EXHAUSTED: Allocation (size=4194304)" in message
+  assert "--set sampler.kv_page_size=... larger (now 16)" in message
+  assert "--sampler-mesh fsdp=1,tensor=... (now tensor=1" in message
+
+
 def test_paged_decode_figures_at_the_dense_cache_memory():
   # 64 dense rows of 32K tokens = 131072 pages of 16; 4096-token episodes take 256 pages.
   paged = estimate.paged_decode(64, 32768, 4096, 16, dense_flops=1e12, dense_bytes=76e9,
