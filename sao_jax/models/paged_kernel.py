@@ -7,8 +7,9 @@
 `jax.experimental.pallas.ops.tpu.ragged_paged_attention` streams each
 sequence's pages from HBM into VMEM by DMA, a block of pages at a time, and
 keeps an online softmax (m, l, acc) per query: it holds a few blocks, where
-the pure-JAX `paged_attention.ragged_attention` gathers every listed page
-(about two copies of the pool in temporaries). It reads the pool in the layout
+the pure-JAX `paged_attention.ragged_attention` gathers every listed page into
+temporaries (for the 8B config on a v5p host, 2.0 vs 6.8 GiB per chip: README,
+paged KV cache). It reads the pool in the layout
 `sao_jax.models.paged` keeps, [P, page, 2K, H] with k at even and v at odd
 combined heads.
 
