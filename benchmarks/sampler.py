@@ -311,7 +311,7 @@ def decode_floors(engine: PagedEngine, cfg, params, call_s: float, bandwidth: fl
   layer for attention) / the measured matmul rate."""
   n = engine.cfg.slots
   listed = int((engine._pool.table_NxM >= 0).sum())
-  pool_bytes = sum(x.nbytes for x in jax.tree.leaves((engine._cache.k, engine._cache.v)))
+  pool_bytes = sum(x.nbytes for x in engine._cache.kv)
   live_bytes = pool_bytes * listed / engine._pool.num_pages
   n_params = sum(x.size for x in jax.tree.leaves(params))
   matmul_params = n_params - (0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size)

@@ -140,6 +140,19 @@ def test_paged_decode_advice_names_the_engine_not_the_learner():
   assert "learner.micro_batches" not in message and "remat" not in message
 
 
+def test_paged_decode_kernel_page_table_refusal_names_the_page_size():
+  """The Pallas kernel's page tables sit in SMEM: 512 slots x 2048 pages of 16 tokens
+  (the 8B config at 32K tokens) is 4 MiB, refused on v5p (1 MiB)."""
+  message = estimate.compiler_oom_message(
+      _cfg(), "paged_decode", "RESOURCE_EXHAUSTED: Allocation (size=4194304) would exceed memory "
+      "(size=1048576) :: #allocation9 [shape = 'u8[4194304]{0}', space=smem, size = 0x400000, "
+      "scoped, tag = 'prefetched SMEM operand 1'] :: ragged_paged_attention_kernel.36", "v5p",
+      32768, 4)
+  assert "ran out of memory: RESOURCE_EXHAUSTED: Allocation (size=4194304)" in message
+  assert "--set sampler.kv_page_size=... larger (now 16)" in message
+  assert "--sampler-mesh fsdp=1,tensor=... (now tensor=1" in message
+
+
 def test_paged_decode_figures_at_the_dense_cache_memory():
   # 64 dense rows of 32K tokens = 131072 pages of 16; 4096-token episodes take 256 pages.
   paged = estimate.paged_decode(64, 32768, 4096, 16, dense_flops=1e12, dense_bytes=76e9,
@@ -255,3 +268,20 @@ def test_aot_plan_oversized_config_fails_with_the_fix():
   message = str(exit_info.value.code)
   assert message.startswith("sao-plan: train_step does not fit: the TPU compiler needs")
   assert "--set model.attention_impl=blocked (now 'dense'" in message
+
+
+@pytest.mark.slow
+def test_paged_decode_compiles_the_pallas_kernel_for_tpu():
+  """On a TPU topology "auto" decodes through the Pallas kernel (a Mosaic custom call,
+  per device under shard_map over tensor), and sao-plan's paged_decode lowers it."""
+  _libtpu()
+  from sao_jax.sampler.paged_steps import decode_attention
+  from sao_jax.sharding.mesh import make_mesh
+  small = _small_config()
+  cfg = dataclasses.replace(small, mesh=MeshConfig(fsdp=2, tensor=2), model=dataclasses.replace(
+      small.model, head_dim=128, num_attention_heads=4, num_key_value_heads=2))
+  mesh = make_mesh(cfg.mesh, hardware.topology_devices("v5e:2x2"))
+  assert decode_attention(cfg.sampler, cfg.model, mesh) == "pallas"
+  compiled = aot.lower_paged_decode(cfg, mesh, slots=8, pages=64, max_len=64).compile()
+  assert "ragged_paged_attention_kernel" in compiled.as_text()
+  assert estimate.MemoryUse.from_stats(compiled.memory_analysis()).aliased > 0  # pool donated

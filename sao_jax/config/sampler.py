@@ -9,6 +9,7 @@ from sao_jax.config.checks import check_choice, check_positive, fail
 
 WEIGHT_CHANNELS = ("shared_memory", "directory", "network")
 KV_LAYOUTS = ("dense", "paged")
+PAGED_ATTENTIONS = ("auto", "reference", "pallas")
 
 # Ends a turn at the fence that closes a ```python tool-call block (sao_jax.envs.math.tool),
 # not at the opening fence.
@@ -65,6 +66,13 @@ class SamplerConfig:
   engine`): the paged engine's reference in its exactness tests, and no page
   bookkeeping when every episode runs to max_seq_len.
 
+  Paged decode attention (`paged_attention`): "reference" is the pure-JAX
+  gather (`sao_jax.models.paged_attention`), "pallas" jax's Pallas TPU kernel
+  (`sao_jax.models.paged_kernel`; off a TPU only under its interpret mode),
+  "auto" the kernel where the sampler runs on TPU and the model's attention
+  shapes suit it, else the reference (`sao_jax.sampler.paged_steps.
+  decode_attention`). Prefill always runs the reference.
+
   Placement: with `sharded`, a sampler process lays params and KV cache out
   over all its local devices with the top-level `mesh` config (its -1 axis
   filled for the local device count), MoE layers expert parallel; otherwise it
@@ -95,6 +103,7 @@ class SamplerConfig:
   kv_pages: int = 0  # 0: slots * ceil(max_seq_len / kv_page_size), the dense cache's memory
   prefill_row_buckets: tuple[int, ...] = (1, 4)
   kv_prefix_sharing: bool = True
+  paged_attention: str = "auto"
 
   def num_kv_pages(self) -> int:
     """Pages in the paged pool: `kv_pages`, or (0) those of `slots` dense rows."""
@@ -134,6 +143,7 @@ class SamplerConfig:
       fail("sampler", "prefill_buckets", buckets,
            f"the largest bucket must be <= max_seq_len={self.max_seq_len}")
     check_choice("sampler", self, "kv_layout", KV_LAYOUTS)
+    check_choice("sampler", self, "paged_attention", PAGED_ATTENTIONS)
     check_positive("sampler", self, "kv_page_size")
     pages = self.kv_pages
     per_episode = -(-self.max_seq_len // self.kv_page_size) if self.kv_page_size > 0 else 0

@@ -1,14 +1,15 @@
 """Incremental decoding with a paged KV cache: a pool of fixed-size pages per layer.
 
   init_paged_cache(cfg, num_pages, page_size, slots)        -> PagedKVCache (empty)
-  extend_paged(params, cfg, cache, pages_NxM, rows_B, tokens_BxC, mask_BxC, entries)
+  extend_paged(params, cfg, cache, pages_NxM, rows_B, tokens_BxC, mask_BxC, entries, kernel)
                                                             -> (logits_BxV, cache)
   set_lengths(cache, rows_B, length_B)                      -> cache whose rows hold length_B
 
-Layout. Layer l keeps k and v pools [P, K, page, H]: P pages of `page` token
-positions each, KV heads before positions so that attention contracts a
-gathered page where it lies (in [P, page, K, H] XLA transposed every gathered
-page on every decode step). Slot n owns the pages listed in its page table pages_NxM[n]
+Layout. Layer l keeps one pool kv [P, page, 2K, H]: P pages of `page` token
+positions each, key head k at combined head 2k and value head k at 2k + 1, the
+layout of jax's Pallas TPU kernel (`jax.experimental.pallas.ops.tpu.
+ragged_paged_attention`), which streams a page's keys and values in one DMA.
+Slot n owns the pages listed in its page table pages_NxM[n]
 (the host's, `sao_jax.sampler.pages`; -1 = no page): token i of slot n lives in
 page pages_NxM[n, i // page] at offset i % page, and its RoPE position is i.
 `length_N[n]` is the number of real tokens slot n holds, as in `decode.KVCache`.
@@ -26,7 +27,9 @@ column) pairs in use are its L = `entries` entries, the first allocated
 columns of the table in row-major order (decode over all N slots; the host
 guarantees at most `entries` are allocated, e.g. the pool size P when no page
 is shared), so a decode step reads the pages in use, not N x max_seq_len
-positions.
+positions. With `kernel` (decode, C = 1) the Pallas TPU kernel reads them
+instead (`sao_jax.models.paged_kernel`): row b's first length + 1 positions
+through its page table, where its token is real and has a page; no entry list.
 """
 
 from __future__ import annotations
@@ -44,8 +47,7 @@ from sao_jax.models.transformer import Params, model
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class PagedKVCache:
-  k: tuple[jax.Array, ...]   # per layer [P, K, page, H], compute dtype
-  v: tuple[jax.Array, ...]   # per layer [P, K, page, H]
+  kv: tuple[jax.Array, ...]  # per layer [P, page, 2K, H], compute dtype; k even, v odd heads
   length_N: jax.Array        # int32: real tokens held by each slot
 
 
@@ -54,9 +56,9 @@ def init_paged_cache(cfg: ModelConfig, num_pages: int, page_size: int, slots: in
   if min(num_pages, page_size, slots) <= 0:
     raise ValueError(f"init_paged_cache: num_pages={num_pages}, page_size={page_size}, "
                      f"slots={slots}; all must be positive")
-  shape = (num_pages, cfg.num_key_value_heads, page_size, cfg.head_dim)
-  zeros = lambda: tuple(jnp.zeros(shape, cfg.compute_dtype) for _ in range(cfg.num_hidden_layers))
-  return PagedKVCache(k=zeros(), v=zeros(), length_N=jnp.zeros((slots,), jnp.int32))
+  shape = (num_pages, page_size, 2 * cfg.num_key_value_heads, cfg.head_dim)
+  kv = tuple(jnp.zeros(shape, cfg.compute_dtype) for _ in range(cfg.num_hidden_layers))
+  return PagedKVCache(kv=kv, length_N=jnp.zeros((slots,), jnp.int32))
 
 
 def set_lengths(cache: PagedKVCache, rows_B: jax.Array, length_B: jax.Array) -> PagedKVCache:
@@ -80,9 +82,10 @@ def _entry_columns(table_BxM: jax.Array, count: int):
 
 def extend_paged(params: Params, cfg: ModelConfig, cache: PagedKVCache, pages_NxM: jax.Array,
                  rows_B: jax.Array, tokens_BxC: jax.Array, mask_BxC: jax.Array,
-                 entries: int | None = None) -> tuple[jax.Array, PagedKVCache]:
+                 entries: int | None = None, kernel: bool = False
+                 ) -> tuple[jax.Array, PagedKVCache]:
   """Appends each row's real chunk tokens; returns next-token logits_BxV (float32) and the cache."""
-  p, _, size, _ = cache.k[0].shape
+  p, size, _, _ = cache.kv[0].shape
   m = pages_NxM.shape[1]
   mask_BxC = mask_BxC.astype(bool)
   c = tokens_BxC.shape[1]
@@ -96,17 +99,21 @@ def extend_paged(params: Params, cfg: ModelConfig, cache: PagedKVCache, pages_Nx
   write_BxC = jnp.where(writable_BxC, page_BxC * size + pos_BxC % size, p * size)
   if entries is None:  # whole tables: gathered attention, no entry list
     plan = dict(row_L=None, page_L=None, first_L=None, table_BxM=table_BxM)
+  elif kernel:
+    if c != 1:
+      raise ValueError(f"extend_paged: kernel=True decodes one token per row, got chunks of {c}")
+    kv_len_B = jnp.where(writable_BxC[:, 0], pos_BxC[:, 0] + 1, 0)
+    plan = dict(row_L=None, page_L=None, first_L=None, table_BxM=table_BxM, kv_len_B=kv_len_B)
   else:
     row_L, page_L, column_L = _entry_columns(table_BxM, entries)
     plan = dict(row_L=row_L, page_L=page_L, first_L=column_L * size)
-  layer_caches = [PagedLayer(k, v, write_BxC, pos_BxC, **plan) for k, v in zip(cache.k, cache.v)]
+  layer_caches = [PagedLayer(kv, write_BxC, pos_BxC, **plan) for kv in cache.kv]
   net = model(params, cfg, "lm")
   h_BxCxD, new_layers, _ = net.trunk(tokens_BxC, pos_BxC, None, layer_caches)
   last_B = jnp.maximum(c - 1 - jnp.argmax(mask_BxC[:, ::-1], axis=1), 0)
   h_BxD = jnp.take_along_axis(h_BxCxD, last_B[:, None, None], axis=1)[:, 0]
   logits_BxV = jnp.einsum("bd,dv->bv", h_BxD, net.lm_kernel_DxV(), preferred_element_type=jnp.float32)
   added_B = jnp.sum(mask_BxC, axis=1, dtype=jnp.int32)
-  new_cache = PagedKVCache(k=tuple(layer.k_pages for layer in new_layers),
-                           v=tuple(layer.v_pages for layer in new_layers),
+  new_cache = PagedKVCache(kv=tuple(layer.kv_pages for layer in new_layers),
                            length_N=cache.length_N.at[rows_B].add(added_B, mode="drop"))
   return logits_BxV, new_cache

@@ -1,16 +1,16 @@
 """Ragged paged attention in pure JAX: queries of B rows against the pages they own.
 
-  PagedLayer(k_pages, v_pages, write_BxC, pos_BxC, row_L, page_L, first_L).attend(q, k, v, window)
+  PagedLayer(kv_pages, write_BxC, pos_BxC, row_L, page_L, first_L).attend(q, k, v, window)
       -> (out_BxTxNxH, PagedLayer with the chunk's keys/values written)
-  ragged_attention(q_BxTxNxH, k_pages, v_pages, pos_BxT, row_L, page_L, first_L, window)
+  ragged_attention(q_BxTxNxH, kv_pages, pos_BxT, row_L, page_L, first_L, window)
       -> out_BxTxNxH
-  gathered_attention(q_BxTxNxH, k_pages, v_pages, pos_BxT, table_BxM, window)
+  gathered_attention(q_BxTxNxH, kv_pages, pos_BxT, table_BxM, window)
       -> out_BxTxNxH
 
-Pools are [P, K, page, H] (KV heads first: see `sao_jax.models.paged`). The
-call lists L entries e = (row_L[e], page_L[e], first_L[e]): row row_L[e] may
-read pool page page_L[e], whose token at offset j
-sits at position first_L[e] + j of that row's sequence (row_L[e] == B marks an
+A pool is [P, page, 2K, H], key head k at combined head 2k and value head k at
+2k + 1 (`sao_jax.models.paged`). The call lists L entries e = (row_L[e],
+page_L[e], first_L[e]): row row_L[e] may read pool page page_L[e], whose token
+at offset j sits at position first_L[e] + j of that row's sequence (row_L[e] == B marks an
 unused entry). With s_e = q k^T / sqrt(H) for the row's queries against the
 entry's keys (float32), masked where the key position exceeds the query's
 position (or, with a sliding `window` W, is not above query position - W),
@@ -29,8 +29,11 @@ visible key (padding) gets 0.
 tables (prefill: each row's M columns): the pages are gathered into
 [B, M * page] keys and one plain masked softmax runs per row, no segment
 reductions (which lower to scatters, slow on CPU). `PagedLayer` uses it when
-given `table_BxM`. Kept free of model imports so that
-`sao_jax.models.layers` can dispatch to it.
+given `table_BxM` alone. Given `table_BxM` and `kv_len_B` (decode, one query
+per row) it runs jax's Pallas TPU kernel instead
+(`sao_jax.models.paged_kernel`), which streams the pages rather than gathering
+them. Kept free of model imports so that `sao_jax.models.layers` can dispatch
+to it.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from sao_jax.models.paged_kernel import kernel_attention
+
 _MASKED = -1e30  # finite, as in sao_jax.models.attention: exp(_MASKED - m) underflows to 0
 
 
@@ -47,45 +52,51 @@ class PagedLayer(NamedTuple):
   """One layer's pools plus the call's write and read plan; `attend` is what
   `sao_jax.models.layers.Attention` runs in place of the dense cache update."""
 
-  k_pages: jax.Array   # [P, K, page, H]
-  v_pages: jax.Array
+  kv_pages: jax.Array   # [P, page, 2K, H]: k at even, v at odd combined heads
   write_BxC: jax.Array  # pool position page * size + offset per new token; P * size drops
   pos_BxC: jax.Array    # query positions
   row_L: jax.Array      # entry -> row in [0, B]; B marks an unused entry
   page_L: jax.Array     # entry -> pool page (0 where unused; masked)
   first_L: jax.Array    # entry -> position of the page's first token
   table_BxM: jax.Array | None = None  # whole page tables: attend with gathered_attention
+  kv_len_B: jax.Array | None = None   # with table_BxM, T = 1: the Pallas kernel over kv_len_B keys
 
   def attend(self, q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, window: int | None = None):
     """Writes the chunk's keys/values, then ragged attention over the entries (a
     sliding-window layer passes its `window`; its pages stay allocated)."""
-    _, kv, size, h = self.k_pages.shape
+    _, size, kv2, h = self.kv_pages.shape
     write = self.write_BxC.reshape(-1)
     page, offset = write // size, write % size  # page P (padding) is out of range: dropped
-    k_pages = self.k_pages.at[page, :, offset].set(
-        k_BxTxKxH.reshape(-1, kv, h).astype(self.k_pages.dtype), mode="drop")
-    v_pages = self.v_pages.at[page, :, offset].set(
-        v_BxTxKxH.reshape(-1, kv, h).astype(self.v_pages.dtype), mode="drop")
-    if self.table_BxM is not None:
-      out = gathered_attention(q_BxTxNxH, k_pages, v_pages, self.pos_BxC, self.table_BxM, window)
+    # [B*T, K, 2, H] -> [B*T, 2K, H]: k_k at combined head 2k, v_k at 2k + 1.
+    kv_new = jnp.stack([k_BxTxKxH, v_BxTxKxH], axis=-2).reshape(-1, kv2, h)
+    kv_pages = self.kv_pages.at[page, offset].set(kv_new.astype(self.kv_pages.dtype), mode="drop")
+    if self.kv_len_B is not None:
+      if q_BxTxNxH.shape[1] != 1:
+        raise ValueError(f"the Pallas decode path takes one query per row, got "
+                         f"{q_BxTxNxH.shape[1]} (prefill runs gathered_attention)")
+      out = kernel_attention(q_BxTxNxH[:, 0], kv_pages, self.kv_len_B, self.table_BxM,
+                             window)[:, None]
+    elif self.table_BxM is not None:
+      out = gathered_attention(q_BxTxNxH, kv_pages, self.pos_BxC, self.table_BxM, window)
     else:
-      out = ragged_attention(q_BxTxNxH, k_pages, v_pages, self.pos_BxC, self.row_L, self.page_L,
+      out = ragged_attention(q_BxTxNxH, kv_pages, self.pos_BxC, self.row_L, self.page_L,
                              self.first_L, window)
-    return out, self._replace(k_pages=k_pages, v_pages=v_pages)
+    return out, self._replace(kv_pages=kv_pages)
 
 
-def ragged_attention(q_BxTxNxH: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
-                     pos_BxT: jax.Array, row_L: jax.Array, page_L: jax.Array,
-                     first_L: jax.Array, window: int | None = None) -> jax.Array:
+def ragged_attention(q_BxTxNxH: jax.Array, kv_pages: jax.Array, pos_BxT: jax.Array,
+                     row_L: jax.Array, page_L: jax.Array, first_L: jax.Array,
+                     window: int | None = None) -> jax.Array:
   """softmax over each row's listed pages (module docstring), float32 scores."""
   b, t, n, h = q_BxTxNxH.shape
-  kv, size = k_pages.shape[1], k_pages.shape[2]
+  size, kv = kv_pages.shape[1], kv_pages.shape[2] // 2
   g = n // kv
   dt = q_BxTxNxH.dtype
   valid_L = row_L < b
   q_LxTxKxGxH = q_BxTxNxH.reshape(b, t, kv, g, h).at[row_L].get(mode="fill", fill_value=0)
-  k_LxKxSxH, v_LxKxSxH = k_pages[page_L].astype(dt), v_pages[page_L].astype(dt)
-  s_LxKxGxTxS = jnp.einsum("ltkgh,lksh->lkgts", q_LxTxKxGxH, k_LxKxSxH,
+  kv_LxSx2KxH = kv_pages[page_L].astype(dt)
+  k_LxSxKxH, v_LxSxKxH = kv_LxSx2KxH[:, :, 0::2], kv_LxSx2KxH[:, :, 1::2]
+  s_LxKxGxTxS = jnp.einsum("ltkgh,lskh->lkgts", q_LxTxKxGxH, k_LxSxKxH,
                            preferred_element_type=jnp.float32) * (h ** -0.5)
   key_pos_LxS = first_L[:, None] + jnp.arange(size, dtype=jnp.int32)[None, :]
   qpos_LxT = pos_BxT.at[row_L].get(mode="fill", fill_value=-1)
@@ -98,27 +109,25 @@ def ragged_attention(q_BxTxNxH: jax.Array, k_pages: jax.Array, v_pages: jax.Arra
   p_LxKxGxTxS = jnp.where(visible_LxTxS[:, None, None],
                           jnp.exp(s_LxKxGxTxS - m_LxKxGxT[..., None]), 0.0)
   l_BxKxGxT = jax.ops.segment_sum(jnp.sum(p_LxKxGxTxS, axis=-1), row_L, num_segments=b)
-  o_LxKxGxTxH = jnp.einsum("lkgts,lksh->lkgth", p_LxKxGxTxS.astype(dt), v_LxKxSxH,
+  o_LxKxGxTxH = jnp.einsum("lkgts,lskh->lkgth", p_LxKxGxTxS.astype(dt), v_LxSxKxH,
                            preferred_element_type=jnp.float32)
   o_BxKxGxTxH = jax.ops.segment_sum(o_LxKxGxTxH, row_L, num_segments=b)
   out = o_BxKxGxTxH / jnp.where(l_BxKxGxT > 0, l_BxKxGxT, 1.0)[..., None]
   return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h).astype(dt)
 
 
-def gathered_attention(q_BxTxNxH: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
-                       pos_BxT: jax.Array, table_BxM: jax.Array,
-                       window: int | None = None) -> jax.Array:
+def gathered_attention(q_BxTxNxH: jax.Array, kv_pages: jax.Array, pos_BxT: jax.Array,
+                       table_BxM: jax.Array, window: int | None = None) -> jax.Array:
   """softmax over each row's page table, gathered to [B, M * page] keys (-1: no page)."""
   b, t, n, h = q_BxTxNxH.shape
-  kv, size = k_pages.shape[1], k_pages.shape[2]
+  size, kv = kv_pages.shape[1], kv_pages.shape[2] // 2
   m = table_BxM.shape[1]
   g = n // kv
   dt = q_BxTxNxH.dtype
-  pages_BxM = jnp.maximum(table_BxM, 0)
-  # [B, M, K, page, H] -> [B, K, M * page, H]: one row's keys in position order.
-  rows = lambda pool: pool[pages_BxM].swapaxes(1, 2).reshape(b, kv, m * size, h).astype(dt)
-  k_BxKxSxH, v_BxKxSxH = rows(k_pages), rows(v_pages)
-  s_BxKxGxTxS = jnp.einsum("btkgh,bksh->bkgts", q_BxTxNxH.reshape(b, t, kv, g, h), k_BxKxSxH,
+  # [B, M, page, 2K, H] -> [B, M * page, 2K, H]: one row's keys and values in position order.
+  kv_BxSx2KxH = kv_pages[jnp.maximum(table_BxM, 0)].reshape(b, m * size, 2 * kv, h).astype(dt)
+  k_BxSxKxH, v_BxSxKxH = kv_BxSx2KxH[:, :, 0::2], kv_BxSx2KxH[:, :, 1::2]
+  s_BxKxGxTxS = jnp.einsum("btkgh,bskh->bkgts", q_BxTxNxH.reshape(b, t, kv, g, h), k_BxSxKxH,
                            preferred_element_type=jnp.float32) * (h ** -0.5)
   allocated_BxS = jnp.repeat(table_BxM >= 0, size, axis=1)
   key_pos_S = jnp.arange(m * size, dtype=jnp.int32)
@@ -127,6 +136,6 @@ def gathered_attention(q_BxTxNxH: jax.Array, k_pages: jax.Array, v_pages: jax.Ar
     visible_BxTxS = visible_BxTxS & (pos_BxT[:, :, None] - key_pos_S[None, None, :] < window)
   s_BxKxGxTxS = jnp.where(visible_BxTxS[:, None, None], s_BxKxGxTxS, _MASKED)
   p_BxKxGxTxS = jnp.where(visible_BxTxS[:, None, None], jax.nn.softmax(s_BxKxGxTxS, axis=-1), 0.0)
-  out_BxKxGxTxH = jnp.einsum("bkgts,bksh->bkgth", p_BxKxGxTxS.astype(dt), v_BxKxSxH,
+  out_BxKxGxTxH = jnp.einsum("bkgts,bskh->bkgth", p_BxKxGxTxS.astype(dt), v_BxSxKxH,
                              preferred_element_type=jnp.float32)
   return out_BxKxGxTxH.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h).astype(dt)

@@ -139,9 +139,15 @@ def _advice(cfg: Config, memory: MemoryUse, program: str, seq_len: int,
   state_fixes = [f"--set mesh.fsdp=... larger than {cfg.mesh.fsdp} (shards params and optimizer "
                  "state over more chips; set another axis smaller or use a larger --topology)"]
   if program == "paged_decode":
-    # Its temporaries are the gathered pages, ~2x the pool (README, paged KV cache).
-    activation_fixes = ["--set sampler.kv_layout=dense (the paged engine's decode gathers every "
-                        "listed page: about twice its pool in temporaries)",
+    # The pool splits over tensor only (README, paged KV cache); the Pallas kernel holds
+    # its page tables in SMEM (1 MiB on v5p); the reference path gathers every listed page.
+    activation_fixes = [f"--sampler-mesh fsdp=1,tensor=... (now tensor={cfg.mesh.tensor}; a "
+                        "divisor of the KV heads): the pool is split over tensor only, whole on "
+                        "every chip of the batch axes",
+                        f"--set sampler.kv_page_size=... larger (now {cfg.sampler.kv_page_size}): "
+                        "the Pallas kernel keeps slots x pages-per-episode page indices in SMEM",
+                        "--set sampler.kv_layout=dense (off the kernel the paged decode gathers "
+                        "every listed page: about twice its pool in temporaries)",
                         "a larger --mean-episode-tokens (fewer slots over the same pool)",
                         "a smaller --sampler-batch (a smaller pool: that many dense rows)"]
   elif program == "decode_step":

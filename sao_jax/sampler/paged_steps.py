@@ -15,6 +15,8 @@ pages listed in pages_NxM (the host lists only active slots' pages), at most
 `entries` of them (static: the pool's size, or twice it while pages are shared;
 `sao_jax.sampler.pages`). Sampling keys and
 `behavior_logp` are exactly the dense engine's. The cache argument is donated.
+`decode` attends through jax's Pallas TPU kernel or the pure-JAX reference as
+`decode_attention` decides; prefill always through the reference.
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 
 from sao_jax.config import ModelConfig
 from sao_jax.config.sampler import SamplerConfig
 from sao_jax.models import paged
+from sao_jax.models.paged_kernel import kernel_unsupported, pool_head_axis
 from sao_jax.models.transformer import Params
 from sao_jax.sampler.sampling import sample, token_keys
 from sao_jax.sampler.steps import Sampling, decode_loop
@@ -56,38 +60,75 @@ def prefill(params: Params, cache: paged.PagedKVCache, pages_NxM: jax.Array, row
 
 def decode(params: Params, cache: paged.PagedKVCache, pages_NxM: jax.Array, token_N: jax.Array,
            active_N: jax.Array, budget_N: jax.Array, seed_N: jax.Array, *, entries: int,
-           cfg: ModelConfig, sampling: Sampling) -> tuple[paged.PagedKVCache, jax.Array, jax.Array, jax.Array]:
-  """steps_per_call decode steps over every slot (`steps.decode_loop`, paged attention)."""
+           cfg: ModelConfig, sampling: Sampling, kernel: bool = False
+           ) -> tuple[paged.PagedKVCache, jax.Array, jax.Array, jax.Array]:
+  """steps_per_call decode steps over every slot (`steps.decode_loop`, paged attention;
+  with `kernel` the Pallas TPU kernel's)."""
   rows_N = jnp.arange(token_N.shape[0], dtype=jnp.int32)
   extend = lambda c, t_N, a_N: paged.extend_paged(params, cfg, c, pages_NxM, rows_N, t_N[:, None],
-                                                  a_N[:, None], entries=entries)
+                                                  a_N[:, None], entries=entries, kernel=kernel)
   return decode_loop(extend, lambda c: c.length_N, cache, token_N, active_N, budget_N, seed_N,
                      sampling)
+
+
+def decode_attention(sampler: SamplerConfig, cfg: ModelConfig,
+                     mesh: jax.sharding.Mesh | None = None) -> str:
+  """"pallas" or "reference": the decode attention `sampler.paged_attention` selects
+  for this model on `mesh`'s devices (None: the default backend's).
+
+  "auto" is the Pallas TPU kernel on TPU and the reference elsewhere, and the
+  reference on TPU too for a model whose per-device attention shapes the kernel
+  does not take (`paged_kernel.kernel_unsupported`: head_dim not a multiple of
+  128, KV heads that do not tile); "pallas" for such a model is an error.
+  """
+  choice = sampler.paged_attention
+  platform = jax.default_backend() if mesh is None else mesh.devices.flat[0].platform
+  if choice == "reference" or (choice == "auto" and platform != "tpu"):
+    return "reference"
+  kv = cfg.num_key_value_heads
+  shards = 1 if mesh is None or pool_head_axis(dict(mesh.shape), kv) is None else mesh.shape["tensor"]
+  reason = kernel_unsupported(cfg.num_attention_heads // shards, kv // shards, cfg.head_dim,
+                              cfg.compute_dtype)
+  if reason is None:
+    return "pallas"
+  if choice == "pallas":
+    raise ValueError(f"sampler.paged_attention='pallas' is invalid for this model: the Pallas "
+                     f"ragged paged attention kernel does not take its attention ({reason}); "
+                     f"set sampler.paged_attention='auto' or 'reference'")
+  return "reference"
 
 
 def compile_paged_steps(cfg: ModelConfig, sampler: SamplerConfig, stop_token_ids: tuple[int, ...],
                         mesh: jax.sharding.Mesh | None = None) -> PagedSteps:
   """`prefill` and `decode` jitted with the configs bound and the cache donated."""
   return _compiled(cfg, Sampling(float(sampler.temperature), sampler.top_k, float(sampler.top_p),
-                                 sampler.steps_per_call, tuple(sorted(stop_token_ids))), mesh)
+                                 sampler.steps_per_call, tuple(sorted(stop_token_ids))), mesh,
+                   decode_attention(sampler, cfg, mesh) == "pallas")
 
 
 @functools.lru_cache(maxsize=None)
-def _compiled(cfg: ModelConfig, sampling: Sampling, mesh: jax.sharding.Mesh | None) -> PagedSteps:
+def _compiled(cfg: ModelConfig, sampling: Sampling, mesh: jax.sharding.Mesh | None,
+              kernel: bool) -> PagedSteps:
   def jitted(program, **static):
-    program = functools.partial(program, cfg=cfg, sampling=sampling)
     return jax.jit(program if mesh is None else traced_on(mesh, program), donate_argnums=1,
                    **static)
 
-  return PagedSteps(prefill=jitted(prefill), decode=jitted(decode, static_argnames="entries"))
+  bind = functools.partial
+  return PagedSteps(prefill=jitted(bind(prefill, cfg=cfg, sampling=sampling)),
+                    decode=jitted(bind(decode, cfg=cfg, sampling=sampling, kernel=kernel),
+                                  static_argnames="entries"))
 
 
 def paged_cache_shardings(cache, mesh: jax.sharding.Mesh):
-  """Pools: KV heads over tensor, pages and positions whole; lengths over the batch axes."""
-  names = {1: ("activation_batch",), 4: (None, "activation_kv_heads", None, "head_dim")}
+  """Pools [P, page, 2K, H]: the combined-head axis over tensor where tensor divides K (each
+  device then holds whole (k, v) pairs), pages and positions whole; lengths over the batch axes."""
+  mesh_shape = dict(mesh.shape)
 
   def one(leaf):
-    spec = logical_to_spec(names[leaf.ndim], leaf.shape, dict(mesh.shape), strict=False)
+    if leaf.ndim == 1:
+      spec = logical_to_spec(("activation_batch",), leaf.shape, mesh_shape, strict=False)
+    else:
+      spec = PartitionSpec(None, None, pool_head_axis(mesh_shape, leaf.shape[2] // 2), None)
     return jax.sharding.NamedSharding(mesh, spec)
 
   return jax.tree.map(one, cache)

@@ -19,22 +19,19 @@ def test_ragged_attention_matches_jax_reference(window):
   kv_lens = np.array([9, 1, 6], np.int32)   # keys each row holds, its new queries included
   q_lens = np.array([1, 1, 4], np.int32)    # two decode rows, one 4-token prefill chunk
   table = np.array([[7, 2, 10], [5, -1, -1], [0, 11, -1]], np.int32)
-  k_pages = rng.normal(size=(PAGES, PAGE, KV, H)).astype(np.float32)
-  v_pages = rng.normal(size=(PAGES, PAGE, KV, H)).astype(np.float32)
+  # The kernel's combined pool (ours too): k at even, v at odd combined heads.
+  kv_pages = rng.normal(size=(PAGES, PAGE, 2 * KV, H)).astype(np.float32)
   b, t = len(kv_lens), int(q_lens.max())
   q_BxTxNxH = rng.normal(size=(b, t, KV * GROUP, H)).astype(np.float32)
 
   # Ours: every allocated (row, column) is an entry; padding queries sit past q_len.
   rows, cols = np.nonzero(table >= 0)
   pos_BxT = (kv_lens - q_lens)[:, None] + np.arange(t)[None, :]
-  # Our pools are [P, K, page, H]; the reference's [P, page, 2K, H].
-  k_ours, v_ours = k_pages.transpose(0, 2, 1, 3), v_pages.transpose(0, 2, 1, 3)
-  out = ragged_attention(*map(jnp.asarray, (q_BxTxNxH, k_ours, v_ours, pos_BxT.astype(np.int32),
+  out = ragged_attention(*map(jnp.asarray, (q_BxTxNxH, kv_pages, pos_BxT.astype(np.int32),
                                              rows.astype(np.int32), table[rows, cols],
                                              (cols * PAGE).astype(np.int32))), window)
 
-  # jax's reference: queries concatenated, k and v interleaved on the head axis.
-  kv_pages = np.stack([k_pages, v_pages], axis=3).reshape(PAGES, PAGE, 2 * KV, H)
+  # jax's reference: queries concatenated.
   queries = np.concatenate([q_BxTxNxH[i, :q_lens[i]] for i in range(b)])
   cu_q_lens = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
   want = ref_ragged_paged_attention(jnp.asarray(queries), jnp.asarray(kv_pages), kv_lens,
@@ -44,7 +41,7 @@ def test_ragged_attention_matches_jax_reference(window):
   np.testing.assert_allclose(got, np.asarray(want), rtol=0, atol=1e-5)
   assert jax.numpy.isfinite(out).all()
   # The prefill path: whole page tables gathered, one softmax per row.
-  gathered = gathered_attention(*map(jnp.asarray, (q_BxTxNxH, k_ours, v_ours,
-                                                   pos_BxT.astype(np.int32), table)), window)
+  gathered = gathered_attention(*map(jnp.asarray, (q_BxTxNxH, kv_pages, pos_BxT.astype(np.int32),
+                                                   table)), window)
   got = np.concatenate([np.asarray(gathered)[i, :q_lens[i]] for i in range(b)])
   np.testing.assert_allclose(got, np.asarray(want), rtol=0, atol=1e-5)

@@ -31,6 +31,8 @@ def test_defaults_are_valid_and_the_tool_call_pattern_ends_at_the_closing_fence(
     (dict(steps_per_call=True), "sampler.steps_per_call=True is invalid"),
     (dict(kv_layout="ragged"), "sampler.kv_layout='ragged' is invalid: allowed values are 'dense', 'paged'"),
     (dict(kv_page_size=0), "sampler.kv_page_size=0 is invalid"),
+    (dict(paged_attention="flash"), "sampler.paged_attention='flash' is invalid: allowed values "
+     "are 'auto', 'reference', 'pallas'"),
     (dict(max_seq_len=2048, kv_page_size=16, kv_pages=100),
      "sampler.kv_pages=100 is invalid: .* at least the 128 pages one episode"),
     (dict(prefill_row_buckets=(4, 1)), "sampler.prefill_row_buckets=.* strictly increasing"),
