@@ -1,10 +1,11 @@
 """The CPU demo's learning claim for the RL phase (slow: the full `make demo` run).
 
-The warm-start stops once validation accuracy reaches `run.sft_target_accuracy`
-(0.4), so RL starts well below the ceiling, and the claim is about RL's own gain:
-held-out accuracy (greedy, 256 tasks, standard error ~0.03 per evaluation) from
-RL step 0 to the final step, as the summary reports it (`train.rl_gain`), not
-the gain from random init that SFT alone carries.
+Half the demonstrations guess the question's first number without the tool
+(`env.demo_guess_rate`), so the SFT warm-start imitates a habit that fails, and
+RL starts below the ceiling whatever SFT's length. The claim is about RL's own
+gain: held-out accuracy (greedy, 256 tasks, standard error <= 0.03 per
+evaluation) from RL step 0 to the final step, as the summary reports it
+(`train.rl_gain`), not the gain from random init that SFT carries.
 """
 
 import json
@@ -19,12 +20,6 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "no RL setting tried so far gains on the demo (README, demo walk-through: 13 runs, SAO, "
-    "GRPO and the running mean, lr 1e-4..1e-3, 16 or 64 episodes a step, temperature 0.5 and "
-    "1): held-out 0.566 -> 0.582 at the demo's policy_lr 2e-5, and falls at larger steps; the "
-    "warm-start's greedy accuracy rests on near-tie tokens (sampled reward ~0.25 against "
-    "greedy ~0.5-0.77)"))
 def test_demo_rl_phase_gains(tmp_path):
   cfg = load_config(ROOT / "configs" / "demo_cpu.py", [f"run.run_dir={tmp_path}"])
   summary = train.run(cfg)
@@ -34,11 +29,15 @@ def test_demo_rl_phase_gains(tmp_path):
   assert evals[0][0] == 0 and evals[-1][0] == cfg.learner.steps
   assert summary["eval/accuracy_after_sft"] == evals[0][1]
   assert summary["eval/accuracy_after_rl"] == evals[-1][1]
-  # Below the ceiling at the start (the warm-start stopped early) ...
+  # Below the ceiling at the start (the warm-start imitates the guesses) ...
   assert summary["eval/accuracy_after_sft"] <= 0.7, evals
-  # ... and RL's own gain: > 3 standard errors of the difference of two 256-episode
-  # evaluations (sqrt(2) * 0.03).
-  assert summary["eval/rl_gain"] >= 0.15, evals
+  # ... and RL's own gain (measured: 0.000 -> 1.000) is far beyond the noise of two
+  # 256-episode evaluations (standard error of the difference <= sqrt(2) * 0.03) ...
+  assert summary["eval/rl_gain"] >= 0.5, evals
+  # ... and shows in the sampled (temperature 1) training reward too (measured: 10-step
+  # means 0.39 -> 0.79), not only in greedy decoding.
+  rewards = [r["reward/mean"] for r in rows if "reward/mean" in r and r["step"] >= 1]
+  assert sum(rewards[-10:]) / 10 >= sum(rewards[:10]) / 10 + 0.2, rewards
 
 
 def test_rl_gain_is_measured_from_rl_step_zero(tmp_path):
