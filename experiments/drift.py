@@ -57,7 +57,12 @@ of all-1 rewards into full-size steps), a random walk that ended in a one-token
 reply earning 0 everywhere, from which centred advantages of all-0 batches
 cannot climb back. Its criteria are the same, and it runs in both studies
 (60 steps: does the gate cost learning speed? 1000 steps: does it stop the
-late collapse?).
+late collapse?). `grpo_contrast` (GRPO with the gate; 1000 steps only) was
+added when GRPO's 1000-step runs collapsed too (3 of the first 5 seeds): GRPO's
+all-equal batches have exactly zero gradient, yet Adam keeps stepping along
+its momentum on them, and a rare batch with one failure, after a quiet
+stretch, moved seed 0 by 0.64 in one update (entropy 0.001 -> 2.9). The gate
+applies neither. Same criteria.
 
 The report (`docs/drift.md`, or `--report`) is generated from the runs' metrics.jsonl.
 """
@@ -90,6 +95,7 @@ ARMS = {
                                                "learner.lr_warmup_steps=10",
                                                "algorithm.require_reward_contrast=true")),
     "grpo": ("grpo", ()),
+    "grpo_contrast": ("grpo", ("algorithm.require_reward_contrast=true",)),
     "sao_lam1": ("sao", ("algorithm.lam_policy=1.0",)),
     "sao_critic_warmup": ("sao", ("learner.critic_warmup_steps=10",
                                   "learner.value_pretrain_steps=10")),
