@@ -200,7 +200,7 @@ def fisher_vs(base: ArmResult, other: ArmResult) -> float:
 def report(out: pathlib.Path, seeds: Sequence[int], arms: Sequence[str] = tuple(ARMS),
            steps: int = STEPS) -> str:
   results = {arm: arm_result(out, arm, seeds) for arm in arms}
-  base = results.get("sao") or ArmResult("sao", [], [], [], [], [], [], [])
+  base = results.get("sao") or results[arms[0]]  # the reference of the Fisher tests
   command = "--report-only" if steps == STEPS else f"--steps {steps} --report-only"
   lines = [
       "# SAO drift from weak starts: cause and remedy (issue #17)"
@@ -211,13 +211,13 @@ def report(out: pathlib.Path, seeds: Sequence[int], arms: Sequence[str] = tuple(
       f"Collapsed: the trailing {SMOOTHING}-step mean training reward falls below "
       f"{COLLAPSED_BELOW} at some step; learned: mean reward over the last {FINAL_WINDOW} "
       f"steps >= {LEARNED_AT}. p: Fisher's exact test (two-sided) of the arm's collapse count "
-      "against plain SAO's (- where plain SAO did not run).", "",
-      "| arm | seeds | collapsed | learned | p (collapse vs sao) | final reward | "
+      f"against {base.arm}'s.", "",
+      f"| arm | seeds | collapsed | learned | p (collapse vs {base.arm}) | final reward | "
       "steps to 0.9 | reward AUC |", "|---|---|---|---|---|---|---|---|"]
   for arm, result in results.items():
     if not result.final:
       continue
-    p = "-" if arm == "sao" or not base.final else f"{fisher_vs(base, result):.4f}"
+    p = "-" if arm == base.arm or not base.final else f"{fisher_vs(base, result):.4f}"
     lines.append(
         f"| {arm} | {len(result.final)} | {result.collapsed} | {result.learned} | {p} | "
         f"{stats.summarize(result.final).format()} | "
@@ -236,6 +236,8 @@ def report(out: pathlib.Path, seeds: Sequence[int], arms: Sequence[str] = tuple(
   lines += ["", "Per run (final reward):", "", "| arm | " + " | ".join(
       f"seed {s}" for s in seeds) + " |", "|---|" + "---|" * len(seeds)]
   for arm, result in results.items():
+    if not result.final:
+      continue
     by_seed = dict(zip(result.seeds, result.final))
     lines.append(f"| {arm} | " + " | ".join(
         f"{by_seed[s]:.2f}" if s in by_seed else "-" for s in seeds) + " |")
