@@ -86,7 +86,8 @@ def decode_attention(sampler: SamplerConfig, cfg: ModelConfig,
   if choice == "reference" or (choice == "auto" and platform != "tpu"):
     return "reference"
   kv = cfg.num_key_value_heads
-  shards = 1 if mesh is None or pool_head_axis(dict(mesh.shape), kv) is None else mesh.shape["tensor"]
+  axis = None if mesh is None else pool_head_axis(dict(mesh.shape), kv)
+  shards = 1 if axis is None else mesh.shape[axis]
   reason = kernel_unsupported(cfg.num_attention_heads // shards, kv // shards, cfg.head_dim,
                               cfg.compute_dtype)
   if reason is None:
