@@ -55,6 +55,12 @@ def test_variant_presets_follow_the_paper():
     ("model", {"mlp_only_layers": (5,)}, r"model.mlp_only_layers=\(5,\)"),
     ("mesh", {"fsdp": -1, "tensor": -1}, r"mesh.tensor=-1.*only one axis"),
     ("mesh", {"data": 0}, r"mesh.data=0"),
+    ("sampler", {"mesh": cfg.MeshConfig(fsdp=1, tensor=4)},
+     r"sampler.mesh='data=1,fsdp=1,tensor=4,expert=1'.*set sampler.sharded=true"),
+    ("sampler", {"sharded": True, "mesh": cfg.MeshConfig(tensor=0)}, r"sampler.mesh.tensor=0"),
+    ("sampler", {"sharded": True, "mesh": cfg.MeshConfig(fsdp=-1, data=-1)},
+     r"sampler.mesh.fsdp=-1.*only one axis"),
+    ("sampler", {"sharded": True, "mesh": "tensor=4"}, r"sampler.mesh='tensor=4'.*MeshConfig"),
     ("run", {"sft_target_accuracy": 1.5}, r"run.sft_target_accuracy=1.5.*\[0, 1\]"),
     ("run", {"sft_target_accuracy": 0.5}, r"run.sft_target_accuracy=0.5.*run.sft_steps"),
     ("run", {"sft_steps": 10, "sft_check_every": 0}, r"run.sft_check_every=0.*positive"),
@@ -115,7 +121,26 @@ def test_overrides_parse_by_field_type():
   assert config.model.scan_layers is True  # shell-style lowercase booleans too
 
 
+def test_sampler_mesh_defaults_to_the_top_level_mesh_and_overrides_as_text():
+  base = cfg.Config(mesh=cfg.MeshConfig(fsdp=8))
+  assert base.sampler.mesh is None and base.sampler_mesh() == base.mesh
+  own = cfg.apply_overrides(base, ["sampler.sharded=true", "sampler.mesh=fsdp=1, tensor=4"])
+  assert own.validate().sampler_mesh() == cfg.MeshConfig(data=1, fsdp=1, tensor=4, expert=1)
+  assert own.mesh == cfg.MeshConfig(fsdp=8)  # the learner's mesh is untouched
+  nested = cfg.apply_overrides(own, ["sampler.mesh.tensor=2", "mesh=data=2,fsdp=4"])
+  assert nested.sampler_mesh() == cfg.MeshConfig(fsdp=1, tensor=2)
+  assert nested.mesh == cfg.MeshConfig(data=2, fsdp=4)
+  assert cfg.apply_overrides(own, ["sampler.mesh=None"]).sampler_mesh() == base.mesh
+  assert cfg.MeshConfig.parse(own.sampler.mesh.text()) == own.sampler.mesh
+
+
 @pytest.mark.parametrize("override,message", [
+    ("sampler.mesh.tensor=4", r"sampler.mesh is None \(unset\); set the whole mesh, e.g. "
+     r"--set sampler.mesh=fsdp=1,tensor=4"),
+    ("sampler.mesh=tensor=4,model=2",
+     r"sampler.mesh='tensor=4,model=2'.*'model=2' is not AXIS=SIZE"),
+    ("sampler.mesh=tensor=2,tensor=4", r"names axis 'tensor' twice"),
+    ("mesh=None", r"mesh='None'.*not AXIS=SIZE"),
     ("algorithm.eps_lo=0.2", r"AlgorithmConfig has no field 'eps_lo'"),
     ("algorithm", r"not of the form section.field=value"),
     ("model=3", r"names a whole section"),

@@ -129,6 +129,10 @@ def test_decode_advice_names_sampler_knobs():
                                           seq_len=32768, batch_shards=4)
   assert "a smaller --sampler-batch" in message
   assert "a shorter cache (--seq-len, now 32768)" in message
+  # The sampler runs on its own mesh (sampler.mesh, else the learner's): the advice names
+  # that knob, never the learner's mesh.
+  assert "--set sampler.mesh=fsdp=1,tensor=... larger than 1" in message
+  assert "--set mesh." not in message
 
 
 def test_paged_decode_advice_names_the_engine_not_the_learner():
@@ -150,7 +154,17 @@ def test_paged_decode_kernel_page_table_refusal_names_the_page_size():
       32768, 4)
   assert "ran out of memory: RESOURCE_EXHAUSTED: Allocation (size=4194304)" in message
   assert "--set sampler.kv_page_size=... larger (now 16)" in message
-  assert "--sampler-mesh fsdp=1,tensor=... (now tensor=1" in message
+  assert "--set sampler.mesh=fsdp=1,tensor=... (now tensor=1" in message
+
+
+def test_sampler_advice_reads_the_sampler_mesh_not_the_learners():
+  cfg = _cfg()
+  cfg = dataclasses.replace(cfg, mesh=MeshConfig(fsdp=-1, tensor=2), sampler=dataclasses.replace(
+      cfg.sampler, sharded=True, mesh=MeshConfig(fsdp=1, tensor=4)))
+  message = estimate.compiler_oom_message(cfg, "paged_decode", "RESOURCE_EXHAUSTED: odd", "v5p",
+                                          32768, 4)
+  assert "(now tensor=4;" in message
+  assert "--set sampler.mesh=... (now data=1,fsdp=1,tensor=4,expert=1)" in message
 
 
 def test_paged_decode_figures_at_the_dense_cache_memory():
@@ -219,6 +233,38 @@ def test_sampler_mesh_flag():
   assert plan_cli._mesh("data=2,tensor=4") == MeshConfig(data=2, fsdp=-1, tensor=4, expert=1)
   with pytest.raises(Exception, match="'model=2' is not AXIS=SIZE"):
     plan_cli._mesh("model=2")
+
+
+def test_plan_lays_the_sampler_out_on_the_configs_sampler_mesh(monkeypatch):
+  """Without --sampler-mesh the sampler's programs compile on `cfg.sampler_mesh()`
+  (what a sharded sampler runs on); --sampler-mesh plans as that sampler.mesh."""
+  lowered = {}
+
+  def record(name):
+    def lower(cfg, mesh, *args):
+      lowered[name] = (dict(mesh.shape), cfg.sampler_mesh())
+      return name
+    return lower
+
+  monkeypatch.setattr(aot, "lower_train", record("train_step"))
+  monkeypatch.setattr(aot, "lower_decode", record("decode_step"))
+  monkeypatch.setattr(aot, "lower_paged_decode", record("paged_decode"))
+  monkeypatch.setattr(aot, "_compile", lambda lowered_name, *args: lowered_name)
+  monkeypatch.setattr(aot, "_program", lambda name, topology, mesh, compiled: aot.Program(
+      name=name, topology=topology, mesh_shape=dict(mesh.shape), memory=_memory(1, 1),
+      compiler_flops=1.0, compiler_bytes=1.0, compiler_seconds=None))
+  monkeypatch.setattr(hardware, "topology_devices", lambda topology: jax.devices()[:4])
+  cfg = dataclasses.replace(_cfg(), mesh=MeshConfig(fsdp=-1))
+  cfg = dataclasses.replace(cfg, sampler=dataclasses.replace(
+      cfg.sampler, sharded=True, mesh=MeshConfig(fsdp=1, tensor=2, data=2)))
+  aot.plan(cfg, "v5e:2x2", 64)
+  assert lowered["train_step"][0] == {"data": 1, "fsdp": 4, "tensor": 1, "expert": 1}
+  for name in ("decode_step", "paged_decode"):
+    assert lowered[name][0] == {"data": 2, "fsdp": 1, "tensor": 2, "expert": 1}
+  result = aot.plan(cfg, "v5e:2x2", 64, sampler_mesh=MeshConfig(fsdp=1, tensor=4))
+  assert lowered["decode_step"] == ({"data": 1, "fsdp": 1, "tensor": 4, "expert": 1},
+                                    MeshConfig(fsdp=1, tensor=4))
+  assert result.cfg.sampler_mesh() == MeshConfig(fsdp=1, tensor=4)  # advice reads this
 
 
 # --- AOT compilation for a TPU topology (needs libtpu; ~1 min on 2 CPU cores) -------------

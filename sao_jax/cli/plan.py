@@ -25,20 +25,16 @@ from typing import Sequence
 
 import jax
 
-from sao_jax.config import MESH_AXES, MeshConfig, load_config
+from sao_jax.config import MeshConfig, load_config
 from sao_jax.planning import aot
 
 
 def _mesh(text: str) -> MeshConfig:
   """'data=1,fsdp=-1' -> MeshConfig (unnamed axes keep their defaults)."""
-  sizes = {}
-  for item in text.split(","):
-    axis, sep, size = item.partition("=")
-    if not sep or axis not in MESH_AXES or not size.lstrip("-").isdigit():
-      raise argparse.ArgumentTypeError(
-          f"{item!r} is not AXIS=SIZE with AXIS in {', '.join(MESH_AXES)}, e.g. tensor=4")
-    sizes[axis] = int(size)
-  return MeshConfig(**sizes)
+  try:
+    return MeshConfig.parse(text)
+  except ValueError as error:
+    raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,8 +68,9 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument("--sampler-batch", type=int, default=None,
                       help="sequences decoded at once (default: sampler.slots)")
   parser.add_argument("--sampler-mesh", type=_mesh, default=None,
-                      help="the sampler's mesh, e.g. data=4,fsdp=1,tensor=4 "
-                      "(default: the config's)")
+                      help="the sampler's mesh, e.g. data=4,fsdp=1,tensor=4 (default: the "
+                      "config's sampler.mesh, else its mesh; to run what the plan fits, set "
+                      "sampler.mesh in the config)")
   parser.add_argument("--hbm-fraction", type=float, default=0.95,
                       help="share of HBM a program may use (the runtime keeps some)")
   parser.add_argument("--mean-episode-tokens", type=int, default=None,

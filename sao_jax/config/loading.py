@@ -12,6 +12,7 @@ import types
 import typing
 from typing import Any, Sequence
 
+from sao_jax.config.mesh import MeshConfig
 from sao_jax.config.root import Config
 
 
@@ -35,7 +36,8 @@ def load_config(path: str | pathlib.Path, overrides: Sequence[str] = ()) -> Conf
 
 
 def apply_overrides(config: Config, overrides: Sequence[str]) -> Config:
-  """Applies `section.field=value` strings (values parsed as Python literals)."""
+  """Applies `section.field=value` strings (values parsed as Python literals; a mesh
+  field takes `MeshConfig.parse`'s text, e.g. `sampler.mesh=fsdp=1,tensor=4`)."""
   for item in overrides:
     key, sep, raw = item.partition("=")
     if not sep or not key:
@@ -52,13 +54,26 @@ def _replace_path(obj: Any, parts: list[str], raw: str, full_key: str) -> Any:
     raise ValueError(f"override {full_key!r}: {type(obj).__name__} has no field {name!r}; "
                      f"fields are {', '.join(sorted(fields))}")
   current = getattr(obj, name)
+  hint = typing.get_type_hints(type(obj))[name]
+  allowed = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
   if len(parts) > 1:
+    if current is None and MeshConfig in allowed:
+      keys = full_key.split(".")
+      field = ".".join(keys[:len(keys) - len(parts) + 1])
+      raise ValueError(f"override {full_key!r}: {field} is None (unset); set the whole mesh, "
+                       f"e.g. --set {field}=fsdp=1,tensor=4")
     if not dataclasses.is_dataclass(current):
       raise ValueError(f"override {full_key!r}: {name!r} is not a section")
     return dataclasses.replace(obj, **{name: _replace_path(current, parts[1:], raw, full_key)})
+  if MeshConfig in allowed:  # a mesh has a one-line text form: data=1,fsdp=-1,tensor=4
+    if raw in ("None", "none", "null") and type(None) in allowed:
+      return dataclasses.replace(obj, **{name: None})
+    try:
+      return dataclasses.replace(obj, **{name: MeshConfig.parse(raw)})
+    except ValueError as error:
+      raise ValueError(f"override {full_key}={raw!r}: {error}") from None
   if dataclasses.is_dataclass(current):
     raise ValueError(f"override {full_key!r} names a whole section; set one of its fields")
-  hint = typing.get_type_hints(type(obj))[name]
   return dataclasses.replace(obj, **{name: _parse_value(raw, hint, full_key)})
 
 

@@ -22,6 +22,25 @@ class MeshConfig:
   tensor: int = 1
   expert: int = 1
 
+  @classmethod
+  def parse(cls, text: str) -> "MeshConfig":
+    """'data=1,fsdp=-1,tensor=4' -> MeshConfig (unnamed axes keep their defaults); the
+    text form of `--set mesh=...`, `--set sampler.mesh=...` and sao-plan's --sampler-mesh."""
+    sizes = {}
+    for item in text.split(","):
+      axis, sep, size = item.strip().partition("=")
+      if not sep or axis not in MESH_AXES or not size.lstrip("-").isdigit():
+        raise ValueError(f"mesh {text!r}: {item!r} is not AXIS=SIZE with AXIS in "
+                         f"{', '.join(MESH_AXES)}, e.g. fsdp=1,tensor=4")
+      if axis in sizes:
+        raise ValueError(f"mesh {text!r} names axis {axis!r} twice; name each axis once")
+      sizes[axis] = int(size)
+    return cls(**sizes)
+
+  def text(self) -> str:
+    """The `parse` form: 'data=1,fsdp=-1,tensor=1,expert=1'."""
+    return ",".join(f"{axis}={getattr(self, axis)}" for axis in MESH_AXES)
+
   def shape(self, num_devices: int) -> dict[str, int]:
     """Axis sizes with the -1 axis filled in for `num_devices` devices."""
     self.validate()

@@ -56,6 +56,12 @@ class Config:
       self._check_lora()
     return self
 
+  def sampler_mesh(self) -> MeshConfig:
+    """The mesh a sharded sampler engine lays out over its process's devices:
+    `sampler.mesh`, or (None) the top-level `mesh`. Every place that builds or
+    plans the sampler's mesh asks here."""
+    return self.sampler.mesh if self.sampler.mesh is not None else self.mesh
+
   def _check_lora(self) -> None:
     """LoRA runs reload their frozen base from `run.init` (checkpoints hold only the
     adapters), and adapters sit on dense projections only."""

@@ -6,6 +6,7 @@ import dataclasses
 import re
 
 from sao_jax.config.checks import check_choice, check_positive, fail
+from sao_jax.config.mesh import MeshConfig
 
 WEIGHT_CHANNELS = ("shared_memory", "directory", "network")
 KV_LAYOUTS = ("dense", "paged")
@@ -74,9 +75,13 @@ class SamplerConfig:
   decode_attention`). Prefill always runs the reference.
 
   Placement: with `sharded`, a sampler process lays params and KV cache out
-  over all its local devices with the top-level `mesh` config (its -1 axis
-  filled for the local device count), MoE layers expert parallel; otherwise it
-  runs on one device. A model plus cache too large for one chip needs it.
+  over all its local devices with `mesh` (None: the top-level `mesh`, the
+  learner's; `Config.sampler_mesh`), its -1 axis filled for the local device
+  count, MoE layers expert parallel over `expert`; otherwise it runs on one
+  device. A model plus cache too large for one chip needs it. The paged pool
+  splits over `tensor` only (KV heads), whole on every chip of the other axes,
+  so a paged engine at pod scale wants its own mesh, e.g.
+  `MeshConfig(fsdp=1, tensor=4)` on a 4-chip host (configs/qwen3_8b_v5p32.py).
   """
 
   slots: int = 8
@@ -104,6 +109,7 @@ class SamplerConfig:
   prefill_row_buckets: tuple[int, ...] = (1, 4)
   kv_prefix_sharing: bool = True
   paged_attention: str = "auto"
+  mesh: MeshConfig | None = None  # None: the top-level mesh (Config.sampler_mesh)
 
   def num_kv_pages(self) -> int:
     """Pages in the paged pool: `kv_pages`, or (0) those of `slots` dense rows."""
@@ -159,6 +165,19 @@ class SamplerConfig:
         or list(rows) != sorted(set(rows))):
       fail("sampler", "prefill_row_buckets", rows,
            "expected positive integers in strictly increasing order, e.g. (1, 4)")
+    if self.mesh is not None:
+      if not isinstance(self.mesh, MeshConfig):
+        fail("sampler", "mesh", self.mesh,
+             "expected a MeshConfig (e.g. --set sampler.mesh=fsdp=1,tensor=4) or None (the "
+             "top-level mesh)")
+      if not self.sharded:
+        fail("sampler", "mesh", self.mesh.text(),
+             "a sampler mesh lays out a sharded engine, but sampler.sharded=False runs it on "
+             "one device; set sampler.sharded=true or sampler.mesh=None")
+      try:
+        self.mesh.validate()
+      except ValueError as error:
+        raise ValueError(f"sampler.{error}") from None
     if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) or (
         not self.temperature > 0):
       fail("sampler", "temperature", self.temperature,

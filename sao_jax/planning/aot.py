@@ -169,12 +169,16 @@ def plan(cfg: Config, topology: str, seq_len: int, *, sampler_topology: str | No
          mean_episode_tokens: int | None = None) -> Plan:
   """Compiles the train step (and the sampler's decode step) and estimates throughput.
 
+  The sampler's programs run on `sampler_mesh` (default `cfg.sampler_mesh()`, the
+  mesh a sharded sampler uses) over `sampler_topology` (default `topology`).
   `mean_episode_tokens` (default seq_len // 8: a long-tailed mix) is the assumed
   mean episode length for the paged engine's figures (`paged_decode`)."""
   if seq_len < 2:
     raise ValueError(f"seq_len={seq_len} is invalid: a trajectory needs at least 2 tokens")
   if not 0.0 < hbm_fraction <= 1.0:
     raise ValueError(f"hbm_fraction={hbm_fraction} is invalid: expected 0 < fraction <= 1")
+  if sampler_mesh is not None:  # planned as the config's sampler.mesh (advice names it)
+    cfg = dataclasses.replace(cfg, sampler=dataclasses.replace(cfg.sampler, mesh=sampler_mesh))
   generation, _ = hardware.parse_topology(topology)
   devices = hardware.topology_devices(topology)
   device = hardware.chip_spec(generation).per_device(hardware.num_chips(topology), len(devices))
@@ -190,7 +194,7 @@ def plan(cfg: Config, topology: str, seq_len: int, *, sampler_topology: str | No
       raise ValueError(f"sampler topology {sampler_topology!r} must use the learner's TPU "
                        f"generation {generation!r} (one HBM limit per plan)")
     sampler_devices = hardware.topology_devices(sampler_topology)
-    sampler = make_mesh(sampler_mesh or cfg.mesh, sampler_devices)
+    sampler = make_mesh(cfg.sampler_mesh(), sampler_devices)
     decode_program = _program("decode_step", sampler_topology, sampler, _compile(
         lower_decode(cfg, sampler, sampler_batch, seq_len), cfg, "decode_step", sampler,
         device.name, seq_len))

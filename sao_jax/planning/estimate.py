@@ -138,12 +138,18 @@ def _advice(cfg: Config, memory: MemoryUse, program: str, seq_len: int,
   model, learner = cfg.model, cfg.learner
   state_fixes = [f"--set mesh.fsdp=... larger than {cfg.mesh.fsdp} (shards params and optimizer "
                  "state over more chips; set another axis smaller or use a larger --topology)"]
+  sampler_mesh = cfg.sampler_mesh()
+  if program in ("decode_step", "paged_decode"):  # the sampler's programs, on its own mesh
+    state_fixes = [f"--set sampler.mesh=... (now {sampler_mesh.text()}) with params split "
+                   "over more of the sampler's chips (fsdp x tensor), or a larger "
+                   "--sampler-topology"]
   if program == "paged_decode":
     # The pool splits over tensor only (README, paged KV cache); the Pallas kernel holds
     # its page tables in SMEM (1 MiB on v5p); the reference path gathers every listed page.
-    activation_fixes = [f"--sampler-mesh fsdp=1,tensor=... (now tensor={cfg.mesh.tensor}; a "
-                        "divisor of the KV heads): the pool is split over tensor only, whole on "
-                        "every chip of the batch axes",
+    activation_fixes = [f"--set sampler.mesh=fsdp=1,tensor=... (now tensor="
+                        f"{sampler_mesh.tensor}; a divisor of the KV heads; with "
+                        "sampler.sharded): the pool is split over tensor only, whole on every "
+                        "chip of the batch axes",
                         f"--set sampler.kv_page_size=... larger (now {cfg.sampler.kv_page_size}): "
                         "the Pallas kernel keeps slots x pages-per-episode page indices in SMEM",
                         "--set sampler.kv_layout=dense (off the kernel the paged decode gathers "
@@ -152,8 +158,8 @@ def _advice(cfg: Config, memory: MemoryUse, program: str, seq_len: int,
                         "a smaller --sampler-batch (a smaller pool: that many dense rows)"]
   elif program == "decode_step":
     activation_fixes = ["a smaller --sampler-batch", f"a shorter cache (--seq-len, now {seq_len})",
-                        f"--set mesh.tensor=... larger than {cfg.mesh.tensor} for the sampler "
-                        "(shards KV heads)"]
+                        f"--set sampler.mesh=fsdp=1,tensor=... larger than "
+                        f"{sampler_mesh.tensor} (shards KV heads; with sampler.sharded)"]
   else:
     activation_fixes = []
     per_micro = learner.batch_rows // learner.micro_batches

@@ -132,15 +132,24 @@ def _published_to_policy(cfg) -> Callable[[Any], Any]:
   return lambda adapters: merge(base, adapters, cfg.lora, cfg.model)
 
 
-def run_sampler(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
-  """The sampler loop (module docstring)."""
+def engine_mesh(cfg: Config):
+  """The mesh a sampler process's engine lays params and KV cache out over: with
+  `sampler.sharded`, `cfg.sampler_mesh()` (sampler.mesh, else the top-level mesh)
+  over this process's devices; otherwise None (one device)."""
+  if not cfg.sampler.sharded:
+    return None
   import jax
 
+  from sao_jax.sharding.mesh import make_mesh
+  return make_mesh(cfg.sampler_mesh(), jax.local_devices())
+
+
+def run_sampler(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
+  """The sampler loop (module docstring)."""
   from sao_jax.envs.registry import make_env, make_tasks
   from sao_jax.chat import load_chat
   from sao_jax.sampler import weights
   from sao_jax.sampler.episodes import EpisodeRunner, make_engine, prompt_slot
-  from sao_jax.sharding.mesh import make_mesh
 
   cfg = spec.cfg
   chat = load_chat(spec.tokenizer_path, enable_thinking=cfg.run.enable_thinking)
@@ -158,9 +167,8 @@ def run_sampler(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
     return
   to_policy = _published_to_policy(cfg)
   params, version = to_policy(got[0]), got[1]
-  # sampler.sharded: the engine lays params out over this process's devices.
-  mesh = make_mesh(cfg.mesh, jax.local_devices()) if cfg.sampler.sharded else None
-  engine = make_engine(cfg.sampler, cfg.model, params, chat, version=version, mesh=mesh)
+  engine = make_engine(cfg.sampler, cfg.model, params, chat, version=version,
+                       mesh=engine_mesh(cfg))
   runner = EpisodeRunner(engine, chat, lambda: make_env(cfg.env),
                          max_episodes=cfg.sampler.slots * 2,
                          log=lambda line: print(f"sampler {spec.worker_id}: {line}",

@@ -1,0 +1,42 @@
+"""A sharded sampler lays its engine out on `sampler.mesh` (else the learner's mesh):
+the mesh `sao_jax.sampler.worker.engine_mesh` builds is the one params and the paged
+KV pool are placed on."""
+
+import dataclasses
+
+from engine_fixtures import MODEL, engine, params, with_sampler
+from sao_jax.config import Config, MeshConfig
+from sao_jax.sampler.paged_engine import PagedEngine
+from sao_jax.sampler.worker import engine_mesh
+
+# The learner shards fsdp over all 8 devices; the sampler splits KV heads over tensor.
+CFG = Config(mesh=MeshConfig(fsdp=8), model=MODEL, sampler=with_sampler(
+    kv_layout="paged", kv_page_size=8, sharded=True, mesh=MeshConfig(fsdp=-1, tensor=2)))
+
+
+def _pool_specs(eng):
+  return {tuple(layer.sharding.spec) for layer in eng._cache.kv}
+
+
+def test_sharded_engine_is_placed_on_the_sampler_mesh():
+  mesh = engine_mesh(CFG.validate())
+  assert dict(mesh.shape) == {"data": 1, "fsdp": 4, "tensor": 2, "expert": 1}
+  eng = engine(params(0), CFG.sampler, engine_cls=PagedEngine, mesh=mesh)
+  # Pools [P, page, 2K, H]: the 2 KV heads split over tensor, one (k, v) pair per device.
+  assert _pool_specs(eng) == {(None, None, "tensor", None)}
+  assert all(layer.addressable_shards[0].data.shape[2] == 2 for layer in eng._cache.kv)
+  # q_proj [D, N, H]: embed over fsdp, heads over tensor.
+  q_proj = eng._params["layers"][0]["attn"]["q_proj"]
+  assert q_proj.sharding.mesh.shape == mesh.shape
+  assert tuple(q_proj.sharding.spec) == ("fsdp", "tensor", None)
+
+
+def test_without_a_sampler_mesh_the_engine_uses_the_learners():
+  learner = dataclasses.replace(CFG, sampler=dataclasses.replace(CFG.sampler, mesh=None))
+  mesh = engine_mesh(learner.validate())
+  assert dict(mesh.shape) == {"data": 1, "fsdp": 8, "tensor": 1, "expert": 1}
+  eng = engine(params(0), learner.sampler, engine_cls=PagedEngine, mesh=mesh)
+  assert _pool_specs(eng) == {(None, None, None, None)}  # whole on every chip
+  one_device = dataclasses.replace(learner, sampler=dataclasses.replace(learner.sampler,
+                                                                        sharded=False))
+  assert engine_mesh(one_device) is None
