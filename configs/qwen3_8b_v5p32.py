@@ -13,30 +13,35 @@ per layer plus one layer's working set; the 36 layers run as one `lax.scan`
 (88.0 GiB, 92.7%, and 13 minutes to compile).
 
 Samplers: one engine per sampler host, sharded over its 4 chips
-(`sampler.sharded`), 64 slots of 32K tokens: 4.1 GiB of params and 72 GiB of KV
-cache per chip (76.0 GiB, 80.0%).
-The engine is the dense one (`kv_layout="dense"`): the paged engine's pure-JAX
-decode gathers every listed page into temporaries (about twice the pool) and
-keeps its pool whole on each chip of an fsdp sampler mesh, so at this size it
-does not fit: sao-plan's `paged_decode` row asked 580 GiB of temporaries per
-v5p chip for the 8B config (README, paged KV cache). Paged pays on TPU once the
-Pallas ragged paged attention kernel streams the pages instead.
+(`sampler.sharded`) on the sampler's own mesh `sampler.mesh` = tensor 4 (the
+learner's fsdp mesh would keep the paged pool whole on every chip: the pool
+splits over `tensor`, KV heads, only), with the paged KV engine
+(`kv_layout="paged"`) in pages of 256 tokens: a pool of the memory of 64 dense
+rows of 32K tokens (8,192 pages), read by the Pallas ragged paged attention
+kernel on TPU. 3.8 GiB of params and 72 GiB of pool per chip; for a mean
+episode of 4,096 tokens (seq_len / 8) that pool holds 512 episodes, 8x the 64
+dense rows (sao-plan's `paged_decode` row compiles the decode call at 512 slots
+over that pool). Pages of 16 would not compile: the kernel keeps 512 slots x
+2,048 page indices (4 MiB) in SMEM, 1 MiB on v5p (README, paged KV cache).
 
 Prove it compiles and fits before paying for the slices (CPU + libtpu; ~9 min on
-2 busy cores):
+2 quiet cores, ~40 on a heavily loaded machine):
 
     .venv/bin/sao-plan --config configs/qwen3_8b_v5p32.py --topology v5p:2x2x4 \
         --sampler-topology v5p:2x2x1
 
-It prints (abridged; GiB per chip) and exits 0:
+It prints (abridged; GiB per chip; measured 2026-12-02 with libtpu 0.0.42.1) and exits 0:
 
     program      topology    mesh        args    temps  outputs  aliased  code   total    HBM   used
-    train_step   v5p:2x2x4   fsdp=16     5.16    71.46     5.16     5.16  0.43   77.06  95.00  81.1%
-    decode_step  v5p:2x2x1   fsdp=4     75.81     0.09    72.04    72.00  0.09   76.03  95.00  80.0%
+    train_step   v5p:2x2x4   fsdp=16     5.16    71.47     5.16     5.16  0.47   77.10  95.00  81.2%
+    decode_step  v5p:2x2x1   tensor=4   75.81     0.12    72.04    72.00  0.08   76.05  95.00  80.0%
+    paged_decode v5p:2x2x1   tensor=4   75.81     2.02    72.00    72.00  0.16   77.99  95.00  82.1%
     train FLOPs/step: model 5.018e+17, with recompute 6.830e+17 (4.269e+16 per device); ...
-    roofline on 16 x v5p (459 TFLOP/s bf16 each): step >= 93.0 s, MFU <= 73.5%,
+    roofline on 16 x v5p (459 TFLOP/s bf16 each): step >= 93.00 s, MFU <= 73.5%,
       tokens/s <= 22,549 (compute bound; communication not modelled)
-    decode step (batch 64, cache 32768): >= 34.87 ms ... -> <= 1,835 tokens/s
+    decode step (batch 64, cache 32768): >= 39.38 ms ... -> <= 1,625 tokens/s
+    paged decode (same KV memory, mean episode 4096 tokens, pages of 256): 512 episodes
+      vs 64 dense, step >= 33.47 ms -> <= 15,297 tokens/s (estimated ...)
     fits: every program is within 95% of 95 GiB HBM per device
 
 The train step's temporaries (71.5 GiB) leave ~13 GiB: a longer sequence or more
@@ -62,5 +67,6 @@ def get_config() -> Config:
       learner=LearnerConfig(batch_trajectories=64, micro_batches=4, policy_lr=1e-6,
                             value_lr=5e-6),
       sampler=SamplerConfig(slots=64, max_seq_len=32768, prefill_buckets=(512, 2048, 8192),
-                            sharded=True, kv_layout="dense"),
+                            sharded=True, mesh=MeshConfig(data=1, fsdp=1, tensor=4, expert=1),
+                            kv_layout="paged", kv_page_size=256),
   )
