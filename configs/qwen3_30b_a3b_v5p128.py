@@ -11,21 +11,37 @@ fsdp over 16; the batch splits over all 64 chips, one 32K-token trajectory
 per chip in each of the 2 micro-batches; blocked attention and full remat.
 
 Samplers: `sao-sampler` runs one engine per sampler host, sharded over that
-host's 4 chips (`sampler.sharded`), with 64 slots of 32K tokens: 16.4 GiB of
-params and 48 GiB of KV cache per chip. (128 slots per host would need 112.6
-GiB of the 95.)
-The engine is the dense one (`kv_layout="dense"`), for the reason
-configs/qwen3_8b_v5p32.py gives: at this size the paged engine does not fit yet.
+host's 4 chips (`sampler.sharded`) on the sampler's own mesh `sampler.mesh` =
+tensor 4: each chip holds one of the 4 KV heads' pages (the paged pool splits
+over `tensor` only; on the learner's mesh, fsdp x expert 4, it would be whole
+on every chip) and a quarter of every expert's MLP width (Megatron style;
+experts are not split over `expert` on this mesh). The paged KV engine
+(`kv_layout="paged"`), pages of 256 tokens, the pool the memory of 64 dense
+rows of 32K tokens (8,192 pages, 48 GiB per chip beside 14.2 GiB of params),
+read by the Pallas ragged paged attention kernel: for a mean episode of 4,096
+tokens that is 512 episodes, 8x the dense rows. (128 dense rows per host
+needed 112.6 GiB of the 95 on the learner's mesh.)
 
 Prove it compiles and fits before paying for the slices (CPU + libtpu):
 
     .venv/bin/sao-plan --config configs/qwen3_30b_a3b_v5p128.py --topology v5p:4x4x4 \
         --sampler-topology v5p:2x2x1
 
+The sampler host's programs (measured 2026-12-02, libtpu 0.0.42.1; GiB per chip):
+
+    program      topology    mesh        args    temps  outputs  aliased  code   total    HBM   used
+    decode_step  v5p:2x2x1   tensor=4   62.24     0.19    48.04    48.00  0.02   62.48  95.00  65.8%
+    paged_decode v5p:2x2x1   tensor=4   62.24    13.83    48.00    48.00  0.02   76.09  95.00  80.1%
+
+The paged call's 13.8 GiB of temporaries (2.0 for the 8B config) are about the
+size of a chip's share of the stacked expert weights (13.5 GiB); not analysed
+further: it fits with 14 GiB to spare.
+
 Status (measured with libtpu on a 2-core CPU machine): fits. The train step
 needs 48.3 GiB per chip (5.8 args + 42.3 temporaries + outputs/code; 50.9% of
-95 GiB), a sampler host's decode step 64.5 GiB (67.9%); compile ~5 minutes on
-a loaded machine. Two fixes took it from 411 GiB of temporaries to 42:
+95 GiB; measured before the sampler moved to the paged engine, which does not
+change the train step); compile ~5 minutes on a loaded machine. Two fixes took
+it from 411 GiB of temporaries to 42:
   1. Expert-parallel MoE (`sao_jax.models.moe`): each chip routes only its
      expert group's tokens under shard_map; the SPMD partitioner had replicated
      one global argsort of all 64 chips' routed pairs (411 -> 183 GiB).
@@ -57,5 +73,6 @@ def get_config() -> Config:
       learner=LearnerConfig(batch_trajectories=128, micro_batches=2, policy_lr=1e-6,
                             value_lr=5e-6),
       sampler=SamplerConfig(slots=64, max_seq_len=32768, prefill_buckets=(512, 2048, 8192),
-                            sharded=True, kv_layout="dense"),
+                            sharded=True, mesh=MeshConfig(data=1, fsdp=1, tensor=4, expert=1),
+                            kv_layout="paged", kv_page_size=256),
   )
