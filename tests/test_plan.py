@@ -275,13 +275,13 @@ def test_paged_decode_compiles_the_pallas_kernel_for_tpu():
   """On a TPU topology "auto" decodes through the Pallas kernel (a Mosaic custom call,
   per device under shard_map over tensor), and sao-plan's paged_decode lowers it."""
   _libtpu()
-  from sao_jax.sampler.paged_steps import decode_attention
+  from sao_jax.sampler.paged_steps import attention_path
   from sao_jax.sharding.mesh import make_mesh
   small = _small_config()
   cfg = dataclasses.replace(small, mesh=MeshConfig(fsdp=2, tensor=2), model=dataclasses.replace(
       small.model, head_dim=128, num_attention_heads=4, num_key_value_heads=2))
   mesh = make_mesh(cfg.mesh, hardware.topology_devices("v5e:2x2"))
-  assert decode_attention(cfg.sampler, cfg.model, mesh) == "pallas"
+  assert attention_path(cfg.sampler, cfg.model, mesh) == "pallas"
   compiled = aot.lower_paged_decode(cfg, mesh, slots=8, pages=64, max_len=64).compile()
   assert "ragged_paged_attention_kernel" in compiled.as_text()
   assert estimate.MemoryUse.from_stats(compiled.memory_analysis()).aliased > 0  # pool donated
