@@ -232,8 +232,9 @@ def run_one(claim: claims_lib.Claim, variant: claims_lib.Variant, seed: int, *, 
 def run_claim(claim: claims_lib.Claim, *, seeds: int, quick: bool, extra: Sequence[str],
               out: pathlib.Path, jobs: int = 1) -> list[str]:
   """Every (variant, seed) run of `claim`, `jobs` at a time; returns the failures (also
-  printed). Runs are started variant by variant across seeds, so parallel jobs first
-  make different seeds' warm-starts rather than wait on one."""
+  printed). Parallel jobs start runs variant by variant across seeds, so they first
+  make different seeds' warm-starts rather than wait on one; one job runs seed by seed,
+  so a run stopped part-way leaves every variant with the same finished seeds."""
   cfg = load_config(setting_path(claim.setting),
                     [*(quick_overrides(claim.setting) if quick else ()), *extra])
   manifest = {"claim": claim.name, "setting": claim.setting, "quick": quick,
@@ -250,9 +251,10 @@ def run_claim(claim: claims_lib.Claim, *, seeds: int, quick: bool, extra: Sequen
         f"{cfg.learner.steps} steps x {cfg.learner.batch_trajectories} trajectories each"
         + (f", {jobs} at a time" if jobs > 1 else ""), flush=True)
   with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+    order = ([(name, seed) for name in claim.variants for seed in range(seeds)] if jobs > 1
+             else [(name, seed) for seed in range(seeds) for name in claim.variants])
     pending = {pool.submit(run_one, claim, claims_lib.VARIANTS[name], seed, quick=quick,
-                           extra=extra, out=out): (name, seed)
-               for name in claim.variants for seed in range(seeds)}
+                           extra=extra, out=out): (name, seed) for name, seed in order}
     try:
       for future in concurrent.futures.as_completed(pending):
         name, seed = pending[future]
@@ -286,8 +288,9 @@ def main(claim: claims_lib.Claim, argv: Sequence[str] | None = None) -> None:
   parser.add_argument("--set", dest="extra", action="append", default=[],
                       metavar="SECTION.FIELD=VALUE",
                       help="override for every run of every variant, e.g. learner.steps=60")
-  parser.add_argument("--report", default=str(ROOT / "docs" / "results.md"),
-                      help="report to (re)write; plots go to <report dir>/results/")
+  parser.add_argument("--report", default=None,
+                      help="report to (re)write (default docs/results.md, every claim); another "
+                           "path gets this claim alone; plots go to <report dir>/results/")
   args = parser.parse_args(argv)
   if args.seeds < 1:
     parser.error(f"--seeds {args.seeds}: expected at least 1")
@@ -300,7 +303,8 @@ def main(claim: claims_lib.Claim, argv: Sequence[str] | None = None) -> None:
                          jobs=args.jobs)
   except (ValueError, FileNotFoundError) as error:
     parser.exit(2, f"error: {error}\n")
-  written = report.write_report(out, pathlib.Path(args.report))
+  target = pathlib.Path(args.report or report.DEFAULT_REPORT).resolve()
+  written = report.write_report(out, target, skip_missing=target != report.DEFAULT_REPORT)
   print(f"report: {written}")
   if failures:
     parser.exit(1, "failed runs:\n" + "\n".join(failures) + "\n")

@@ -5,8 +5,9 @@ devices) with greedy sampling (top_k = 1) and runs `run.eval_episodes` tasks
 from the environment's task source with `run.eval_seed` in place of
 `env.seed`, the same tasks every time, so accuracy is comparable across steps.
 Reported: `eval/accuracy` (mean final reward over episodes that did not fail),
-`eval/failures`, `eval/mean_turns`, `eval/tool_call_rate` (episodes with more
-than one turn). Given a path, it also writes the first `run.eval_transcripts`
+`eval/failures`, `eval/mean_turns`, `eval/tool_call_rate` (episodes in which the
+environment ran at least one tool; a reply with neither an answer nor a tool
+call also earns another turn, so more turns alone do not mean tool use). Given a path, it also writes the first `run.eval_transcripts`
 episodes (in task order) as JSON lines: task id, reward, turns, environment
 failure and the whole conversation as text (`write_transcripts`), since what a
 collapsed policy writes says more than its accuracy (README, demo walk-through).
@@ -91,10 +92,11 @@ class Evaluator:
       write_transcripts(transcripts, first, self._chat)
     ok = [t for t in trajs if t.env_failure is None]
     turns = np.array([t.info["turns"] for t in ok]) if ok else np.zeros(0)
+    tools = np.array([t.info["tool_calls"] for t in ok]) if ok else np.zeros(0)
     return {"eval/accuracy": float(np.mean([t.outcome for t in ok])) if ok else 0.0,
             "eval/failures": float(len(trajs) - len(ok)),
             "eval/mean_turns": float(turns.mean()) if ok else 0.0,
-            "eval/tool_call_rate": float(np.mean(turns > 1)) if ok else 0.0}
+            "eval/tool_call_rate": float(np.mean(tools > 0)) if ok else 0.0}
 
 
 class _BenchmarkTasks:

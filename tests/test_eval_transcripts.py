@@ -4,9 +4,11 @@ import dataclasses
 import json
 import pathlib
 
+import numpy as np
 import pytest
 
 from sao_jax import evaluation, warm_start
+from sao_jax.data.records import Trajectory
 from sao_jax.chat import chat_format
 from sao_jax.config import load_config
 from sao_jax.envs.registry import make_tasks
@@ -55,6 +57,20 @@ def test_the_first_episodes_in_task_order_are_written_whole(chat_and_params, tmp
   rewards = [json.loads(line)["reward"] for line in every.read_text().splitlines()]
   assert again == result and len(rewards) == cfg.run.eval_episodes
   assert sum(rewards) / len(rewards) == result["eval/accuracy"]
+
+
+def test_tool_call_rate_counts_episodes_that_ran_a_tool_not_extra_turns(chat_and_params,
+                                                                        monkeypatch):
+  chat, params = chat_and_params
+  evaluator = evaluation.Evaluator(sanity(0), chat, params)
+  empty = np.zeros(0, np.float32)
+  trajs = [Trajectory(tokens=np.zeros(0, np.int32), action_mask=np.zeros(0, np.int8),
+                      behavior_logp=empty, rewards=empty, prompt_id=i, policy_versions=(0, 0),
+                      info={"task": f"t{i}", "turns": turns, "tool_calls": tools})
+           for i, (turns, tools) in enumerate([(3, 0), (2, 0), (2, 1), (1, 0)])]
+  monkeypatch.setattr(evaluator._episodes, "run", lambda *args, **kwargs: trajs)
+  result = evaluator.evaluate(params, 0)
+  assert result["eval/tool_call_rate"] == 0.25 and result["eval/mean_turns"] == 2.0
 
 
 def test_no_path_or_zero_transcripts_writes_nothing(chat_and_params, tmp_path):

@@ -317,17 +317,31 @@ def test_aot_plan_oversized_config_fails_with_the_fix():
 
 
 @pytest.mark.slow
-def test_paged_decode_compiles_the_pallas_kernel_for_tpu():
-  """On a TPU topology "auto" decodes through the Pallas kernel (a Mosaic custom call,
-  per device under shard_map over tensor), and sao-plan's paged_decode lowers it."""
+def test_paged_steps_compile_the_pallas_kernel_for_tpu():
+  """On a TPU topology "auto" prefills and decodes through the Pallas kernel (a Mosaic
+  custom call, per device under shard_map over tensor), and sao-plan's paged_decode lowers it."""
   _libtpu()
-  from sao_jax.sampler.paged_steps import decode_attention
+  from sao_jax.models import paged
+  from sao_jax.models.transformer import abstract_params, param_shardings
+  from sao_jax.sampler import paged_steps
   from sao_jax.sharding.mesh import make_mesh
   small = _small_config()
   cfg = dataclasses.replace(small, mesh=MeshConfig(fsdp=2, tensor=2), model=dataclasses.replace(
       small.model, head_dim=128, num_attention_heads=4, num_key_value_heads=2))
   mesh = make_mesh(cfg.mesh, hardware.topology_devices("v5e:2x2"))
-  assert decode_attention(cfg.sampler, cfg.model, mesh) == "pallas"
+  assert paged_steps.attention_path(cfg.sampler, cfg.model, mesh) == "pallas"
   compiled = aot.lower_paged_decode(cfg, mesh, slots=8, pages=64, max_len=64).compile()
+  assert "ragged_paged_attention_kernel" in compiled.as_text()
+  assert estimate.MemoryUse.from_stats(compiled.memory_analysis()).aliased > 0  # pool donated
+
+  # The batched prefill: 4 rows of 32-token chunks into 8 slots of 64 tokens.
+  params = aot._abstract(abstract_params(cfg.model, "lm"), param_shardings(cfg.model, mesh, "lm"))
+  cache = jax.eval_shape(lambda: paged.init_paged_cache(cfg.model, 64, cfg.sampler.kv_page_size, 8))
+  cache = aot._abstract(cache, paged_steps.paged_cache_shardings(cache, mesh))
+  host = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  arg = lambda *shape, dtype=jax.numpy.int32: jax.ShapeDtypeStruct(shape, dtype, sharding=host)
+  prefill = paged_steps.compile_paged_steps(cfg.model, cfg.sampler, (), mesh).prefill
+  compiled = prefill.lower(params, cache, arg(8, 64 // cfg.sampler.kv_page_size), arg(4),
+                           arg(4, 32), arg(4, 32), arg(4), arg(4, dtype=jax.numpy.uint32)).compile()
   assert "ragged_paged_attention_kernel" in compiled.as_text()
   assert estimate.MemoryUse.from_stats(compiled.memory_analysis()).aliased > 0  # pool donated

@@ -14,6 +14,16 @@ policy, entropy, policy and value gradient norms, DIS mask fractions, PPO clip
 fraction and value explained variance, and counts runs whose reward collapses
 (trailing mean ending below half its best). A stable run keeps its reward and
 shows no growth in KL or gradient norms.
+
+The runs in docs/results.md before the drift study (README, "Why SAO drifted")
+trained the paper's SAO here, without an lr warm-up and with the critic warm-up
+of 3 steps that base.py sets; SAO collapsed on 1 of 3 seeds. Claim 6 now runs
+the remedies that study chose: SAO as the `sao_stable` variant
+(`experiments/claims.py`: batch-mean-centred advantages, no policy step on an
+all-equal-reward batch), and for every variant a 10-step lr warm-up and the 10
+critic warm-up steps SAO.md §4 gives (policy frozen while the critic fits the
+warm-start's returns). The warm-starts are unchanged (they depend on the model,
+task and SFT fields only).
 """
 
 import dataclasses
@@ -33,7 +43,8 @@ def get_config() -> Config:
   return dataclasses.replace(
       base, name="exp_stability",
       env=dataclasses.replace(base.env, difficulty=1, problem_kind="mixed", max_turns=3),
-      learner=dataclasses.replace(base.learner, steps=1000, policy_lr=1e-4, value_lr=5e-4),
+      learner=dataclasses.replace(base.learner, steps=1000, policy_lr=1e-4, value_lr=5e-4,
+                                  lr_warmup_steps=10, critic_warmup_steps=10),
       run=dataclasses.replace(base.run, run_dir="runs/exp_stability", sft_steps=300,
                               sft_batch=16, eval_every=100, eval_episodes=64),
       checkpoint=dataclasses.replace(base.checkpoint, save_every_steps=50))

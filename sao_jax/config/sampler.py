@@ -67,12 +67,12 @@ class SamplerConfig:
   engine`): the paged engine's reference in its exactness tests, and no page
   bookkeeping when every episode runs to max_seq_len.
 
-  Paged decode attention (`paged_attention`): "reference" is the pure-JAX
-  gather (`sao_jax.models.paged_attention`), "pallas" jax's Pallas TPU kernel
-  (`sao_jax.models.paged_kernel`; off a TPU only under its interpret mode),
-  "auto" the kernel where the sampler runs on TPU and the model's attention
-  shapes suit it, else the reference (`sao_jax.sampler.paged_steps.
-  decode_attention`). Prefill always runs the reference.
+  Paged attention, prefill and decode (`paged_attention`): "reference" is the
+  pure-JAX gather (`sao_jax.models.paged_attention`), "pallas" jax's Pallas TPU
+  kernel (`sao_jax.models.paged_kernel`; off a TPU only under its interpret
+  mode), "auto" the kernel where the sampler runs on TPU and the model's
+  attention shapes suit it, else the reference (`sao_jax.sampler.paged_steps.
+  attention_path`).
 
   Placement: with `sharded`, a sampler process lays params and KV cache out
   over all its local devices with `mesh` (None: the top-level `mesh`, the

@@ -102,6 +102,7 @@ class Environment(abc.ABC):
     self.max_observation_chars = max_observation_chars
     self.task: Task | None = None
     self.turn = 0
+    self.tool_calls = 0  # tools run this episode; environments with tools count them
     self.done = True
 
   def set_step(self, step: int) -> None:
@@ -116,7 +117,7 @@ class Environment(abc.ABC):
 
   def reset(self, task: Task) -> list[Message]:
     """Starts an episode; returns the initial chat messages (system and/or user)."""
-    self.task, self.turn, self.done = task, 0, False
+    self.task, self.turn, self.tool_calls, self.done = task, 0, 0, False
     return self._reset(task)
 
   def step(self, action: str) -> StepResult:

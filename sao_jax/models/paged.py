@@ -27,9 +27,11 @@ column) pairs in use are its L = `entries` entries, the first allocated
 columns of the table in row-major order (decode over all N slots; the host
 guarantees at most `entries` are allocated, e.g. the pool size P when no page
 is shared), so a decode step reads the pages in use, not N x max_seq_len
-positions. With `kernel` (decode, C = 1) the Pallas TPU kernel reads them
-instead (`sao_jax.models.paged_kernel`): row b's first length + 1 positions
-through its page table, where its token is real and has a page; no entry list.
+positions. With `kernel` (prefill or decode) the Pallas TPU kernel reads
+them instead (`sao_jax.models.paged_kernel`), `entries` unused: row b's first
+length + n_b positions (n_b real chunk tokens) through its page table, its
+real tokens the queries, where every one of them has a page (the host
+allocates a chunk's pages before the call; a row that lacks one gets 0).
 """
 
 from __future__ import annotations
@@ -97,13 +99,16 @@ def extend_paged(params: Params, cfg: ModelConfig, cache: PagedKVCache, pages_Nx
   page_BxC = jnp.take_along_axis(table_BxM, column_BxC, axis=1)
   writable_BxC = mask_BxC & (page_BxC >= 0) & (pos_BxC < m * size)
   write_BxC = jnp.where(writable_BxC, page_BxC * size + pos_BxC % size, p * size)
-  if entries is None:  # whole tables: gathered attention, no entry list
+  added_B = jnp.sum(mask_BxC, axis=1, dtype=jnp.int32)
+  if kernel:
+    # The kernel reads positions [0, length + added) through the table: a row some of
+    # whose real tokens have no page (never sent by the host) gets 0, as a padding row.
+    whole_B = jnp.all(writable_BxC == mask_BxC, axis=1)
+    plan = dict(row_L=None, page_L=None, first_L=None, table_BxM=table_BxM,
+                kv_len_B=jnp.where(whole_B, length_B + added_B, 0),
+                query_BxC=mask_BxC & whole_B[:, None])
+  elif entries is None:  # whole tables: gathered attention, no entry list
     plan = dict(row_L=None, page_L=None, first_L=None, table_BxM=table_BxM)
-  elif kernel:
-    if c != 1:
-      raise ValueError(f"extend_paged: kernel=True decodes one token per row, got chunks of {c}")
-    kv_len_B = jnp.where(writable_BxC[:, 0], pos_BxC[:, 0] + 1, 0)
-    plan = dict(row_L=None, page_L=None, first_L=None, table_BxM=table_BxM, kv_len_B=kv_len_B)
   else:
     row_L, page_L, column_L = _entry_columns(table_BxM, entries)
     plan = dict(row_L=row_L, page_L=page_L, first_L=column_L * size)
@@ -113,7 +118,6 @@ def extend_paged(params: Params, cfg: ModelConfig, cache: PagedKVCache, pages_Nx
   last_B = jnp.maximum(c - 1 - jnp.argmax(mask_BxC[:, ::-1], axis=1), 0)
   h_BxD = jnp.take_along_axis(h_BxCxD, last_B[:, None, None], axis=1)[:, 0]
   logits_BxV = jnp.einsum("bd,dv->bv", h_BxD, net.lm_kernel_DxV(), preferred_element_type=jnp.float32)
-  added_B = jnp.sum(mask_BxC, axis=1, dtype=jnp.int32)
   new_cache = PagedKVCache(kv=tuple(layer.kv_pages for layer in new_layers),
                            length_N=cache.length_N.at[rows_B].add(added_B, mode="drop"))
   return logits_BxV, new_cache

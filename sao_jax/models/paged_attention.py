@@ -29,8 +29,8 @@ visible key (padding) gets 0.
 tables (prefill: each row's M columns): the pages are gathered into
 [B, M * page] keys and one plain masked softmax runs per row, no segment
 reductions (which lower to scatters, slow on CPU). `PagedLayer` uses it when
-given `table_BxM` alone. Given `table_BxM` and `kv_len_B` (decode, one query
-per row) it runs jax's Pallas TPU kernel instead
+given `table_BxM` alone. Given `table_BxM`, `kv_len_B` and `query_BxC`
+(prefill or decode) it runs jax's Pallas TPU kernel instead
 (`sao_jax.models.paged_kernel`), which streams the pages rather than gathering
 them. Kept free of model imports so that `sao_jax.models.layers` can dispatch
 to it.
@@ -59,7 +59,8 @@ class PagedLayer(NamedTuple):
   page_L: jax.Array     # entry -> pool page (0 where unused; masked)
   first_L: jax.Array    # entry -> position of the page's first token
   table_BxM: jax.Array | None = None  # whole page tables: attend with gathered_attention
-  kv_len_B: jax.Array | None = None   # with table_BxM, T = 1: the Pallas kernel over kv_len_B keys
+  kv_len_B: jax.Array | None = None   # with table_BxM: the Pallas kernel over kv_len_B keys,
+  query_BxC: jax.Array | None = None  # for the tokens query_BxC marks (paged_kernel)
 
   def attend(self, q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, window: int | None = None):
     """Writes the chunk's keys/values, then ragged attention over the entries (a
@@ -71,11 +72,8 @@ class PagedLayer(NamedTuple):
     kv_new = jnp.stack([k_BxTxKxH, v_BxTxKxH], axis=-2).reshape(-1, kv2, h)
     kv_pages = self.kv_pages.at[page, offset].set(kv_new.astype(self.kv_pages.dtype), mode="drop")
     if self.kv_len_B is not None:
-      if q_BxTxNxH.shape[1] != 1:
-        raise ValueError(f"the Pallas decode path takes one query per row, got "
-                         f"{q_BxTxNxH.shape[1]} (prefill runs gathered_attention)")
-      out = kernel_attention(q_BxTxNxH[:, 0], kv_pages, self.kv_len_B, self.table_BxM,
-                             window)[:, None]
+      out = kernel_attention(q_BxTxNxH, kv_pages, self.query_BxC, self.kv_len_B, self.table_BxM,
+                             window)
     elif self.table_BxM is not None:
       out = gathered_attention(q_BxTxNxH, kv_pages, self.pos_BxC, self.table_BxM, window)
     else:

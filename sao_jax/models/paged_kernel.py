@@ -1,35 +1,42 @@
-"""Decode attention through jax's Pallas TPU ragged paged attention kernel.
+"""Paged attention (prefill and decode) through jax's Pallas TPU ragged paged attention kernel.
 
-  kernel_attention(q_BxNxH, kv_pages, kv_len_B, table_BxM, window) -> out_BxNxH
-  kernel_unsupported(num_heads, num_kv_heads, head_dim, dtype)    -> reason or None
-  pool_head_axis(mesh_shape, num_kv_heads)                        -> mesh axis or None
+  kernel_attention(q_BxTxNxH, kv_pages, query_BxT, kv_len_B, table_BxM, window) -> out_BxTxNxH
+  kernel_unsupported(num_heads, num_kv_heads, head_dim, dtype)                 -> reason or None
+  pool_head_axis(mesh_shape, num_kv_heads)                                     -> mesh axis or None
 
 `jax.experimental.pallas.ops.tpu.ragged_paged_attention` streams each
 sequence's pages from HBM into VMEM by DMA, a block of pages at a time, and
 keeps an online softmax (m, l, acc) per query: it holds a few blocks, where
-the pure-JAX `paged_attention.ragged_attention` gathers every listed page into
-temporaries (for the 8B config on a v5p host, 2.0 vs 6.8 GiB per chip: README,
-paged KV cache). It reads the pool in the layout
+the pure-JAX `paged_attention` paths gather every listed page into
+temporaries (for the 8B config on a v5p host, decode 2.0 vs 6.8 GiB per chip;
+prefill of 4 x 8192 tokens 0.8 vs 110 GiB, `benchmarks/paged_prefill.py`:
+README, paged KV cache). It reads the pool in the layout
 `sao_jax.models.paged` keeps, [P, page, 2K, H] with k at even and v at odd
 combined heads.
 
-Row b (one query, at position kv_len_B[b] - 1 of its slot) attends to its
-slot's positions [0, kv_len_B[b]) (with a sliding `window` W, those above
-kv_len_B[b] - 1 - W), position i at page table_BxM[b, i // page], offset
-i % page: for each head n with KV head k = n // (N / K), float32 scores
+Row b holds kv_len_B[b] keys, position i at page table_BxM[b, i // page],
+offset i % page; its n_b queries are the chunk tokens t with query_BxT[b, t],
+in order, and the r-th of them sits at position p = kv_len_B[b] - n_b + r (a
+decode row: n_b = 1, p = kv_len_B[b] - 1). It attends to the row's positions
+[0, p] (with a sliding `window` W, those above p - W): for each head n with
+KV head k = n // (N / K), float32 scores
 
     s_i = q_n . k_{k,i} * H**-0.5,   out_n = sum_i softmax(s)_i v_{k,i},
 
-the reference path's softmax up to float summation order. A row with
-kv_len_B[b] == 0 (an inactive slot, padding) gets 0, as in the reference.
+the reference path's softmax up to float summation order. Tokens that are not
+queries (padding) and rows with no query get 0, as in the reference.
 
-The kernel wants every sequence it is given to hold a key (block 0 of a
-sequence is prefetched before its length is read), so rows with keys are
-moved to the front and passed as its `num_seqs` sequences; the rest are past
-`num_seqs`, not computed, and set to 0. On a mesh the kernel runs per device
-under `shard_map`, heads split over `tensor` as the pool is
-(`pool_head_axis`); rows, pages and positions are whole on
-every device (the pool is not split over the batch axes).
+The kernel takes queries as one ragged list, sequence s owning
+q[cu_q_lens[s]:cu_q_lens[s + 1]] as the last positions of its kv_lens[s]
+keys: the query tokens are packed to the front in row-major order and rows
+with queries are moved to the front as its `num_seqs` sequences, in the same
+order; the rest are past `num_seqs` and not computed. It wants every sequence
+it is given to hold a query and a key (block 0 of a sequence is prefetched
+before its length is read), so a call without queries gives it one dead
+sequence of one query and one key, whose output is set to 0. On a mesh the
+kernel runs per device under `shard_map`, heads split over `tensor` as the
+pool is (`pool_head_axis`); rows, pages and positions are whole on every
+device (the pool is not split over the batch axes).
 """
 
 from __future__ import annotations
@@ -70,34 +77,43 @@ def kernel_unsupported(num_heads: int, num_kv_heads: int, head_dim: int, dtype) 
   return None
 
 
-def kernel_attention(q_BxNxH: jax.Array, kv_pages: jax.Array, kv_len_B: jax.Array,
-                     table_BxM: jax.Array, window: int | None = None) -> jax.Array:
-  """softmax over each row's first kv_len_B[b] positions (module docstring)."""
+def kernel_attention(q_BxTxNxH: jax.Array, kv_pages: jax.Array, query_BxT: jax.Array,
+                     kv_len_B: jax.Array, table_BxM: jax.Array,
+                     window: int | None = None) -> jax.Array:
+  """Each row's query tokens, causal over its first kv_len_B[b] positions (module docstring)."""
   mesh = jax.sharding.get_abstract_mesh()
   local = functools.partial(_kernel_rows, window=window)
   if mesh.empty:
-    return local(q_BxNxH, kv_pages, kv_len_B, table_BxM)
+    return local(q_BxTxNxH, kv_pages, query_BxT, kv_len_B, table_BxM)
   heads = pool_head_axis(dict(mesh.shape), kv_pages.shape[2] // 2)
-  q_spec, pool_spec = PartitionSpec(None, heads, None), PartitionSpec(None, None, heads, None)
-  return jax.shard_map(local, mesh=mesh,
-                       in_specs=(q_spec, pool_spec, PartitionSpec(), PartitionSpec()),
-                       out_specs=q_spec, check_vma=False)(q_BxNxH, kv_pages, kv_len_B, table_BxM)
+  # q [B, T, N, H] and the pool [P, page, 2K, H] both split their heads (axis 2).
+  heads_spec, whole = PartitionSpec(None, None, heads, None), PartitionSpec()
+  return jax.shard_map(local, mesh=mesh, in_specs=(heads_spec, heads_spec, whole, whole, whole),
+                       out_specs=heads_spec, check_vma=False)(q_BxTxNxH, kv_pages, query_BxT,
+                                                              kv_len_B, table_BxM)
 
 
-def _kernel_rows(q_BxNxH, kv_pages, kv_len_B, table_BxM, *, window):
-  b, _, h = q_BxNxH.shape
-  live_B = kv_len_B > 0
-  order_B = jnp.argsort(~live_B, stable=True)  # rows with keys first
-  # At least one sequence, so that the kernel's first prefetch is waited on; a
-  # dead row listed this way reads page 0 and is zeroed below.
+def _kernel_rows(q_BxTxNxH, kv_pages, query_BxT, kv_len_B, table_BxM, *, window):
+  b, t, n, h = q_BxTxNxH.shape
+  query_BxT = query_BxT.astype(bool)
+  q_len_B = jnp.sum(query_BxT, axis=1, dtype=jnp.int32)
+  live_B = q_len_B > 0
+  order_B = jnp.argsort(~live_B, stable=True)  # rows with queries first, in row order
+  # Query tokens first, row-major: row order_B[s]'s queries are then q[cu[s]:cu[s + 1]].
+  order_T = jnp.argsort(~query_BxT.reshape(-1), stable=True)
+  # A call without queries still lists one sequence (query 0, one key), so that the
+  # kernel's first prefetch is waited on; its output is zeroed below.
+  q_len_S = q_len_B[order_B].at[0].max(1)
+  cu_q_lens = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(q_len_S, dtype=jnp.int32)])
   num_seqs = jnp.maximum(jnp.sum(live_B, dtype=jnp.int32), 1)[None]
   pages_per_seq = table_BxM.shape[1]
   tuned = jax.default_backend() == "tpu"
   out = rpa.ragged_paged_attention(
-      q_BxNxH[order_B], kv_pages, jnp.maximum(kv_len_B, 1)[order_B].astype(jnp.int32),
-      jnp.maximum(table_BxM, 0)[order_B].astype(jnp.int32), jnp.arange(b + 1, dtype=jnp.int32),
-      num_seqs, sm_scale=h ** -0.5, sliding_window=window,
+      q_BxTxNxH.reshape(b * t, n, h)[order_T], kv_pages,
+      jnp.maximum(kv_len_B, 1)[order_B].astype(jnp.int32),
+      jnp.maximum(table_BxM, 0)[order_B].astype(jnp.int32), cu_q_lens, num_seqs,
+      sm_scale=h ** -0.5, sliding_window=window,
       num_kv_pages_per_block=None if tuned else min(pages_per_seq, _PAGES_PER_BLOCK),
-      num_queries_per_block=None if tuned else min(b, _QUERIES_PER_BLOCK))
-  out_BxNxH = jnp.zeros_like(out).at[order_B].set(out)
-  return jnp.where(live_B[:, None, None], out_BxNxH, 0).astype(q_BxNxH.dtype)
+      num_queries_per_block=None if tuned else min(b * t, _QUERIES_PER_BLOCK))
+  out_BxTxNxH = jnp.zeros_like(out).at[order_T].set(out).reshape(b, t, n, h)
+  return jnp.where(query_BxT[:, :, None, None], out_BxTxNxH, 0).astype(q_BxTxNxH.dtype)

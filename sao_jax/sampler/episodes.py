@@ -20,8 +20,9 @@ An environment failure ends the episode with `env_failure` set, so the learner
 counts and drops it instead of training on reward 0. An episode that runs out of
 context is finished with reward 0 and `info["truncated"] = True`. `info["end"]`
 is why the episode ended (the environment's reason, e.g. "answer" or
-"max_turns", or "truncated") and `info["last_turn_end"]` why its last turn did
-(the engine's finish_reason: "max_new_tokens" / "max_seq_len" = cut by length).
+"max_turns", or "truncated"), `info["last_turn_end"]` why its last turn did
+(the engine's finish_reason: "max_new_tokens" / "max_seq_len" = cut by length)
+and `info["tool_calls"]` how many tools the environment ran (`Environment.tool_calls`).
 
 One episode's fault is never the runner's: any exception from `env.reset`,
 `env.step` (a judge, a tool, a parser inside it) or from encoding the prompt or
@@ -123,7 +124,7 @@ class EpisodeRunner:
           rewards=empty, prompt_id=prompt_id, policy_versions=(version, version),
           env_failure=self._failure("reset", task, error),
           info={"task": task.id, "turns": 0, "end": "env_failure", "truncated": False,
-                "failure_kind": type(error).__name__}))
+                "tool_calls": 0, "failure_kind": type(error).__name__}))
       return
     self._live[self._next_id] = _Live(env, task, prompt_id, messages)
     self._next_id += 1
@@ -203,6 +204,7 @@ class EpisodeRunner:
   def _finish(self, episode_id: int, *, reward: float, failure: str | None,
               reason: str | None, kind: str | None = None) -> Trajectory:
     live = self._live.pop(episode_id)
+    tool_calls = live.env.tool_calls
     self._release(live.env, live.task)
     out = self.engine.finish(episode_id)
     rewards = np.zeros(out.tokens.shape, np.float32)
@@ -211,7 +213,8 @@ class EpisodeRunner:
       rewards[action_positions[-1]] = reward
     versions = out.policy_versions or (self.engine.version, self.engine.version)
     info = {"task": live.task.id, "turns": live.turns, "end": reason or "",
-            "truncated": reason == "truncated", "last_turn_end": live.last_turn_end}
+            "truncated": reason == "truncated", "last_turn_end": live.last_turn_end,
+            "tool_calls": tool_calls}
     if kind is not None:
       info["failure_kind"] = kind
     return Trajectory(tokens=out.tokens.astype(np.int32), action_mask=out.action_mask.astype(np.int8),

@@ -15,8 +15,8 @@ pages listed in pages_NxM (the host lists only active slots' pages), at most
 `entries` of them (static: the pool's size, or twice it while pages are shared;
 `sao_jax.sampler.pages`). Sampling keys and
 `behavior_logp` are exactly the dense engine's. The cache argument is donated.
-`decode` attends through jax's Pallas TPU kernel or the pure-JAX reference as
-`decode_attention` decides; prefill always through the reference.
+Both attend through jax's Pallas TPU kernel or the pure-JAX reference as
+`attention_path` decides.
 """
 
 from __future__ import annotations
@@ -46,12 +46,13 @@ class PagedSteps(NamedTuple):
 
 def prefill(params: Params, cache: paged.PagedKVCache, pages_NxM: jax.Array, rows_B: jax.Array,
             tokens_BxC: jax.Array, mask_BxC: jax.Array, start_B: jax.Array, seed_B: jax.Array, *,
-            cfg: ModelConfig, sampling: Sampling
+            cfg: ModelConfig, sampling: Sampling, kernel: bool = False
             ) -> tuple[paged.PagedKVCache, jax.Array, jax.Array]:
-  """Batched chunked prefill of B slots, then one sampled token per row (module docstring)."""
+  """Batched chunked prefill of B slots, then one sampled token per row (module docstring;
+  with `kernel` attention is the Pallas TPU kernel's)."""
   cache = paged.set_lengths(cache, rows_B, start_B)
   logits_BxV, cache = paged.extend_paged(params, cfg, cache, pages_NxM, rows_B, tokens_BxC,
-                                         mask_BxC)
+                                         mask_BxC, kernel=kernel)
   length_B = cache.length_N.at[rows_B].get(mode="fill", fill_value=0)
   token_B, logp_B = sample(logits_BxV, token_keys(seed_B, length_B), sampling.temperature,
                            sampling.top_k, sampling.top_p)
@@ -71,10 +72,10 @@ def decode(params: Params, cache: paged.PagedKVCache, pages_NxM: jax.Array, toke
                      sampling)
 
 
-def decode_attention(sampler: SamplerConfig, cfg: ModelConfig,
-                     mesh: jax.sharding.Mesh | None = None) -> str:
-  """"pallas" or "reference": the decode attention `sampler.paged_attention` selects
-  for this model on `mesh`'s devices (None: the default backend's).
+def attention_path(sampler: SamplerConfig, cfg: ModelConfig,
+                   mesh: jax.sharding.Mesh | None = None) -> str:
+  """"pallas" or "reference": the prefill and decode attention `sampler.paged_attention`
+  selects for this model on `mesh`'s devices (None: the default backend's).
 
   "auto" is the Pallas TPU kernel on TPU and the reference elsewhere, and the
   reference on TPU too for a model whose per-device attention shapes the kernel
@@ -104,7 +105,7 @@ def compile_paged_steps(cfg: ModelConfig, sampler: SamplerConfig, stop_token_ids
   """`prefill` and `decode` jitted with the configs bound and the cache donated."""
   return _compiled(cfg, Sampling(float(sampler.temperature), sampler.top_k, float(sampler.top_p),
                                  sampler.steps_per_call, tuple(sorted(stop_token_ids))), mesh,
-                   decode_attention(sampler, cfg, mesh) == "pallas")
+                   attention_path(sampler, cfg, mesh) == "pallas")
 
 
 @functools.lru_cache(maxsize=None)
@@ -115,7 +116,7 @@ def _compiled(cfg: ModelConfig, sampling: Sampling, mesh: jax.sharding.Mesh | No
                    **static)
 
   bind = functools.partial
-  return PagedSteps(prefill=jitted(bind(prefill, cfg=cfg, sampling=sampling)),
+  return PagedSteps(prefill=jitted(bind(prefill, cfg=cfg, sampling=sampling, kernel=kernel)),
                     decode=jitted(bind(decode, cfg=cfg, sampling=sampling, kernel=kernel),
                                   static_argnames="entries"))
 

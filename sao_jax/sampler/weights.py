@@ -21,8 +21,8 @@ plus a picklable subscriber spec that a sampler process turns into a subscriber:
   shared directory or bucket (written to a temporary name, renamed when
   complete); subscribers restore the newest one.
 - `NetworkWeights` (`weights_net`, learner and samplers on different JAX
-  clusters): every learner host serves its shards over TCP; subscribers fetch
-  from every host, verify checksums and assemble the arrays on host.
+  clusters): every learner host serves its shards over TCP; subscribers
+  (`weights_fetch`) fetch from every host, verify checksums and assemble the arrays on host.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import orbax.checkpoint as ocp
 
 from sao_jax.storage import storage_path
 from sao_jax.config import SamplerConfig
-from sao_jax.sampler import weights_net, weights_wire
+from sao_jax.sampler import weights_fetch, weights_net, weights_wire
 
 _HEADER_WORDS = 8  # [latest_slot, version_0, version_1, seq_0, seq_1, ...]
 _HEADER_BYTES = _HEADER_WORDS * 8
@@ -265,7 +265,7 @@ def remote_spec(cfg: SamplerConfig, template: Any):
   channel `cfg.weights` names: the learner hosts' network servers or the shared
   directory (shared memory reaches only the learner's own processes)."""
   if cfg.weights == "network":
-    return weights_net.NetworkSpec(tuple(cfg.weights_addresses), template,
+    return weights_fetch.NetworkSpec(tuple(cfg.weights_addresses), template,
                                    secret=weights_wire.load_secret(cfg))
   if cfg.weights == "directory":
     return DirectorySpec(str(storage_path(cfg.weights_dir)), template)
@@ -273,10 +273,10 @@ def remote_spec(cfg: SamplerConfig, template: Any):
                    "set sampler.weights='network' or 'directory'")
 
 
-def subscribe(spec: SharedMemorySpec | DirectorySpec | weights_net.NetworkSpec):
+def subscribe(spec: SharedMemorySpec | DirectorySpec | weights_fetch.NetworkSpec):
   """The subscriber for a publisher's `spec` (called inside the sampler process)."""
   if isinstance(spec, SharedMemorySpec):
     return SharedMemorySubscriber(spec)
-  if isinstance(spec, weights_net.NetworkSpec):
-    return weights_net.NetworkSubscriber(spec)
+  if isinstance(spec, weights_fetch.NetworkSpec):
+    return weights_fetch.NetworkSubscriber(spec)
   return DirectorySubscriber(spec)

@@ -43,6 +43,9 @@ import struct
 import time
 from typing import Any
 
+import jax
+import numpy as np
+
 from sao_jax import bounded_json
 
 PROTOCOL = 2
@@ -344,3 +347,24 @@ class Connection:
     if self._sock is not None:
       self._sock.close()
       self._sock = None
+
+
+def describe_leaves(tree: Any) -> list[dict]:
+  """[{path, shape, dtype}] of every leaf, in `jax.tree.leaves` order: how a header names
+  the model, so a subscriber refuses a learner that serves another one."""
+  return [{"path": jax.tree_util.keystr(path), "shape": list(np.shape(leaf)),
+           "dtype": np.dtype(leaf.dtype).name}
+          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
+def first_leaf_difference(got: list[dict], want: list[dict]) -> str | None:
+  """Why a header's leaf descriptions `got` are not `want` (None: they match)."""
+  if len(got) != len(want):
+    return f"{len(got)} leaves instead of {len(want)}"
+  for g, w in zip(got, want):
+    if not isinstance(g, dict) or g.keys() != w.keys():
+      return f"a leaf described as {str(g)[:80]} where {w['path']} is expected"
+    if g != w:
+      return f"leaf {g['path']} {tuple(g['shape'])} {g['dtype']} where {w['path']} " \
+             f"{tuple(w['shape'])} {w['dtype']} is expected"
+  return None

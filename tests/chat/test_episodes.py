@@ -36,6 +36,17 @@ class ToolEnv(Environment):
     return [{"role": "system", "content": "Use tools."}, {"role": "user", "content": task.prompt}]
 
   def _step(self, action):
+    if self.turn > 1:
+      return StepResult.finish(1.0, "answer")
+    self.tool_calls += 1
+    return StepResult.next("4")
+
+
+class ReminderEnv(ToolEnv):
+  """Turn 1 gets a reminder (no tool runs), as math_tool answers a reply with neither
+  code nor an answer."""
+
+  def _step(self, action):
     return StepResult.next("4") if self.turn == 1 else StepResult.finish(1.0, "answer")
 
 
@@ -94,6 +105,7 @@ def test_an_episode_is_the_template_rendering_of_its_conversation(family, tmp_pa
   runner = EpisodeRunner(ScriptedEngine(chat), chat, ToolEnv, max_episodes=1)
   traj, = run_to_completion(runner, iter([TASK]), 1, num_slots=4, seed=0)
   assert traj.env_failure is None and traj.outcome == 1.0 and traj.info["turns"] == 2
+  assert traj.info["tool_calls"] == 1
   # The episode ends on the policy's last end token; the template's text after it
   # (Qwen's "\n") is not part of it.
   reference = hf.apply_chat_template(conversation(), tokenize=True, return_dict=False)
@@ -105,6 +117,14 @@ def test_an_episode_is_the_template_rendering_of_its_conversation(family, tmp_pa
   if family == "qwen3":  # the tool result sits in a user turn, as Qwen3 was tuned on
     assert "<|im_start|>user\n<tool_response>\n4\n</tool_response><|im_end|>" in hf.decode(
         traj.tokens.tolist())
+
+
+def test_an_extra_turn_without_a_tool_is_not_a_tool_call(tmp_path):
+  directory = build_tokenizer_dir(tmp_path, "qwen3")
+  chat = load_chat(directory)
+  runner = EpisodeRunner(ScriptedEngine(chat), chat, ReminderEnv, max_episodes=1)
+  traj, = run_to_completion(runner, iter([TASK]), 1, num_slots=4, seed=0)
+  assert (traj.info["turns"], traj.info["tool_calls"]) == (2, 0)
 
 
 @pytest.mark.slow

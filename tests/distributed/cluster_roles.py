@@ -139,12 +139,12 @@ def sampler(work: pathlib.Path, name: str) -> None:
 
   from sao_jax import config as C
   from sao_jax.models.transformer import abstract_params, param_shardings
-  from sao_jax.sampler import weights, weights_net
+  from sao_jax.sampler import weights, weights_fetch
   from sao_jax.sharding.mesh import make_mesh
 
   cfg = make_config()
   addresses = tuple((work / f"address-{i}").read_text() for i in range(2))
-  subscriber = weights.subscribe(weights_net.NetworkSpec(
+  subscriber = weights.subscribe(weights_fetch.NetworkSpec(
       addresses, abstract_params(cfg.model, "lm"), timeout=30.0, secret=SECRET))
   shardings = param_shardings(cfg.model, make_mesh(C.MeshConfig()), "lm")  # its own 2 devices
   deadline = time.monotonic() + WAIT_SECONDS

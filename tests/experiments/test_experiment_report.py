@@ -94,33 +94,45 @@ def test_stability_report(tmp_path):
   out, doc = tmp_path / "runs", tmp_path / "results.md"
   steps = 100
   runs = {}
-  for variant in ("sao", "grpo"):
+  for variant in ("sao_stable", "grpo"):
     for seed in range(2):
       rewards = np.linspace(0.2, 0.9, steps)
       if variant == "grpo":
         rewards[60:] = 0.0  # collapse
-      kl = np.full(steps, 0.01) if variant == "sao" else np.linspace(0.01, 0.1, steps)
+      kl = np.full(steps, 0.01) if variant == "sao_stable" else np.linspace(0.01, 0.1, steps)
       extra = {"policy/kl_k3": kl, "policy/entropy": np.full(steps, 0.5)}
       rel = write_run(out, "stability", variant, seed, rewards.tolist(), extra=extra)
       runs.setdefault(variant, {})[str(seed)] = rel
   write_manifest(out, "claim6_stability", "stability", runs, steps=steps)
   section = report.write_report(out, doc).read_text().split("## Claim 6")[1]
-  assert "Verdict: **agrees** — SAO collapsed in 0 of 2 seeds over 100 steps, shorter than" \
+  assert "Verdict: **agrees** — SAO + centring + contrast gate collapsed in 0 of 2 seeds over 100 steps, shorter than" \
          in section
   assert "GRPO collapsed in 2 of 2 seeds." in section
-  assert "| SAO | 2 | 0 of 2 |" in section and "| GRPO | 2 | 2 of 2 |" in section
+  assert "| SAO + centring + contrast gate | 2 | 0 of 2 |" in section and "| GRPO | 2 | 2 of 2 |" in section
   # Growth of KL: steady for SAO; GRPO's rises 10x linearly, so its last quarter's median
   # over its first quarter's is (0.01 + 0.09 * 87/99) / (0.01 + 0.09 * 12/99) ~= 4.26.
   growth = section.split("| variant | KL growth | policy grad norm growth |")[1]
-  assert "| SAO | 1.00 ± 0.00 | n/a |" in growth
+  assert "| SAO + centring + contrast gate | 1.00 ± 0.00 | n/a |" in growth
   grpo = growth.split("| GRPO | ")[1].split(" ")[0]
   assert float(grpo) == pytest.approx((0.01 + 0.09 * 87 / 99) / (0.01 + 0.09 * 12 / 99),
                                       rel=1e-3)
 
 
+def test_a_report_that_skips_missing_claims_holds_only_the_claims_run(tmp_path):
+  out, doc = tmp_path / "runs", tmp_path / "claim6.md"
+  runs = {"sao_stable": {"0": write_run(out, "stability", "sao_stable", 0, [0.5] * 20)},
+          "grpo": {"0": write_run(out, "stability", "grpo", 0, [0.5] * 20)}}
+  write_manifest(out, "claim6_stability", "stability", runs, steps=20)
+  full = report.write_report(out, tmp_path / "all.md").read_text()
+  alone = report.write_report(out, doc, skip_missing=True).read_text()
+  assert "## Claim 1" in full and "Not run yet" in full
+  assert "## Claim 1" not in alone and "Not run yet" not in alone and "## Claim 6" in alone
+  assert f"--report {doc} --skip-missing`" in alone  # the command that regenerates it
+
+
 def test_stability_without_any_reward_is_not_measurable(tmp_path):
   out, doc = tmp_path / "runs", tmp_path / "results.md"
-  runs = {"sao": {"0": write_run(out, "stability", "sao", 0, [0.0] * 20)},
+  runs = {"sao_stable": {"0": write_run(out, "stability", "sao_stable", 0, [0.0] * 20)},
           "grpo": {"0": write_run(out, "stability", "grpo", 0, [0.0] * 20)}}
   write_manifest(out, "claim6_stability", "stability", runs, steps=20)
   section = report.write_report(out, doc).read_text().split("## Claim 6")[1]
@@ -129,11 +141,12 @@ def test_stability_without_any_reward_is_not_measurable(tmp_path):
 
 def test_stability_with_one_seed_is_inconclusive(tmp_path):
   out, doc = tmp_path / "runs", tmp_path / "results.md"
-  runs = {"sao": {"0": write_run(out, "stability", "sao", 0, np.linspace(0.2, 0.8, 20))},
+  rising = np.linspace(0.2, 0.8, 20)
+  runs = {"sao_stable": {"0": write_run(out, "stability", "sao_stable", 0, rising)},
           "grpo": {"0": write_run(out, "stability", "grpo", 0, np.linspace(0.2, 0.8, 20))}}
   write_manifest(out, "claim6_stability", "stability", runs, steps=20)
   section = report.write_report(out, doc).read_text().split("## Claim 6")[1]
-  assert "Verdict: **inconclusive** — SAO collapsed in 0 of 1 seeds" in section
+  assert "Verdict: **inconclusive** — SAO + centring + contrast gate collapsed in 0 of 1 seeds" in section
 
 
 def test_load_run_counts_trajectories_and_keeps_the_last_duplicate(tmp_path):

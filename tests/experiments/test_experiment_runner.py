@@ -105,6 +105,24 @@ def test_parallel_runs_of_a_seed_make_its_warm_start_once(tmp_path, monkeypatch)
   assert len(calls) == 1 and len(set(dirs)) == 1
 
 
+@pytest.mark.parametrize("jobs, expected", [
+    (1, [("sao_stable", 0), ("grpo", 0), ("sao_stable", 1), ("grpo", 1)]),
+    (2, [("sao_stable", 0), ("sao_stable", 1), ("grpo", 0), ("grpo", 1)])])
+def test_one_job_runs_seed_by_seed_parallel_jobs_variant_by_variant(tmp_path, monkeypatch, jobs,
+                                                                    expected):
+  started = []
+
+  def fake_run_one(claim, variant, seed, **_):
+    started.append((variant.name, seed))
+    time.sleep(0.05)  # parallel starts follow the submission order
+    return tmp_path / variant.name / str(seed)
+
+  monkeypatch.setattr(runner, "run_one", fake_run_one)
+  runner.run_claim(claims.CLAIMS_BY_NAME["claim6_stability"], seeds=2, quick=True, extra=[],
+                   out=tmp_path, jobs=jobs)
+  assert (started if jobs == 1 else sorted(started[:2]) + sorted(started[2:])) == expected
+
+
 @pytest.mark.parametrize("claim", claims.CLAIMS, ids=lambda c: c.name)
 def test_every_run_of_every_claim_has_a_valid_config(claim, tmp_path):
   path = runner.setting_path(claim.setting)

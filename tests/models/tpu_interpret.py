@@ -10,13 +10,15 @@ the reshape through the interpreter (bounds and race checks as usual), then
 reshapes and indexes the copy in numpy. Only reads: the kernel writes no
 reshaped ref.
 
-A second bug of that interpreter is left alone: a masked store checks every
-dimension's bound against the first one (`shared_memory.swap_buffer_content`
-slices `in_bounds_mask[bound:]` for each dimension), so a store into the
-kernel's [queries per block, query heads per KV head, H] accumulator fails
-("Out-of-bounds masked swap") when the block has more query rows than that
-group. Tests keep a call's rows (one query block off a TPU, up to 32) at most
-num_attention_heads / num_key_value_heads.
+A second bug: a masked store checks every dimension's bound against the first
+one (`shared_memory.swap_buffer_content` slices `in_bounds_mask[bound:]` for
+each dimension), so a store into the kernel's [queries per block, query heads
+per KV head, H] accumulator fails ("Out-of-bounds masked swap") when the block
+has more query rows than that group, as a prefill's do. Inside `interpret()` a
+masked store whose range lies wholly in its buffer (no bound to check) is made
+unmasked: the value where the mask is set, the buffer's content elsewhere.
+Other stores (unmasked, or reaching past the buffer) go to the interpreter as
+they are.
 """
 
 import contextlib
@@ -24,11 +26,13 @@ import contextlib
 import jax
 import numpy as np
 from jax._src.pallas.mosaic.interpret import interpret_pallas_call as tpu_interpreter
+from jax._src.pallas.mosaic.interpret import shared_memory
 from jax._src.pallas.mosaic.interpret import utils as interpreter_utils
 from jax._src.state.types import ReshapeTransform
 from jax.experimental.pallas import tpu as pltpu
 
 _get = tpu_interpreter.get.__wrapped__  # the DMA engine calls the undecorated function
+_swap = shared_memory.SharedMemory.swap_buffer_content
 
 
 def _get_through_reshapes(token, device_id, local_core_id, memory_space, buffer_id, transforms,
@@ -49,13 +53,31 @@ def _get_through_reshapes(token, device_id, local_core_id, memory_space, buffer_
   return token, value
 
 
+def _swap_masked_in_bounds(self, key, rnge, value, mask, *args, **kwargs):
+  """`SharedMemory.swap_buffer_content`, a masked swap wholly in bounds done unmasked."""
+  if mask is not None:
+    try:
+      with self.lock:
+        old = np.array(self.mem[key][rnge])
+    except IndexError:  # wholly out of bounds: the interpreter's error
+      old = None
+    if old is not None and old.shape == value.shape:
+      result, shape_and_dtype, clock = _swap(self, key, rnge, np.where(mask, value, old), None,
+                                             *args, **kwargs)
+      # The masked swap's return: the old content where the mask is set, else the value.
+      return np.where(mask, result, value), shape_and_dtype, clock
+  return _swap(self, key, rnge, value, mask, *args, **kwargs)
+
+
 @contextlib.contextmanager
 def interpret():
   """Pallas TPU kernels traced inside run in TPU interpret mode (module docstring)."""
   original = tpu_interpreter.get
   tpu_interpreter.get = tpu_interpreter.fail_on_exception(_get_through_reshapes)
+  shared_memory.SharedMemory.swap_buffer_content = _swap_masked_in_bounds
   try:
     with pltpu.force_tpu_interpret_mode():
       yield
   finally:
     tpu_interpreter.get = original
+    shared_memory.SharedMemory.swap_buffer_content = _swap

@@ -17,7 +17,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from sao_jax.config import SamplerConfig
-from sao_jax.sampler import weights, weights_net, weights_wire
+from sao_jax.sampler import weights, weights_fetch, weights_net, weights_wire
 
 
 SECRET = bytes(range(32))  # a fixed test secret
@@ -56,7 +56,7 @@ def channel():
 
 def test_versions_round_trip_exactly(channel):
   publisher, subscriber = channel
-  assert isinstance(subscriber, weights_net.NetworkSubscriber)
+  assert isinstance(subscriber, weights_fetch.NetworkSubscriber)
   assert subscriber.poll() is None  # nothing published yet
   publisher.publish(params(1), version=1)
   tree, version = subscriber.poll()
@@ -101,7 +101,7 @@ def test_checksum_mismatch_names_leaf_and_version_and_keeps_weights(channel, cap
   assert subscriber.stats == {"checksum": 1} and subscriber.version == 1
   publisher.publish(params(3), version=3)
   assert subscriber.poll() is None  # within the retry wait: off the network
-  time.sleep(weights_net._RETRY_FIRST_S * 1.5)
+  time.sleep(weights_fetch._RETRY_FIRST_S * 1.5)
   tree, version = subscriber.poll()  # the connection recovers; the next version is adopted
   assert version == 3
   assert_exact(tree, params(3))
@@ -118,9 +118,9 @@ def test_versions_must_increase(channel):
 
 
 def test_choose_version_takes_the_newest_every_host_holds():
-  assert weights_net.choose_version([[3, 4], [4, 5]], current=2) == 4
-  assert weights_net.choose_version([[3, 4], [4, 5]], current=4) is None  # never older or same
-  assert weights_net.choose_version([[1], [2]], current=-1) is None  # no common version yet
+  assert weights_fetch.choose_version([[3, 4], [4, 5]], current=2) == 4
+  assert weights_fetch.choose_version([[3, 4], [4, 5]], current=4) is None  # never older or same
+  assert weights_fetch.choose_version([[1], [2]], current=-1) is None  # no common version yet
 
 
 def test_evicted_version_is_refused_not_mixed(channel):
@@ -164,7 +164,7 @@ def test_unreachable_learner_is_named():
   with socket.socket() as sock:
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]  # closed when the block ends: nothing listens there
-  spec = weights_net.NetworkSpec((f"127.0.0.1:{port}",), params(0), timeout=5, secret=SECRET)
+  spec = weights_fetch.NetworkSpec((f"127.0.0.1:{port}",), params(0), timeout=5, secret=SECRET)
   subscriber = weights.subscribe(spec)
   with pytest.raises(ConnectionError, match=f"learner host 127.0.0.1:{port} is unreachable"):
     subscriber.poll()
@@ -181,7 +181,7 @@ def test_learner_that_goes_away_is_named(channel):
 
 def test_other_model_is_named():
   publisher = weights_net.NetworkWeights(params(0))
-  spec = weights_net.NetworkSpec(publisher.spec.addresses,
+  spec = weights_fetch.NetworkSpec(publisher.spec.addresses,
                                  {**params(0), "embed": jax.ShapeDtypeStruct((16, 9), jnp.float32)},
                                  secret=publisher.spec.secret)
   subscriber = weights.subscribe(spec)
@@ -199,7 +199,7 @@ def test_other_model_is_named():
 def test_every_learner_host_exactly_once():
   """Two servers that both say "process 0 of 1" are not a two-host learner."""
   first, second = (weights_net.NetworkWeights(params(0), secret=SECRET) for _ in range(2))
-  subscriber = weights.subscribe(weights_net.NetworkSpec(
+  subscriber = weights.subscribe(weights_fetch.NetworkSpec(
       (first.address, second.address), first.spec.template, secret=SECRET))
   try:
     with pytest.raises(ValueError, match="not every host of one learner exactly once"):

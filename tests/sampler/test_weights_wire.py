@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from sao_jax.sampler import weights_net, weights_wire
+from sao_jax.sampler import weights_fetch, weights_net, weights_wire
 from sao_jax.sampler.weights_wire import LENGTH
 
 SECRET = bytes(range(32))
@@ -56,8 +56,8 @@ def publisher():
 
 
 def subscriber_of(address: str, secret: bytes = SECRET):
-  return weights_net.NetworkSubscriber(
-      weights_net.NetworkSpec((address,), params(0), timeout=5, secret=secret))
+  return weights_fetch.NetworkSubscriber(
+      weights_fetch.NetworkSpec((address,), params(0), timeout=5, secret=secret))
 
 
 def test_a_client_without_the_secret_gets_nothing(publisher):
@@ -212,11 +212,12 @@ def test_hostile_server_is_counted_not_a_crash(reply, reason):
     # Before: every poll (each decode step) reconnected to the broken peer. Now the
     # second poll waits out the backoff without touching the network ...
     assert subscriber.stats == {reason: 1} and subscriber.version == -1
-    time.sleep(weights_net._RETRY_FIRST_S * 1.5)
+    time.sleep(weights_fetch._RETRY_FIRST_S * 1.5)
     assert subscriber.poll() is None  # ... and the next one after it retries,
     assert subscriber.stats == {reason: 2}
     assert subscriber.poll() is None  # with the wait doubled.
-    assert subscriber.stats == {reason: 2} and subscriber._retry_wait == 2 * weights_net._RETRY_FIRST_S
+    assert subscriber.stats == {reason: 2}
+    assert subscriber._retry_wait == 2 * weights_fetch._RETRY_FIRST_S
   finally:
     subscriber.close()
     listener.close()

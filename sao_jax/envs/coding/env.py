@@ -104,7 +104,6 @@ class CodingEnv(Environment):
     self.episode_dir: str | None = None
     self.tests_dir = ""
     self.workspace: Workspace | None = None
-    self.tool_calls = 0
     self.tool_errors = 0
     self._cleanup = None
 
@@ -119,7 +118,7 @@ class CodingEnv(Environment):
     os.rename(os.path.join(task_files, "repo"), root)
     os.rename(os.path.join(task_files, "tests_visible"), os.path.join(root, self.tests_dir))
     self.workspace = Workspace(root)
-    self.tool_calls = self.tool_errors = 0
+    self.tool_errors = 0
     return [{"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": (
                 f"{task.prompt}\n\nThe repository is checked out in your working directory. "

@@ -52,10 +52,8 @@ class MathToolEnv(Environment):
     sandbox.require_isolation(isolation)
     self.sandbox_limits = sandbox_limits
     self.isolation = isolation
-    self.tool_calls = 0
 
   def _reset(self, task: Task) -> list[Message]:
-    self.tool_calls = 0
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": task.prompt}]
 
   def _step(self, action: str) -> StepResult:

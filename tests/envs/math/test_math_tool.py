@@ -77,7 +77,9 @@ def test_tool_call_round_trip():
   result = env.step("```python\n1/0\n```")
   assert "ZeroDivisionError" in result.observation and "[exit status 1]" in result.observation
   result = env.step("So \\boxed{42}")
-  assert result.reward == 1.0 and result.info["tool_calls"] == 3
+  assert result.reward == 1.0 and result.info["tool_calls"] == 3 and env.tool_calls == 3
+  env.reset(TASK)
+  assert env.tool_calls == 0
 
 
 def test_tool_limits_show_up_in_the_observation():
@@ -95,6 +97,7 @@ def test_turn_without_code_or_answer_gets_a_reminder():
   assert env.step("hmm").observation == math_tool.NO_ACTION
   result = env.step("still thinking")
   assert (result.done, result.reward, result.reason) == (True, 0.0, "max_turns")
+  assert env.tool_calls == 0  # two turns, no tool run
 
 
 def test_sandbox_harness_failure_is_an_environment_failure(monkeypatch):
