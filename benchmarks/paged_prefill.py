@@ -6,10 +6,11 @@ pure-JAX gathered attention vs jax's Pallas ragged paged attention kernel.
 
 Needs libtpu at the jax version (`pip install "jax[tpu]==<jax version>"`), no TPU.
 Compiles `paged_steps.compile_paged_steps(...).prefill` for the config's model on one
-sampler host (mesh fsdp x tensor over its chips), `--rows` rows (default: the
+sampler host (the config's sampler mesh, `Config.sampler_mesh`, or with `--tensor`
+fsdp x tensor over its chips), `--rows` rows (default: the
 largest prefill_row_buckets) of each chunk length (default: every prefill bucket)
 over a pool of the dense cache's memory (sampler.slots x max_seq_len tokens in
-pages of `--page`), once with sampler.paged_attention="reference" and once with
+pages of `--page`, default sampler.kv_page_size), once with sampler.paged_attention="reference" and once with
 "pallas", and prints both
 programs' per-chip bytes (XLA's memory analysis; where the TPU compiler refuses a
 program for HBM, the temporaries it says it needs, `*_fits` false) and, per chunk:
@@ -83,16 +84,20 @@ def main() -> None:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--config", default=str(ROOT / "configs" / "qwen3_8b_v5p32.py"))
   parser.add_argument("--topology", default="v5p:2x2x1", help="one sampler host")
-  parser.add_argument("--tensor", type=int, default=4, help="tensor axis; fsdp takes the rest")
-  parser.add_argument("--page", type=int, default=256, help="tokens per page")
+  parser.add_argument("--tensor", type=int, default=0,
+                      help="tensor axis, fsdp takes the rest (0: the config's sampler mesh)")
+  parser.add_argument("--page", type=int, default=0,
+                      help="tokens per page (0: the config's sampler.kv_page_size)")
   parser.add_argument("--rows", type=int, default=0, help="0: the largest prefill_row_buckets")
   parser.add_argument("--chunks", type=int, nargs="*", help="default: the config's prefill_buckets")
   args = parser.parse_args()
   cfg = load_config(args.config)
   rows = args.rows or cfg.sampler.prefill_row_buckets[-1]
   chunks = args.chunks or list(cfg.sampler.prefill_buckets)
+  args.page = args.page or cfg.sampler.kv_page_size
   devices = hardware.topology_devices(args.topology)
-  mesh = make_mesh(MeshConfig(fsdp=-1, tensor=args.tensor), devices)
+  mesh = make_mesh(MeshConfig(fsdp=-1, tensor=args.tensor) if args.tensor
+                   else cfg.sampler_mesh(), devices)
   generation, _ = hardware.parse_topology(args.topology)
   hbm = hardware.chip_spec(generation).per_device(hardware.num_chips(args.topology),
                                                   len(devices)).hbm_bytes
