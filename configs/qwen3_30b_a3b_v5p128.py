@@ -33,9 +33,12 @@ The sampler host's programs (measured 2026-12-02, libtpu 0.0.42.1; GiB per chip)
     decode_step  v5p:2x2x1   tensor=4   62.24     0.19    48.04    48.00  0.02   62.48  95.00  65.8%
     paged_decode v5p:2x2x1   tensor=4   62.24    13.83    48.00    48.00  0.02   76.09  95.00  80.1%
 
-The paged call's 13.8 GiB of temporaries (2.0 for the 8B config) are about the
-size of a chip's share of the stacked expert weights (13.5 GiB); not analysed
-further: it fits with 14 GiB to spare.
+The paged call's 13.8 GiB of temporaries (2.0 for the 8B config) are not
+analysed further: it fits with 14 GiB to spare. sao-plan compiles no prefill;
+the batched prefill of 4 rows of the largest bucket (8,192 tokens) fits through
+the Pallas kernel, 64.0 GiB per chip (temporaries 1.77), and would not gathered
+(96.7 GiB of temporaries): `benchmarks/paged_prefill.py --config
+configs/qwen3_30b_a3b_v5p128.py --chunks 8192`.
 
 Status (measured with libtpu on a 2-core CPU machine): fits. The train step
 needs 48.3 GiB per chip (5.8 args + 42.3 temporaries + outputs/code; 50.9% of
