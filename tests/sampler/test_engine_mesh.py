@@ -4,8 +4,13 @@ KV pool are placed on."""
 
 import dataclasses
 
-from engine_fixtures import MODEL, engine, params, with_sampler
+import jax
+import numpy as np
+import pytest
+
+from engine_fixtures import MODEL, engine, with_sampler
 from sao_jax.config import Config, MeshConfig
+from sao_jax.models import transformer
 from sao_jax.sampler.paged_engine import PagedEngine
 from sao_jax.sampler.worker import engine_mesh
 
@@ -14,14 +19,22 @@ CFG = Config(mesh=MeshConfig(fsdp=8), model=MODEL, sampler=with_sampler(
     kv_layout="paged", kv_page_size=8, sharded=True, mesh=MeshConfig(fsdp=-1, tensor=2)))
 
 
+@pytest.fixture(scope="module")
+def weights():
+  """Zeros of the params' shapes: only their placement is checked (host arrays, no
+  random init to compile)."""
+  shapes = jax.eval_shape(lambda: transformer.init_params(MODEL, jax.random.key(0)))
+  return jax.tree.map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), shapes)
+
+
 def _pool_specs(eng):
   return {tuple(layer.sharding.spec) for layer in eng._cache.kv}
 
 
-def test_sharded_engine_is_placed_on_the_sampler_mesh():
+def test_sharded_engine_is_placed_on_the_sampler_mesh(weights):
   mesh = engine_mesh(CFG.validate())
   assert dict(mesh.shape) == {"data": 1, "fsdp": 4, "tensor": 2, "expert": 1}
-  eng = engine(params(0), CFG.sampler, engine_cls=PagedEngine, mesh=mesh)
+  eng = engine(weights, CFG.sampler, engine_cls=PagedEngine, mesh=mesh)
   # Pools [P, page, 2K, H]: the 2 KV heads split over tensor, one (k, v) pair per device.
   assert _pool_specs(eng) == {(None, None, "tensor", None)}
   assert all(layer.addressable_shards[0].data.shape[2] == 2 for layer in eng._cache.kv)
@@ -31,11 +44,11 @@ def test_sharded_engine_is_placed_on_the_sampler_mesh():
   assert tuple(q_proj.sharding.spec) == ("fsdp", "tensor", None)
 
 
-def test_without_a_sampler_mesh_the_engine_uses_the_learners():
+def test_without_a_sampler_mesh_the_engine_uses_the_learners(weights):
   learner = dataclasses.replace(CFG, sampler=dataclasses.replace(CFG.sampler, mesh=None))
   mesh = engine_mesh(learner.validate())
   assert dict(mesh.shape) == {"data": 1, "fsdp": 8, "tensor": 1, "expert": 1}
-  eng = engine(params(0), learner.sampler, engine_cls=PagedEngine, mesh=mesh)
+  eng = engine(weights, learner.sampler, engine_cls=PagedEngine, mesh=mesh)
   assert _pool_specs(eng) == {(None, None, None, None)}  # whole on every chip
   one_device = dataclasses.replace(learner, sampler=dataclasses.replace(learner.sampler,
                                                                         sharded=False))
