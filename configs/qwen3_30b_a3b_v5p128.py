@@ -27,11 +27,20 @@ Prove it compiles and fits before paying for the slices (CPU + libtpu):
     .venv/bin/sao-plan --config configs/qwen3_30b_a3b_v5p128.py --topology v5p:4x4x4 \
         --sampler-topology v5p:2x2x1
 
-The sampler host's programs (measured 2026-12-02, libtpu 0.0.42.1; GiB per chip):
+It prints (abridged; GiB per chip; measured 2026-12-02 with libtpu 0.0.42.1, ~36 min
+on a loaded 2-core machine) and exits 0:
 
-    program      topology    mesh        args    temps  outputs  aliased  code   total    HBM   used
-    decode_step  v5p:2x2x1   tensor=4   62.24     0.19    48.04    48.00  0.02   62.48  95.00  65.8%
-    paged_decode v5p:2x2x1   tensor=4   62.24    13.83    48.00    48.00  0.02   76.09  95.00  80.1%
+    program      topology    mesh              args    temps  outputs  aliased  code   total  used
+    train_step   v5p:4x4x4   fsdp=16,expert=4  5.82    43.08     5.82     5.82  0.22   49.12  51.7%
+    decode_step  v5p:2x2x1   tensor=4         62.24     0.19    48.04    48.00  0.02   62.48  65.8%
+    paged_decode v5p:2x2x1   tensor=4         62.24    13.83    48.00    48.00  0.02   76.09  80.1%
+    train FLOPs/step: model 7.773e+17, with recompute 1.092e+18 (1.706e+16 per device); ...
+    roofline on 64 x v5p (459 TFLOP/s bf16 each): step >= 37.17 s, MFU <= 71.2%,
+      tokens/s <= 112,849 (compute bound; communication not modelled)
+    decode step (batch 64, cache 32768): >= 37.76 ms ... -> <= 1,695 tokens/s
+    paged decode (same KV memory, mean episode 4096 tokens, pages of 256): 512 episodes
+      vs 64 dense, step >= 37.76 ms -> <= 13,560 tokens/s (estimated ...)
+    fits: every program is within 95% of 95 GiB HBM per device
 
 The paged call's 13.8 GiB of temporaries (2.0 for the 8B config) are not
 analysed further: it fits with 14 GiB to spare. sao-plan compiles no prefill;
@@ -40,11 +49,9 @@ the Pallas kernel, 64.0 GiB per chip (temporaries 1.77), and would not gathered
 (96.7 GiB of temporaries): `benchmarks/paged_prefill.py --config
 configs/qwen3_30b_a3b_v5p128.py --chunks 8192`.
 
-Status (measured with libtpu on a 2-core CPU machine): fits. The train step
-needs 48.3 GiB per chip (5.8 args + 42.3 temporaries + outputs/code; 50.9% of
-95 GiB; measured before the sampler moved to the paged engine, which does not
-change the train step); compile ~5 minutes on a loaded machine. Two fixes took
-it from 411 GiB of temporaries to 42:
+The train step needs 49.1 GiB per chip (5.8 args + 43.1 temporaries +
+outputs/code; 51.7% of 95 GiB; 48.3 when first planned). Two fixes took it
+from 411 GiB of temporaries to 42:
   1. Expert-parallel MoE (`sao_jax.models.moe`): each chip routes only its
      expert group's tokens under shard_map; the SPMD partitioner had replicated
      one global argsort of all 64 chips' routed pairs (411 -> 183 GiB).
