@@ -10,8 +10,9 @@ sampler host (the config's sampler mesh, `Config.sampler_mesh`, or with `--tenso
 fsdp x tensor over its chips), `--rows` rows (default: the largest
 prefill_row_buckets) of each chunk length (default: every prefill bucket) over a
 pool of the dense cache's memory (sampler.slots x max_seq_len tokens in pages of
-`--page`, default sampler.kv_page_size), once with sampler.paged_attention="reference"
-and once with "pallas", and prints both programs' per-chip bytes (XLA's memory analysis; where the TPU compiler refuses a
+`--page`, default sampler.kv_page_size), once with
+sampler.paged_attention="reference" and once with "pallas", and prints both
+programs' per-chip bytes (XLA's memory analysis; where the TPU compiler refuses a
 program for HBM, the temporaries it says it needs, `*_fits` false) and, per chunk:
 
   RESULT {"name": "paged_prefill_memory", "config": ..., "chunks": [...],
