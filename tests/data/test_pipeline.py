@@ -81,6 +81,17 @@ def test_prompt_ids_outside_the_running_mean_table_are_dropped():
   assert drops == {"prompt_id_out_of_range": 1}
 
 
+def test_ids_out_of_int32_range_are_dropped_not_a_learner_crash():
+  # A forged record's prompt id or versions past int32 used to pass admission and
+  # crash pack_rows with OverflowError (a learner crash from one peer record).
+  trajs = [make_traj(prompt_id=2**31), make_traj(versions=(2**31, 2**31)),
+           make_traj(seed=7), make_traj(seed=8)]
+  it, drops = build(trajs)
+  batch, _ = next(it)
+  assert batch.tokens.shape[0] == 2
+  assert drops == {"bad_prompt_id": 1, "bad_versions": 1}
+
+
 def test_group_larger_than_batch_is_named():
   with pytest.raises(ValueError, match="group_size=8"):
     build([], batch_size=4, group_size=8)

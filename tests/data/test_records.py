@@ -34,6 +34,18 @@ def test_shape_mismatch_and_empty():
   assert "bad_versions" in records.problems(make_traj(versions=(3, 2)))
 
 
+@pytest.mark.parametrize("changes,reason", [
+    (dict(prompt_id=2**31), "bad_prompt_id"),
+    (dict(prompt_id=-1), "bad_prompt_id"),
+    (dict(versions=(2**31, 2**31)), "bad_versions"),
+    (dict(versions=(-3, 2)), "bad_versions"),
+])
+def test_ids_the_int32_batch_cannot_hold_are_problems(changes, reason):
+  # A peer's record (DirectoryTransport) carries any JSON integers; the batch is int32.
+  traj = records.from_bytes(records.to_bytes(make_traj(**changes)), max_tokens=64)
+  assert reason in records.problems(traj, vocab_size=50)
+
+
 def test_bytes_round_trip():
   traj = make_traj(prompt_id=7, versions=(2, 5), env_failure=None, info={"task": "t-1", "turns": 3})
   back = records.from_bytes(records.to_bytes(traj))
