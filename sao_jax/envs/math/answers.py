@@ -16,25 +16,27 @@ assistant turn (braces balanced, so `\boxed{\frac{1}{2}}` works).
 4. `math-verify` (Hugging Face's `math_verify.parse` / `verify`, both sides
    wrapped in `\boxed{}`) when it can parse both: handles 1/2 vs 0.5,
    `\frac12`, `3\sqrt2` vs `\sqrt{18}`, `x+1` vs `1+x`, sets, thousands
-   separators.
+   separators. It runs in a child process (`checker`): an answer that keeps it
+   busy past `_DEADLINE_S` (or over its memory cap) is incorrect.
 5. Fallback when math-verify cannot parse one side: exact rational comparison
    of plain numbers (integers, decimals, `a/b`, `,` thousands separators);
    anything else is incorrect.
 
-math-verify bounds its own work with `signal.alarm`, which only works on the
-main thread; elsewhere its timeouts are off and step 3 is the only guard.
+Step 3 only saves the child's time on answers known to explode; the child's
+deadline is the guard (no pattern list catches every explosive answer, e.g.
+`2^{+99999999999}` or `(99999999)!`), on any thread.
 """
 
 from __future__ import annotations
 
 import fractions
 import re
-import threading
 
-import math_verify
+from sao_jax.envs.math import checker
 
 MAX_ANSWER_CHARS = 512
-_TIMEOUT_S = 5
+_TIMEOUT_S = 5  # math-verify's own limit per parse and per comparison
+_DEADLINE_S = 3 * _TIMEOUT_S + 5  # then the checker is killed: two parses, a comparison, slack
 _PLAIN_TEXT = re.compile(r"[A-Za-z][A-Za-z '\-]*")
 _EXPLOSIVE = re.compile(r"(\^|\*\*)\s*[{(]?[^})]*(\^|\*\*)"  # power in an exponent
                         r"|(\^|\*\*)\s*[{(]?\s*\d{5,}"  # 5+ digit exponent
@@ -66,16 +68,6 @@ def _as_number(answer: str) -> fractions.Fraction | None:
   return fractions.Fraction(answer.replace(",", ""))
 
 
-def _math_verify(predicted: str, gold: str) -> bool | None:
-  """math-verify's verdict, or None when it cannot parse one side."""
-  timeout = _TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
-  gold_parsed = math_verify.parse(f"\\boxed{{{gold}}}", parsing_timeout=timeout)
-  predicted_parsed = math_verify.parse(f"\\boxed{{{predicted}}}", parsing_timeout=timeout)
-  if not gold_parsed or not predicted_parsed:
-    return None
-  return bool(math_verify.verify(gold_parsed, predicted_parsed, timeout_seconds=timeout))
-
-
 def verify_answer(predicted: str, gold: str) -> bool:
   """Whether `predicted` matches the reference `gold` (rules in the module docstring)."""
   predicted, gold = _normalize(predicted), _normalize(gold)
@@ -87,7 +79,7 @@ def verify_answer(predicted: str, gold: str) -> bool:
     return predicted.casefold() == gold.casefold()
   if len(predicted) > MAX_ANSWER_CHARS or _EXPLOSIVE.search(predicted):
     return False
-  verdict = _math_verify(predicted, gold)
+  verdict = checker.verify(predicted, gold, timeout_s=_TIMEOUT_S, deadline_s=_DEADLINE_S)
   if verdict is not None:
     return verdict
   predicted_number, gold_number = _as_number(predicted), _as_number(gold)
