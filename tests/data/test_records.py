@@ -1,5 +1,7 @@
 """Trajectory validation and the record encoding."""
 
+import io
+
 import numpy as np
 import pytest
 
@@ -87,3 +89,15 @@ def test_metadata_of_the_wrong_types_is_malformed():
   with pytest.raises(records.RecordError, match="wrong types") as error:
     records.from_bytes(buffer.getvalue(), max_tokens=64)
   assert error.value.reason == "malformed"
+
+
+def test_utf16_metadata_nested_past_the_cap_is_malformed_not_a_crash():
+  # Read as UTF-16 it hid its nesting from the depth cap; json.loads then raised
+  # RecursionError, which no reader catches: one record killed the learner.
+  traj = make_traj()
+  meta = ('["\u2200", ' + "[" * 100_000 + "]" * 100_000 + ', "\u2200"]').encode("utf-16-le")
+  buffer = io.BytesIO()
+  np.savez(buffer, meta=np.frombuffer(meta, np.uint8),
+           **{name: getattr(traj, name) for name in records.ARRAYS})
+  with pytest.raises(records.RecordError, match="malformed"):
+    records.from_bytes(buffer.getvalue(), max_tokens=64)
