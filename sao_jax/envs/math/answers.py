@@ -45,16 +45,22 @@ _NUMBER = re.compile(r"[+-]?(\d{1,3}(,\d{3})+|\d+)(\.\d+)?(/\d+)?|[+-]?\.\d+")
 
 
 def extract_boxed(text: str) -> str | None:
-  r"""Content of the last `\boxed{...}`, or None if there is no complete one."""
-  start = text.rfind("\\boxed{")
-  while start != -1:
-    depth = 0
-    for i in range(start + len("\\boxed"), len(text)):
-      depth += {"{": 1, "}": -1}.get(text[i], 0)
-      if depth == 0:
-        return text[start + len("\\boxed{"):i].strip()
-    start = text.rfind("\\boxed{", 0, start)  # Unclosed: try an earlier one.
-  return None
+  r"""Content of the last `\boxed{...}`, or None if there is no complete one.
+
+  One pass, matching braces with a stack: a box is complete where the brace it
+  opens is closed, and the last complete one is the one that opens last. (Scanning
+  from each unclosed `\boxed{` to the end was quadratic: ~1.5 s for 10 000
+  characters of `\boxed{`, the sampler's time.)"""
+  opened: list[int] = []  # per open brace: where its box's content starts, or -1
+  last = None
+  for i, char in enumerate(text):
+    if char == "{":
+      opened.append(i + 1 if text[max(i - len("\\boxed"), 0):i] == "\\boxed" else -1)
+    elif char == "}" and opened:
+      start = opened.pop()
+      if start >= 0 and (last is None or start > last[0]):
+        last = (start, i)
+  return None if last is None else text[last[0]:last[1]].strip()
 
 
 def _normalize(answer: str) -> str:
