@@ -71,7 +71,10 @@ TOOLS: dict[str, dict[str, tuple[type, Any]]] = {
     "python": {"code": (str, _REQUIRED)},
     "submit": {},
 }
-_TOOL_BLOCK = re.compile(r"```tool[ \t]*\n(.*?)^[ \t]*```", re.DOTALL | re.MULTILINE)
+# A block's opening and closing fences, searched apart: one pattern with a lazy body
+# rescanned the rest of the text from every unclosed opening (quadratic in the turn).
+_TOOL_OPEN = re.compile(r"```tool[ \t]*\n")
+_FENCE_LINE = re.compile(r"^[ \t]*```", re.MULTILINE)
 _SHORT = reprlib.Repr()  # a bounded repr: a few levels deep, a few items long
 _SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 3, 200, 200
 
@@ -93,11 +96,14 @@ def format_tool_call(name: str, **args: Any) -> str:
 
 def parse_tool_call(text: str) -> ToolCall | None:
   """The first tool block of `text` with defaults filled in, or None if there is none."""
-  match = _TOOL_BLOCK.search(text)
-  if match is None:
+  opening = _TOOL_OPEN.search(text)
+  # Without a closing fence after the first opening there is none after a later one.
+  closing = None if opening is None else _FENCE_LINE.search(text, opening.end())
+  if closing is None:
     return None
+  body = text[opening.end():closing.start()]
   try:
-    call = json.loads(match.group(1))
+    call = json.loads(body)
   except json.JSONDecodeError as e:
     raise ToolError(f"the tool call is not valid JSON ({e.msg} at line {e.lineno} column "
                     f"{e.colno}); write one object like {{\"name\": \"view\", \"args\": "
@@ -107,7 +113,7 @@ def parse_tool_call(text: str) -> ToolCall | None:
                     'object like {"name": "view", "args": {"path": "a.py"}}.') from None
   if not isinstance(call, dict) or not isinstance(call.get("name"), str):
     raise ToolError('the tool call must be a JSON object with a string "name" and an '
-                    f'"args" object, got {match.group(1).strip()[:200]!r}.')
+                    f'"args" object, got {body.strip()[:200]!r}.')
   unknown_keys = set(call) - {"name", "args"}
   if unknown_keys:
     raise ToolError(f"unexpected keys {sorted(unknown_keys)} in the tool call; put arguments "

@@ -94,6 +94,16 @@ def test_view_out_of_range(workspace, start, end, message):
     workspace.view("pkg/mod.py", start=start, end=end)
 
 
+def test_unclosed_tool_blocks_are_parsed_in_linear_time():
+  # One lazy pattern rescanned the rest of the turn from each unclosed opening:
+  # 40 000 characters took 2 s of the sampler's process, 100 000 about 12 s.
+  start = time.monotonic()
+  assert coding_tools.parse_tool_call("x```tool\n" * 11_000) is None
+  assert time.monotonic() - start < 1.0
+  assert coding_tools.parse_tool_call('Done.\n```tool\n{"name": "submit"}\n  ```') == ToolCall(
+      "submit", {})
+
+
 def test_an_edit_matching_everywhere_answers_at_once(workspace):
   # Each of 200 000 occurrences counted its line from the top: ~30 s of this process
   # (the sampler's) per call, quadratic in the file a policy grows over a few turns.
