@@ -61,6 +61,15 @@ _lock = threading.Lock()
 _child: subprocess.Popen | None = None
 
 
+def start() -> None:
+  """Starts the child unless it runs (environments call it when built, so that a
+  missing math-verify fails at startup, not in every episode)."""
+  global _child
+  with _lock:
+    if _child is None:
+      _child = _start()
+
+
 def verify(predicted: str, gold: str, *, timeout_s: float, deadline_s: float) -> bool | None:
   """math-verify's verdict on `predicted` against `gold` (module docstring)."""
   global _child

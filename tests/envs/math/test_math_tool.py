@@ -272,6 +272,13 @@ def test_a_checker_past_its_deadline_is_killed_and_replaced():
   assert checker.verify("0.5", "1/2", timeout_s=5, deadline_s=60) is True
 
 
+def test_a_checker_that_cannot_start_is_named_when_the_environment_is_built(monkeypatch):
+  monkeypatch.setattr(checker, "_child", None)
+  monkeypatch.setattr(checker.sys, "executable", "/bin/false")
+  with pytest.raises(RuntimeError, match="math answer checker .* did not start"):
+    make_env()
+
+
 def test_demo_guess_rate_mixes_wrong_guesses_in_a_fixed_share():
   """env.demo_guess_rate: that share of demonstrations answers at once with the
   question's first number (reward 0 on difficulty-1 arithmetic); the choice is
