@@ -296,8 +296,9 @@ class DirectoryTransport:
       # No link followed, no wait for a FIFO's writer.
       fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
       with open(fd, "rb") as file:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-          raise OSError(f"not a regular file (mode {os.fstat(fd).st_mode:o})")
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+          raise OSError(f"not a regular file (mode {mode:o})")
         data = file.read(limit + 1)  # never more than a record can be
     except FileNotFoundError:
       return None
