@@ -33,7 +33,12 @@ the batch is trained at. SAO.md counts learner
 steps; we count policy updates, which is the same once the critic warm-up is
 over, and does not age trajectories during value-only steps (value
 pretraining, critic warm-up), when the policy does not change. Nothing is dropped silently:
-`Drops` counts every rejected trajectory by reason for the metrics.
+`Drops` counts every rejected trajectory by reason for the metrics. What a
+trajectory says about itself is bounded there: environment failures are also
+counted by their `info["failure_kind"]` for the first `MAX_FAILURE_KINDS` kinds
+(later ones as `env_failure/other`), and an example keeps at most
+`MAX_EXAMPLE_CHARS` characters, so a peer's records cannot add metric keys, log
+lines or memory without end.
 """
 
 from __future__ import annotations
@@ -49,6 +54,10 @@ import numpy as np
 from sao_jax.data import records
 from sao_jax.data.records import Trajectory
 from sao_jax.types import Batch
+
+
+MAX_FAILURE_KINDS = 32  # exception types a sampler reports: a few in practice
+MAX_EXAMPLE_CHARS = 300
 
 
 class Drops(collections.Counter):
@@ -272,12 +281,16 @@ class _AdmitIterator(_Iterator):
           self._drops[reason] += 1
           kind = traj.info.get("failure_kind") if reason == "env_failure" else None
           if isinstance(kind, str) and kind.isidentifier() and len(kind) <= 64:
-            self._drops[f"env_failure/{kind}"] += 1  # by exception type (sampler.episodes)
-            self._drops.examples[f"env_failure/{kind}"] = traj.env_failure
+            kind = f"env_failure/{kind}"  # by exception type (sampler.episodes)
+            if kind not in self._drops and sum(
+                key.startswith("env_failure/") for key in self._drops) >= MAX_FAILURE_KINDS:
+              kind = "env_failure/other"
+            self._drops[kind] += 1
+            self._drops.examples[kind] = traj.env_failure[:MAX_EXAMPLE_CHARS]
           self._drops.examples[reason] = (
               traj.env_failure if reason == "env_failure" else
               f"lag {version - traj.policy_versions[0]}" if reason == "stale" else
-              f"task {traj.info.get('task', '?')}, {traj.length} tokens")
+              f"task {traj.info.get('task', '?')}, {traj.length} tokens")[:MAX_EXAMPLE_CHARS]
           self._counts[reason] = self._counts.get(reason, 0) + 1
       if kept:
         return kept

@@ -81,6 +81,30 @@ def test_prompt_ids_outside_the_running_mean_table_are_dropped():
   assert drops == {"prompt_id_out_of_range": 1}
 
 
+def test_ids_out_of_int32_range_are_dropped_not_a_learner_crash():
+  # A forged record's prompt id or versions past int32 used to pass admission and
+  # crash pack_rows with OverflowError (a learner crash from one peer record).
+  trajs = [make_traj(prompt_id=2**31), make_traj(versions=(2**31, 2**31)),
+           make_traj(seed=7), make_traj(seed=8)]
+  it, drops = build(trajs)
+  batch, _ = next(it)
+  assert batch.tokens.shape[0] == 2
+  assert drops == {"bad_prompt_id": 1, "bad_versions": 1}
+
+
+def test_peer_failure_kinds_and_texts_cannot_grow_the_drop_counters_without_end():
+  # Each record named a new failure_kind with a 1 MB failure text: a metric key on
+  # every later step and a megabyte kept (and logged) per kind, without limit.
+  kinds = pipeline.MAX_FAILURE_KINDS + 20
+  trajs = [make_traj(env_failure="x" * (1 << 20), info={"failure_kind": f"Kind{i}"})
+           for i in range(kinds)] + [make_traj(seed=7), make_traj(seed=8)]
+  it, drops = build(trajs)
+  next(it)
+  assert drops["env_failure"] == kinds and drops["env_failure/other"] == 20
+  assert len(drops) == 1 + pipeline.MAX_FAILURE_KINDS + 1
+  assert max(map(len, drops.examples.values())) == pipeline.MAX_EXAMPLE_CHARS
+
+
 def test_group_larger_than_batch_is_named():
   with pytest.raises(ValueError, match="group_size=8"):
     build([], batch_size=4, group_size=8)
