@@ -43,7 +43,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import traceback
-import zlib
 from typing import Callable, Iterator
 
 import jax
@@ -56,6 +55,7 @@ from sao_jax.config import ModelConfig, SamplerConfig
 from sao_jax.models.transformer import Params
 from sao_jax.sampler.engine import Engine, Turn, stop_token_ids
 from sao_jax.sampler.paged_engine import PagedEngine
+from sao_jax.sampler.prompt_ids import prompt_slot
 
 
 def make_engine(cfg: SamplerConfig, model_cfg: ModelConfig, params: Params, chat: ChatFormat, *,
@@ -71,11 +71,6 @@ def make_engine(cfg: SamplerConfig, model_cfg: ModelConfig, params: Params, chat
 
 
 ENV_DECLARED = "env_declared"  # failure_kind of a failure the environment returned
-
-
-def prompt_slot(task: Task, num_slots: int) -> int:
-  """A task's running-mean / group id in [0, num_slots): a stable hash of its id."""
-  return zlib.crc32(task.id.encode()) % num_slots
 
 
 @dataclasses.dataclass
