@@ -117,6 +117,41 @@ def test_drops_keep_an_example_of_each_reason():
   assert drops.examples == {"env_failure": "sandbox crashed", "stale": "lag 5"}
 
 
+def test_a_record_from_a_policy_the_learner_never_made_is_dropped():
+  """Versions past the learner's (a peer's forgery, or records a crashed run wrote
+  after the checkpoint it resumes from) were admitted with a negative lag."""
+  it, drops = build([make_traj(versions=(5, 9), seed=1), make_traj(seed=2), make_traj(seed=3)])
+  batch, info = next(it)
+  assert dict(drops) == {"future_version": 1}
+  assert "versions (5, 9), learner at 5" in drops.examples["future_version"]
+  np.testing.assert_array_equal(info.lags, [0, 0])
+
+
+def test_an_unfinished_group_that_can_no_longer_train_is_let_go_not_kept_forever():
+  """A group whose other members died with their sampler waited for them forever
+  (and a peer could open such groups without end); once stale (or from a future
+  version) it is dropped, counted, when the next group opens."""
+  version = {"now": 5}
+  drops = pipeline.Drops()
+  trajs = [make_traj(prompt_id=1, versions=(5, 5), seed=1),  # its partner never comes
+           make_traj(prompt_id=7, versions=(9, 9), seed=2),  # a future version: let go
+           make_traj(prompt_id=2, versions=(8, 8), seed=3),
+           make_traj(prompt_id=2, versions=(8, 8), seed=4)]
+  it = pipeline.learner_pipeline(ListTransport(trajs), batch_size=2, group_size=2, max_lag=2,
+                                 buckets=(16,), pad_id=0, vocab_size=50,
+                                 current_version=lambda: version["now"], drops=drops)
+
+  def take():
+    version["now"] = 8  # group 1 (version 5) is stale by the time group 2 opens
+    return next(it)
+
+  batch, _ = take()
+  np.testing.assert_array_equal(batch.prompt_ids[:, 0], [2, 2])
+  assert dict(drops) == {"stale": 1, "future_version": 1}
+  assert "an unfinished group (1 of 2 members)" in drops.examples["stale"]
+  assert it.get_state()["parent"]["parent"]["waiting"] == {}
+
+
 def _resumed(trajs, consumed_state, **kwargs):
   """A fresh pipeline over what the transport still holds, restored to `consumed_state`."""
   it, _ = build(trajs, **kwargs)
