@@ -80,6 +80,11 @@ CHATML_TEMPLATE = (
 _PROBE = "\ue001"  # probe assistant content: a private-use character no template contains
 
 
+class TurnTextError(ValueError):
+  """The policy's own text hides where its turn ends (it spells the end token's text
+  under a template that rewrites earlier turns): its doing, not the environment's."""
+
+
 class ChatFormat:
   """A tokenizer and the chat template that renders its conversations (module docstring)."""
 
@@ -229,8 +234,9 @@ class ChatFormat:
     own end tokens and the policy's count, and these must not hold the end token's text)."""
     if any(self.end_token in message["content"] for message in history
            if message["role"] == "assistant"):
-      raise ValueError(f"an assistant turn holds the text {self.end_token!r} and the chat template "
-                       f"of {self.name} rewrites earlier turns; the turn boundary cannot be found")
+      raise TurnTextError(f"an assistant turn holds the text {self.end_token!r} and the chat "
+                          f"template of {self.name} rewrites earlier turns; the turn boundary "
+                          "cannot be found")
     at = -1
     for _ in range(old_head.count(self.end_token)):
       at = text.find(self.end_token, at + 1)

@@ -26,6 +26,11 @@ finds no row with room, or the cap would be exceeded), and that unit opens the
 next batch, or earlier when it is full. The shape is always `[rows, row_length]`:
 one compiled step. `BatchInfo.padding_fraction` says what padding costs.
 
+Versions: a trajectory whose last policy version is past the learner's
+(`future_version`: a peer's forgery, or records a crashed run wrote after the
+checkpoint it resumed from) is dropped; an unfinished group that can no longer
+be trained (stale or future) is let go when the next group opens (`GroupDataset`).
+
 Staleness (SAO.md §1): `lag = current policy version - first policy version`,
 checked when the trajectory is admitted and again when a unit held back for a
 later batch is taken into it (`StaleFilter`), so the check holds for the version
@@ -33,7 +38,12 @@ the batch is trained at. SAO.md counts learner
 steps; we count policy updates, which is the same once the critic warm-up is
 over, and does not age trajectories during value-only steps (value
 pretraining, critic warm-up), when the policy does not change. Nothing is dropped silently:
-`Drops` counts every rejected trajectory by reason for the metrics.
+`Drops` counts every rejected trajectory by reason for the metrics. What a
+trajectory says about itself is bounded there: environment failures are also
+counted by their `info["failure_kind"]` for the first `MAX_FAILURE_KINDS` kinds
+(later ones as `env_failure/other`), and an example keeps at most
+`MAX_EXAMPLE_CHARS` characters, so a peer's records cannot add metric keys, log
+lines or memory without end.
 """
 
 from __future__ import annotations
@@ -49,6 +59,10 @@ import numpy as np
 from sao_jax.data import records
 from sao_jax.data.records import Trajectory
 from sao_jax.types import Batch
+
+
+MAX_FAILURE_KINDS = 32  # exception types a sampler reports: a few in practice
+MAX_EXAMPLE_CHARS = 300
 
 
 class Drops(collections.Counter):
@@ -115,14 +129,23 @@ class StaleFilter:
   def is_stale(self, traj: Trajectory, version: int) -> bool:
     return version - traj.policy_versions[0] > self._max_lag
 
+  @staticmethod
+  def is_future(traj: Trajectory, version: int) -> bool:
+    """Sampled by a policy the learner has not made (yet, or any more after a resume
+    from an older checkpoint): a peer's forgery or a lost future, never trainable."""
+    return traj.policy_versions[1] > version
+
+  def drop(self, reason: str, count: int, example: str) -> None:
+    self._drops[reason] += count
+    self._drops.examples[reason] = example[:MAX_EXAMPLE_CHARS]
+
   def keep(self, unit: list[Trajectory]) -> list[Trajectory]:
     """The members of `unit` that are not stale now; the others are counted."""
     version = self.current_version()
     kept = []
     for traj in unit:
       if self.is_stale(traj, version):
-        self._drops["stale"] += 1
-        self._drops.examples["stale"] = f"lag {version - traj.policy_versions[0]}"
+        self.drop("stale", 1, f"lag {version - traj.policy_versions[0]}")
       else:
         kept.append(traj)
     return kept
@@ -186,22 +209,44 @@ class _TransportIterator(_Iterator):
 
 
 class GroupDataset(grain.IterDataset):
-  """Lists of trajectories: singletons (`group_size == 1`) or whole prompt groups."""
+  """Lists of trajectories: singletons (`group_size == 1`) or whole prompt groups.
 
-  def __init__(self, parent: grain.IterDataset, group_size: int):
+  A group waits here until its `group_size` members have arrived. One that can no
+  longer be trained is let go when a new group opens, its members counted in
+  `drops`: a group whose members are stale (they all start at one policy
+  version, so admission would drop every one of them) or from a future version
+  (`StaleFilter.is_future`). So what waits is bounded by what arrives within
+  `max_lag` policy updates, whatever a peer sends: a group whose other members
+  died with a sampler, or a resumed learner's restored groups, do not wait forever.
+  """
+
+  def __init__(self, parent: grain.IterDataset, group_size: int, stale: StaleFilter):
     super().__init__(parent)
-    self._group_size = group_size
+    self._group_size, self._stale = group_size, stale
 
   def __iter__(self):
-    return _GroupIterator(self._parent.__iter__(), self._group_size)
+    return _GroupIterator(self._parent.__iter__(), self._group_size, self._stale)
 
 
 class _GroupIterator(_Iterator):
 
-  def __init__(self, parent, group_size):
+  def __init__(self, parent, group_size, stale):
     super().__init__(parent)
-    self._group_size = group_size
+    self._group_size, self._stale = group_size, stale
     self._waiting: dict[int, list[Trajectory]] = collections.defaultdict(list)
+
+  def _let_go(self) -> None:
+    """Drops the waiting groups that can no longer be trained (class docstring)."""
+    version = self._stale.current_version()
+    for pid in list(self._waiting):
+      first = self._waiting[pid][0]
+      future = self._stale.is_future(first, version)
+      if future or self._stale.is_stale(first, version):
+        reason = "future_version" if future else "stale"
+        members = self._waiting.pop(pid)
+        self._stale.drop(reason, len(members), f"an unfinished group ({len(members)} of "
+                         f"{self._group_size} members), versions {first.policy_versions}, "
+                         f"learner at {version}")
 
   def get_state(self) -> dict:
     # Members of unfinished groups were consumed upstream: they live only here.
@@ -218,6 +263,8 @@ class _GroupIterator(_Iterator):
       traj = next(self._parent)
       if self._group_size == 1:
         return [traj]
+      if traj.prompt_id not in self._waiting:
+        self._let_go()
       members = self._waiting[traj.prompt_id]
       members.append(traj)
       if len(members) == self._group_size:
@@ -257,6 +304,8 @@ class _AdmitIterator(_Iterator):
       return "too_long"
     if self._stale.is_stale(traj, version):
       return "stale"
+    if self._stale.is_future(traj, version):
+      return "future_version"
     return None
 
   def __next__(self) -> list[Trajectory]:
@@ -272,12 +321,17 @@ class _AdmitIterator(_Iterator):
           self._drops[reason] += 1
           kind = traj.info.get("failure_kind") if reason == "env_failure" else None
           if isinstance(kind, str) and kind.isidentifier() and len(kind) <= 64:
-            self._drops[f"env_failure/{kind}"] += 1  # by exception type (sampler.episodes)
-            self._drops.examples[f"env_failure/{kind}"] = traj.env_failure
+            kind = f"env_failure/{kind}"  # by exception type (sampler.episodes)
+            if kind not in self._drops and sum(
+                key.startswith("env_failure/") for key in self._drops) >= MAX_FAILURE_KINDS:
+              kind = "env_failure/other"
+            self._drops[kind] += 1
+            self._drops.examples[kind] = traj.env_failure[:MAX_EXAMPLE_CHARS]
           self._drops.examples[reason] = (
               traj.env_failure if reason == "env_failure" else
               f"lag {version - traj.policy_versions[0]}" if reason == "stale" else
-              f"task {traj.info.get('task', '?')}, {traj.length} tokens")
+              f"versions {traj.policy_versions}, learner at {version}"
+              if reason == "future_version" else f"task {traj.info.get('task', '?')}, {traj.length} tokens")[:MAX_EXAMPLE_CHARS]
           self._counts[reason] = self._counts.get(reason, 0) + 1
       if kept:
         return kept
@@ -453,8 +507,8 @@ def learner_pipeline(transport, *, batch_size: int, group_size: int, max_lag: in
           f"fewer than algorithm.group_size={group_size}, so a group of long trajectories "
           f"might never fit one batch; raise batch_tokens to at least {group_size * row_length}")
   dataset = TransportDataset(transport, should_stop=should_stop)
-  dataset = GroupDataset(dataset, group_size)
   stale = StaleFilter(current_version, max_lag, drops)
+  dataset = GroupDataset(dataset, group_size, stale)
   dataset = AdmitDataset(dataset, stale=stale, max_length=row_length if packed else buckets[-1],
                          vocab_size=vocab_size, drops=drops, num_prompt_slots=num_prompt_slots)
   if packed:

@@ -7,7 +7,8 @@ into a `Batch`.
 
 `problems(traj, vocab_size)` names everything that would make a trajectory
 unsafe to train on (wrong shapes, non-finite values, no action token, rewards or
-log-probs off the action mask, token ids out of range); the pipeline rejects such
+log-probs off the action mask, token ids out of range, a prompt id or policy
+versions outside [0, 2**31) that the int32 batch cannot hold); the pipeline rejects such
 trajectories with the reason counted, so they never reach the loss.
 
 `to_bytes` / `from_bytes` give a compact, pickle-free encoding (an `.npz`
@@ -40,6 +41,9 @@ _NPY_HEADER_BYTES = 4096  # an .npy member's magic and header (numpy writes ~128
 _META_BYTES = 1 << 20  # the JSON metadata: ids, versions, an env failure text, small info
 _META_DEPTH = 16
 _ZIP_OVERHEAD = 4096  # local and central directory entries of five members
+# The batch holds prompt ids and policy versions as int32 (`sao_jax.types.Batch`);
+# both are counts or slots, never negative.
+_MAX_ID = int(np.iinfo(np.int32).max)
 
 
 @dataclasses.dataclass
@@ -86,7 +90,9 @@ def problems(traj: Trajectory, vocab_size: int | None = None) -> list[str]:
     found.append("reward_off_action")
   if vocab_size is not None and (traj.tokens.min() < 0 or traj.tokens.max() >= vocab_size):
     found.append("token_out_of_range")
-  if traj.policy_versions[0] > traj.policy_versions[1]:
+  if not 0 <= traj.prompt_id <= _MAX_ID:
+    found.append("bad_prompt_id")
+  if not 0 <= traj.policy_versions[0] <= traj.policy_versions[1] <= _MAX_ID:
     found.append("bad_versions")
   return found
 

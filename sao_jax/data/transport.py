@@ -37,8 +37,13 @@ nothing to read.
   moved to `quarantine/<name>.<reason>` and counted in `drops` as
   `quarantined_<reason>` (the learner passes its `pipeline.Drops`, so these reach
   the `dropped/...` metrics). Records are parsed by `records.from_bytes`, never
-  unpickled. A file another reader takes or moves between listing and reading is
-  skipped silently.
+  unpickled. Only regular files are read, opened without following links and
+  without blocking (a FIFO named `*.traj` would otherwise stall the reader, a
+  link loop crash it); anything else is `unreadable`. When `quarantine/` is not
+  a plain directory (a peer's file or link there), a bad record is deleted
+  instead, and one that cannot be deleted either is skipped from then on; each
+  is counted once either way. A file another reader takes or moves between
+  listing and reading is skipped silently.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ import os
 import pathlib
 import queue
 import re
+import stat
 import threading
 import time
 import uuid
@@ -208,6 +214,7 @@ class DirectoryTransport:
     self._writer_id = writer_id or uuid.uuid4().hex[:12]
     self._seq = 0
     self.shard, self.by_prompt = shard, by_prompt
+    self._stuck: set[str] = set()  # bad entries that could be neither moved nor deleted
 
   def __getstate__(self) -> dict:
     # The reader's drop counter stays with the reader (a copy writes, never quarantines).
@@ -237,13 +244,25 @@ class DirectoryTransport:
     return int(match["prompt" if self.by_prompt else "seq"]) % count == index
 
   def _quarantine(self, path: pathlib.Path, reason: str, detail: str) -> None:
-    """Moves `path` aside (never read again) and counts it, unless another reader was first."""
+    """Moves `path` aside (never read again) and counts it, unless another reader was first;
+    deletes it, or skips it from now on, when it cannot be moved (module docstring)."""
     folder = self.directory / self.QUARANTINE
-    folder.mkdir(exist_ok=True)
     try:
-      path.rename(folder / f"{path.name}.{reason}")
+      try:
+        folder.mkdir(exist_ok=True)
+        if not stat.S_ISDIR(folder.lstat().st_mode):  # a link: renames would follow it
+          raise NotADirectoryError(f"{folder} is a link")
+        path.rename(folder / f"{path.name}.{reason}")
+      except FileNotFoundError:
+        raise
+      except OSError as error:  # quarantine/ is a peer's file or link
+        detail += f" (deleted: cannot move it to {self.QUARANTINE}/: {error})"
+        path.unlink()
     except FileNotFoundError:
       return  # another reader moved or consumed it: theirs to count
+    except OSError as error:  # e.g. a directory named *.traj
+      self._stuck.add(path.name)
+      detail += f" (left in place, ignored from now on: {error})"
     key = f"quarantined_{reason}"
     self.drops[key] += 1
     examples = getattr(self.drops, "examples", None)
@@ -255,7 +274,7 @@ class DirectoryTransport:
     found = []
     with os.scandir(self.directory) as entries:
       for entry in entries:
-        if not entry.name.endswith(self.SUFFIX):
+        if not entry.name.endswith(self.SUFFIX) or entry.name in self._stuck:
           continue  # a writer's .tmp, CLOSED, the quarantine folder
         path = pathlib.Path(entry.path)
         match = _RECORD_NAME.fullmatch(entry.name)
@@ -265,7 +284,7 @@ class DirectoryTransport:
         if not self._mine(match):
           continue
         try:
-          found.append((entry.stat().st_mtime_ns, entry.name, path, match))
+          found.append((entry.stat(follow_symlinks=False).st_mtime_ns, entry.name, path, match))
         except FileNotFoundError:
           continue  # taken by another reader since the listing
     return [(path, match) for _, _, path, match in sorted(found)]
@@ -274,11 +293,16 @@ class DirectoryTransport:
     """The record at `path`, consumed; None if it was quarantined or another reader took it."""
     limit = records.max_record_bytes(self.max_tokens)
     try:
-      with path.open("rb") as file:
+      # No link followed, no wait for a FIFO's writer.
+      fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+      with open(fd, "rb") as file:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+          raise OSError(f"not a regular file (mode {mode:o})")
         data = file.read(limit + 1)  # never more than a record can be
     except FileNotFoundError:
       return None
-    except OSError as error:  # a directory named *.traj, an unreadable file
+    except OSError as error:  # a link, FIFO or directory named *.traj, an unreadable file
       self._quarantine(path, "unreadable", str(error))
       return None
     try:

@@ -18,9 +18,13 @@ policy is credited only for tokens it sampled.
 
 An environment failure ends the episode with `env_failure` set, so the learner
 counts and drops it instead of training on reward 0. An episode that runs out of
-context is finished with reward 0 and `info["truncated"] = True`. `info["end"]`
+context is finished with reward 0 and `info["truncated"] = True`; so is, with
+`info["end"] = "turn_text"`, one whose turn spells the end token's text (in
+ordinary tokens) under a template that rewrites earlier turns, where the turn
+boundary cannot be found (`chat.TurnTextError`): as a failure it would be
+dropped, a way out of any episode the policy was losing. `info["end"]`
 is why the episode ended (the environment's reason, e.g. "answer" or
-"max_turns", or "truncated"), `info["last_turn_end"]` why its last turn did
+"max_turns", "truncated" or "turn_text"), `info["last_turn_end"]` why its last turn did
 (the engine's finish_reason: "max_new_tokens" / "max_seq_len" = cut by length)
 and `info["tool_calls"]` how many tools the environment ran (`Environment.tool_calls`).
 
@@ -39,19 +43,19 @@ from __future__ import annotations
 import collections
 import dataclasses
 import traceback
-import zlib
 from typing import Callable, Iterator
 
 import jax
 import numpy as np
 
-from sao_jax.chat import ChatFormat
+from sao_jax.chat import ChatFormat, TurnTextError
 from sao_jax.data.records import Trajectory
 from sao_jax.envs.base import Environment, Message, Task
 from sao_jax.config import ModelConfig, SamplerConfig
 from sao_jax.models.transformer import Params
 from sao_jax.sampler.engine import Engine, Turn, stop_token_ids
 from sao_jax.sampler.paged_engine import PagedEngine
+from sao_jax.sampler.prompt_ids import prompt_slot
 
 
 def make_engine(cfg: SamplerConfig, model_cfg: ModelConfig, params: Params, chat: ChatFormat, *,
@@ -67,11 +71,6 @@ def make_engine(cfg: SamplerConfig, model_cfg: ModelConfig, params: Params, chat
 
 
 ENV_DECLARED = "env_declared"  # failure_kind of a failure the environment returned
-
-
-def prompt_slot(task: Task, num_slots: int) -> int:
-  """A task's running-mean / group id in [0, num_slots): a stable hash of its id."""
-  return zlib.crc32(task.id.encode()) % num_slots
 
 
 @dataclasses.dataclass
@@ -165,6 +164,8 @@ class EpisodeRunner:
     message = {"role": live.env.observation_role, "content": result.observation}
     try:
       tokens = self._chat.continuation(live.messages, [message], closed=closed)
+    except TurnTextError:  # the policy's own text: scored 0, never an unscored failure
+      return self._finish(turn.episode_id, reward=0.0, failure=None, reason="turn_text")
     except Exception as error:
       return self._fail(turn.episode_id, "encode", error)
     live.messages.append(message)

@@ -149,7 +149,8 @@ def run_sampler(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
   from sao_jax.envs.registry import make_env, make_tasks
   from sao_jax.chat import load_chat
   from sao_jax.sampler import weights
-  from sao_jax.sampler.episodes import EpisodeRunner, make_engine, prompt_slot
+  from sao_jax.sampler.episodes import EpisodeRunner, make_engine
+  from sao_jax.sampler.prompt_ids import PromptIds
 
   cfg = spec.cfg
   chat = load_chat(spec.tokenizer_path, enable_thinking=cfg.run.enable_thinking)
@@ -175,7 +176,7 @@ def run_sampler(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
                                                 file=sys.stderr, flush=True))
   tasks = make_tasks(cfg.env)
   group = cfg.algorithm.group_size
-  slots = cfg.algorithm.running_mean_slots
+  prompt_ids = PromptIds(group, cfg.algorithm.running_mean_slots, spec.worker_id)
   seed = cfg.sampler.seed * 1_000_003 + spec.worker_id * 7919
   started = 0
   try:
@@ -185,8 +186,9 @@ def run_sampler(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
         engine.set_params(to_policy(got[0]), got[1])
       while runner.in_flight + group <= runner.max_episodes:
         task = next(tasks)
+        prompt_id = prompt_ids(task)
         for _ in range(group):
-          runner.start(task, prompt_id=prompt_slot(task, slots), seed=seed + started)
+          runner.start(task, prompt_id=prompt_id, seed=seed + started)
           started += 1
       for traj in runner.step():
         traj.info["worker"] = spec.worker_id

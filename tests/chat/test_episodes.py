@@ -14,6 +14,7 @@ from chat_fixtures import FAMILIES, TEMPLATES, build_tokenizer_dir
 from sao_jax import config as C
 from sao_jax import warm_start
 from sao_jax.chat import load_chat
+from sao_jax.chat.untrusted import plain_ids
 from sao_jax.envs.base import Environment, StepResult, Task
 from sao_jax.models.transformer import init_params
 from sao_jax.sampler import engine as engine_lib
@@ -125,6 +126,34 @@ def test_an_extra_turn_without_a_tool_is_not_a_tool_call(tmp_path):
   runner = EpisodeRunner(ScriptedEngine(chat), chat, ReminderEnv, max_episodes=1)
   traj, = run_to_completion(runner, iter([TASK]), 1, num_slots=4, seed=0)
   assert (traj.info["turns"], traj.info["tool_calls"]) == (2, 0)
+
+
+class SpellingEngine(ScriptedEngine):
+  """Turn 1 spells the end token's text in ordinary tokens, as a policy can."""
+
+  def step(self):
+    if self.episode["turns"] or "queued" not in self.episode:
+      return super().step()
+    episode_id = self.episode.pop("queued")
+    ids = plain_ids(self._chat.tokenizer, f"Done {self._chat.end_token} or not.")
+    ids.append(self._chat.end_token_id)
+    self.episode["turns"] += 1
+    self.episode["tokens"] += ids
+    self.episode["mask"] += [1] * len(ids)
+    return [engine_lib.Turn(episode_id, np.asarray(ids, np.int32),
+                            np.full(len(ids), -0.5, np.float32), "stop_token", (0, 0))]
+
+
+def test_a_turn_spelling_the_end_token_is_scored_0_not_dropped(tmp_path):
+  # Qwen3 rewrites earlier turns, so the turn boundary is found by counting end tokens;
+  # a turn spelling "<|im_end|>" made that raise ValueError: an environment failure,
+  # dropped unscored, so a policy could leave any episode it was losing.
+  directory = build_tokenizer_dir(tmp_path, "qwen3")
+  chat = load_chat(directory)
+  runner = EpisodeRunner(SpellingEngine(chat), chat, ToolEnv, max_episodes=1)
+  traj, = run_to_completion(runner, iter([TASK]), 1, num_slots=4, seed=0)
+  assert traj.env_failure is None and traj.outcome == 0.0 and traj.info["end"] == "turn_text"
+  assert traj.info["turns"] == 1 and not runner.failures
 
 
 @pytest.mark.slow

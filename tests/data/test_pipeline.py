@@ -81,6 +81,30 @@ def test_prompt_ids_outside_the_running_mean_table_are_dropped():
   assert drops == {"prompt_id_out_of_range": 1}
 
 
+def test_ids_out_of_int32_range_are_dropped_not_a_learner_crash():
+  # A forged record's prompt id or versions past int32 used to pass admission and
+  # crash pack_rows with OverflowError (a learner crash from one peer record).
+  trajs = [make_traj(prompt_id=2**31), make_traj(versions=(2**31, 2**31)),
+           make_traj(seed=7), make_traj(seed=8)]
+  it, drops = build(trajs)
+  batch, _ = next(it)
+  assert batch.tokens.shape[0] == 2
+  assert drops == {"bad_prompt_id": 1, "bad_versions": 1}
+
+
+def test_peer_failure_kinds_and_texts_cannot_grow_the_drop_counters_without_end():
+  # Each record named a new failure_kind with a 1 MB failure text: a metric key on
+  # every later step and a megabyte kept (and logged) per kind, without limit.
+  kinds = pipeline.MAX_FAILURE_KINDS + 20
+  trajs = [make_traj(env_failure="x" * (1 << 20), info={"failure_kind": f"Kind{i}"})
+           for i in range(kinds)] + [make_traj(seed=7), make_traj(seed=8)]
+  it, drops = build(trajs)
+  next(it)
+  assert drops["env_failure"] == kinds and drops["env_failure/other"] == 20
+  assert len(drops) == 1 + pipeline.MAX_FAILURE_KINDS + 1
+  assert max(map(len, drops.examples.values())) == pipeline.MAX_EXAMPLE_CHARS
+
+
 def test_group_larger_than_batch_is_named():
   with pytest.raises(ValueError, match="group_size=8"):
     build([], batch_size=4, group_size=8)
@@ -91,6 +115,41 @@ def test_drops_keep_an_example_of_each_reason():
                      make_traj(seed=1), make_traj(seed=2)])
   next(it)
   assert drops.examples == {"env_failure": "sandbox crashed", "stale": "lag 5"}
+
+
+def test_a_record_from_a_policy_the_learner_never_made_is_dropped():
+  """Versions past the learner's (a peer's forgery, or records a crashed run wrote
+  after the checkpoint it resumes from) were admitted with a negative lag."""
+  it, drops = build([make_traj(versions=(5, 9), seed=1), make_traj(seed=2), make_traj(seed=3)])
+  batch, info = next(it)
+  assert dict(drops) == {"future_version": 1}
+  assert "versions (5, 9), learner at 5" in drops.examples["future_version"]
+  np.testing.assert_array_equal(info.lags, [0, 0])
+
+
+def test_an_unfinished_group_that_can_no_longer_train_is_let_go_not_kept_forever():
+  """A group whose other members died with their sampler waited for them forever
+  (and a peer could open such groups without end); once stale (or from a future
+  version) it is dropped, counted, when the next group opens."""
+  version = {"now": 5}
+  drops = pipeline.Drops()
+  trajs = [make_traj(prompt_id=1, versions=(5, 5), seed=1),  # its partner never comes
+           make_traj(prompt_id=7, versions=(9, 9), seed=2),  # a future version: let go
+           make_traj(prompt_id=2, versions=(8, 8), seed=3),
+           make_traj(prompt_id=2, versions=(8, 8), seed=4)]
+  it = pipeline.learner_pipeline(ListTransport(trajs), batch_size=2, group_size=2, max_lag=2,
+                                 buckets=(16,), pad_id=0, vocab_size=50,
+                                 current_version=lambda: version["now"], drops=drops)
+
+  def take():
+    version["now"] = 8  # group 1 (version 5) is stale by the time group 2 opens
+    return next(it)
+
+  batch, _ = take()
+  np.testing.assert_array_equal(batch.prompt_ids[:, 0], [2, 2])
+  assert dict(drops) == {"stale": 1, "future_version": 1}
+  assert "an unfinished group (1 of 2 members)" in drops.examples["stale"]
+  assert it.get_state()["parent"]["parent"]["waiting"] == {}
 
 
 def _resumed(trajs, consumed_state, **kwargs):

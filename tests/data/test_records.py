@@ -1,5 +1,7 @@
 """Trajectory validation and the record encoding."""
 
+import io
+
 import numpy as np
 import pytest
 
@@ -32,6 +34,18 @@ def test_shape_mismatch_and_empty():
   empty = make_traj(length=0)
   assert records.problems(empty) == ["empty"]
   assert "bad_versions" in records.problems(make_traj(versions=(3, 2)))
+
+
+@pytest.mark.parametrize("changes,reason", [
+    (dict(prompt_id=2**31), "bad_prompt_id"),
+    (dict(prompt_id=-1), "bad_prompt_id"),
+    (dict(versions=(2**31, 2**31)), "bad_versions"),
+    (dict(versions=(-3, 2)), "bad_versions"),
+])
+def test_ids_the_int32_batch_cannot_hold_are_problems(changes, reason):
+  # A peer's record (DirectoryTransport) carries any JSON integers; the batch is int32.
+  traj = records.from_bytes(records.to_bytes(make_traj(**changes)), max_tokens=64)
+  assert reason in records.problems(traj, vocab_size=50)
 
 
 def test_bytes_round_trip():
@@ -75,3 +89,15 @@ def test_metadata_of_the_wrong_types_is_malformed():
   with pytest.raises(records.RecordError, match="wrong types") as error:
     records.from_bytes(buffer.getvalue(), max_tokens=64)
   assert error.value.reason == "malformed"
+
+
+def test_utf16_metadata_nested_past_the_cap_is_malformed_not_a_crash():
+  # Read as UTF-16 it hid its nesting from the depth cap; json.loads then raised
+  # RecursionError, which no reader catches: one record killed the learner.
+  traj = make_traj()
+  meta = ('["\u2200", ' + "[" * 100_000 + "]" * 100_000 + ', "\u2200"]').encode("utf-16-le")
+  buffer = io.BytesIO()
+  np.savez(buffer, meta=np.frombuffer(meta, np.uint8),
+           **{name: getattr(traj, name) for name in records.ARRAYS})
+  with pytest.raises(records.RecordError, match="malformed"):
+    records.from_bytes(buffer.getvalue(), max_tokens=64)

@@ -173,6 +173,65 @@ def test_poison_record_is_quarantined_counted_and_never_read_again(tmp_path, cas
   assert restarted.get(timeout=0.1) is None
 
 
+def get_within(reader, wait=1.0, seconds=10.0):
+  """reader.get(wait), from a thread that must finish within `seconds` (a stall fails the test)."""
+  got = []
+  worker = threading.Thread(target=lambda: got.append(reader.get(timeout=wait)), daemon=True)
+  worker.start()
+  worker.join(seconds)
+  assert not worker.is_alive(), "the reader stalled"
+  return got[0]
+
+
+@pytest.mark.parametrize("case", ["fifo", "link_loop", "dangling_link", "link_to_a_record"])
+def test_a_peer_s_special_file_named_like_a_record_is_quarantined(tmp_path, case):
+  # A FIFO used to block the reader's open() forever; a link loop crashed its listing.
+  name = tmp_path / "w-000000000000.p0.traj"
+  if case == "fifo":
+    os.mkfifo(name)
+  elif case == "link_loop":
+    os.symlink(name.name, name)
+  elif case == "dangling_link":
+    os.symlink(tmp_path / "nowhere", name)
+  else:  # links are never followed, even to a valid record
+    (tmp_path / "elsewhere").write_bytes(records.to_bytes(make_traj(seed=1)))
+    os.symlink(tmp_path / "elsewhere", name)
+  time.sleep(0.01)  # the special file is the oldest entry
+  DirectoryTransport(tmp_path, 8, writer_id="v", max_tokens=MAX_TOKENS).put(make_traj(seed=3))
+  reader = DirectoryTransport(tmp_path, 8, max_tokens=MAX_TOKENS)
+  np.testing.assert_array_equal(get_within(reader).tokens, make_traj(seed=3).tokens)
+  assert dict(reader.drops) == {"quarantined_unreadable": 1}
+  assert [p.name for p in (tmp_path / "quarantine").iterdir()] == [f"{name.name}.unreadable"]
+
+
+@pytest.mark.parametrize("folder", ["file", "link_elsewhere"])
+def test_a_bad_record_is_deleted_when_the_quarantine_folder_is_a_peer_s_trap(tmp_path, folder):
+  # A file named quarantine crashed the reader (FileExistsError); a link there made it
+  # move records into another directory, or crash (EXDEV) on another file system.
+  elsewhere = tmp_path / "elsewhere"
+  elsewhere.mkdir()
+  shared = tmp_path / "shared"
+  shared.mkdir()
+  if folder == "file":
+    (shared / "quarantine").write_bytes(b"")
+  else:
+    os.symlink(elsewhere, shared / "quarantine")
+  (shared / "w-000000000000.p0.traj").write_bytes(poison("garbage"))
+  reader = DirectoryTransport(shared, 8, max_tokens=MAX_TOKENS)
+  assert get_within(reader, wait=0.1) is None
+  assert dict(reader.drops) == {"quarantined_unreadable": 1}
+  assert not list(shared.glob("*.traj")) and not list(elsewhere.iterdir())
+
+
+def test_a_bad_entry_that_can_be_neither_moved_nor_deleted_is_counted_once(tmp_path):
+  (tmp_path / "quarantine").write_bytes(b"")
+  (tmp_path / "w-000000000000.p0.traj").mkdir()
+  (tmp_path / "w-000000000000.p0.traj" / "inside").write_bytes(b"")
+  reader = DirectoryTransport(tmp_path, 8, max_tokens=MAX_TOKENS)
+  assert get_within(reader, wait=0.1) is None and get_within(reader, wait=0.1) is None
+  assert dict(reader.drops) == {"quarantined_unreadable": 1}
+
+
 def test_zip_bomb_is_quarantined_without_expanding_it(tmp_path):
   """32 MB of tokens deflate to ~32 KB; a reader must not decompress them."""
   zeros = {name: np.zeros(8 << 20, np.int32 if name == "tokens" else np.float32)

@@ -10,7 +10,9 @@ argument contains backticks. Only the first block of a turn is used.
 `parse_tool_call` checks the block against `TOOLS` (tool names, argument names,
 types, required arguments) and raises `ToolError` with a message for the model
 on any mismatch and on a block that does not parse, including JSON nested
-deeper than the parser's recursion or an integer too long to convert; values it
+deeper than the parser's recursion, an integer too long to convert or a string
+holding an unpaired surrogate (`"\ud800"`, which no file, path or script can
+hold: it escaped every tool as a UnicodeEncodeError); values it
 echoes back are shortened (`reprlib`). `Workspace` implements the tools that only touch files
 (`list`, `view`, `search`, `edit`, `create`); `run_tests`, `python` and
 `submit` need the sandbox and live in `sao_jax.envs.coding`.
@@ -54,6 +56,7 @@ MAX_LIST_ENTRIES = 500
 MAX_MATCHES = 100
 _MATCH_LINE_CHARS = 200
 _EDIT_CONTEXT_LINES = 2
+_LISTED_OCCURRENCES = 20  # line numbers an ambiguous edit's error names
 _REQUIRED = object()
 _TYPE_NAMES = {str: "a string", int: "an integer"}
 
@@ -68,7 +71,10 @@ TOOLS: dict[str, dict[str, tuple[type, Any]]] = {
     "python": {"code": (str, _REQUIRED)},
     "submit": {},
 }
-_TOOL_BLOCK = re.compile(r"```tool[ \t]*\n(.*?)^[ \t]*```", re.DOTALL | re.MULTILINE)
+# A block's opening and closing fences, searched apart: one pattern with a lazy body
+# rescanned the rest of the text from every unclosed opening (quadratic in the turn).
+_TOOL_OPEN = re.compile(r"```tool[ \t]*\n")
+_FENCE_LINE = re.compile(r"^[ \t]*```", re.MULTILINE)
 _SHORT = reprlib.Repr()  # a bounded repr: a few levels deep, a few items long
 _SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 3, 200, 200
 
@@ -90,11 +96,14 @@ def format_tool_call(name: str, **args: Any) -> str:
 
 def parse_tool_call(text: str) -> ToolCall | None:
   """The first tool block of `text` with defaults filled in, or None if there is none."""
-  match = _TOOL_BLOCK.search(text)
-  if match is None:
+  opening = _TOOL_OPEN.search(text)
+  # Without a closing fence after the first opening there is none after a later one.
+  closing = None if opening is None else _FENCE_LINE.search(text, opening.end())
+  if closing is None:
     return None
+  body = text[opening.end():closing.start()]
   try:
-    call = json.loads(match.group(1))
+    call = json.loads(body)
   except json.JSONDecodeError as e:
     raise ToolError(f"the tool call is not valid JSON ({e.msg} at line {e.lineno} column "
                     f"{e.colno}); write one object like {{\"name\": \"view\", \"args\": "
@@ -104,7 +113,7 @@ def parse_tool_call(text: str) -> ToolCall | None:
                     'object like {"name": "view", "args": {"path": "a.py"}}.') from None
   if not isinstance(call, dict) or not isinstance(call.get("name"), str):
     raise ToolError('the tool call must be a JSON object with a string "name" and an '
-                    f'"args" object, got {match.group(1).strip()[:200]!r}.')
+                    f'"args" object, got {body.strip()[:200]!r}.')
   unknown_keys = set(call) - {"name", "args"}
   if unknown_keys:
     raise ToolError(f"unexpected keys {sorted(unknown_keys)} in the tool call; put arguments "
@@ -129,6 +138,13 @@ def parse_tool_call(text: str) -> ToolCall | None:
     if isinstance(value, bool) or not isinstance(value, kind):
       raise ToolError(f"{name} argument {arg!r} must be {_TYPE_NAMES[kind]}, got "
                       f"{_SHORT.repr(value)}.")
+    if kind is str:
+      try:  # JSON's "\ud800" decodes to a lone surrogate, which no file or path can hold
+        value.encode("utf-8")
+      except UnicodeEncodeError as e:
+        raise ToolError(f"{name} argument {arg!r} holds {value[e.start:e.end]!r}, an unpaired "
+                        "surrogate, which is not text; write the character itself or its "
+                        "escaped surrogate pair.") from None
     filled[arg] = value
   return ToolCall(name, filled)
 
@@ -287,13 +303,17 @@ class Workspace:
       raise ToolError(f"the old text was not found in {path}; copy it exactly (whitespace and "
                       "indentation included) from view.")
     if count > 1:
-      starts, at = [], text.find(old)
-      while at >= 0:
-        starts.append(text.count("\n", 0, at) + 1)
+      # Lines counted from the previous occurrence on, for the first few only: counting
+      # from the top for each of 10^5 occurrences stalled this process for minutes.
+      starts, at, line, counted = [], text.find(old), 1, 0
+      while at >= 0 and len(starts) < _LISTED_OCCURRENCES:
+        line, counted = line + text.count("\n", counted, at), at
+        starts.append(line)
         at = text.find(old, at + 1)
+      more = ", ..." if count > len(starts) else ""
       raise ToolError(f"the old text occurs {count} times in {path} (starting on lines "
-                      f"{', '.join(map(str, starts))}); include more surrounding lines so that "
-                      "it occurs once.")
+                      f"{', '.join(map(str, starts))}{more}); include more surrounding lines so "
+                      "that it occurs once.")
     at = text.index(old)
     updated = text[:at] + new + text[at + len(old):]
     self._write(full, updated)

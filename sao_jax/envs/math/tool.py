@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 
 from sao_jax.envs import sandbox
-from sao_jax.envs.math import answers
+from sao_jax.envs.math import answers, checker
 from sao_jax.envs.base import Environment, Message, StepResult, Task
 
 SYSTEM_PROMPT = (
@@ -50,6 +50,7 @@ class MathToolEnv(Environment):
     super().__init__(max_turns=max_turns, max_observation_chars=max_observation_chars)
     sandbox_limits.validate()
     sandbox.require_isolation(isolation)
+    checker.start()
     self.sandbox_limits = sandbox_limits
     self.isolation = isolation
 

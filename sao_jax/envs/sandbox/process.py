@@ -337,9 +337,11 @@ def _setup():
   sys.path.extend(settings["sys_path"])
   with open(settings["script"], encoding="utf-8") as f:
     source = f.read()
+  # A compile error is the model's mistake, reported after READY: also code nested past
+  # the parser's stack (MemoryError) or the compiler's recursion limit (RecursionError).
   try:
     code = compile(source, "main.py", "exec")
-  except (SyntaxError, ValueError) as error:  # the model's mistake: report it after READY
+  except (SyntaxError, ValueError, MemoryError, RecursionError) as error:
     code = error
   if settings["copy_from"]:  # Into the capped work tmpfs, before the limits apply.
     import shutil

@@ -16,7 +16,10 @@ Default judge, `rule_judge` (deterministic):
   symbols match as substrings) and more distinct markers of it than of any
   other style.
 Optional judge: `judge.HttpJudge`, an OpenAI-compatible endpoint. A judge that
-cannot answer is an environment failure, never reward 0.
+cannot answer is an environment failure, never reward 0; a judge that answers
+without a verdict (`judge.JudgeNoVerdict`: the response may have talked it out
+of its format) scores 0, reason "no_verdict", so that is no exit from a losing
+episode.
 
 Built-in tasks (`builtin_task`) ask to explain a topic in a word range and to
 mention a keyword; JSONL tasks (`tasks.load_jsonl`) work too: `answer` is the
@@ -147,6 +150,9 @@ class StyleEnv(Environment):
     style = self.style
     try:
       quality, styled = self.judge(self.task, action, style)
+    except judge_lib.JudgeNoVerdict as e:
+      return StepResult.finish(0.0, "no_verdict", quality=False, style_ok=False, style=style,
+                               judge_error=str(e)[:300])
     except judge_lib.JudgeError as e:
       return StepResult.fail(str(e), style=style)
     return StepResult.finish(float(quality and styled), "judged", quality=quality,

@@ -145,6 +145,24 @@ def test_tool_errors_are_observations():
   assert env.step(SUBMIT).info["tool_errors"] == len(errors)
 
 
+def test_unpaired_surrogates_in_tool_arguments_are_tool_errors():
+  # JSON "\ud800" is a lone surrogate: it escaped create/edit/view/list/python as a
+  # UnicodeEncodeError, so the policy could end any episode as an environment failure
+  # (dropped from training) instead of taking its reward of 0.
+  env = make_env()
+  task = coding_generator.generate_task(0, difficulty=1)
+  env.reset(task)
+  module = next(iter(task.metadata["files"]["repo"]))
+  actions = [call("create", path="b.py", content="\ud800"), call("view", path="\udfff.py"),
+             call("edit", path=module, old="def", new="\ud800"), call("list", path="\ud800"),
+             call("python", code="print('\ud800')")]
+  for action in actions:
+    result = env.step(action)
+    assert not result.done and result.observation.startswith("error: ") and (
+        "unpaired surrogate" in result.observation), (action, result)
+  assert env.step(SUBMIT).info["tool_errors"] == len(actions)
+
+
 def test_writes_outside_the_copy_are_blocked(tmp_path):
   env = make_env()
   env.reset(coding_generator.generate_task(0, difficulty=1))

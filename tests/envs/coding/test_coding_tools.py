@@ -1,6 +1,7 @@
 """Coding tools: the tool-call format and the confined file tools (no sandbox needed)."""
 
 import os
+import time
 
 import pytest
 
@@ -91,6 +92,27 @@ def test_listing_and_search_are_capped(workspace):
 def test_view_out_of_range(workspace, start, end, message):
   with pytest.raises(ToolError, match=message):
     workspace.view("pkg/mod.py", start=start, end=end)
+
+
+def test_unclosed_tool_blocks_are_parsed_in_linear_time():
+  # One lazy pattern rescanned the rest of the turn from each unclosed opening:
+  # 40 000 characters took 2 s of the sampler's process, 100 000 about 12 s.
+  start = time.monotonic()
+  assert coding_tools.parse_tool_call("x```tool\n" * 11_000) is None
+  assert time.monotonic() - start < 1.0
+  assert coding_tools.parse_tool_call('Done.\n```tool\n{"name": "submit"}\n  ```') == ToolCall(
+      "submit", {})
+
+
+def test_an_edit_matching_everywhere_answers_at_once(workspace):
+  # Each of 200 000 occurrences counted its line from the top: ~30 s of this process
+  # (the sampler's) per call, quadratic in the file a policy grows over a few turns.
+  workspace.create("big.py", "a\n" * 200_000)
+  start = time.monotonic()
+  with pytest.raises(ToolError, match=r"occurs 200000 times in big.py \(starting on lines "
+                                      r"1, 2, 3, [0-9, ]*19, 20, \.\.\.\)"):
+    workspace.edit("big.py", "a", "b")
+  assert time.monotonic() - start < 1.0
 
 
 def test_edit_needs_exactly_one_occurrence(workspace):

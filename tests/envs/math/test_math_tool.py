@@ -3,11 +3,12 @@
 import dataclasses
 import json
 import threading
+import time
 
 import pytest
 
 from sao_jax.envs import sandbox, tasks
-from sao_jax.envs.math import answers
+from sao_jax.envs.math import answers, checker
 from sao_jax.envs.math import tasks as math_tasks
 from sao_jax.envs.math import tool as math_tool
 from sao_jax.envs.base import Task, play
@@ -43,6 +44,15 @@ def test_extract_boxed_takes_the_last_balanced_box():
   assert answers.extract_boxed("\\boxed{1} then \\boxed{\\frac{1}{2}}") == "\\frac{1}{2}"
   assert answers.extract_boxed("\\boxed{7} and an unclosed \\boxed{3") == "7"
   assert answers.extract_boxed("no answer") is None
+  assert answers.extract_boxed("} \\boxed{a{b}c} \\boxed{x \\boxed{y}") == "y"
+  assert answers.extract_boxed("\\boxed{\\boxed{2}}") == "2"  # the box that opens last
+
+
+def test_extract_boxed_is_linear_in_unclosed_boxes():
+  # Each unclosed \boxed{ was scanned to the end: 40 000 characters took ~25 s.
+  start = time.monotonic()
+  assert answers.extract_boxed("\\boxed{" * 6000) is None
+  assert time.monotonic() - start < 1.0
 
 
 def test_extract_code_takes_the_first_python_block():
@@ -240,6 +250,33 @@ def test_verify_answer_works_off_the_main_thread():
   worker.start()
   worker.join()
   assert results == [True]
+
+
+@pytest.mark.parametrize("predicted", ["2^{+99999999999}", "(99999999)!"])
+def test_explosive_answers_past_the_pattern_guard_are_incorrect_in_bounded_time(
+    monkeypatch, predicted):
+  # Both slip past step 3's patterns; off the main thread math-verify had no timeout
+  # and sympy computed 2**99999999999 (99999999!) forever, stalling the sampler.
+  monkeypatch.setattr(answers, "_TIMEOUT_S", 1)
+  results = []
+  worker = threading.Thread(target=lambda: results.append(answers.verify_answer(predicted, "42")),
+                            daemon=True)
+  worker.start()
+  worker.join(timeout=60)
+  assert not worker.is_alive() and results == [False]
+
+
+def test_a_checker_past_its_deadline_is_killed_and_replaced():
+  # math-verify's alarm cannot cut one long C-level operation; the deadline can.
+  assert checker.verify("2^{+99999999999}", "42", timeout_s=60, deadline_s=0.5) is False
+  assert checker.verify("0.5", "1/2", timeout_s=5, deadline_s=60) is True
+
+
+def test_a_checker_that_cannot_start_is_named_when_the_environment_is_built(monkeypatch):
+  monkeypatch.setattr(checker, "_child", None)
+  monkeypatch.setattr(checker, "_CHILD", "raise SystemExit(3)")  # as when math-verify is missing
+  with pytest.raises(RuntimeError, match="math answer checker .* did not start: the checker exited"):
+    make_env()
 
 
 def test_demo_guess_rate_mixes_wrong_guesses_in_a_fixed_share():

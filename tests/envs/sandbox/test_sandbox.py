@@ -137,6 +137,15 @@ def test_invalid_limits_name_the_field():
     run("print(1)", sandbox.SandboxLimits(cpu_time_s=0))
 
 
+@pytest.mark.parametrize("code, error", [("x = " + "-" * 100_000 + "1", "MemoryError"),
+                                         ("x = " + "+" * 5_000 + "1", "RecursionError")])
+def test_code_too_nested_to_compile_is_the_codes_fault_not_a_harness_failure(code, error):
+  # The bootstrap compiled it before READY and died: SandboxError, so a policy could turn
+  # any math or coding episode into an environment failure (dropped, not reward 0).
+  result = sandbox.run_python(code, LIMITS)
+  assert result.exit_code == 1 and result.killed_reason is None and error in result.stderr
+
+
 def test_a_broken_interpreter_is_a_harness_error(monkeypatch):
   monkeypatch.setattr(sandbox.process.sys, "executable", "/nonexistent/python")
   with pytest.raises(sandbox.SandboxError):
