@@ -19,7 +19,9 @@ experts are not split over `expert` on this mesh). The paged KV engine
 (`kv_layout="paged"`), pages of 256 tokens, the pool the memory of 64 dense
 rows of 32K tokens (8,192 pages, 48 GiB per chip beside 14.2 GiB of params),
 read by the Pallas ragged paged attention kernel: for a mean episode of 4,096
-tokens that is 512 episodes, 8x the dense rows. (128 dense rows per host
+tokens that is 512 episodes, 8x the dense rows, and the engine runs 512 slots
+(`kv_pages=8192`: sao-plan's dense row is that memory's 64 rows, its
+`paged_decode` row the 512 slots). (128 dense rows per host
 needed 112.6 GiB of the 95 on the learner's mesh.)
 
 Prove it compiles and fits before paying for the slices (CPU + libtpu):
@@ -82,7 +84,8 @@ def get_config() -> Config:
       algorithm=AlgorithmConfig.for_variant("sao"),
       learner=LearnerConfig(batch_trajectories=128, micro_batches=2, policy_lr=1e-6,
                             value_lr=5e-6),
-      sampler=SamplerConfig(slots=64, max_seq_len=32768, prefill_buckets=(512, 2048, 8192),
+      # 512 episodes over the KV memory of 64 dense rows of 32K tokens (8,192 pages of 256).
+      sampler=SamplerConfig(slots=512, max_seq_len=32768, prefill_buckets=(512, 2048, 8192),
                             sharded=True, mesh=MeshConfig(data=1, fsdp=1, tensor=4, expert=1),
-                            kv_layout="paged", kv_page_size=256),
+                            kv_layout="paged", kv_page_size=256, kv_pages=8192),
   )

@@ -20,8 +20,9 @@ splits over `tensor`, KV heads, only), with the paged KV engine
 rows of 32K tokens (8,192 pages), read by the Pallas ragged paged attention
 kernel on TPU. 3.8 GiB of params and 72 GiB of pool per chip; for a mean
 episode of 4,096 tokens (seq_len / 8) that pool holds 512 episodes, 8x the 64
-dense rows (sao-plan's `paged_decode` row compiles the decode call at 512 slots
-over that pool). Pages of 16 would not compile: the kernel keeps 512 slots x
+dense rows, and the engine runs 512 slots (`kv_pages=8192`; sao-plan's dense
+row is that memory's 64 rows, its `paged_decode` row compiles the decode call at
+the 512 slots over that pool). Pages of 16 would not compile: the kernel keeps 512 slots x
 2,048 page indices (4 MiB) in SMEM, 1 MiB on v5p (README, paged KV cache).
 
 Prove it compiles and fits before paying for the slices (CPU + libtpu; ~9 min on
@@ -66,7 +67,8 @@ def get_config() -> Config:
       algorithm=AlgorithmConfig.for_variant("sao"),
       learner=LearnerConfig(batch_trajectories=64, micro_batches=4, policy_lr=1e-6,
                             value_lr=5e-6),
-      sampler=SamplerConfig(slots=64, max_seq_len=32768, prefill_buckets=(512, 2048, 8192),
+      # 512 episodes over the KV memory of 64 dense rows of 32K tokens (8,192 pages of 256).
+      sampler=SamplerConfig(slots=512, max_seq_len=32768, prefill_buckets=(512, 2048, 8192),
                             sharded=True, mesh=MeshConfig(data=1, fsdp=1, tensor=4, expert=1),
-                            kv_layout="paged", kv_page_size=256),
+                            kv_layout="paged", kv_page_size=256, kv_pages=8192),
   )

@@ -9,7 +9,8 @@ import jax
 import pytest
 
 from sao_jax.cli import plan as plan_cli
-from sao_jax.config import AlgorithmConfig, Config, LearnerConfig, MeshConfig, ModelConfig
+from sao_jax.config import (AlgorithmConfig, Config, LearnerConfig, MeshConfig, ModelConfig,
+                            load_config)
 from sao_jax.planning import aot, estimate, hardware
 
 GiB = 2**30
@@ -265,6 +266,28 @@ def test_plan_lays_the_sampler_out_on_the_configs_sampler_mesh(monkeypatch):
   assert lowered["decode_step"] == ({"data": 1, "fsdp": 1, "tensor": 4, "expert": 1},
                                     MeshConfig(fsdp=1, tensor=4))
   assert result.cfg.sampler_mesh() == MeshConfig(fsdp=1, tensor=4)  # advice reads this
+
+
+@pytest.mark.parametrize("config", ["qwen3_8b_v5p32.py", "qwen3_30b_a3b_v5p128.py"])
+def test_a_paged_pod_config_plans_the_engine_it_runs(monkeypatch, config):
+  """The pod configs run 512 paged slots over the memory of 64 dense rows; the plan
+  compiles exactly that paged call and the dense call of those 64 rows. With the
+  config's slots as the dense batch it compiled 512 dense rows of 32K tokens."""
+  lowered = {}
+  monkeypatch.setattr(aot, "lower_train", lambda cfg, mesh, *args: "train_step")
+  monkeypatch.setattr(aot, "lower_decode",
+                      lambda cfg, mesh, batch, seq_len: lowered.setdefault("dense", batch))
+  monkeypatch.setattr(aot, "lower_paged_decode", lambda cfg, mesh, slots, pages, seq_len:
+                      lowered.setdefault("paged", (slots, pages)))
+  monkeypatch.setattr(aot, "_compile", lambda lowered_name, *args: lowered_name)
+  monkeypatch.setattr(aot, "_program", lambda name, topology, mesh, compiled: aot.Program(
+      name=name, topology=topology, mesh_shape=dict(mesh.shape), memory=_memory(1, 1),
+      compiler_flops=1.0, compiler_bytes=1.0, compiler_seconds=None))
+  monkeypatch.setattr(hardware, "topology_devices", lambda topology: jax.devices()[:4])
+  cfg = load_config(pathlib.Path(__file__).resolve().parents[1] / "configs" / config)
+  aot.plan(cfg, "v5p:2x2x4", cfg.sampler.max_seq_len, sampler_topology="v5p:2x2x1")
+  assert (cfg.sampler.slots, cfg.sampler.num_kv_pages()) == (512, 8192)
+  assert lowered == {"dense": 64, "paged": (512, 8192)}
 
 
 # --- AOT compilation for a TPU topology (needs libtpu; ~1 min on 2 CPU cores) -------------

@@ -163,6 +163,16 @@ def batch_shards(mesh_shape: dict[str, int]) -> int:
   return count
 
 
+def dense_rows(cfg: Config, seq_len: int) -> int:
+  """The dense decode plan's batch: `sampler.slots`, or for a paged engine with its
+  own pool size (`sampler.kv_pages`) the seq_len-token rows that pool's memory
+  holds, so the dense figures and the paged engine's compare at one KV memory."""
+  sampler = cfg.sampler
+  if sampler.kv_layout != "paged" or not sampler.kv_pages:
+    return sampler.slots
+  return max(sampler.kv_pages * sampler.kv_page_size // seq_len, 1)
+
+
 def plan(cfg: Config, topology: str, seq_len: int, *, sampler_topology: str | None = None,
          sampler_mesh: MeshConfig | None = None, sampler_batch: int | None = None,
          hbm_fraction: float = 0.95, with_decode: bool = True,
@@ -185,7 +195,7 @@ def plan(cfg: Config, topology: str, seq_len: int, *, sampler_topology: str | No
   mesh = make_mesh(cfg.mesh, devices)
   train = _program("train_step", topology, mesh, _compile(
       lower_train(cfg, mesh, seq_len), cfg, "train_step", mesh, device.name, seq_len))
-  sampler_batch = sampler_batch or cfg.sampler.slots
+  sampler_batch = sampler_batch or dense_rows(cfg, seq_len)
   mean_episode_tokens = mean_episode_tokens or max(seq_len // 8, 1)
   decode_program = paged_program = None
   if with_decode:
@@ -200,7 +210,10 @@ def plan(cfg: Config, topology: str, seq_len: int, *, sampler_topology: str | No
         device.name, seq_len))
     if cfg.sampler.kv_layout == "paged":
       page = cfg.sampler.kv_page_size
-      episodes = estimate.paged_episodes(sampler_batch, seq_len, mean_episode_tokens, page)
+      # Compiled for the episodes the figures claim, or the config's own slots when it
+      # runs more: the call that runs must fit too.
+      episodes = max(estimate.paged_episodes(sampler_batch, seq_len, mean_episode_tokens, page),
+                     cfg.sampler.slots)
       pages = estimate.paged_pool_pages(sampler_batch, seq_len, page)
       paged_program = _program("paged_decode", sampler_topology, sampler, _compile(
           lower_paged_decode(cfg, sampler, episodes, pages, seq_len), cfg, "paged_decode",
