@@ -70,5 +70,6 @@ def get_config() -> Config:
       # 512 episodes over the KV memory of 64 dense rows of 32K tokens (8,192 pages of 256).
       sampler=SamplerConfig(slots=512, max_seq_len=32768, prefill_buckets=(512, 2048, 8192),
                             sharded=True, mesh=MeshConfig(data=1, fsdp=1, tensor=4, expert=1),
-                            kv_layout="paged", kv_page_size=256, kv_pages=8192),
+                            kv_layout="paged", kv_page_size=256, kv_pages=8192,
+                            expected_episode_tokens=4096),
   )

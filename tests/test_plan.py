@@ -288,6 +288,13 @@ def test_a_paged_pod_config_plans_the_engine_it_runs(monkeypatch, config):
   aot.plan(cfg, "v5p:2x2x4", cfg.sampler.max_seq_len, sampler_topology="v5p:2x2x1")
   assert (cfg.sampler.slots, cfg.sampler.num_kv_pages()) == (512, 8192)
   assert lowered == {"dense": 64, "paged": (512, 8192)}
+  # The length mix the figures assume is the config's own (expected_episode_tokens).
+  lowered.clear()
+  longer = dataclasses.replace(cfg, sampler=dataclasses.replace(
+      cfg.sampler, expected_episode_tokens=16384))
+  result = aot.plan(longer, "v5p:2x2x4", 32768, sampler_topology="v5p:2x2x1")
+  assert result.mean_episode_tokens == 16384 and aot.paged_decode(result).episodes == 128
+  assert lowered == {"dense": 64, "paged": (512, 8192)}  # the config's slots still compile
 
 
 # --- AOT compilation for a TPU topology (needs libtpu; ~1 min on 2 CPU cores) -------------

@@ -12,7 +12,7 @@ memory against HBM, FLOPs and the roofline step time / MFU / tokens per second,
 and exits 1 with what to change when a program does not fit. Beside the dense
 decode figures it prints the paged engine's: episodes that fit in the same KV
 memory and the decode tokens/s bound, for episodes of --mean-episode-tokens
-(default seq_len / 8); with `sampler.kv_layout="paged"` it also compiles the
+(default the config's `sampler.expected_episode_tokens`, else seq_len / 8); with `sampler.kv_layout="paged"` it also compiles the
 paged engine's decode call at that many slots over that memory (the
 `paged_decode` row), so the concurrency it claims is one the compiler fits.
 """
@@ -75,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                       help="share of HBM a program may use (the runtime keeps some)")
   parser.add_argument("--mean-episode-tokens", type=int, default=None,
                       help="assumed mean episode length for the paged engine's figures "
-                      "(default: seq_len / 8)")
+                      "(default: the config's sampler.expected_episode_tokens, else seq_len / 8)")
   parser.add_argument("--no-decode", action="store_true", help="plan the train step only")
   args = parser.parse_args(argv)
   # Compile-only TPU devices need no accelerator: never let jax claim one (on a

@@ -109,6 +109,9 @@ class SamplerConfig:
   prefill_row_buckets: tuple[int, ...] = (1, 4)
   kv_prefix_sharing: bool = True
   paged_attention: str = "auto"
+  # The mean episode length (tokens) the run expects; `sao-plan` sizes the paged
+  # engine's figures with it (episodes that fit, decode bound). 0: max_seq_len // 8.
+  expected_episode_tokens: int = 0
   mesh: MeshConfig | None = None  # None: the top-level mesh (Config.sampler_mesh)
 
   def num_kv_pages(self) -> int:
@@ -150,6 +153,12 @@ class SamplerConfig:
            f"the largest bucket must be <= max_seq_len={self.max_seq_len}")
     check_choice("sampler", self, "kv_layout", KV_LAYOUTS)
     check_choice("sampler", self, "paged_attention", PAGED_ATTENTIONS)
+    expected = self.expected_episode_tokens
+    if (isinstance(expected, bool) or not isinstance(expected, int)
+        or not 0 <= expected <= self.max_seq_len):
+      fail("sampler", "expected_episode_tokens", expected,
+           f"expected 0 (max_seq_len // 8) or a mean episode length in tokens up to "
+           f"max_seq_len={self.max_seq_len}")
     check_positive("sampler", self, "kv_page_size")
     pages = self.kv_pages
     per_episode = -(-self.max_seq_len // self.kv_page_size) if self.kv_page_size > 0 else 0

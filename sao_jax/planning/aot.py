@@ -181,8 +181,9 @@ def plan(cfg: Config, topology: str, seq_len: int, *, sampler_topology: str | No
 
   The sampler's programs run on `sampler_mesh` (default `cfg.sampler_mesh()`, the
   mesh a sharded sampler uses) over `sampler_topology` (default `topology`).
-  `mean_episode_tokens` (default seq_len // 8: a long-tailed mix) is the assumed
-  mean episode length for the paged engine's figures (`paged_decode`)."""
+  `mean_episode_tokens` (default `sampler.expected_episode_tokens`, else seq_len //
+  8: a long-tailed mix) is the assumed mean episode length for the paged engine's
+  figures (`paged_decode`)."""
   if seq_len < 2:
     raise ValueError(f"seq_len={seq_len} is invalid: a trajectory needs at least 2 tokens")
   if not 0.0 < hbm_fraction <= 1.0:
@@ -196,7 +197,8 @@ def plan(cfg: Config, topology: str, seq_len: int, *, sampler_topology: str | No
   train = _program("train_step", topology, mesh, _compile(
       lower_train(cfg, mesh, seq_len), cfg, "train_step", mesh, device.name, seq_len))
   sampler_batch = sampler_batch or dense_rows(cfg, seq_len)
-  mean_episode_tokens = mean_episode_tokens or max(seq_len // 8, 1)
+  mean_episode_tokens = (mean_episode_tokens or cfg.sampler.expected_episode_tokens
+                         or max(seq_len // 8, 1))
   decode_program = paged_program = None
   if with_decode:
     sampler_topology = sampler_topology or topology

@@ -36,6 +36,9 @@ def test_defaults_are_valid_and_the_tool_call_pattern_ends_at_the_closing_fence(
     (dict(max_seq_len=2048, kv_page_size=16, kv_pages=100),
      "sampler.kv_pages=100 is invalid: .* at least the 128 pages one episode"),
     (dict(prefill_row_buckets=(4, 1)), "sampler.prefill_row_buckets=.* strictly increasing"),
+    (dict(max_seq_len=2048, expected_episode_tokens=4096),
+     "sampler.expected_episode_tokens=4096 is invalid: .* up to max_seq_len=2048"),
+    (dict(expected_episode_tokens=-1), "sampler.expected_episode_tokens=-1 is invalid"),
 ])
 def test_invalid_values_are_named(changes, message):
   with pytest.raises(ValueError, match=message):
