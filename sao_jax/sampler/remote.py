@@ -25,6 +25,7 @@ from sao_jax.data.transport import DirectoryTransport
 from sao_jax.learner.state import published_template
 from sao_jax.models.transformer import abstract_params
 from sao_jax.sampler import weights
+from sao_jax.sampler.prompt_ids import MAX_WORKERS
 from sao_jax.sampler.worker import SamplerSupervisor, WorkerSpec
 
 
@@ -44,6 +45,11 @@ def run(cfg: Config, *, workers: int = 1, first_worker: int = 0, log=print,
   set; returns how many times a worker was restarted."""
   if workers < 1 or first_worker < 0:
     raise ValueError(f"--workers={workers} must be >= 1 and --first-worker={first_worker} >= 0")
+  if first_worker + workers > MAX_WORKERS:
+    raise ValueError(f"--first-worker={first_worker} --workers={workers} gives worker ids up to "
+                     f"{first_worker + workers - 1}; GRPO group ids name at most {MAX_WORKERS} "
+                     f"sampler workers (ids 0..{MAX_WORKERS - 1}) across all sampler hosts: "
+                     "number the hosts' workers consecutively from 0")
   cfg.check_remote_samplers()
   stop = stop or threading.Event()
   tokenizer = pathlib.Path(cfg.run.tokenizer_source)

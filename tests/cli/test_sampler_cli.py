@@ -28,3 +28,10 @@ def test_bad_worker_counts_are_named(capsys):
   with pytest.raises(SystemExit) as exit_info:
     sampler_cli.main(["--config", DEMO, "--workers", "0"])
   assert exit_info.value.code == 2 and "--workers=0" in capsys.readouterr().err
+
+
+def test_worker_ids_past_the_group_id_space_are_named(capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    sampler_cli.main(["--config", DEMO, "--workers", "8", "--first-worker", "1020"])
+  err = capsys.readouterr().err
+  assert exit_info.value.code == 2 and "worker ids up to 1027" in err and "at most 1024" in err
