@@ -73,6 +73,11 @@ class Drops(collections.Counter):
     super().__init__()
     self.examples: dict[str, str] = {}
 
+  def add(self, reason: str, count: int, example: str) -> None:
+    """Counts `count` drops for `reason`; `example` (cut to MAX_EXAMPLE_CHARS) says why."""
+    self[reason] += count
+    self.examples[reason] = example[:MAX_EXAMPLE_CHARS]
+
 
 @dataclasses.dataclass
 class BatchInfo:
@@ -124,7 +129,7 @@ class StaleFilter:
   max_lag`, counting each in `drops` (SAO.md §1)."""
 
   def __init__(self, current_version: Callable[[], int], max_lag: int, drops: Drops):
-    self.current_version, self._max_lag, self._drops = current_version, max_lag, drops
+    self.current_version, self._max_lag, self.drops = current_version, max_lag, drops
 
   def is_stale(self, traj: Trajectory, version: int) -> bool:
     return version - traj.policy_versions[0] > self._max_lag
@@ -135,17 +140,13 @@ class StaleFilter:
     from an older checkpoint): a peer's forgery or a lost future, never trainable."""
     return traj.policy_versions[1] > version
 
-  def drop(self, reason: str, count: int, example: str) -> None:
-    self._drops[reason] += count
-    self._drops.examples[reason] = example[:MAX_EXAMPLE_CHARS]
-
   def keep(self, unit: list[Trajectory]) -> list[Trajectory]:
     """The members of `unit` that are not stale now; the others are counted."""
     version = self.current_version()
     kept = []
     for traj in unit:
       if self.is_stale(traj, version):
-        self.drop("stale", 1, f"lag {version - traj.policy_versions[0]}")
+        self.drops.add("stale", 1, f"lag {version - traj.policy_versions[0]}")
       else:
         kept.append(traj)
     return kept
@@ -244,9 +245,9 @@ class _GroupIterator(_Iterator):
       if future or self._stale.is_stale(first, version):
         reason = "future_version" if future else "stale"
         members = self._waiting.pop(pid)
-        self._stale.drop(reason, len(members), f"an unfinished group ({len(members)} of "
-                         f"{self._group_size} members), versions {first.policy_versions}, "
-                         f"learner at {version}")
+        self._stale.drops.add(reason, len(members), f"an unfinished group ({len(members)} of "
+                              f"{self._group_size} members), versions {first.policy_versions}, "
+                              f"learner at {version}")
 
   def get_state(self) -> dict:
     # Members of unfinished groups were consumed upstream: they live only here.
@@ -318,20 +319,19 @@ class _AdmitIterator(_Iterator):
         if reason is None:
           kept.append(traj)
         else:
-          self._drops[reason] += 1
           kind = traj.info.get("failure_kind") if reason == "env_failure" else None
           if isinstance(kind, str) and kind.isidentifier() and len(kind) <= 64:
             kind = f"env_failure/{kind}"  # by exception type (sampler.episodes)
             if kind not in self._drops and sum(
                 key.startswith("env_failure/") for key in self._drops) >= MAX_FAILURE_KINDS:
               kind = "env_failure/other"
-            self._drops[kind] += 1
-            self._drops.examples[kind] = traj.env_failure[:MAX_EXAMPLE_CHARS]
-          self._drops.examples[reason] = (
+            self._drops.add(kind, 1, traj.env_failure)
+          self._drops.add(reason, 1, (
               traj.env_failure if reason == "env_failure" else
               f"lag {version - traj.policy_versions[0]}" if reason == "stale" else
               f"versions {traj.policy_versions}, learner at {version}"
-              if reason == "future_version" else f"task {traj.info.get('task', '?')}, {traj.length} tokens")[:MAX_EXAMPLE_CHARS]
+              if reason == "future_version" else
+              f"task {traj.info.get('task', '?')}, {traj.length} tokens"))
           self._counts[reason] = self._counts.get(reason, 0) + 1
       if kept:
         return kept
