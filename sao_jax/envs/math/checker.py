@@ -64,26 +64,31 @@ _child: subprocess.Popen | None = None
 def start() -> None:
   """Starts the child unless it runs (environments call it when built, so that a
   missing math-verify fails at startup, not in every episode)."""
-  global _child
   with _lock:
-    if _child is None:
-      _child = _start()
+    _running()
 
 
 def verify(predicted: str, gold: str, *, timeout_s: float, deadline_s: float) -> bool | None:
   """math-verify's verdict on `predicted` against `gold` (module docstring)."""
   global _child
   with _lock:
-    if _child is None:
-      _child = _start()
+    child = _running()
     request = json.dumps({"predicted": predicted, "gold": gold, "timeout_s": timeout_s})
     try:
-      os.write(_child.stdin.fileno(), (request + "\n").encode())
-      return _read_verdict(_child, time.monotonic() + deadline_s)
+      os.write(child.stdin.fileno(), (request + "\n").encode())
+      return _read_verdict(child, time.monotonic() + deadline_s)
     except (OSError, TimeoutError, ValueError):  # stalled, died, or an unreadable reply
-      _stop(_child)
+      _stop(child)
       _child = None
       return False
+
+
+def _running() -> subprocess.Popen:
+  """The child, started if none runs; the caller holds `_lock`."""
+  global _child
+  if _child is None:
+    _child = _start()
+  return _child
 
 
 def _start() -> subprocess.Popen:
