@@ -7,9 +7,10 @@ from the environment's task source with `run.eval_seed` in place of
 Reported: `eval/accuracy` (mean final reward over episodes that did not fail),
 `eval/failures`, `eval/mean_turns`, `eval/tool_call_rate` (episodes in which the
 environment ran at least one tool; a reply with neither an answer nor a tool
-call also earns another turn, so more turns alone do not mean tool use). Given a path, it also writes the first `run.eval_transcripts`
-episodes (in task order) as JSON lines: task id, reward, turns, environment
-failure and the whole conversation as text (`write_transcripts`), since what a
+call also earns another turn, so more turns alone do not mean tool use). Given
+a path, it also writes the first `run.eval_transcripts` episodes (in task order)
+as JSON lines: task id, reward, turns, environment failure and the whole
+conversation as text (`write_transcripts`), since what a
 collapsed policy writes says more than its accuracy (README, demo walk-through).
 
 `benchmark` (what `sao-eval` runs) plays every task once greedily and, with

@@ -105,10 +105,11 @@ def test_stability_report(tmp_path):
       runs.setdefault(variant, {})[str(seed)] = rel
   write_manifest(out, "claim6_stability", "stability", runs, steps=steps)
   section = report.write_report(out, doc).read_text().split("## Claim 6")[1]
-  assert "Verdict: **agrees** — SAO + centring + contrast gate collapsed in 0 of 2 seeds over 100 steps, shorter than" \
-         in section
+  assert ("Verdict: **agrees** — SAO + centring + contrast gate collapsed in 0 of 2 seeds over "
+          "100 steps, shorter than") in section
   assert "GRPO collapsed in 2 of 2 seeds." in section
-  assert "| SAO + centring + contrast gate | 2 | 0 of 2 |" in section and "| GRPO | 2 | 2 of 2 |" in section
+  assert "| SAO + centring + contrast gate | 2 | 0 of 2 |" in section
+  assert "| GRPO | 2 | 2 of 2 |" in section
   # Growth of KL: steady for SAO; GRPO's rises 10x linearly, so its last quarter's median
   # over its first quarter's is (0.01 + 0.09 * 87/99) / (0.01 + 0.09 * 12/99) ~= 4.26.
   growth = section.split("| variant | KL growth | policy grad norm growth |")[1]
@@ -146,7 +147,8 @@ def test_stability_with_one_seed_is_inconclusive(tmp_path):
           "grpo": {"0": write_run(out, "stability", "grpo", 0, np.linspace(0.2, 0.8, 20))}}
   write_manifest(out, "claim6_stability", "stability", runs, steps=20)
   section = report.write_report(out, doc).read_text().split("## Claim 6")[1]
-  assert "Verdict: **inconclusive** — SAO + centring + contrast gate collapsed in 0 of 1 seeds" in section
+  assert ("Verdict: **inconclusive** — SAO + centring + contrast gate collapsed in 0 of 1 "
+          "seeds") in section
 
 
 def test_load_run_counts_trajectories_and_keeps_the_last_duplicate(tmp_path):
