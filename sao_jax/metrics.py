@@ -51,7 +51,8 @@ def batch_metrics(info: BatchInfo, drops: Drops) -> dict[str, float]:
   """Host-side metrics of a batch: staleness histogram, version spans, drops so far,
   and the share of episodes that ended by the turn budget (`episodes/max_turns_frac`)
   or by a length limit: out of context, or a last turn cut at max_new_tokens /
-  max_seq_len (`episodes/length_cut_frac`)."""
+  max_seq_len (`episodes/length_cut_frac`), and the share in which the environment
+  ran a tool (`episodes/tool_call_frac`)."""
   out = {"staleness/mean": float(np.mean(info.lags)) if info.lags.size else 0.0,
          "staleness/max": float(np.max(info.lags)) if info.lags.size else 0.0,
          "staleness/multi_version_frac": float(np.mean(info.version_spans > 0))
@@ -64,6 +65,8 @@ def batch_metrics(info: BatchInfo, drops: Drops) -> dict[str, float]:
     out["episodes/max_turns_frac"] = float(np.mean([end == "max_turns" for end, _ in info.ends]))
     out["episodes/length_cut_frac"] = float(np.mean(
         [end == "truncated" or last in LENGTH_CUTS for end, last in info.ends]))
+  if info.tool_calls:
+    out["episodes/tool_call_frac"] = float(np.mean(np.asarray(info.tool_calls) > 0))
   for reason, count in drops.items():
     out[f"dropped/{reason}"] = float(count)
   return out

@@ -91,6 +91,9 @@ class BatchInfo:
   # [trajectories] (why the episode ended, why its last turn ended): the sampler's
   # `info["end"]` and `info["last_turn_end"]` ("" when not recorded).
   ends: tuple[tuple[str, str], ...] = ()
+  # [trajectories] tools the environment ran (`info["tool_calls"]`; 0 when not a
+  # non-negative number, as from a peer that does not record it).
+  tool_calls: tuple[int, ...] = ()
 
   @property
   def padding_fraction(self) -> float:
@@ -388,7 +391,13 @@ def _info(trajs: list[Trajectory], version: int, padding_rows: int, capacity: in
       version_spans=np.array([t.policy_versions[1] - t.policy_versions[0] for t in trajs]),
       lengths=np.array([t.length for t in trajs]),
       padding_rows=padding_rows, capacity=capacity,
-      ends=tuple((str(t.info.get("end", "")), str(t.info.get("last_turn_end", ""))) for t in trajs))
+      ends=tuple((str(t.info.get("end", "")), str(t.info.get("last_turn_end", ""))) for t in trajs),
+      tool_calls=tuple(_count(t.info.get("tool_calls")) for t in trajs))
+
+
+def _count(value) -> int:
+  """`value` if it is a non-negative int (bool excluded), else 0."""
+  return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
 class _BatchIterator(_CarryingIterator):

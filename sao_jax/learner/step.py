@@ -42,7 +42,11 @@ over action tokens (critic variants; G the value target); `policy/update_norm`,
 the global L2 norm of the policy's parameter change (0 when no update was
 applied; with LoRA the adapters' change, as only they train);
 `response/action_tokens_p50`, `_p90`, `_max`: percentiles (linear
-interpolation) of action tokens per trajectory in the batch. MoE policies add
+interpolation) of action tokens per trajectory in the batch;
+`advantage/opening_single_turn` and `_multi_turn`: the mean advantage on the
+first action token of trajectories with one assistant turn vs several, beside
+`reward/single_turn`, `reward/multi_turn` and `episodes/single_turn_frac`
+(`_opening_advantages`). MoE policies add
 `model.router_aux_loss_coef` x the router's load-balancing loss to the policy
 loss and report `policy/router_aux_loss` and `policy/router_balance`.
 
@@ -297,6 +301,42 @@ def _response_lengths(batch: Batch) -> Metrics:
           "response/action_tokens_max": jnp.nanmax(lengths)}
 
 
+def _opening_advantages(batch: Batch, adv: jax.Array) -> Metrics:
+  """Where the policy picks an episode's path: the advantage on each trajectory's
+  first action token (its opening), split by the episode's shape. A turn starts at
+  an action token whose predecessor is not an action token of the same segment;
+  single-turn trajectories answered at once, multi-turn ones called a tool (or
+  were reminded) first. Both paths leave the same prompt state, so an unbiased
+  estimator's openings differ by about the paths' return difference:
+  E[A_open | single] - E[A_open | multi] ~ reward/single_turn - reward/multi_turn.
+  A gap beyond that is the critic's bootstrap bias steering the path choice.
+  NaN for a shape the batch has no trajectory of."""
+  action = batch.action_mask.astype(bool)
+  seg = batch.segment_ids
+  same_seg = seg == jnp.pad(seg[:, :-1], ((0, 0), (1, 0)))
+  after_action = jnp.pad(action[:, :-1], ((0, 0), (1, 0))) & same_seg
+  turn_start = action & ~after_action
+  length = seg.shape[1]
+  t_BxT = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32)[None, :], seg.shape)
+  first = segments.reduce(jnp.where(action, t_BxT, length), seg, jax.ops.segment_min)
+  opening = action & (t_BxT == segments.spread(first, seg))
+  starts = segments.segment_starts(seg)
+  turns = segments.reduce(turn_start.astype(jnp.float32), seg)
+  outcome = segments.reduce(jnp.where(action, batch.rewards, 0.0), seg)
+  open_adv = segments.reduce(jnp.where(opening, adv, 0.0), seg)
+  single = starts & (turns == 1)
+  multi = starts & (turns > 1)
+
+  def mean(x, where):
+    return jnp.where(jnp.any(where), jnp.sum(jnp.where(where, x, 0.0)) / jnp.sum(where), jnp.nan)
+
+  return {"advantage/opening_single_turn": mean(open_adv, single),
+          "advantage/opening_multi_turn": mean(open_adv, multi),
+          "reward/single_turn": mean(outcome, single),
+          "reward/multi_turn": mean(outcome, multi),
+          "episodes/single_turn_frac": jnp.sum(single) / jnp.maximum(jnp.sum(single | multi), 1)}
+
+
 def update_policy_at(cfg: Config, step: int) -> jax.Array:
   """The `update_policy` flag for learner step `step`: False during value
   pretraining and critic warm-up (SAO.md §4) of critic variants, else True."""
@@ -340,6 +380,7 @@ def train_step(state: state_lib.TrainState, batch: Batch, update_policy: jax.Arr
       jnp.square(adv - metrics["advantage/mean"]), action))
   metrics["advantage/neg_frac"] = losses.aggregate.masked_mean(
       (adv < 0).astype(jnp.float32), action)
+  metrics.update(_opening_advantages(batch, adv))
 
   if alg.require_reward_contrast:
     # No two trajectories differ in reward: the advantages are the critic's residual

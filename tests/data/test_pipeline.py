@@ -225,3 +225,16 @@ def test_batch_info_carries_why_episodes_ended_and_the_metrics_count_them():
   metrics = batch_metrics(info, drops)
   assert metrics["episodes/max_turns_frac"] == 0.25
   assert metrics["episodes/length_cut_frac"] == 0.5  # out of context; last turn cut at max_new_tokens
+
+
+def test_the_metrics_count_episodes_that_ran_a_tool_whatever_a_peer_wrote():
+  """`episodes/tool_call_frac`: episodes with `info["tool_calls"]` > 0. A missing,
+  negative, boolean or non-integer count (a peer's record) counts as no tool."""
+  from sao_jax.metrics import batch_metrics
+  counts = [2, 0, 1, None, -3, True, "7", 1.5]
+  trajs = [make_traj(seed=s, info={} if c is None else {"tool_calls": c})
+           for s, c in enumerate(counts)]
+  it, drops = build(trajs, batch_size=8)
+  _, info = next(it)
+  assert info.tool_calls == (2, 0, 1, 0, 0, 0, 0, 0)
+  assert batch_metrics(info, drops)["episodes/tool_call_frac"] == 0.25

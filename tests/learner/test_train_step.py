@@ -158,6 +158,10 @@ def test_every_variant_trains_through_the_same_step(variant):
   state, metrics = run(cfg, make_batch(6, behavior_shift=0.1), steps=2)
   # No lag-0 tokens in this batch: the mismatch is undefined (NaN) by design.
   assert np.isnan(metrics.pop("mismatch/lag0_abs_logp"))
+  # Every trajectory of make_batch has several turns: the single-turn path is undefined.
+  assert metrics["episodes/single_turn_frac"] == 0.0
+  assert np.isnan(metrics.pop("advantage/opening_single_turn"))
+  assert np.isnan(metrics.pop("reward/single_turn"))
   assert all(np.isfinite(v) for v in metrics.values()), metrics
   assert int(state.policy_version) == 2
   assert metrics["policy/grad_norm"] > 0
@@ -337,3 +341,52 @@ def test_require_reward_contrast_skips_the_policy_update_on_a_uniform_reward_bat
   assert metrics["policy/no_contrast_skip"] == 0.0 and int(state.policy_version) == 1
   with pytest.raises(ValueError, match=r"algorithm.require_reward_contrast=1"):
     C.AlgorithmConfig(require_reward_contrast=1).validate()
+
+
+def test_opening_advantages_split_trajectories_by_their_number_of_turns():
+  """The opening token's advantage per path on a packed batch, against a walk over
+  the tokens: row 0 packs a one-turn answer (segment 1) and a two-turn tool episode
+  (segment 2) whose first action token follows segment 1's last and whose
+  observation spans a padding hole; row 1 holds a three-turn episode; row 2 is
+  padding."""
+  from sao_jax.learner import step as step_lib
+  from sao_jax.types import Batch
+  seg = np.array([[1, 1, 1, 2, 2, 2, 0, 2, 2, 2],
+                  [1, 1, 1, 1, 1, 1, 1, 1, 1, 0],
+                  [0] * 10], np.int32)
+  action = np.array([[0, 1, 1, 1, 0, 0, 0, 0, 1, 1],
+                     [0, 0, 1, 0, 1, 1, 0, 1, 1, 0],
+                     [0] * 10], np.int32)
+  rewards = np.zeros(seg.shape, np.float32)
+  rewards[0, 2], rewards[0, 9], rewards[1, 8] = 1.0, 0.0, 1.0
+  adv = np.arange(30, dtype=np.float32).reshape(3, 10) / 10 - 1.0
+  zeros = np.zeros(seg.shape, np.float32)
+  batch = Batch(np.zeros(seg.shape, np.int32), seg, action, zeros, rewards,
+                np.where(seg > 0, 0, -1), np.where(seg > 0, 0, -1))
+  got = jax.tree.map(float, step_lib._opening_advantages(jax.tree.map(jnp.asarray, batch),
+                                                         jnp.asarray(adv * action)))
+  # Walk: per (row, segment) the turns (action runs) and the first action token.
+  paths = {}
+  for r in range(3):
+    prev = (0, 0)
+    for t in range(10):
+      s = seg[r, t]
+      if s and action[r, t]:
+        entry = paths.setdefault((r, s), {"turns": 0, "open": adv[r, t], "reward": 0.0})
+        entry["turns"] += prev != (s, 1)
+        entry["reward"] += rewards[r, t]
+      prev = (s, int(action[r, t])) if s else (0, 0)
+  assert [p["turns"] for p in paths.values()] == [1, 2, 3]
+  single = [p for p in paths.values() if p["turns"] == 1]
+  multi = [p for p in paths.values() if p["turns"] > 1]
+  np.testing.assert_allclose(got["advantage/opening_single_turn"], single[0]["open"], rtol=1e-6)
+  np.testing.assert_allclose(got["advantage/opening_multi_turn"],
+                             np.mean([p["open"] for p in multi]), rtol=1e-6)
+  assert got["reward/single_turn"] == 1.0 and got["reward/multi_turn"] == 0.5
+  np.testing.assert_allclose(got["episodes/single_turn_frac"], 1 / 3)
+  # A batch of multi-turn episodes only has no single-turn opening: NaN, not 0.
+  only_multi = batch._replace(segment_ids=np.where(seg == 1, 0, seg).astype(np.int32))
+  got = step_lib._opening_advantages(jax.tree.map(jnp.asarray, only_multi),
+                                     jnp.asarray(adv * action))
+  assert np.isnan(got["advantage/opening_single_turn"])
+  assert got["episodes/single_turn_frac"] == 0.0
