@@ -52,7 +52,8 @@ class SamplerConfig:
   (at most one of the two); required with `weights_addresses` (samplers on other
   hosts), a fresh random one otherwise. Each learner host listens on its own
   entry of `weights_addresses` (loopback without them) and serves at most
-  `weights_max_connections` connections at once.
+  `weights_max_connections` authenticated subscribers at once, beside at most as
+  many connections still in their handshake (`sao_jax.sampler.weights_net`).
 
   KV cache (`kv_layout`): "paged" (the default, `sao_jax.sampler.paged_engine`)
   keeps one pool of `kv_pages`

@@ -20,6 +20,16 @@ few seconds), reads requests of at most a few hundred bytes, and disconnects a
 subscriber that sends no request for `_IDLE_SECONDS` or stops reading for
 `timeout` seconds. Each misbehaving connection is counted in `stats`.
 
+Unauthenticated peers cannot lock subscribers out: connections still in their
+handshake are held apart from authenticated ones, at most `max_connections` of
+them, and a new connection at that cap cuts the oldest pending one
+(`handshake_evicted`) instead of being turned away. Holding every slot for the
+handshake's few seconds, restarting as each times out, thus takes no slot from
+a subscriber, whose own handshake needs one round trip; only a flood of fresh
+connections faster than that round trip delays it (a network-level attack:
+keep the channel on a private network). A subscriber that authenticates while
+`max_connections` others are served is refused (`too_many_connections`).
+
 Wire protocol (frames, handshake and signature: `weights_wire`), after the handshake:
   {"op": "versions"}          -> {"protocol", "process_index", "process_count", "versions"}
   {"op": "get", "version": v} -> a header frame, its 32-byte signature frame, then
@@ -94,16 +104,26 @@ class _Server(socketserver.ThreadingTCPServer):
   block_on_close = False
 
   def verify_request(self, request, client_address) -> bool:
-    """Turns a connection away (closed at once) while `max_connections` are served."""
+    """Admits every connection to the handshake; at `max_connections` pending
+    handshakes the oldest is cut (module docstring)."""
     channel: NetworkWeights = self.channel
     with channel._lock:
-      if len(channel._connections) >= channel.max_connections:
-        channel._count(PeerError("too_many_connections", f"more than {channel.max_connections} "
-                                 "connections at once (sampler.weights_max_connections)"),
-                       client_address)
-        return False
-      channel._connections.add(request)
+      if len(channel._pending) >= channel.max_connections:
+        oldest, peer = channel._pending.popitem(last=False)
+        channel._evicted.add(oldest)
+        _cut(oldest)
+        channel._count(PeerError("handshake_evicted", "a newer connection needed the slot of "
+                                 "this unfinished handshake"), peer)
+      channel._pending[request] = client_address
     return True
+
+
+def _cut(sock: socket.socket) -> None:
+  """Ends `sock` for both sides; its handler's next read sees the close."""
+  try:
+    sock.shutdown(socket.SHUT_RDWR)
+  except OSError:
+    pass  # already closed by the peer
 
 
 class _Handler(socketserver.BaseRequestHandler):
@@ -115,6 +135,16 @@ class _Handler(socketserver.BaseRequestHandler):
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
       wire.server_handshake(sock, channel._secret)
+      with channel._lock:
+        evicted = sock in channel._evicted or channel._pending.pop(sock, None) is None
+        admitted = not evicted and len(channel._connections) < channel.max_connections
+        if admitted:
+          channel._connections.add(sock)
+      if evicted:
+        return  # counted when it was cut
+      if not admitted:
+        raise PeerError("too_many_connections", f"more than {channel.max_connections} "
+                        "subscribers at once (sampler.weights_max_connections)")
       while True:
         try:
           payload = wire.recv_frame(sock, wire.MAX_REQUEST_BYTES,
@@ -126,16 +156,20 @@ class _Handler(socketserver.BaseRequestHandler):
         request = wire.parse(payload, wire.MAX_REQUEST_BYTES, "request")
         sock.settimeout(channel.timeout)
         channel._answer(sock, request)
-    except PeerError as error:
-      channel._count(error, self.client_address)
-    except TimeoutError:
-      channel._count(PeerError("timeout", "no complete handshake or request in time"),
-                     self.client_address)
-    except OSError as error:  # reset, or closed mid-message
-      channel._count(PeerError("disconnected", str(error)), self.client_address)
+    except (PeerError, OSError) as error:  # TimeoutError: no handshake or request in time
+      with channel._lock:
+        evicted = sock in channel._evicted
+      if not evicted:  # an evicted handshake was counted when it was cut
+        if isinstance(error, TimeoutError):
+          error = PeerError("timeout", "no complete handshake or request in time")
+        elif not isinstance(error, PeerError):  # reset, or closed mid-message
+          error = PeerError("disconnected", str(error))
+        channel._count(error, self.client_address)
     finally:
       with channel._lock:
         channel._connections.discard(sock)
+        channel._pending.pop(sock, None)
+        channel._evicted.discard(sock)
 
 
 class NetworkWeights:
@@ -165,7 +199,10 @@ class NetworkWeights:
     self._leaves = wire.describe_leaves(template)
     self._snapshots: dict[int, _Snapshot] = {}
     self._lock = threading.Lock()
-    self._connections: set[socket.socket] = set()
+    self._connections: set[socket.socket] = set()  # authenticated subscribers
+    # Connections in their handshake, oldest first, and their peers' addresses.
+    self._pending: collections.OrderedDict[socket.socket, tuple] = collections.OrderedDict()
+    self._evicted: set[socket.socket] = set()  # cut handshakes whose handlers still run
     self.stats: collections.Counter = collections.Counter()  # connection errors by reason
     self._stats_lock = threading.Lock()
     self._keep, self.timeout = keep, timeout
@@ -234,12 +271,9 @@ class NetworkWeights:
     self._server.shutdown()
     self._server.server_close()
     with self._lock:
-      connections = list(self._connections)
+      connections = [*self._connections, *self._pending]
     for sock in connections:
-      try:
-        sock.shutdown(socket.SHUT_RDWR)
-      except OSError:
-        pass  # already closed by the peer
+      _cut(sock)
 
 
 def from_config(cfg: SamplerConfig, template: Any) -> NetworkWeights:

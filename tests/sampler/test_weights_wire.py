@@ -156,23 +156,25 @@ def test_oversized_request_is_refused_without_allocating_it(publisher):
     subscriber.close()
 
 
-def test_idle_and_excess_connections_are_cut(monkeypatch):
+def test_idle_connections_are_cut_and_excess_handshakes_cut_the_oldest(monkeypatch):
   """Before: no cap, and every idle connection held a learner thread for 600 s."""
   monkeypatch.setattr(weights_wire, "HANDSHAKE_SECONDS", 0.5)
   publisher = weights_net.NetworkWeights(params(0), secret=SECRET, max_connections=3)
   address = publisher.address.split(":")
   held = [socket.create_connection(address) for _ in range(3)]
+  extra = []
   try:
-    assert wait_for(lambda: len(publisher._connections) == 3)
+    assert wait_for(lambda: len(publisher._pending) == 3)
     extra = [socket.create_connection(address) for _ in range(2)]
-    assert all(closed_by_peer(sock, 2) for sock in extra), "connections over the cap stay open"
-    held[0].sendall(LENGTH.pack(40) + b"{")  # a slow drip is cut at the same deadline
+    assert all(closed_by_peer(sock, 2) for sock in held[:2]), "the oldest handshakes stay open"
+    extra[0].sendall(LENGTH.pack(40) + b"{")  # a slow drip is cut at the same deadline
     start = time.monotonic()
-    assert all(closed_by_peer(sock, 5) for sock in held), "idle connections stay open"
+    assert all(closed_by_peer(sock, 5) for sock in held[2:] + extra), "idle connections stay open"
     assert time.monotonic() - start < 3
-    assert wait_for(lambda: publisher.stats == {"too_many_connections": 2, "timeout": 3}), (
+    assert wait_for(lambda: publisher.stats == {"handshake_evicted": 2, "timeout": 3}), (
         publisher.stats)
-    subscriber = subscriber_of(publisher.address)  # capacity is back
+    assert not publisher._pending and not publisher._evicted
+    subscriber = subscriber_of(publisher.address)
     try:
       publisher.publish(params(1), version=1)
       assert subscriber.poll()[1] == 1
@@ -181,6 +183,48 @@ def test_idle_and_excess_connections_are_cut(monkeypatch):
   finally:
     for sock in held + extra:
       sock.close()
+    publisher.close()
+
+
+def test_unauthenticated_connections_cannot_lock_a_subscriber_out():
+  """Before: connections that never finish the handshake held every one of the
+  `max_connections` slots (each for the handshake's 5 s, renewed as it timed out),
+  and a subscriber with the secret was turned away (`too_many_connections`)."""
+  publisher = weights_net.NetworkWeights(params(0), secret=SECRET, max_connections=3)
+  publisher.publish(params(1), version=1)
+  address = publisher.address.split(":")
+  squatters = [socket.create_connection(address) for _ in range(3)]
+  try:
+    assert wait_for(lambda: len(publisher._pending) == 3)
+    subscriber = subscriber_of(publisher.address)
+    try:
+      got = subscriber.poll()
+      assert got is not None and got[1] == 1, subscriber.stats
+    finally:
+      subscriber.close()
+    assert publisher.stats["handshake_evicted"] == 1
+  finally:
+    for sock in squatters:
+      sock.close()
+    publisher.close()
+
+
+def test_subscribers_past_the_cap_are_refused_after_their_handshake():
+  publisher = weights_net.NetworkWeights(params(0), secret=SECRET, max_connections=2)
+  publisher.publish(params(1), version=1)
+  subscribers = [subscriber_of(publisher.address) for _ in range(3)]
+  try:
+    assert [s.poll() is not None for s in subscribers[:2]] == [True, True]
+    assert wait_for(lambda: len(publisher._connections) == 2)
+    with pytest.raises(ConnectionError, match="dropped the connection"):  # as if unreachable
+      subscribers[2].poll()
+    assert wait_for(lambda: publisher.stats == {"too_many_connections": 1}), publisher.stats
+    subscribers[0].close()  # a slot frees up
+    assert wait_for(lambda: len(publisher._connections) == 1)
+    assert subscribers[2].poll()[1] == 1
+  finally:
+    for subscriber in subscribers:
+      subscriber.close()
     publisher.close()
 
 
