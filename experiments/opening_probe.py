@@ -1,0 +1,166 @@
+"""Does the critic steer the path choice? The learner's advantage at an episode's
+opening token, per path, against what each path really earns.
+
+    .venv/bin/python -m experiments.opening_probe --config configs/experiments/stability.py \
+        --set run.run_dir=RUN [--set ...] --steps 100,200 [--episodes 128] \
+        [--opening "The program prints"]
+
+For each checkpoint step of the run (policy and critic as the learner had them)
+it samples `--episodes` episodes of the run's environment at the run's sampler
+settings twice, on the same tasks: as the policy plays them ("natural"), and
+with the first assistant turn forced to open with `--opening` ("forced"; the
+math_tool warm-starts' second-turn text, which the collapsed SAO runs of claim 6
+learned to write in the first turn instead of calling the tool). The forced
+tokens count as action tokens, as if the policy had sampled them. It then runs
+the learner's own value forward and advantage estimator (`learner.step`, without
+batch-mean centring, which shifts every token alike) and reports per path:
+
+  A_gae   the advantage on the opening token, what the policy gradient sees
+  A_mc    G - V_open: the same with lambda = 1 (no bootstrapping), unbiased
+          given V_open
+  bias    A_gae - A_mc = (1 - lam) * sum_k lam^(k-1) (V_k - G) for gamma = 1
+          and a terminal reward: the lambda-weighted critic error along the path
+
+The policy gradient favours a path at its opening when its A_gae is higher; an
+unbiased estimator ranks the paths by their rewards G. A path whose A_gae beats
+another's while its G is lower is chosen by the critic's error, not the reward.
+Prints a table per step and one line `RESULT {...}`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments import stats
+from sao_jax.chat import load_chat
+from sao_jax.config import load_config
+from sao_jax.data.pipeline import pad_batch
+from sao_jax.data.records import Trajectory
+from sao_jax.envs.registry import make_env, make_tasks
+from sao_jax.evaluation import restore_state
+from sao_jax.learner import step as step_lib
+from sao_jax.learner.state import policy_weights
+from sao_jax.sampler.episodes import EpisodeRunner, make_engine, run_to_completion
+
+
+class _ForcedOpening:
+  """A chat format whose first-turn prompt ends with `opening`'s tokens."""
+
+  def __init__(self, chat, opening: str):
+    self._chat = chat
+    self.opening_ids = np.asarray(chat.tokenizer.encode(opening, add_special_tokens=False).ids,
+                                  np.int32)
+
+  def __getattr__(self, name):
+    return getattr(self._chat, name)
+
+  def prompt(self, messages) -> np.ndarray:
+    return np.concatenate([self._chat.prompt(messages), self.opening_ids])
+
+
+def _play(cfg, chat, params, version: int, tasks, seed: int) -> list[Trajectory]:
+  engine = make_engine(cfg.sampler, cfg.model, params, chat, version=version)
+  engine.warmup()
+  runner = EpisodeRunner(engine, chat, lambda: make_env(cfg.env), max_episodes=cfg.sampler.slots)
+  trajs = run_to_completion(runner, iter(tasks), len(tasks),
+                            num_slots=cfg.algorithm.running_mean_slots, seed=seed)
+  return [t for t in trajs if t.env_failure is None and t.action_mask.any()]
+
+
+def _with_forced_actions(traj: Trajectory, forced: int) -> Trajectory:
+  """`traj` with the `forced` prompt tokens before its first action token as actions."""
+  first = int(np.argmax(traj.action_mask))
+  mask = traj.action_mask.copy()
+  mask[first - forced:first] = 1
+  return dataclasses.replace(traj, action_mask=mask)
+
+
+def opening_advantages(cfg, state, trajs: list[Trajectory]) -> dict[str, np.ndarray]:
+  """Per trajectory: A_gae and A_mc on the opening token, and the outcome G."""
+  cfg = dataclasses.replace(
+      cfg, algorithm=dataclasses.replace(cfg.algorithm, advantage_centering="none"),
+      learner=dataclasses.replace(cfg.learner, micro_batches=1))
+  length = max(t.length for t in trajs)
+  batch = jax.tree.map(jnp.asarray, pad_batch(trajs, len(trajs), length, cfg.data.pad_id))
+
+  @jax.jit
+  def values_and_advantages(value_params, baseline, batch):
+    values = step_lib._values(cfg, value_params, batch)
+    return values, step_lib.advantages(cfg, batch, values, baseline)[0]
+
+  values, adv = values_and_advantages(state.value_params, state.baseline, batch)
+  first = np.argmax(np.asarray(batch.action_mask), axis=1)
+  rows = np.arange(len(trajs))
+  outcome = np.array([t.outcome for t in trajs])
+  return {"a_gae": np.asarray(adv)[rows, first],
+          "a_mc": outcome - np.asarray(values)[rows, first], "g": outcome}
+
+
+def _summary(per: dict[str, np.ndarray]) -> dict[str, float]:
+  """Mean and 95% half-width (NaN for one episode) of each quantity over the episodes."""
+  out = {"episodes": int(per["g"].size)}
+  for key, values in (("g", per["g"]), ("a_gae", per["a_gae"]), ("a_mc", per["a_mc"]),
+                      ("bias", per["a_gae"] - per["a_mc"])):
+    summary = stats.summarize(values)
+    out[key], out[key + "_ci"] = round(summary.mean, 4), round(summary.half_width, 4)
+  return out
+
+
+def probe(cfg, step: int | None, episodes: int, opening: str, seed: int) -> dict:
+  chat = load_chat(cfg.run.tokenizer_file, enable_thinking=cfg.run.enable_thinking)
+  state, meta = restore_state(cfg, step)
+  params, version = policy_weights(cfg, state), int(state.policy_version)
+  tasks = list(itertools.islice(make_tasks(dataclasses.replace(cfg.env, seed=seed)), episodes))
+  natural = _play(cfg, chat, params, version, tasks, seed)
+  forced_chat = _ForcedOpening(chat, opening)
+  forced = [_with_forced_actions(t, forced_chat.opening_ids.size)
+            for t in _play(cfg, forced_chat, params, version, tasks, seed)]
+  paths = {"natural, tool": [t for t in natural if t.info.get("tool_calls", 0) > 0],
+           "natural, no tool": [t for t in natural if t.info.get("tool_calls", 0) == 0],
+           "forced opening": forced}
+  return {"step": meta["step"], "paths": {
+      name: _summary(opening_advantages(cfg, state, trajs)) for name, trajs in paths.items()
+      if trajs}}
+
+
+def _table(result: dict) -> str:
+  lines = [f"step {result['step']}",
+           "| path | episodes | G | A_gae | A_mc | bias |", "|---|---|---|---|---|---|"]
+  for name, s in result["paths"].items():
+    cell = lambda k: stats.Summary(s[k], s[k + "_ci"], s["episodes"]).format()
+    lines.append(f"| {name} | {s['episodes']} | {cell('g')} | {cell('a_gae')} | "
+                 f"{cell('a_mc')} | {cell('bias')} |")
+  return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--config", required=True, help="the run's config file")
+  parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                      help="the run's overrides (run.run_dir at least)")
+  parser.add_argument("--steps", default="", help="checkpoint steps, comma-separated "
+                      "(default: the latest)")
+  parser.add_argument("--episodes", type=int, default=128)
+  parser.add_argument("--opening", default="The program prints")
+  parser.add_argument("--seed", type=int, default=7_000_000, help="task stream seed")
+  args = parser.parse_args(argv)
+  if args.episodes < 2:
+    parser.error(f"--episodes {args.episodes}: at least 2 give a confidence interval")
+  cfg = load_config(args.config, args.set).with_run_paths().validate()
+  steps = [int(s) for s in args.steps.split(",") if s] or [None]
+  results = [probe(cfg, step, args.episodes, args.opening, args.seed) for step in steps]
+  for result in results:
+    print(_table(result), flush=True)
+  print("RESULT " + json.dumps({"name": "opening_probe", "results": results}))
+
+
+if __name__ == "__main__":
+  main()
