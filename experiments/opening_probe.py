@@ -13,11 +13,12 @@ math_tool warm-starts' second-turn text, which the collapsed SAO runs of claim 6
 learned to write in the first turn instead of calling the tool). The forced
 tokens count as action tokens, as if the policy had sampled them. It then runs
 the learner's own value forward and advantage estimator (`learner.step`, without
-batch-mean centring, which shifts every token alike) and reports per path:
+batch-mean centring, which shifts every token alike) and reports per path the
+share of episodes that ran a tool and:
 
   A_gae   the advantage on the opening token, what the policy gradient sees
-  A_mc    G - V_open: the same with lambda = 1 (no bootstrapping), unbiased
-          given V_open
+  A_mc    G - V_open: the same with lambda = 1 (no bootstrapping); V_open =
+          V(prompt) is the same for both paths, so A_mc ranks them as G does
   bias    A_gae - A_mc = (1 - lam) * sum_k lam^(k-1) (V_k - G) for gamma = 1
           and a terminal reward: the lambda-weighted critic error along the path
 
@@ -101,14 +102,15 @@ def opening_advantages(cfg, state, trajs: list[Trajectory]) -> dict[str, np.ndar
   rows = np.arange(len(trajs))
   outcome = np.array([t.outcome for t in trajs])
   return {"a_gae": np.asarray(adv)[rows, first],
-          "a_mc": outcome - np.asarray(values)[rows, first], "g": outcome}
+          "a_mc": outcome - np.asarray(values)[rows, first], "g": outcome,
+          "tool": np.array([t.info.get("tool_calls", 0) > 0 for t in trajs], np.float64)}
 
 
 def _summary(per: dict[str, np.ndarray]) -> dict[str, float]:
   """Mean and 95% half-width (NaN for one episode) of each quantity over the episodes."""
   out = {"episodes": int(per["g"].size)}
-  for key, values in (("g", per["g"]), ("a_gae", per["a_gae"]), ("a_mc", per["a_mc"]),
-                      ("bias", per["a_gae"] - per["a_mc"])):
+  for key, values in (("tool", per["tool"]), ("g", per["g"]), ("a_gae", per["a_gae"]),
+                      ("a_mc", per["a_mc"]), ("bias", per["a_gae"] - per["a_mc"])):
     summary = stats.summarize(values)
     out[key], out[key + "_ci"] = round(summary.mean, 4), round(summary.half_width, 4)
   return out
@@ -133,10 +135,11 @@ def probe(cfg, step: int | None, episodes: int, opening: str, seed: int) -> dict
 
 def _table(result: dict) -> str:
   lines = [f"step {result['step']}",
-           "| path | episodes | G | A_gae | A_mc | bias |", "|---|---|---|---|---|---|"]
+           "| path | episodes | ran a tool | G | A_gae | A_mc | bias |",
+           "|---|---|---|---|---|---|---|"]
   for name, s in result["paths"].items():
     cell = lambda k: stats.Summary(s[k], s[k + "_ci"], s["episodes"]).format()
-    lines.append(f"| {name} | {s['episodes']} | {cell('g')} | {cell('a_gae')} | "
+    lines.append(f"| {name} | {s['episodes']} | {s['tool']:.2f} | {cell('g')} | {cell('a_gae')} | "
                  f"{cell('a_mc')} | {cell('bias')} |")
   return "\n".join(lines)
 
