@@ -4,7 +4,8 @@
 
 For every claim in `experiments.claims` whose manifest (`OUT/claims/<claim>.json`)
 exists: a table per variant of mean ± 95% CI across seeds (t-distribution,
-`experiments.stats`), the number of seeds, the sample budget and the wall-clock;
+`experiments.stats`), the number of seeds, the sample budget and the wall-clock
+(ordering claims add the held-out accuracy AUC and the steps to +ACCURACY_GAIN);
 a plot; and a verdict sentence computed from the numbers. Variants of a seed
 share its warm-start, so a comparison is judged on the paired difference
 (variant A minus variant B, per seed): it "agrees" with the paper when the 95%
@@ -33,6 +34,9 @@ from experiments.runs import Run, load_run
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_REPORT = ROOT / "docs" / "results.md"
 PAPER_STABLE_STEPS = 1000
+# Ordering claims' steps-to-threshold: steps until held-out accuracy first reaches
+# the run's own step-0 accuracy plus this gain.
+ACCURACY_GAIN = 0.1
 
 
 def _fmt_wall(seconds: float) -> str:
@@ -98,24 +102,31 @@ def _ordering(claim, manifest, groups, figure: pathlib.Path) -> tuple[str, list[
                  if r.eval_steps.size})
   rows = ["| variant | seeds | held-out acc. @ step 0 | final held-out acc. (step "
           f"{', '.join(map(str, last)) or '-'}) | training reward, "
-          "last 25% of steps | accuracy gain since step 0 | trajectories dropped | "
-          "wall-clock per run |", "|---|---|---|---|---|---|---|---|"]
+          "last 25% of steps | accuracy gain since step 0 | held-out acc. AUC | "
+          f"steps to +{ACCURACY_GAIN:.2f} (runs reaching it) | trajectories dropped | "
+          "wall-clock per run |", "|---|---|---|---|---|---|---|---|---|---|"]
   final = {n: {r.seed: r.final_accuracy for r in runs} for n, runs in groups.items()}
   reward = {n: {r.seed: r.final_reward() for r in runs} for n, runs in groups.items()}
+  auc = {n: {r.seed: r.accuracy_auc() for r in runs} for n, runs in groups.items()}
   for name, runs in groups.items():
     start = stats.summarize([r.accuracy_at(0) for r in runs])
     gain = stats.summarize([r.final_accuracy - r.accuracy_at(0) for r in runs])
+    reach = [r.steps_to_accuracy(r.accuracy_at(0) + ACCURACY_GAIN) for r in runs]
+    reached = stats.summarize(reach)  # NaN (never reached) is left out of the mean
     rows.append(f"| {_label(name)} | {len(runs)} | {start.format()} | "
                 f"{stats.summarize(list(final[name].values())).format()} | "
                 f"{stats.summarize(list(reward[name].values())).format()} | "
-                f"{gain.format()} | "
+                f"{gain.format()} | {stats.summarize(list(auc[name].values())).format()} | "
+                f"{reached.format(0)} ({reached.n}/{len(runs)}) | "
                 f"{stats.summarize([r.dropped for r in runs]).format(1)} "
                 f"| {_fmt_wall(stats.summarize([r.wall_s for r in runs]).mean)} |")
   verdict, sentence = _comparisons(claim, final, "Final held-out accuracy")
   _, reward_sentence = _comparisons(claim, reward, "Training reward (last 25% of steps)")
+  _, auc_sentence = _comparisons(claim, auc, "Held-out accuracy AUC (mean over the run)")
   plots.learning_curves({_label(n): r for n, r in groups.items()}, figure, window=window)
   return verdict, [*rows, "", f"Verdict (on final held-out accuracy): **{verdict}**. "
-                   f"{sentence} {reward_sentence}", "", _evaluation_noise(groups)]
+                   f"{sentence} {reward_sentence} {auc_sentence}", "",
+                   _evaluation_noise(groups)]
 
 
 def _evaluation_noise(groups: dict[str, list[Run]]) -> str:

@@ -49,6 +49,22 @@ class Run:
     hit = np.nonzero(self.eval_steps == step)[0]
     return float(self.eval_accuracy[hit[-1]]) if hit.size else math.nan
 
+  def accuracy_auc(self) -> float:
+    """Area under the held-out accuracy curve over the run's evaluated span, per step:
+    the trapezoid integral of accuracy over steps / (last - first evaluated step),
+    i.e. the run's mean accuracy, which rewards learning early as well as far. NaN
+    with fewer than two evaluations."""
+    if self.eval_steps.size < 2:
+      return math.nan
+    steps, accuracy = self.eval_steps.astype(np.float64), self.eval_accuracy
+    area = float(np.sum((accuracy[1:] + accuracy[:-1]) / 2 * np.diff(steps)))
+    return area / float(steps[-1] - steps[0])
+
+  def steps_to_accuracy(self, threshold: float) -> float:
+    """The first evaluated step whose held-out accuracy is >= `threshold`; NaN if none."""
+    hit = np.nonzero(self.eval_accuracy >= threshold)[0]
+    return float(self.eval_steps[hit[0]]) if hit.size else math.nan
+
   @property
   def final_accuracy(self) -> float:
     return float(self.eval_accuracy[-1]) if self.eval_accuracy.size else math.nan

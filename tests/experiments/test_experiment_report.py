@@ -50,6 +50,24 @@ def test_ordering_report_agrees(tmp_path):
   assert "![claim1_ordering](results/claim1_ordering.png)" in section
 
 
+def test_ordering_report_gives_the_learning_curves_area_and_steps_to_a_gain(tmp_path):
+  """Accuracies 0.2, (0.2 + L) / 2, L at steps 0, 20, 40: trapezoid area per step
+  0.1 + L / 2; +0.10 over step 0 is first reached at step 20 when L > 0.4."""
+  out, doc = tmp_path / "runs", tmp_path / "results.md"
+  _ordering_claim(out, {"sao": 0.9, "grpo_dis": 0.7, "grpo": 0.35}, noise=0.0)
+  run = runs_lib.load_run(out / "runs/tool_math/sao-seed0")
+  assert run.accuracy_auc() == pytest.approx(0.1 + 0.9 / 2)
+  assert run.steps_to_accuracy(0.3) == 20 and np.isnan(run.steps_to_accuracy(0.95))
+  section = report.write_report(out, doc).read_text().split("## Claim 1")[1]
+  assert "| held-out acc. AUC | steps to +0.10 (runs reaching it) |" in section
+  rows = {line.split(" | ")[0]: line.split(" | ") for line in section.splitlines()
+          if line.startswith("| SAO | 3 |") or line.startswith("| GRPO | 3 |")}
+  assert rows["| SAO"][6].startswith("0.550") and rows["| SAO"][7] == "20 ± 0 (3/3)"
+  # 0.35: (0.2 + 0.35) / 2 = 0.275 at step 20, 0.35 at step 40: reached at 40.
+  assert rows["| GRPO"][7] == "40 ± 0 (3/3)"
+  assert "Held-out accuracy AUC (mean over the run): SAO > GRPO+DIS: **agrees**" in section
+
+
 def test_ordering_report_inconclusive_and_disagrees(tmp_path):
   out, doc = tmp_path / "runs", tmp_path / "results.md"
   # SAO and GRPO+DIS too close for 3 noisy seeds; GRPO clearly above GRPO+DIS.
