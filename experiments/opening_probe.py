@@ -25,7 +25,9 @@ share of episodes that ran a tool and:
 The policy gradient favours a path at its opening when its A_gae is higher; an
 unbiased estimator ranks the paths by their rewards G. A path whose A_gae beats
 another's while its G is lower is chosen by the critic's error, not the reward.
-Prints a table per step and one line `RESULT {...}`.
+A second table gives the natural tool episodes' mean advantage per token of each
+turn, over successes, failures and all (`turn_advantages`). Prints both tables
+per step and one line `RESULT {...}`.
 """
 
 from __future__ import annotations
@@ -84,8 +86,8 @@ def _with_forced_actions(traj: Trajectory, forced: int) -> Trajectory:
   return dataclasses.replace(traj, action_mask=mask)
 
 
-def opening_advantages(cfg, state, trajs: list[Trajectory]) -> dict[str, np.ndarray]:
-  """Per trajectory: A_gae and A_mc on the opening token, and the outcome G."""
+def _values_and_advantages(cfg, state, trajs: list[Trajectory]):
+  """(batch, V, A) of `trajs` as the learner computes them (no centring), one row each."""
   cfg = dataclasses.replace(
       cfg, algorithm=dataclasses.replace(cfg.algorithm, advantage_centering="none"),
       learner=dataclasses.replace(cfg.learner, micro_batches=1))
@@ -98,12 +100,39 @@ def opening_advantages(cfg, state, trajs: list[Trajectory]) -> dict[str, np.ndar
     return values, step_lib.advantages(cfg, batch, values, baseline)[0]
 
   values, adv = values_and_advantages(state.value_params, state.baseline, batch)
+  return batch, np.asarray(values), np.asarray(adv)
+
+
+def opening_advantages(cfg, state, trajs: list[Trajectory]) -> dict[str, np.ndarray]:
+  """Per trajectory: A_gae and A_mc on the opening token, the outcome G, and whether
+  a tool ran."""
+  batch, values, adv = _values_and_advantages(cfg, state, trajs)
   first = np.argmax(np.asarray(batch.action_mask), axis=1)
   rows = np.arange(len(trajs))
   outcome = np.array([t.outcome for t in trajs])
-  return {"a_gae": np.asarray(adv)[rows, first],
-          "a_mc": outcome - np.asarray(values)[rows, first], "g": outcome,
+  return {"a_gae": adv[rows, first], "a_mc": outcome - values[rows, first], "g": outcome,
           "tool": np.array([t.info.get("tool_calls", 0) > 0 for t in trajs], np.float64)}
+
+
+def turn_advantages(cfg, state, trajs: list[Trajectory]) -> dict[str, dict[str, float]]:
+  """Mean advantage per action token of each assistant turn (turn k = the k-th run of
+  action tokens), over successful (G > 0) and failed episodes and over all, with the
+  token counts. A turn whose text recurs elsewhere (an answer template) is pushed up
+  there too when its all-episode mean is above 0; GRPO's one advantage per episode
+  gives text that successes and failures share a mean of about 0."""
+  batch, _, adv = _values_and_advantages(cfg, state, trajs)
+  action = np.asarray(batch.action_mask).astype(bool)
+  after_action = np.pad(action[:, :-1], ((0, 0), (1, 0)))
+  turn = np.cumsum(action & ~after_action, axis=1) * action
+  success = np.array([t.outcome > 0 for t in trajs])[:, None]
+  out = {}
+  for k in range(1, int(turn.max()) + 1):
+    for name, rows in (("success", success), ("failure", ~success), ("all", True)):
+      tokens = (turn == k) & rows
+      out.setdefault(f"turn {k}", {})[name] = (
+          float(adv[tokens].mean()) if tokens.any() else float("nan"))
+      out[f"turn {k}"][name + "_tokens"] = int(tokens.sum())
+  return out
 
 
 def _summary(per: dict[str, np.ndarray]) -> dict[str, float]:
@@ -130,7 +159,7 @@ def probe(cfg, step: int | None, episodes: int, opening: str, seed: int) -> dict
            "forced opening": forced}
   return {"step": meta["step"], "paths": {
       name: _summary(opening_advantages(cfg, state, trajs)) for name, trajs in paths.items()
-      if trajs}}
+      if trajs}, "turns": turn_advantages(cfg, state, paths["natural, tool"] or natural)}
 
 
 def _table(result: dict) -> str:
@@ -141,6 +170,11 @@ def _table(result: dict) -> str:
     cell = lambda k: stats.Summary(s[k], s[k + "_ci"], s["episodes"]).format()
     lines.append(f"| {name} | {s['episodes']} | {s['tool']:.2f} | {cell('g')} | {cell('a_gae')} | "
                  f"{cell('a_mc')} | {cell('bias')} |")
+  lines += ["", "Mean advantage per action token of natural tool episodes, by turn:", "",
+            "| turn | success (tokens) | failure (tokens) | all (tokens) |", "|---|---|---|---|"]
+  for turn, t in result["turns"].items():
+    lines.append(f"| {turn} | " + " | ".join(f"{t[k]:+.3f} ({t[k + '_tokens']})"
+                                            for k in ("success", "failure", "all")) + " |")
   return "\n".join(lines)
 
 

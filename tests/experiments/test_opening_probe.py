@@ -1,15 +1,22 @@
 """The opening probe's arithmetic: the forced tokens become actions, and its bias
 column is the lambda-weighted critic error along the path (module docstring)."""
 
-import numpy as np
+import json
+import pathlib
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pytest
 
 from experiments import opening_probe
 from sao_jax import config as C
 from sao_jax.data.records import Trajectory
 from sao_jax.learner import state as state_lib
 
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 MODEL = C.ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=8, logits_chunk=8)
 
@@ -52,3 +59,51 @@ def test_bias_is_the_lambda_weighted_critic_error_along_the_path():
     np.testing.assert_allclose(got["a_gae"][i] - got["a_mc"][i], want, rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(got["a_mc"][i], g - v[0], rtol=1e-5)
     assert got["g"][i] == g
+
+
+@pytest.mark.slow
+def test_the_probe_runs_on_a_checkpoint_of_a_quick_run(tmp_path):
+  """End to end: a 4-step tool-math SAO run (10 SFT steps), then the probe on its
+  last checkpoint prints a table per path and a RESULT line."""
+  from experiments import runner
+  sets = [*runner.quick_overrides("tool_math"), f"run.run_dir={tmp_path / 'run'}"]
+  config = runner.setting_path("tool_math")
+  train = subprocess.run([sys.executable, "-m", "sao_jax.cli.train", "--config", str(config),
+                          *[a for s in sets for a in ("--set", s)]],
+                         cwd=ROOT, capture_output=True, text=True, timeout=1800)
+  assert train.returncode == 0, train.stdout[-2000:] + train.stderr[-2000:]
+  probe = subprocess.run([sys.executable, "-m", "experiments.opening_probe", "--config",
+                          str(config), *[a for s in sets for a in ("--set", s)],
+                          "--steps", "4", "--episodes", "4"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=1800)
+  assert probe.returncode == 0, probe.stdout[-2000:] + probe.stderr[-2000:]
+  result = json.loads(probe.stdout.split("RESULT ", 1)[1])
+  (step,) = result["results"]
+  assert step["step"] == 4 and step["paths"]["forced opening"]["episodes"] == 4
+  assert sum(p["episodes"] for name, p in step["paths"].items() if name != "forced opening") == 4
+  assert "| forced opening | 4 |" in probe.stdout
+
+
+def test_turn_advantages_group_each_turns_tokens_by_outcome():
+  cfg = C.Config(model=MODEL, algorithm=C.AlgorithmConfig.for_variant("sao"),
+                 learner=C.LearnerConfig(batch_trajectories=4)).validate()
+  state = state_lib.init_state(cfg, jax.random.key(1))
+  trajs = [traj(1, 4, (5,), 1.0), traj(2, 3, (2, 4), 0.0), traj(3, 5, (3, 1, 2), 1.0)]
+  got = opening_probe.turn_advantages(cfg, state, trajs)
+  _, _, adv = opening_probe._values_and_advantages(cfg, state, trajs)
+  # Walk each row: the k-th run of action tokens is turn k.
+  by_turn = {}
+  for i, t in enumerate(trajs):
+    k, previous = 0, 0
+    for j, m in enumerate(t.action_mask):
+      k += bool(m and not previous)
+      previous = m
+      if m:
+        by_turn.setdefault((k, t.outcome > 0), []).append(adv[i, j])
+  assert set(got) == {"turn 1", "turn 2", "turn 3"}
+  np.testing.assert_allclose(got["turn 2"]["success"], np.mean(by_turn[(2, True)]), rtol=1e-4)
+  np.testing.assert_allclose(got["turn 1"]["failure"], np.mean(by_turn[(1, False)]), rtol=1e-4)
+  np.testing.assert_allclose(got["turn 1"]["all"],
+                             np.mean(by_turn[(1, True)] + by_turn[(1, False)]), rtol=1e-4)
+  assert got["turn 3"]["failure_tokens"] == 0 and np.isnan(got["turn 3"]["failure"])
+  assert got["turn 1"]["success_tokens"] == 5 + 3 and got["turn 2"]["all_tokens"] == 4 + 1
