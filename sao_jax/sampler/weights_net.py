@@ -22,13 +22,18 @@ subscriber that sends no request for `_IDLE_SECONDS` or stops reading for
 
 Unauthenticated peers cannot lock subscribers out: connections still in their
 handshake are held apart from authenticated ones, at most `max_connections` of
-them, and a new connection at that cap cuts the oldest pending one
-(`handshake_evicted`) instead of being turned away. Holding every slot for the
-handshake's few seconds, restarting as each times out, thus takes no slot from
-a subscriber, whose own handshake needs one round trip; only a flood of fresh
-connections faster than that round trip delays it (a network-level attack:
-keep the channel on a private network). A subscriber that authenticates while
-`max_connections` others are served is refused (`too_many_connections`).
+them, and a new connection at that cap cuts the oldest pending one of the peer
+host that holds the most (`handshake_evicted`) instead of being turned away.
+Holding every slot for the handshake's few seconds, restarting as each times
+out, thus takes no slot from a subscriber, and a host that opens connections
+faster than a subscriber's handshake cuts only its own: only floods from as
+many hosts as the subscriber's own host has pending handshakes, or from that
+host, can cut it (a network-level attack: keep the channel on a private
+network). A subscriber leaves the pending handshakes when its proof checks out,
+before it is told so, so a flood can never cut one that was told it passed; one
+that proves the secret while `max_connections` others are served is refused
+(`too_many_connections`). The listen queue is the kernel's largest, so a burst
+of connections waits to be accepted instead of losing seconds to retransmits.
 
 Wire protocol (frames, handshake and signature: `weights_wire`), after the handshake:
   {"op": "versions"}          -> {"protocol", "process_index", "process_count", "versions"}
@@ -102,20 +107,34 @@ class _Server(socketserver.ThreadingTCPServer):
   daemon_threads = True
   allow_reuse_address = True
   block_on_close = False
+  # The kernel's most: connections that arrive faster than they are accepted (samplers
+  # reconnecting at once, a flood) wait in its queue; past it a connect is dropped and
+  # retried only after 1 s, 3 s, 7 s, ... (the socketserver default of 5 made it so).
+  request_queue_size = socket.SOMAXCONN
 
   def verify_request(self, request, client_address) -> bool:
     """Admits every connection to the handshake; at `max_connections` pending
-    handshakes the oldest is cut (module docstring)."""
+    handshakes one is cut, the oldest of the busiest peer host (module docstring)."""
     channel: NetworkWeights = self.channel
     with channel._lock:
       if len(channel._pending) >= channel.max_connections:
-        oldest, peer = channel._pending.popitem(last=False)
-        channel._evicted.add(oldest)
-        _cut(oldest)
+        victim = _oldest_of_busiest_host(channel._pending)
+        peer = channel._pending.pop(victim)
+        channel._evicted.add(victim)
+        _cut(victim)
         channel._count(PeerError("handshake_evicted", "a newer connection needed the slot of "
                                  "this unfinished handshake"), peer)
       channel._pending[request] = client_address
     return True
+
+
+def _oldest_of_busiest_host(pending: collections.OrderedDict) -> socket.socket:
+  """The oldest of the `pending` handshakes (oldest first, each with its peer's address)
+  from the peer host that holds the most of them: a host that floods the cap cuts its
+  own connections, not a sampler's on another host (ties: the oldest of all)."""
+  per_host = collections.Counter(peer[0] for peer in pending.values())
+  most = max(per_host.values())
+  return next(sock for sock, peer in pending.items() if per_host[peer[0]] == most)
 
 
 def _cut(sock: socket.socket) -> None:
@@ -133,18 +152,20 @@ class _Handler(socketserver.BaseRequestHandler):
     channel: NetworkWeights = self.server.channel
     sock = self.request
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    try:
-      wire.server_handshake(sock, channel._secret)
+
+    def admit() -> None:
+      """Moves `sock` from the pending handshakes to the subscribers, under one lock
+      hold and before the subscriber is told it passed: a flood can no longer cut it."""
       with channel._lock:
-        evicted = sock in channel._evicted or channel._pending.pop(sock, None) is None
-        admitted = not evicted and len(channel._connections) < channel.max_connections
-        if admitted:
-          channel._connections.add(sock)
-      if evicted:
-        return  # counted when it was cut
-      if not admitted:
-        raise PeerError("too_many_connections", f"more than {channel.max_connections} "
-                        "subscribers at once (sampler.weights_max_connections)")
+        if channel._pending.pop(sock, None) is None:  # cut meanwhile, and counted then
+          raise PeerError("handshake_evicted", "cut while its proof was being checked")
+        if len(channel._connections) >= channel.max_connections:
+          raise PeerError("too_many_connections", f"more than {channel.max_connections} "
+                          "subscribers at once (sampler.weights_max_connections)")
+        channel._connections.add(sock)
+
+    try:
+      wire.server_handshake(sock, channel._secret, admit)
       while True:
         try:
           payload = wire.recv_frame(sock, wire.MAX_REQUEST_BYTES,
