@@ -26,14 +26,15 @@ them, and a new connection at that cap cuts the oldest pending one of the peer
 host that holds the most (`handshake_evicted`) instead of being turned away.
 Holding every slot for the handshake's few seconds, restarting as each times
 out, thus takes no slot from a subscriber, and a host that opens connections
-faster than a subscriber's handshake cuts only its own: only floods from as
-many hosts as the subscriber's own host has pending handshakes, or from that
-host, can cut it (a network-level attack: keep the channel on a private
-network). A subscriber leaves the pending handshakes when its proof checks out,
-before it is told so, so a flood can never cut one that was told it passed; one
-that proves the secret while `max_connections` others are served is refused
-(`too_many_connections`). The listen queue is the kernel's largest, so a burst
-of connections waits to be accepted instead of losing seconds to retransmits.
+faster than a subscriber's handshake cuts only its own: only a flood from the
+subscriber's own host, or spread over so many hosts that none holds more pending
+handshakes than that host, can cut it (a network-level attack: keep the channel
+on a private network). A subscriber leaves the pending handshakes when its
+proof checks out, before it is told so, so a flood can never cut one that was
+told it passed; one that proves the secret while `max_connections` others are
+served is refused (`too_many_connections`). The listen queue holds
+`2 * max_connections` connections, so a burst of that many waits to be accepted
+instead of losing seconds to retransmits.
 
 Wire protocol (frames, handshake and signature: `weights_wire`), after the handshake:
   {"op": "versions"}          -> {"protocol", "process_index", "process_count", "versions"}
@@ -107,10 +108,15 @@ class _Server(socketserver.ThreadingTCPServer):
   daemon_threads = True
   allow_reuse_address = True
   block_on_close = False
-  # The kernel's most: connections that arrive faster than they are accepted (samplers
-  # reconnecting at once, a flood) wait in its queue; past it a connect is dropped and
-  # retried only after 1 s, 3 s, 7 s, ... (the socketserver default of 5 made it so).
-  request_queue_size = socket.SOMAXCONN
+
+  def __init__(self, address: tuple[str, int], max_connections: int):
+    # The listen queue holds as many connections as are served at once (subscribers and
+    # handshakes), so every sampler reconnecting at once waits to be accepted; a connect
+    # past the queue is dropped and retried after 1 s, 3 s, 7 s, ... (the socketserver
+    # default of 5 did that to bursts). No longer: under a flood, a connect queued
+    # behind it waits for all of it to be accepted.
+    self.request_queue_size = 2 * max_connections
+    super().__init__(address, _Handler)
 
   def verify_request(self, request, client_address) -> bool:
     """Admits every connection to the handshake; at `max_connections` pending
@@ -230,7 +236,7 @@ class NetworkWeights:
     # Read once here: server threads must not touch the JAX runtime.
     self._process = {"process_index": jax.process_index(), "process_count": jax.process_count()}
     try:
-      self._server = _Server((host, port), _Handler)
+      self._server = _Server((host, port), max_connections)
     except OSError as error:
       raise OSError(f"weight channel: cannot listen on {host}:{port}: {error}; choose another "
                     "sampler.weights_port (or check this host's sampler.weights_addresses "
