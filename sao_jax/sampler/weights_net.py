@@ -276,17 +276,18 @@ class NetworkWeights:
 
   def _answer(self, sock: socket.socket, request: dict) -> None:
     op = request.get("op")
+    get = op == "get" and type(request.get("version")) is int  # else an unknown request
     with self._lock:
       versions = sorted(self._snapshots)
-      snapshot = self._snapshots.get(request.get("version")) if op == "get" else None
+      snapshot = self._snapshots.get(request["version"]) if get else None
     if op == "versions":
       wire.send_json(sock, {"protocol": PROTOCOL, **self._process, "versions": versions})
-    elif op == "get" and snapshot is not None:
+    elif get and snapshot is not None:
       sock.sendall(snapshot.header)
       for payload in snapshot.payloads:
         sock.sendall(LENGTH.pack(payload.nbytes))
         sock.sendall(payload)
-    elif op == "get":
+    elif get:
       wire.send_json(sock, {"error": f"version {request.get('version')!r} is not held "
                                      f"(holding {versions})"})
     else:

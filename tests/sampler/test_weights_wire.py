@@ -306,6 +306,19 @@ def test_a_burst_of_connections_is_queued_not_dropped():
     publisher.close()
 
 
+def test_a_get_without_an_integer_version_is_answered_and_counted(publisher):
+  """Before: a subscriber's {"op": "get", "version": [1]} raised TypeError (unhashable)
+  in the learner's handler: a traceback, no reply and no count."""
+  for version in ([1], {"v": 1}):
+    with socket.create_connection(publisher.address.split(":")) as sock:
+      weights_wire.client_handshake(sock, SECRET, 5)
+      weights_wire.send_json(sock, {"op": "get", "version": version})
+      reply = json.loads(weights_wire.recv_frame(sock, 1 << 16, time.monotonic() + 5))
+      assert reply.keys() == {"error"} and "unknown request" in reply["error"]
+      assert closed_by_peer(sock, 5)
+  assert wait_for(lambda: publisher.stats == {"bad_request": 2}), publisher.stats
+
+
 @pytest.mark.parametrize("reply, reason", [
     (LENGTH.pack(1 << 62), "oversized"),  # before: MemoryError
     (frame(b"[" * 20_000 + b"]" * 20_000), "bad_frame"),  # before: RecursionError
