@@ -22,13 +22,19 @@ subscriber that sends no request for `_IDLE_SECONDS` or stops reading for
 
 Unauthenticated peers cannot lock subscribers out: connections still in their
 handshake are held apart from authenticated ones, at most `max_connections` of
-them, and a new connection at that cap cuts the oldest pending one
-(`handshake_evicted`) instead of being turned away. Holding every slot for the
-handshake's few seconds, restarting as each times out, thus takes no slot from
-a subscriber, whose own handshake needs one round trip; only a flood of fresh
-connections faster than that round trip delays it (a network-level attack:
-keep the channel on a private network). A subscriber that authenticates while
-`max_connections` others are served is refused (`too_many_connections`).
+them, and a new connection at that cap cuts the oldest pending one of the peer
+host that holds the most (`handshake_evicted`) instead of being turned away.
+Holding every slot for the handshake's few seconds, restarting as each times
+out, thus takes no slot from a subscriber, and a host that opens connections
+faster than a subscriber's handshake cuts only its own: only a flood from the
+subscriber's own host, or spread over so many hosts that none holds more pending
+handshakes than that host, can cut it (a network-level attack: keep the channel
+on a private network). A subscriber leaves the pending handshakes when its
+proof checks out, before it is told so, so a flood can never cut one that was
+told it passed; one that proves the secret while `max_connections` others are
+served is refused (`too_many_connections`). The listen queue holds
+`2 * max_connections` connections, so a burst of that many waits to be accepted
+instead of losing seconds to retransmits.
 
 Wire protocol (frames, handshake and signature: `weights_wire`), after the handshake:
   {"op": "versions"}          -> {"protocol", "process_index", "process_count", "versions"}
@@ -103,19 +109,38 @@ class _Server(socketserver.ThreadingTCPServer):
   allow_reuse_address = True
   block_on_close = False
 
+  def __init__(self, address: tuple[str, int], max_connections: int):
+    # The listen queue holds as many connections as are served at once (subscribers and
+    # handshakes), so every sampler reconnecting at once waits to be accepted; a connect
+    # past the queue is dropped and retried after 1 s, 3 s, 7 s, ... (the socketserver
+    # default of 5 did that to bursts). No longer: under a flood, a connect queued
+    # behind it waits for all of it to be accepted.
+    self.request_queue_size = 2 * max_connections
+    super().__init__(address, _Handler)
+
   def verify_request(self, request, client_address) -> bool:
     """Admits every connection to the handshake; at `max_connections` pending
-    handshakes the oldest is cut (module docstring)."""
+    handshakes one is cut, the oldest of the busiest peer host (module docstring)."""
     channel: NetworkWeights = self.channel
     with channel._lock:
       if len(channel._pending) >= channel.max_connections:
-        oldest, peer = channel._pending.popitem(last=False)
-        channel._evicted.add(oldest)
-        _cut(oldest)
+        victim = _oldest_of_busiest_host(channel._pending)
+        peer = channel._pending.pop(victim)
+        channel._evicted.add(victim)
+        _cut(victim)
         channel._count(PeerError("handshake_evicted", "a newer connection needed the slot of "
                                  "this unfinished handshake"), peer)
       channel._pending[request] = client_address
     return True
+
+
+def _oldest_of_busiest_host(pending: collections.OrderedDict) -> socket.socket:
+  """The oldest of the `pending` handshakes (oldest first, each with its peer's address)
+  from the peer host that holds the most of them: a host that floods the cap cuts its
+  own connections, not a sampler's on another host (ties: the oldest of all)."""
+  per_host = collections.Counter(peer[0] for peer in pending.values())
+  most = max(per_host.values())
+  return next(sock for sock, peer in pending.items() if per_host[peer[0]] == most)
 
 
 def _cut(sock: socket.socket) -> None:
@@ -133,18 +158,20 @@ class _Handler(socketserver.BaseRequestHandler):
     channel: NetworkWeights = self.server.channel
     sock = self.request
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    try:
-      wire.server_handshake(sock, channel._secret)
+
+    def admit() -> None:
+      """Moves `sock` from the pending handshakes to the subscribers, under one lock
+      hold and before the subscriber is told it passed: a flood can no longer cut it."""
       with channel._lock:
-        evicted = sock in channel._evicted or channel._pending.pop(sock, None) is None
-        admitted = not evicted and len(channel._connections) < channel.max_connections
-        if admitted:
-          channel._connections.add(sock)
-      if evicted:
-        return  # counted when it was cut
-      if not admitted:
-        raise PeerError("too_many_connections", f"more than {channel.max_connections} "
-                        "subscribers at once (sampler.weights_max_connections)")
+        if channel._pending.pop(sock, None) is None:  # cut meanwhile, and counted then
+          raise PeerError("handshake_evicted", "cut while its proof was being checked")
+        if len(channel._connections) >= channel.max_connections:
+          raise PeerError("too_many_connections", f"more than {channel.max_connections} "
+                          "subscribers at once (sampler.weights_max_connections)")
+        channel._connections.add(sock)
+
+    try:
+      wire.server_handshake(sock, channel._secret, admit)
       while True:
         try:
           payload = wire.recv_frame(sock, wire.MAX_REQUEST_BYTES,
@@ -209,7 +236,7 @@ class NetworkWeights:
     # Read once here: server threads must not touch the JAX runtime.
     self._process = {"process_index": jax.process_index(), "process_count": jax.process_count()}
     try:
-      self._server = _Server((host, port), _Handler)
+      self._server = _Server((host, port), max_connections)
     except OSError as error:
       raise OSError(f"weight channel: cannot listen on {host}:{port}: {error}; choose another "
                     "sampler.weights_port (or check this host's sampler.weights_addresses "
@@ -249,17 +276,18 @@ class NetworkWeights:
 
   def _answer(self, sock: socket.socket, request: dict) -> None:
     op = request.get("op")
+    get = op == "get" and type(request.get("version")) is int  # else an unknown request
     with self._lock:
       versions = sorted(self._snapshots)
-      snapshot = self._snapshots.get(request.get("version")) if op == "get" else None
+      snapshot = self._snapshots.get(request["version"]) if get else None
     if op == "versions":
       wire.send_json(sock, {"protocol": PROTOCOL, **self._process, "versions": versions})
-    elif op == "get" and snapshot is not None:
+    elif get and snapshot is not None:
       sock.sendall(snapshot.header)
       for payload in snapshot.payloads:
         sock.sendall(LENGTH.pack(payload.nbytes))
         sock.sendall(payload)
-    elif op == "get":
+    elif get:
       wire.send_json(sock, {"error": f"version {request.get('version')!r} is not held "
                                      f"(holding {versions})"})
     else:

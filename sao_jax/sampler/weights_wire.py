@@ -41,7 +41,7 @@ import secrets
 import socket
 import struct
 import time
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -183,8 +183,10 @@ def _hex(message: dict, key: str, size: int, what: str) -> bytes:
   return value
 
 
-def server_handshake(sock: socket.socket, secret: bytes) -> None:
-  """The publisher's side; returns once the subscriber proved the secret."""
+def server_handshake(sock: socket.socket, secret: bytes, admit: Callable[[], None]) -> None:
+  """The publisher's side; returns once the subscriber proved the secret. `admit()` runs
+  between the proof and telling the subscriber it passed, so a subscriber that was told
+  is already admitted; it raises PeerError to turn the subscriber away instead."""
   deadline = time.monotonic() + HANDSHAKE_SECONDS
   hello = parse(recv_frame(sock, MAX_REQUEST_BYTES, deadline), MAX_REQUEST_BYTES, "hello")
   if hello.get("op") != "hello" or hello.get("protocol") != PROTOCOL:
@@ -199,6 +201,7 @@ def server_handshake(sock: socket.socket, secret: bytes) -> None:
   if auth.get("op") != "auth" or not hmac.compare_digest(
       proof, _mac(secret, b"subscriber", client_nonce, nonce)):
     raise PeerError("auth_failed", "the subscriber did not prove the shared secret")
+  admit()
   send_json(sock, {"authenticated": True})
 
 

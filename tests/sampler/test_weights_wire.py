@@ -228,6 +228,97 @@ def test_subscribers_past_the_cap_are_refused_after_their_handshake():
     publisher.close()
 
 
+def test_a_flood_cannot_cut_a_subscriber_that_proved_the_secret(monkeypatch):
+  """Before: a subscriber stayed a pending handshake after it was told it was
+  authenticated, until its handler took the lock; a flood in that moment cut it
+  (the sampler's next request failed: ConnectionError)."""
+  publisher = weights_net.NetworkWeights(params(0), secret=SECRET, max_connections=2)
+  publisher.publish(params(1), version=1)
+  address = publisher.address.split(":")
+  squatters = []
+  handshake = weights_wire.server_handshake
+
+  def handshake_then_a_flood(*args):
+    handshake(*args)
+    squatters.extend(socket.create_connection(address) for _ in range(2))
+    names = {sock.getsockname() for sock in squatters}
+    assert wait_for(lambda: set(publisher._pending.values()) == names)
+
+  monkeypatch.setattr(weights_wire, "server_handshake", handshake_then_a_flood)
+  subscriber = subscriber_of(publisher.address)
+  try:
+    assert subscriber.poll()[1] == 1
+  finally:
+    subscriber.close()
+    for sock in squatters:
+      sock.close()
+    publisher.close()
+  assert "handshake_evicted" not in publisher.stats
+
+
+def test_a_flood_from_one_host_cannot_cut_a_handshake_from_another():
+  """Before: a new connection at the cap cut the oldest pending handshake whoever
+  made it, so one host opening connections faster than a subscriber's handshake
+  cut the subscriber (its poll raised ConnectionError)."""
+  publisher = weights_net.NetworkWeights(params(0), secret=SECRET, max_connections=3)
+  publisher.publish(params(1), version=1)
+  address = publisher.address.split(":")
+  sampler = socket.create_connection(address)  # from 127.0.0.1
+  squatters = []
+  try:
+    assert wait_for(lambda: len(publisher._pending) == 1)
+    squatters = [socket.create_connection(address, source_address=("127.0.0.2", 0))
+                 for _ in range(6)]
+    assert wait_for(lambda: publisher.stats["handshake_evicted"] == 4), publisher.stats
+    weights_wire.client_handshake(sampler, SECRET, 5)
+    weights_wire.send_json(sampler, {"op": "versions"})
+    reply = json.loads(weights_wire.recv_frame(sampler, 1 << 16, time.monotonic() + 5))
+    assert reply["versions"] == [1]
+    assert all(closed_by_peer(sock, 2) for sock in squatters[:4]), "the flood's oldest stay"
+    assert set(publisher._pending.values()) == {sock.getsockname() for sock in squatters[4:]}
+  finally:
+    sampler.close()
+    for sock in squatters:
+      sock.close()
+    publisher.close()
+
+
+def test_a_burst_of_connections_is_queued_not_dropped():
+  """Before: a listen backlog of 5: connections arriving faster than the server
+  accepts them (samplers reconnecting at once, or a flood) overflowed the kernel's
+  queue, and each dropped connect waited out a 1 s (then 3 s, 7 s, ...) retransmit."""
+  publisher = weights_net.NetworkWeights(params(0), secret=SECRET, max_connections=32)
+  publisher.publish(params(1), version=1)
+  host, port = publisher.address.split(":")
+  burst = [socket.socket() for _ in range(63)]  # with the subscriber: the 2 * 32 queued
+  subscriber = subscriber_of(publisher.address)
+  try:
+    for sock in burst:
+      sock.setblocking(False)
+      sock.connect_ex((host, int(port)))
+    start = time.monotonic()
+    assert subscriber.poll()[1] == 1
+    assert time.monotonic() - start < 0.9, "the subscriber's connect was dropped and retried"
+  finally:
+    subscriber.close()
+    for sock in burst:
+      sock.close()
+    publisher.close()
+
+
+def test_a_get_without_an_integer_version_is_answered_and_counted(publisher):
+  """Before: a subscriber's {"op": "get", "version": [1]} raised TypeError (unhashable)
+  in the learner's handler: a traceback, no reply and no count."""
+  for version in ([1], {"v": 1}):
+    with socket.create_connection(publisher.address.split(":")) as sock:
+      weights_wire.client_handshake(sock, SECRET, 5)
+      weights_wire.send_json(sock, {"op": "get", "version": version})
+      reply = json.loads(weights_wire.recv_frame(sock, 1 << 16, time.monotonic() + 5))
+      assert reply.keys() == {"error"} and "unknown request" in reply["error"]
+      assert closed_by_peer(sock, 5)
+  assert wait_for(lambda: publisher.stats == {"bad_request": 2}), publisher.stats
+
+
 @pytest.mark.parametrize("reply, reason", [
     (LENGTH.pack(1 << 62), "oversized"),  # before: MemoryError
     (frame(b"[" * 20_000 + b"]" * 20_000), "bad_frame"),  # before: RecursionError
