@@ -19,7 +19,12 @@ Under LoRA the channel carries only the adapters: the worker loads the frozen
 base once (`run.init`) and adopts each version as the base merged with them.
 
 Until the first weights arrive an unreachable weight channel (a learner on
-another slice that has not started serving) is waited for, not an error.
+another slice that has not started serving) is waited for, not an error. After
+that, a channel that drops or refuses the connection (a learner restarting, a
+publisher at its subscriber cap, a network fault) is not the worker's end either:
+it keeps sampling with the weights it has, finishing the episodes in flight, and
+polls again after a wait that doubles from `_RECONNECT_FIRST_S` to
+`_RECONNECT_MAX_S` per consecutive failure (each logged), reset by a clean poll.
 
 Samplers die with their learner. `process_main` wraps the run:
 - the kernel SIGKILLs the worker when the learner dies by any signal (Linux
@@ -53,6 +58,8 @@ from sao_jax.config import Config
 from sao_jax.data.transport import TransportClosed
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# Waits before polling a weight channel again after it failed (module docstring).
+_RECONNECT_FIRST_S, _RECONNECT_MAX_S = 1.0, 30.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,9 +186,11 @@ def run_sampler(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
   prompt_ids = PromptIds(group, cfg.algorithm.running_mean_slots, spec.worker_id)
   seed = cfg.sampler.seed * 1_000_003 + spec.worker_id * 7919
   started = 0
+  reconnect = _Reconnect(lambda line: print(f"sampler {spec.worker_id}: {line}",
+                                            file=sys.stderr, flush=True))
   try:
     while alive():
-      got = subscriber.poll()
+      got = reconnect.poll(subscriber)
       if got is not None:
         engine.set_params(to_policy(got[0]), got[1])
       while runner.in_flight + group <= runner.max_episodes:
@@ -197,6 +206,29 @@ def run_sampler(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
   finally:
     runner.close()
     subscriber.close()
+
+
+class _Reconnect:
+  """`subscriber.poll()`, or None without touching the network until the wait after a
+  ConnectionError has passed (module docstring)."""
+
+  def __init__(self, log: Callable[[str], None], clock: Callable[[], float] = time.monotonic):
+    self._log, self._clock = log, clock
+    self._wait, self._retry_at = 0.0, 0.0
+
+  def poll(self, subscriber):
+    if self._clock() < self._retry_at:
+      return None
+    try:
+      got = subscriber.poll()
+    except ConnectionError as error:
+      self._wait = min(max(2 * self._wait, _RECONNECT_FIRST_S), _RECONNECT_MAX_S)
+      self._retry_at = self._clock() + self._wait
+      self._log(f"weight channel unavailable ({error}); sampling on with the current "
+                f"weights, polling again in {self._wait:.0f} s")
+      return None
+    self._wait = 0.0
+    return got
 
 
 def hand_over(transport, traj, alive: Callable[[], bool], poll_s: float = 1.0) -> bool:
