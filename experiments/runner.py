@@ -104,8 +104,8 @@ def warm_start_dir(out: pathlib.Path, cfg: Config) -> pathlib.Path:
   env = {k: v for k, v in _changed(cfg.env).items() if k != "style_schedule"}
   sft = [cfg.run.sft_steps, cfg.run.sft_lr, cfg.run.sft_batch]
   if cfg.run.sft_target_accuracy:  # appended only when set: older keys stay valid
-    sft += [cfg.run.sft_target_accuracy, cfg.run.sft_check_every, cfg.run.eval_episodes,
-            cfg.run.eval_seed]
+    sft += [cfg.run.sft_target_accuracy, cfg.run.sft_check_every,
+            cfg.run.sft_validation_episodes, cfg.run.eval_seed]
   key = json.dumps({"model": _changed(cfg.model), "env": env, "data": _changed(cfg.data),
                     "seed": cfg.seed, "sft": sft}, sort_keys=True, default=str)
   digest = hashlib.sha1(key.encode()).hexdigest()[:8]

@@ -15,6 +15,7 @@ stops at the first validation check that reaches the target. `sao-train` and
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import pathlib
 from typing import Iterator
@@ -127,7 +128,7 @@ def sft_warm_start(cfg: Config, chat: ChatFormat, policy: Params, demos: Iterato
   """SFT of `policy` on `demos` (chat transcripts) as `cfg.run` says; returns (policy, record).
 
   With `run.sft_target_accuracy` > 0, every `run.sft_check_every` steps the
-  policy plays `run.eval_episodes` greedy validation episodes (task seed
+  policy plays `run.sft_validation_episodes` greedy validation episodes (task seed
   `run.eval_seed + 1`, disjoint from the held-out evaluation set) and SFT stops
   at the first check whose accuracy reaches the target (each check is also
   passed to `log_metrics` as `sft/validation_accuracy`). The record holds the
@@ -144,7 +145,9 @@ def sft_warm_start(cfg: Config, chat: ChatFormat, policy: Params, demos: Iterato
     nonlocal validator
     params = jax.device_get(params)
     if validator is None:
-      validator = Evaluator(cfg, chat, params, seed=run.eval_seed + 1)
+      checks_cfg = dataclasses.replace(
+          cfg, run=dataclasses.replace(run, eval_episodes=run.sft_validation_episodes))
+      validator = Evaluator(checks_cfg, chat, params, seed=run.eval_seed + 1)
     accuracy = validator.evaluate(params, 0)["eval/accuracy"]
     checks.append((steps_done, accuracy))
     log_metrics(steps_done - 1, {"sft/validation_accuracy": accuracy})

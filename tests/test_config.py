@@ -64,6 +64,8 @@ def test_variant_presets_follow_the_paper():
     ("run", {"sft_target_accuracy": 1.5}, r"run.sft_target_accuracy=1.5.*\[0, 1\]"),
     ("run", {"sft_target_accuracy": 0.5}, r"run.sft_target_accuracy=0.5.*run.sft_steps"),
     ("run", {"sft_steps": 10, "sft_check_every": 0}, r"run.sft_check_every=0.*positive"),
+    ("run", {"sft_check_episodes": -1}, r"run.sft_check_episodes=-1.*>= 0"),
+    ("run", {"sft_check_episodes": True}, r"run.sft_check_episodes=True.*integer"),
     ("run", {"eval_transcripts": -1}, r"run.eval_transcripts=-1.*>= 0"),
 ])
 def test_bad_values_are_named(section, changes, message):

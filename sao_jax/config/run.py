@@ -34,9 +34,9 @@ class RunConfig:
   RUN_DIR/eval/episodes_step_<step>.jsonl (the same tasks every time, so what
   the policy writes can be compared across steps; 0 writes none).
   `sft_target_accuracy` > 0 ends the warm-start early, at the first multiple of
-  `sft_check_every` steps where greedy accuracy on `eval_episodes` validation
-  tasks (seed `eval_seed + 1`, so the held-out set the run reports on plays no
-  part in choosing the stop) reaches it: RL then starts from a chosen accuracy
+  `sft_check_every` steps where greedy accuracy on `sft_check_episodes`
+  validation tasks (0: `eval_episodes`; seed `eval_seed + 1`, so the held-out
+  set the run reports on plays no part in choosing the stop) reaches it: RL then starts from a chosen accuracy
   rather than from wherever `sft_steps` happen to land.
   `num_samplers` sampler processes run beside the learner; 0 starts none: the
   samplers run elsewhere (`sao-sampler` on another slice) and the learner reads
@@ -57,6 +57,7 @@ class RunConfig:
   sft_batch: int = 32
   sft_target_accuracy: float = 0.0  # 0: all sft_steps
   sft_check_every: int = 25  # also the interval of SFT progress lines in a log file
+  sft_check_episodes: int = 0  # validation episodes per SFT check; 0: eval_episodes
   eval_every: int = 20
   eval_episodes: int = 64
   eval_seed: int = 1_000_003
@@ -97,6 +98,10 @@ class RunConfig:
       if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         fail("run", name, value, "expected an integer >= 0 (0 disables)")
     check_positive("run", self, "sft_batch", "eval_episodes", "sft_check_every")
+    if (isinstance(self.sft_check_episodes, bool) or not isinstance(self.sft_check_episodes, int)
+        or self.sft_check_episodes < 0):
+      fail("run", "sft_check_episodes", self.sft_check_episodes,
+           "expected an integer >= 0 (0: as many as run.eval_episodes)")
     if not 0.0 <= self.sft_target_accuracy <= 1.0:
       fail("run", "sft_target_accuracy", self.sft_target_accuracy,
            "expected an accuracy in [0, 1] (0 runs all run.sft_steps)")
@@ -106,6 +111,12 @@ class RunConfig:
     if self.sft_lr <= 0:
       fail("run", "sft_lr", self.sft_lr, "expected a positive learning rate")
     self._validate_eval_and_loggers()
+
+  @property
+  def sft_validation_episodes(self) -> int:
+    """Greedy validation episodes per SFT check: `sft_check_episodes`, 0 meaning
+    `eval_episodes`."""
+    return self.sft_check_episodes or self.eval_episodes
 
   def _validate_eval_and_loggers(self) -> None:
     ks = self.eval_pass_k

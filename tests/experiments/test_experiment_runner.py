@@ -53,6 +53,9 @@ def test_warm_starts_are_shared_only_between_equal_settings(tmp_path):
   assert (dirs("tool_math", "run.sft_target_accuracy=0.3")
           != dirs("tool_math", "run.sft_target_accuracy=0.4"))
   assert dirs("tool_math") != dirs("style")
+  # The held-out evaluation's size is an RL field; the SFT checks' size is not.
+  assert dirs("tool_math") == dirs("tool_math", "run.eval_episodes=512")
+  assert dirs("tool_math") != dirs("tool_math", "run.sft_check_episodes=32")
 
 
 def _prepared_run(tmp_path, overrides_recorded=None, done=False):

@@ -85,6 +85,29 @@ def test_warm_start_stops_at_the_first_check_reaching_the_target(monkeypatch, ch
   assert seeds == [cfg.run.eval_seed + 1]  # validation tasks, not the held-out set
 
 
+def test_sft_checks_play_their_own_number_of_validation_episodes(monkeypatch, chat):
+  """`run.sft_check_episodes` sizes the checks apart from the held-out evaluation's
+  `run.eval_episodes` (TINY: 2); 0 keeps eval_episodes."""
+  sizes = []
+  original_init = evaluation.Evaluator.__init__
+
+  def init(self, cfg, *args, **kwargs):
+    sizes.append(cfg.run.eval_episodes)
+    original_init(self, cfg, *args, **kwargs)
+
+  monkeypatch.setattr(evaluation.Evaluator, "__init__", init)
+  monkeypatch.setattr(evaluation.Evaluator, "evaluate",
+                      lambda self, params, version: {"eval/accuracy": 1.0})
+  for check_episodes, want in ((3, 3), (0, 2)):
+    cfg = load_config(ROOT / "configs" / "demo_cpu.py",
+                      TINY + ["run.sft_steps=2", "run.sft_check_every=2",
+                              "run.sft_target_accuracy=0.5",
+                              f"run.sft_check_episodes={check_episodes}"])
+    warm_start.sft_warm_start(cfg, chat, warm_start.initial_policy(cfg),
+                              warm_start.demonstrations(cfg), log=lambda line: None)
+    assert sizes[-1] == want
+
+
 def test_warm_start_that_misses_the_target_says_where_it_landed(monkeypatch, chat):
   cfg = load_config(ROOT / "configs" / "demo_cpu.py",
                     TINY + ["run.sft_steps=4", "run.sft_check_every=2",
