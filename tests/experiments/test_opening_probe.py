@@ -41,11 +41,17 @@ def test_forced_tokens_before_the_first_action_become_actions():
   assert forced.outcome == 1.0
 
 
-def test_bias_is_the_lambda_weighted_critic_error_along_the_path():
+def sao_state_and_trajectories(seed: int):
+  """A tiny SAO config, its initial state (critic seeded by `seed`) and three
+  trajectories of one, two and three turns, failed or not."""
   cfg = C.Config(model=MODEL, algorithm=C.AlgorithmConfig.for_variant("sao"),
                  learner=C.LearnerConfig(batch_trajectories=4)).validate()
-  state = state_lib.init_state(cfg, jax.random.key(0))
-  trajs = [traj(1, 4, (5,), 1.0), traj(2, 3, (2, 4), 0.0), traj(3, 5, (3, 1, 2), 1.0)]
+  state = state_lib.init_state(cfg, jax.random.key(seed))
+  return cfg, state, [traj(1, 4, (5,), 1.0), traj(2, 3, (2, 4), 0.0), traj(3, 5, (3, 1, 2), 1.0)]
+
+
+def test_bias_is_the_lambda_weighted_critic_error_along_the_path():
+  cfg, state, trajs = sao_state_and_trajectories(0)
   got = opening_probe.opening_advantages(cfg, state, trajs)
   from sao_jax.models.forward import value_forward
   forward = jax.jit(lambda params, tokens: value_forward(params, cfg.model, tokens,
@@ -85,10 +91,7 @@ def test_the_probe_runs_on_a_checkpoint_of_a_quick_run(tmp_path):
 
 
 def test_turn_advantages_group_each_turns_tokens_by_outcome():
-  cfg = C.Config(model=MODEL, algorithm=C.AlgorithmConfig.for_variant("sao"),
-                 learner=C.LearnerConfig(batch_trajectories=4)).validate()
-  state = state_lib.init_state(cfg, jax.random.key(1))
-  trajs = [traj(1, 4, (5,), 1.0), traj(2, 3, (2, 4), 0.0), traj(3, 5, (3, 1, 2), 1.0)]
+  cfg, state, trajs = sao_state_and_trajectories(1)
   got = opening_probe.turn_advantages(cfg, state, trajs)
   _, _, adv = opening_probe._values_and_advantages(cfg, state, trajs)
   # Walk each row: the k-th run of action tokens is turn k.
