@@ -115,6 +115,15 @@ def agree_on_batch(length: int | None) -> int | None:
   return int(every[:, 1].max()) if every[:, 0].all() else None
 
 
+def from_first_host(data: bytes) -> bytes:
+  """The first host's `data` (the same length on every host), on every host. All hosts
+  call it."""
+  from jax.experimental import multihost_utils
+
+  mine = np.frombuffer(data, np.uint8)
+  return np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, mine.size)[0].tobytes()
+
+
 def any_host(flag: bool) -> bool:
   """Whether `flag` is set on any host (e.g. a SIGTERM one host got). All hosts call it."""
   from jax.experimental import multihost_utils

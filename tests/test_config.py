@@ -81,7 +81,7 @@ def test_grpo_needs_a_group():
     cfg.AlgorithmConfig.for_variant("grpo", group_size=1).validate()
 
 
-def test_samplers_elsewhere_need_a_directory_transport_and_a_remote_weight_channel():
+def test_samplers_elsewhere_need_a_directory_transport_a_secret_and_a_remote_weight_channel():
   base = cfg.Config(run=cfg.RunConfig(num_samplers=0))
   with pytest.raises(ValueError, match=r"data.transport='queue'.*run.num_samplers=0"):
     base.validate()
@@ -89,8 +89,13 @@ def test_samplers_elsewhere_need_a_directory_transport_and_a_remote_weight_chann
                                                             transport_dir="/shared/trajectories"))
   with pytest.raises(ValueError, match=r"sampler.weights='shared_memory'.*run.num_samplers=0"):
     directory.validate()
+  for weights in ("network", "directory"):  # records in a shared directory must be sealed
+    with pytest.raises(ValueError, match=r"sampler.weights_secret_file=''.*seal the trajectories"):
+      dataclasses.replace(directory, sampler=cfg.SamplerConfig(
+          weights=weights, weights_dir="/shared/weights")).validate()
   with pytest.raises(ValueError, match=r"sampler.weights_addresses=\(\).*host:port"):
-    dataclasses.replace(directory, sampler=cfg.SamplerConfig(weights="network")).validate()
+    dataclasses.replace(directory, sampler=cfg.SamplerConfig(
+        weights="network", weights_secret_file="weights.secret")).validate()
   dataclasses.replace(directory, sampler=cfg.SamplerConfig(
       weights="network", weights_addresses=("10.0.0.2:8477",),
       weights_secret_env="SAO_WEIGHTS_SECRET")).validate()

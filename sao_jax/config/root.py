@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from sao_jax import run_secret
 from sao_jax.config.algorithm import AlgorithmConfig
 from sao_jax.config.checks import check_finite, fail
 from sao_jax.config.data import DataConfig
@@ -78,8 +79,8 @@ class Config:
 
   def check_remote_samplers(self) -> None:
     """ValueError unless samplers on other hosts (`sao-sampler`) can reach the
-    learner: trajectories through a shared directory, weights over the network or
-    a shared directory."""
+    learner: trajectories through a shared directory, sealed with a shared secret;
+    weights over the network or a shared directory."""
     if self.data.transport != "directory":
       fail("data", "transport", self.data.transport,
            "samplers elsewhere (sao-sampler, run.num_samplers=0) send trajectories through "
@@ -90,6 +91,12 @@ class Config:
            "samplers elsewhere (sao-sampler, run.num_samplers=0) cannot read the learner's "
            "shared memory; set sampler.weights='network' (with weights_addresses) or "
            "'directory'")
+    if not (self.sampler.weights_secret_file or self.sampler.weights_secret_env):
+      fail("sampler", "weights_secret_file", self.sampler.weights_secret_file,
+           "samplers elsewhere (sao-sampler, run.num_samplers=0) seal the trajectories they "
+           "write to the shared directory with the run's secret: create one with "
+           f"`{run_secret.CREATE_HINT}`, copy it to every learner and sampler host and set "
+           "sampler.weights_secret_file (or sampler.weights_secret_env)")
     if self.sampler.weights == "network" and not self.sampler.weights_addresses:
       fail("sampler", "weights_addresses", self.sampler.weights_addresses,
            "samplers elsewhere (sao-sampler, run.num_samplers=0) connect to the learner "

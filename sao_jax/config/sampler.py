@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from sao_jax import run_secret
 from sao_jax.config.checks import check_choice, check_positive, fail
 from sao_jax.config.mesh import MeshConfig
 
@@ -49,8 +50,9 @@ class SamplerConfig:
   process order; empty: only this host, for same-host samplers). Its peers
   prove a shared secret (`sao_jax.sampler.weights_wire`): the bytes of
   `weights_secret_file`, or of the environment variable `weights_secret_env`
-  (at most one of the two); required with `weights_addresses` (samplers on other
-  hosts), a fresh random one otherwise. Each learner host listens on its own
+  (at most one of the two); required with `weights_addresses` or
+  `run.num_samplers=0` (samplers on other hosts), a fresh random one otherwise.
+  The same secret seals the directory transport's records (`data.sealed`). Each learner host listens on its own
   entry of `weights_addresses` (loopback without them) and serves at most
   `weights_max_connections` authenticated subscribers at once, beside at most as
   many connections still in their handshake (`sao_jax.sampler.weights_net`).
@@ -141,7 +143,7 @@ class SamplerConfig:
         self.weights_secret_file or self.weights_secret_env):
       fail("sampler", "weights_secret_file", self.weights_secret_file,
            "weights_addresses (samplers on other hosts) needs a shared secret: create one with "
-           "`head -c 32 /dev/urandom > weights.secret`, copy it to every learner and sampler "
+           f"`{run_secret.CREATE_HINT}`, copy it to every learner and sampler "
            "host and set sampler.weights_secret_file=weights.secret (or "
            "sampler.weights_secret_env to a variable holding it)")
     buckets = self.prefill_buckets

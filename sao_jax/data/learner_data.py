@@ -12,29 +12,36 @@ learner loop assembles the global batch.
 
 from __future__ import annotations
 
+import secrets
 from typing import Callable, Iterator
 
 import jax
 
+from sao_jax import distributed, run_secret
 from sao_jax.config import Config
-from sao_jax.data import pipeline
+from sao_jax.data import pipeline, sealed
 from sao_jax.data.transport import DirectoryTransport, QueueTransport
 
 
 def learner_transport(cfg: Config, drops: pipeline.Drops):
   """The learner's end of the transport. A directory is partitioned between the
-  learner hosts and reopened: a previous run's close marker would turn writers away.
-  Records it quarantines are counted in `drops`."""
+  learner hosts, sealed with the run secret (`run_secret`: the configured one, else a
+  fresh one that same-host samplers inherit) and started as a new run, whose nonce
+  the first host draws and announces. Records it quarantines are counted in `drops`."""
   if cfg.data.transport == "queue":
     if jax.process_count() > 1:
       raise ValueError(f"data.transport='queue' cannot feed a learner of {jax.process_count()} "
                        "hosts; use data.transport='directory'")
     return QueueTransport(cfg.data.transport_capacity, drops=drops)
+  secret = run_secret.secret_or_fresh(cfg.sampler)
+  nonce = secrets.token_bytes(sealed.NONCE_BYTES)
+  if jax.process_count() > 1:  # every host seals and reads for the first host's run
+    secret, nonce = distributed.from_first_host(secret), distributed.from_first_host(nonce)
   transport = DirectoryTransport(
       cfg.data.transport_dir, cfg.data.transport_capacity, max_tokens=cfg.sampler.max_seq_len,
-      shard=(jax.process_index(), jax.process_count()), by_prompt=cfg.algorithm.group_size > 1,
-      drops=drops)
-  transport.reopen()
+      secret=secret, shard=(jax.process_index(), jax.process_count()),
+      by_prompt=cfg.algorithm.group_size > 1, drops=drops)
+  transport.start_run(nonce, announce=jax.process_index() == 0)
   return transport
 
 

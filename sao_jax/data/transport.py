@@ -29,8 +29,16 @@ nothing to read.
   whole), the trajectory's `prompt_id`. The partition is a function of the file
   name alone, so it needs no coordination and survives restarts.
 
-  The directory is shared, so a reader trusts nothing in it: a record that
-  is unreadable (truncated, garbage), oversized (more than
+  The directory is shared, so nothing in it is trusted for its name or place:
+  every record, the RUN marker the learner writes when it starts a run
+  (`start_run`) and the CLOSED marker it writes when the run ends are sealed
+  with the run's secret and bound to that run (`sealed`). Writers write for the
+  run the newest signed RUN marker names; a record without a valid seal for
+  this run and its file name (a forgery, a copy renamed into another shard, an
+  earlier run's) is quarantined as `bad_signature`, one this reader already
+  consumed (a copy put back) as `replayed`, and an unsigned or stale CLOSED
+  stops nobody. Records an earlier run left are quarantined as `earlier_run`
+  when a run starts. A record that is unreadable (truncated, garbage), oversized (more than
   `records.max_record_bytes(max_tokens)`, compressed or not) or malformed (other
   members, dtypes, shapes or metadata; a prompt id that differs from its name),
   and a `.traj` file whose name is not `<writer>-<seq>.p<prompt id>.traj`, is
@@ -54,12 +62,14 @@ import os
 import pathlib
 import queue
 import re
+import secrets
 import stat
 import threading
 import time
 import uuid
 
-from sao_jax.data import records
+from sao_jax import run_secret
+from sao_jax.data import records, sealed
 from sao_jax.data.records import Trajectory
 
 
@@ -193,13 +203,19 @@ class DirectoryTransport:
 
   SUFFIX = ".traj"
   QUARANTINE = "quarantine"
+  RUN, CLOSED = "RUN", "CLOSED"
+  # Record names a reader remembers (replays). A copy of a forgotten one is older than
+  # the last REMEMBER records it consumed, so the staleness filter (`data.max_lag`)
+  # drops it whenever REMEMBER > (max_lag + 1) x the trajectories of a batch.
+  REMEMBER = 1 << 16
 
   def __init__(self, directory: str | os.PathLike, capacity: int, writer_id: str | None = None,
-               *, max_tokens: int, shard: tuple[int, int] = (0, 1), by_prompt: bool = False,
-               drops: collections.Counter | None = None):
+               *, max_tokens: int, secret: bytes, shard: tuple[int, int] = (0, 1),
+               by_prompt: bool = False, drops: collections.Counter | None = None):
     """`shard=(i, n)`: this reader takes the records of key i mod n (module docstring).
-    `max_tokens` (`sampler.max_seq_len`) bounds a record's size; `drops` counts the
-    quarantined ones (a `pipeline.Drops` also gets an example per reason)."""
+    `max_tokens` (`sampler.max_seq_len`) bounds a record's size; `secret` (`run_secret`)
+    seals records and markers; `drops` counts the quarantined records (a
+    `pipeline.Drops` also gets an example per reason). A reader calls `start_run` first."""
     if capacity <= 0:
       raise ValueError(f"transport capacity={capacity} must be positive")
     if not 0 <= shard[0] < shard[1]:
@@ -207,6 +223,8 @@ class DirectoryTransport:
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens <= 0:
       raise ValueError(f"transport max_tokens={max_tokens!r} must be a positive integer "
                        "(sampler.max_seq_len)")
+    run_secret.check_secret(secret, "the directory transport's secret")
+    self._secret = secret
     self.directory = pathlib.Path(directory)
     self.directory.mkdir(parents=True, exist_ok=True)
     self.capacity, self.max_tokens = capacity, max_tokens
@@ -215,10 +233,15 @@ class DirectoryTransport:
     self._seq = 0
     self.shard, self.by_prompt = shard, by_prompt
     self._stuck: set[str] = set()  # bad entries that could be neither moved nor deleted
+    self._reading: bytes | None = None  # the run this reader reads for (`start_run`)
+    self._writing: bytes | None = None  # the run this writer writes for (`_run`)
+    self._run_file: tuple[int, int, int] | None = None  # the RUN marker last read
+    self._consumed: collections.OrderedDict[str, None] = collections.OrderedDict()
 
   def __getstate__(self) -> dict:
-    # The reader's drop counter stays with the reader (a copy writes, never quarantines).
-    return {**self.__dict__, "drops": None}
+    # Reader-side state stays with the reader (a copy writes, never quarantines).
+    return {**self.__dict__, "drops": None, "_reading": None,
+            "_consumed": collections.OrderedDict()}
 
   def for_writer(self, key) -> "DirectoryTransport":
     """The transport a writer process `key` puts to: this one (each copy unpickled
@@ -291,7 +314,7 @@ class DirectoryTransport:
 
   def _read(self, path: pathlib.Path, match: re.Match) -> Trajectory | None:
     """The record at `path`, consumed; None if it was quarantined or another reader took it."""
-    limit = records.max_record_bytes(self.max_tokens)
+    limit = records.max_record_bytes(self.max_tokens) + sealed.RECORD_OVERHEAD
     try:
       # No link followed, no wait for a FIFO's writer.
       fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -305,10 +328,17 @@ class DirectoryTransport:
     except OSError as error:  # a link, FIFO or directory named *.traj, an unreadable file
       self._quarantine(path, "unreadable", str(error))
       return None
+    if len(data) > limit:  # before the MAC, which a cut-off read could never match
+      self._quarantine(path, "oversized", f"more than {limit} bytes")
+      return None
     try:
-      traj = records.from_bytes(data, max_tokens=self.max_tokens)
+      payload = sealed.unseal(self._secret, self._reading, path.name, data)
+      traj = records.from_bytes(payload, max_tokens=self.max_tokens)
     except records.RecordError as error:
       self._quarantine(path, error.reason, str(error))
+      return None
+    if path.name in self._consumed:
+      self._quarantine(path, "replayed", "a copy of a record this reader consumed")
       return None
     if traj.prompt_id != int(match["prompt"]):
       self._quarantine(path, "malformed", f"holds prompt {traj.prompt_id}")
@@ -317,33 +347,78 @@ class DirectoryTransport:
       path.unlink()
     except FileNotFoundError:
       return None  # another reader consumed it too: only one may keep it
+    self._consumed[path.name] = None
+    if len(self._consumed) > self.REMEMBER:
+      self._consumed.popitem(last=False)
     return traj
 
-  def reopen(self) -> None:
-    """Clears a previous run's close marker, so writers of this run are not turned away."""
-    (self.directory / "CLOSED").unlink(missing_ok=True)
+  def start_run(self, nonce: bytes | None = None, *, announce: bool = True) -> None:
+    """Starts a run on this directory for this reader: a fresh run nonce (or `nonce`,
+    the one the first learner host drew). `announce` (one learner host does it):
+    quarantine the records earlier runs left, and write the RUN marker that turns
+    writers to this run (an earlier run's close marker no longer applies)."""
+    self._reading = nonce or secrets.token_bytes(sealed.NONCE_BYTES)
+    if not announce:
+      return
+    with os.scandir(self.directory) as entries:
+      left = [pathlib.Path(e.path) for e in entries if e.name.endswith(self.SUFFIX)]
+    for path in left:
+      self._quarantine(path, "earlier_run", "written before this run started")
+    sealed.write_atomic(self.directory / self.RUN,
+                        sealed.run_marker(self._secret, self._reading))
+
+  def _run(self) -> bytes | None:
+    """The run this writer writes for: the one the newest RUN marker signed with the
+    secret names (re-read whenever the file changes), else the last one it knew."""
+    path = self.directory / self.RUN
+    try:
+      info = path.lstat()
+    except OSError:
+      return self._writing
+    key = (info.st_ino, info.st_mtime_ns, info.st_size)
+    if key != self._run_file:
+      self._run_file = key
+      nonce = sealed.run_nonce(self._secret, sealed.read_small(path, sealed.RUN_BYTES))
+      self._writing = nonce or self._writing
+    return self._writing
 
   @property
   def closed(self) -> bool:
-    return (self.directory / "CLOSED").exists()
+    """Whether the learner closed the run writers write for (a signed CLOSED marker)."""
+    nonce = self._run()
+    return nonce is not None and sealed.closes(
+        self._secret, nonce, sealed.read_small(self.directory / self.CLOSED, sealed.CLOSED_BYTES))
+
+  @property
+  def running(self) -> bool:
+    """Whether a learner started a run (signed RUN marker) that it has not closed."""
+    return self._run() is not None and not self.closed
 
   def put(self, traj: Trajectory, timeout: float | None = None) -> None:
+    """Writes `traj` sealed for the current run; blocks while `capacity` records wait
+    unread or no run has started; TransportClosed once the run is closed, queue.Full
+    after `timeout` seconds."""
     deadline = None if timeout is None else time.monotonic() + timeout
-    while len(self._pending()) >= self.capacity:
-      if self.closed:
+    while True:
+      nonce = self._run()
+      if nonce is not None and self.closed:
         raise TransportClosed(f"the learner closed {self.directory}")
+      if nonce is not None and len(self._pending()) < self.capacity:
+        break
       if deadline is not None and time.monotonic() >= deadline:
-        raise queue.Full(f"{self.directory} holds {self.capacity} unread trajectories")
+        raise queue.Full(f"{self.directory} holds {self.capacity} unread trajectories" if nonce
+                         else f"{self.directory} has no RUN marker signed with this secret: the "
+                              "learner has not started, or its secret differs")
       time.sleep(0.05)
-    if self.closed:
-      raise TransportClosed(f"the learner closed {self.directory}")
-    name = f"{self._writer_id}-{self._seq:012d}.p{traj.prompt_id}"
+    name = f"{self._writer_id}-{self._seq:012d}.p{traj.prompt_id}{self.SUFFIX}"
     self._seq += 1
-    tmp = self.directory / f"{name}{self.SUFFIX}.tmp"
-    tmp.write_bytes(records.to_bytes(traj))
-    tmp.rename(self.directory / f"{name}{self.SUFFIX}")
+    tmp = self.directory / f"{name}.tmp"
+    tmp.write_bytes(sealed.seal(self._secret, nonce, name, records.to_bytes(traj)))
+    tmp.rename(self.directory / name)
 
   def get(self, timeout: float = 0.0) -> Trajectory | None:
+    if self._reading is None:
+      raise RuntimeError("DirectoryTransport.get before start_run: a reader reads for a run")
     deadline = time.monotonic() + timeout
     while True:
       for path, match in self._ready():
@@ -355,4 +430,7 @@ class DirectoryTransport:
       time.sleep(0.02)
 
   def close(self) -> None:
-    (self.directory / "CLOSED").touch()
+    """Ends the run this reader started: writers of it stop (a signed CLOSED marker)."""
+    if self._reading is not None:
+      sealed.write_atomic(self.directory / self.CLOSED,
+                          sealed.closed_marker(self._secret, self._reading))

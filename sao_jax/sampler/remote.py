@@ -11,8 +11,10 @@ hosts' network servers, or `sampler.weights_dir`) and write trajectories to
 episodes, so each sampler host takes its own range (`first_worker`).
 
 Returns when the learner closes the transport (the run ended) or `stop` is set.
-A close marker left by a previous run is waited out: the learner removes it
-when it starts.
+Records and markers are sealed with the run secret (`sampler.weights_secret_file`
+or `_env`, the learner's; `data.sealed`): the workers start once the learner has
+started a run (a signed RUN marker), write for the newest run it started, and
+a close marker an earlier run left, or one without the secret, stops nothing.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import pathlib
 import threading
 
+from sao_jax import run_secret
 from sao_jax.config import Config
 from sao_jax.data.transport import DirectoryTransport
 from sao_jax.learner.state import published_template
@@ -54,11 +57,13 @@ def run(cfg: Config, *, workers: int = 1, first_worker: int = 0, log=print,
   stop = stop or threading.Event()
   tokenizer = pathlib.Path(cfg.run.tokenizer_source)
   transport = DirectoryTransport(cfg.data.transport_dir, cfg.data.transport_capacity,
-                                 max_tokens=cfg.sampler.max_seq_len)
+                                 max_tokens=cfg.sampler.max_seq_len,
+                                 secret=run_secret.load_secret(cfg.sampler))
   if not (_wait_for(f"the tokenizer {tokenizer} (the learner writes it)", tokenizer.exists,
                     stop, log)
-          and _wait_for(f"the learner to reopen {transport.directory} (a previous run closed "
-                        "it)", lambda: not transport.closed, stop, log)):
+          and _wait_for(f"the learner to start a run in {transport.directory} (a RUN marker "
+                        "signed with this secret, not yet closed)",
+                        lambda: transport.running, stop, log)):
     return 0
   # What the learner publishes: the policy, or only its adapters under LoRA.
   spec = weights.remote_spec(cfg.sampler,

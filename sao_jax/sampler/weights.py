@@ -39,9 +39,10 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from sao_jax import run_secret
 from sao_jax.storage import storage_path
 from sao_jax.config import SamplerConfig
-from sao_jax.sampler import weights_fetch, weights_net, weights_wire
+from sao_jax.sampler import weights_fetch, weights_net
 
 _HEADER_WORDS = 8  # [latest_slot, version_0, version_1, seq_0, seq_1, ...]
 _HEADER_BYTES = _HEADER_WORDS * 8
@@ -266,7 +267,7 @@ def remote_spec(cfg: SamplerConfig, template: Any):
   directory (shared memory reaches only the learner's own processes)."""
   if cfg.weights == "network":
     return weights_fetch.NetworkSpec(tuple(cfg.weights_addresses), template,
-                                   secret=weights_wire.load_secret(cfg))
+                                   secret=run_secret.load_secret(cfg))
   if cfg.weights == "directory":
     return DirectorySpec(str(storage_path(cfg.weights_dir)), template)
   raise ValueError(f"sampler.weights={cfg.weights!r} cannot reach a sampler on another host; "

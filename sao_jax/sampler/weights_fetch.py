@@ -34,6 +34,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from sao_jax.run_secret import MIN_SECRET_BYTES
 from sao_jax.sampler import weights_wire as wire
 from sao_jax.sampler.weights_wire import PROTOCOL, PeerError
 
@@ -72,7 +73,7 @@ class NetworkSubscriber:
   def __init__(self, spec: NetworkSpec):
     if not spec.addresses:
       raise ValueError("weight channel: no learner addresses; set sampler.weights_addresses")
-    if len(spec.secret) < wire.MIN_SECRET_BYTES:
+    if len(spec.secret) < MIN_SECRET_BYTES:
       raise ValueError("weight channel: no shared secret; set sampler.weights_secret_file "
                        "(or sampler.weights_secret_env) to the learner's secret")
     self._spec = spec

@@ -62,6 +62,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from sao_jax import run_secret
 from sao_jax.config.sampler import SamplerConfig
 from sao_jax.sampler import weights_wire as wire
 from sao_jax.sampler.weights_fetch import NetworkSpec
@@ -216,12 +217,10 @@ class NetworkWeights:
       if not wire.is_loopback(host):
         raise ValueError(f"weight channel: serving on {host} (other hosts) needs a shared "
                          "secret; set sampler.weights_secret_file (create it with "
-                         "`head -c 32 /dev/urandom > weights.secret`) or "
+                         f"`{run_secret.CREATE_HINT}`) or "
                          "sampler.weights_secret_env")
       secret = secrets.token_bytes(32)
-    if len(secret) < wire.MIN_SECRET_BYTES:
-      raise ValueError(f"weight channel: a secret of {len(secret)} bytes; it needs at least "
-                       f"{wire.MIN_SECRET_BYTES} (`head -c 32 /dev/urandom > weights.secret`)")
+    run_secret.check_secret(secret, "the weight channel's secret")
     self._secret, self.max_connections = secret, max_connections
     self._leaves = wire.describe_leaves(template)
     self._snapshots: dict[int, _Snapshot] = {}
@@ -311,5 +310,5 @@ def from_config(cfg: SamplerConfig, template: Any) -> NetworkWeights:
   if cfg.weights_addresses:
     host = cfg.weights_addresses[jax.process_index()].rpartition(":")[0]
   return NetworkWeights(template, host=host, port=cfg.weights_port,
-                        addresses=cfg.weights_addresses, secret=wire.load_secret(cfg),
+                        addresses=cfg.weights_addresses, secret=run_secret.load_secret(cfg),
                         max_connections=cfg.weights_max_connections)

@@ -35,8 +35,6 @@ import hmac
 import ipaddress
 import json
 import logging
-import os
-import pathlib
 import secrets
 import socket
 import struct
@@ -51,13 +49,11 @@ from sao_jax import bounded_json
 PROTOCOL = 2
 LENGTH = struct.Struct("!Q")
 MAC_BYTES = hashlib.sha256().digest_size
-MIN_SECRET_BYTES = 16
 MAX_REQUEST_BYTES = 512  # the largest request a subscriber sends (the auth step: ~100 bytes)
 MAX_REPLY_BYTES = 1 << 16  # handshake, versions and error replies
 MAX_JSON_DEPTH = 6  # a header: {"shards": [{"index": [[start, stop]]}]}
 HANDSHAKE_SECONDS = 5.0  # the whole handshake, however the peer drips its bytes
 _NONCE_BYTES = 32
-_CREATE = "head -c 32 /dev/urandom > weights.secret"
 
 log = logging.getLogger(__name__)
 
@@ -76,31 +72,6 @@ def count_error(stats: collections.Counter, error: PeerError, peer: str) -> None
   count = stats[error.reason]
   if count & (count - 1) == 0:
     log.warning("weight channel: %s: %s (%s #%d)", peer, error, error.reason, count)
-
-
-def load_secret(cfg: Any) -> bytes | None:
-  """The secret `cfg` (a SamplerConfig) names in weights_secret_file or weights_secret_env;
-  None when it names none. Errors name the field and how to create a secret."""
-  if cfg.weights_secret_file:
-    path = pathlib.Path(cfg.weights_secret_file).expanduser()
-    try:
-      secret = path.read_bytes()
-    except OSError as error:
-      raise ValueError(f"sampler.weights_secret_file={str(path)!r} cannot be read ({error}); "
-                       f"create one with `{_CREATE}` and copy it to every host") from None
-    field = f"sampler.weights_secret_file={str(path)!r}"
-  elif cfg.weights_secret_env:
-    secret = os.environ.get(cfg.weights_secret_env, "").encode()
-    field = f"sampler.weights_secret_env={cfg.weights_secret_env!r}"
-    if not secret:
-      raise ValueError(f"{field}: the environment variable is unset or empty; export it on "
-                       "every host, e.g. `export VAR=$(openssl rand -hex 32)`")
-  else:
-    return None
-  if len(secret) < MIN_SECRET_BYTES:
-    raise ValueError(f"{field} holds {len(secret)} bytes; a secret needs at least "
-                     f"{MIN_SECRET_BYTES} (e.g. `{_CREATE}`)")
-  return secret
 
 
 def _mac(secret: bytes, label: bytes, *parts: bytes) -> bytes:

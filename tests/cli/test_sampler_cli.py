@@ -14,7 +14,9 @@ REMOTE = ["data.transport=directory", "data.transport_dir=/shared/trajectories"]
 @pytest.mark.parametrize("overrides,message", [
     ([], "data.transport='queue'"),
     (REMOTE, "sampler.weights='shared_memory'"),
-    (REMOTE + ["sampler.weights=network"], "sampler.weights_addresses=() is invalid"),
+    (REMOTE + ["sampler.weights=network"], "sampler.weights_secret_file='' is invalid"),
+    (REMOTE + ["sampler.weights=network", "sampler.weights_secret_env=SAO_SECRET"],
+     "sampler.weights_addresses=() is invalid"),
     (["learner.stepz=3"], "LearnerConfig has no field 'stepz'"),
 ])
 def test_unreachable_learner_settings_are_named(overrides, message, capsys):

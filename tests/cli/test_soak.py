@@ -76,13 +76,15 @@ def garbage_client(port: int, stop: threading.Event, sent: list) -> None:
 
 
 def poison_writer(directory: pathlib.Path, stop: threading.Event, written: list) -> None:
-  """Drops a malformed record into the transport directory every second."""
+  """Drops a record the learner must not train on into the transport directory every
+  second: a well-formed one with a perfect reward but no seal (a forgery), broken ones,
+  a stray name, a zip bomb."""
   good = records.to_bytes(records.Trajectory(
       tokens=np.arange(8, dtype=np.int32), action_mask=np.ones(8, np.int8),
-      behavior_logp=np.full(8, -1.0, np.float32), rewards=np.zeros(8, np.float32),
+      behavior_logp=np.full(8, -1.0, np.float32), rewards=np.ones(8, np.float32),
       prompt_id=0, policy_versions=(0, 0)))
-  poisons = [("truncated", good[:len(good) // 2]), ("garbage", os.urandom(4096)),
-             ("stray", good), ("bomb", zip_bomb())]
+  poisons = [("forged", good), ("truncated", good[:len(good) // 2]),
+             ("garbage", os.urandom(4096)), ("stray", good), ("bomb", zip_bomb())]
   while not stop.wait(1.0):
     kind, data = poisons[len(written) % len(poisons)]
     name = f"junk{len(written)}.traj" if kind == "stray" else f"poison-{len(written)}.p0.traj"
@@ -131,8 +133,10 @@ def test_training_survives_garbage_peers_and_poisoned_records(tmp_path):
   for name in written:  # each poison is quarantined, or was still unread when the run ended
     assert name in left or any(q.startswith(name + ".") for q in quarantined), name
   dropped = {k: v for k, v in summary["dropped"].items() if k.startswith("quarantined_")}
-  assert dropped and set(dropped) <= {"quarantined_unreadable", "quarantined_bad_name",
-                                      "quarantined_oversized"}, summary["dropped"]
+  assert dropped and set(dropped) <= {
+      "quarantined_bad_signature", "quarantined_bad_name", "quarantined_oversized",
+      "quarantined_earlier_run"}, summary["dropped"]  # the last: written before it started
+  assert "quarantined_bad_signature" in dropped, summary["dropped"]
   assert sum(dropped.values()) == len(quarantined)
   metrics = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
   rows = [json.loads(line) for line in metrics]

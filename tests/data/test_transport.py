@@ -15,16 +15,31 @@ import zipfile
 import numpy as np
 import pytest
 
-from sao_jax.data import pipeline, records
+from sao_jax.data import pipeline, records, sealed
 from sao_jax.data.transport import DirectoryTransport, QueueTransport, TransportClosed
 from traj_factory import make_traj
 
 MAX_TOKENS = 64  # sampler.max_seq_len of these tests' records (make_traj: 10 tokens)
+SECRET = b"the run's shared secret, 32 byte"
+
+
+def reader_of(path, capacity=8, **kwargs) -> DirectoryTransport:
+  """A learner's end of the directory `path`, with a run started (RUN marker written)."""
+  reader = DirectoryTransport(path, capacity, max_tokens=MAX_TOKENS, secret=SECRET, **kwargs)
+  reader.start_run()
+  return reader
+
+
+def plant(path, payload: bytes, secret: bytes = SECRET) -> None:
+  """Writes `payload` as the record file `path`, sealed for the directory's current run with
+  `secret`: what an insider (a host holding the secret) could write."""
+  nonce = sealed.run_nonce(SECRET, (path.parent / "RUN").read_bytes())
+  path.write_bytes(sealed.seal(secret, nonce, path.name, payload))
 
 
 def transports(tmp_path, capacity):
   return [QueueTransport(capacity, multiprocessing.get_context("spawn")),
-          DirectoryTransport(tmp_path / "records", capacity, max_tokens=MAX_TOKENS)]
+          reader_of(tmp_path / "records", capacity)]
 
 
 @pytest.mark.parametrize("index", [0, 1], ids=["queue", "directory"])
@@ -63,7 +78,7 @@ def test_close_releases_a_blocked_writer(tmp_path, index):
 
 
 def test_directory_reader_ignores_partial_records(tmp_path):
-  transport = DirectoryTransport(tmp_path, capacity=4, max_tokens=MAX_TOKENS)
+  transport = reader_of(tmp_path, capacity=4)
   (tmp_path / "w-000000000001.traj.tmp").write_bytes(b"half a record")
   assert transport.get(timeout=0.1) is None
   transport.put(make_traj(seed=5))
@@ -74,17 +89,23 @@ def test_bad_capacity_is_named(tmp_path):
   with pytest.raises(ValueError, match="capacity=0"):
     QueueTransport(0)
   with pytest.raises(ValueError, match="capacity=-1"):
-    DirectoryTransport(tmp_path, -1, max_tokens=MAX_TOKENS)
+    DirectoryTransport(tmp_path, -1, max_tokens=MAX_TOKENS, secret=SECRET)
+  with pytest.raises(ValueError, match="secret holds 4 bytes; a secret needs at least 16"):
+    DirectoryTransport(tmp_path, 4, max_tokens=MAX_TOKENS, secret=b"1234")
 
 
 @pytest.mark.parametrize("by_prompt", [False, True], ids=["by_record", "by_prompt"])
 def test_directory_readers_split_the_records_without_overlap(tmp_path, by_prompt):
-  writers = [DirectoryTransport(tmp_path, capacity=64, writer_id=f"w{i}", max_tokens=MAX_TOKENS)
-             for i in range(2)]
+  # The first learner host announces the run; the others read for the nonce it drew.
+  readers = [DirectoryTransport(tmp_path, capacity=64, shard=(i, 3), by_prompt=by_prompt,
+                                max_tokens=MAX_TOKENS, secret=SECRET) for i in range(3)]
+  nonce = b"n" * sealed.NONCE_BYTES
+  for i, reader in enumerate(readers):
+    reader.start_run(nonce, announce=i == 0)
+  writers = [DirectoryTransport(tmp_path, capacity=64, writer_id=f"w{i}", max_tokens=MAX_TOKENS,
+                                secret=SECRET) for i in range(2)]
   for seed in range(12):
     writers[seed % 2].put(make_traj(seed=seed, prompt_id=seed % 5))
-  readers = [DirectoryTransport(tmp_path, capacity=64, shard=(i, 3), by_prompt=by_prompt,
-                                max_tokens=MAX_TOKENS) for i in range(3)]
   got = [[] for _ in readers]
   for reader, mine in zip(readers, got):
     while (traj := reader.get()) is not None:
@@ -101,21 +122,22 @@ def test_directory_readers_split_the_records_without_overlap(tmp_path, by_prompt
 
 def test_directory_copies_in_other_processes_are_new_writers(tmp_path):
   # The learner's end, with its pipeline's drop counter, is what spawned samplers get.
-  writer = DirectoryTransport(tmp_path, capacity=8, max_tokens=MAX_TOKENS, drops=pipeline.Drops())
+  writer = reader_of(tmp_path, capacity=8, drops=pipeline.Drops())
   copies = [pickle.loads(pickle.dumps(writer)) for _ in range(2)]
   for seed, copy in enumerate(copies):  # same sequence number 0 in each copy
     copy.put(make_traj(seed=seed))
   assert len(list(tmp_path.glob("*.traj"))) == 2, "a copy overwrote another's record"
+  assert writer.get() is not None and writer.get() is not None
 
 
-def test_directory_shard_is_checked_and_reopen_clears_close(tmp_path):
+def test_directory_shard_is_checked_and_a_new_run_ends_the_old_close(tmp_path):
   with pytest.raises(ValueError, match=r"shard=\(2, 2\)"):
-    DirectoryTransport(tmp_path, 4, shard=(2, 2), max_tokens=MAX_TOKENS)
-  transport = DirectoryTransport(tmp_path, 4, max_tokens=MAX_TOKENS)
+    DirectoryTransport(tmp_path, 4, shard=(2, 2), max_tokens=MAX_TOKENS, secret=SECRET)
+  transport = reader_of(tmp_path, 4)
   transport.close()
   with pytest.raises(TransportClosed):
     transport.put(make_traj(seed=0))
-  transport.reopen()
+  transport.start_run()
   transport.put(make_traj(seed=0))
   assert not transport.closed and transport.get() is not None
 
@@ -141,6 +163,7 @@ def record_members(traj, meta=None) -> dict[str, np.ndarray]:
 
 
 def poison(case: str) -> bytes:
+  """A payload the parser must refuse (sealed by `plant`: an insider's, past the MAC)."""
   good = records.to_bytes(make_traj(seed=9))
   if case == "truncated":
     return good[:len(good) // 2]
@@ -158,10 +181,11 @@ def poison(case: str) -> bytes:
     ("unexpected", "malformed")])
 def test_poison_record_is_quarantined_counted_and_never_read_again(tmp_path, case, reason):
   drops = pipeline.Drops()
-  reader = DirectoryTransport(tmp_path, 8, max_tokens=MAX_TOKENS, drops=drops)
-  (tmp_path / "w-000000000000.p0.traj").write_bytes(poison(case))
+  reader = reader_of(tmp_path, drops=drops)
+  plant(tmp_path / "w-000000000000.p0.traj", poison(case))
   time.sleep(0.01)  # the poison is the oldest record
-  DirectoryTransport(tmp_path, 8, writer_id="v", max_tokens=MAX_TOKENS).put(make_traj(seed=3))
+  DirectoryTransport(tmp_path, 8, writer_id="v", max_tokens=MAX_TOKENS,
+                     secret=SECRET).put(make_traj(seed=3))
   traj = reader.get(timeout=1.0)  # today: raises, and the record stays for the next restart
   np.testing.assert_array_equal(traj.tokens, make_traj(seed=3).tokens)
   assert dict(drops) == {f"quarantined_{reason}": 1}
@@ -169,8 +193,7 @@ def test_poison_record_is_quarantined_counted_and_never_read_again(tmp_path, cas
   assert not list(tmp_path.glob("*.traj"))
   assert [p.name for p in (tmp_path / "quarantine").iterdir()] == [
       f"w-000000000000.p0.traj.{reason}"]
-  restarted = DirectoryTransport(tmp_path, 8, max_tokens=MAX_TOKENS)  # a restart reads on
-  assert restarted.get(timeout=0.1) is None
+  assert reader.get(timeout=0.1) is None
 
 
 def get_within(reader, wait=1.0, seconds=10.0):
@@ -186,6 +209,7 @@ def get_within(reader, wait=1.0, seconds=10.0):
 @pytest.mark.parametrize("case", ["fifo", "link_loop", "dangling_link", "link_to_a_record"])
 def test_a_peer_s_special_file_named_like_a_record_is_quarantined(tmp_path, case):
   # A FIFO used to block the reader's open() forever; a link loop crashed its listing.
+  reader = reader_of(tmp_path)
   name = tmp_path / "w-000000000000.p0.traj"
   if case == "fifo":
     os.mkfifo(name)
@@ -194,11 +218,11 @@ def test_a_peer_s_special_file_named_like_a_record_is_quarantined(tmp_path, case
   elif case == "dangling_link":
     os.symlink(tmp_path / "nowhere", name)
   else:  # links are never followed, even to a valid record
-    (tmp_path / "elsewhere").write_bytes(records.to_bytes(make_traj(seed=1)))
+    plant(tmp_path / "elsewhere", records.to_bytes(make_traj(seed=1)))
     os.symlink(tmp_path / "elsewhere", name)
   time.sleep(0.01)  # the special file is the oldest entry
-  DirectoryTransport(tmp_path, 8, writer_id="v", max_tokens=MAX_TOKENS).put(make_traj(seed=3))
-  reader = DirectoryTransport(tmp_path, 8, max_tokens=MAX_TOKENS)
+  DirectoryTransport(tmp_path, 8, writer_id="v", max_tokens=MAX_TOKENS,
+                     secret=SECRET).put(make_traj(seed=3))
   np.testing.assert_array_equal(get_within(reader).tokens, make_traj(seed=3).tokens)
   assert dict(reader.drops) == {"quarantined_unreadable": 1}
   assert [p.name for p in (tmp_path / "quarantine").iterdir()] == [f"{name.name}.unreadable"]
@@ -216,18 +240,18 @@ def test_a_bad_record_is_deleted_when_the_quarantine_folder_is_a_peer_s_trap(tmp
     (shared / "quarantine").write_bytes(b"")
   else:
     os.symlink(elsewhere, shared / "quarantine")
+  reader = reader_of(shared)
   (shared / "w-000000000000.p0.traj").write_bytes(poison("garbage"))
-  reader = DirectoryTransport(shared, 8, max_tokens=MAX_TOKENS)
   assert get_within(reader, wait=0.1) is None
-  assert dict(reader.drops) == {"quarantined_unreadable": 1}
+  assert dict(reader.drops) == {"quarantined_bad_signature": 1}
   assert not list(shared.glob("*.traj")) and not list(elsewhere.iterdir())
 
 
 def test_a_bad_entry_that_can_be_neither_moved_nor_deleted_is_counted_once(tmp_path):
   (tmp_path / "quarantine").write_bytes(b"")
+  reader = reader_of(tmp_path)
   (tmp_path / "w-000000000000.p0.traj").mkdir()
   (tmp_path / "w-000000000000.p0.traj" / "inside").write_bytes(b"")
-  reader = DirectoryTransport(tmp_path, 8, max_tokens=MAX_TOKENS)
   assert get_within(reader, wait=0.1) is None and get_within(reader, wait=0.1) is None
   assert dict(reader.drops) == {"quarantined_unreadable": 1}
 
@@ -239,8 +263,8 @@ def test_zip_bomb_is_quarantined_without_expanding_it(tmp_path):
   bomb = archive(zipfile.ZIP_DEFLATED, **record_members(make_traj(
       length=8 << 20, action_mask=np.zeros(8 << 20, np.int8), **zeros)))
   assert len(bomb) < 1 << 20
-  (tmp_path / "w-000000000000.p0.traj").write_bytes(bomb)
-  reader = DirectoryTransport(tmp_path, 8, max_tokens=MAX_TOKENS)
+  reader = reader_of(tmp_path)
+  plant(tmp_path / "w-000000000000.p0.traj", bomb)
   tracemalloc.start()
   try:
     got = reader.get(timeout=0.1)  # today: returns a 8M-token trajectory
@@ -252,27 +276,28 @@ def test_zip_bomb_is_quarantined_without_expanding_it(tmp_path):
 
 
 def test_stray_names_are_quarantined_not_parsed(tmp_path):
-  reader = DirectoryTransport(tmp_path, 8, max_tokens=MAX_TOKENS, shard=(0, 2))
-  good = records.to_bytes(make_traj(seed=1))
+  reader = reader_of(tmp_path, shard=(0, 2))
   for name in ("w-.p.traj", "notes.traj", "w-12.pX.traj"):  # today: int('') in the reader
-    (tmp_path / name).write_bytes(good)
+    plant(tmp_path / name, records.to_bytes(make_traj(seed=1)))
   (tmp_path / "w-000000000001.traj.tmp").write_bytes(b"a writer's partial record")
   assert reader.get(timeout=0.1) is None
   assert dict(reader.drops) == {"quarantined_bad_name": 3}
-  assert [p.name for p in tmp_path.iterdir() if p.is_file()] == ["w-000000000001.traj.tmp"]
+  assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == [
+      "RUN", "w-000000000001.traj.tmp"]
 
 
 def test_record_whose_prompt_differs_from_its_name_is_quarantined(tmp_path):
   """The name routes a GRPO group to one reader; a record must hold what its name says."""
-  (tmp_path / "w-000000000000.p3.traj").write_bytes(records.to_bytes(make_traj(prompt_id=4)))
-  reader = DirectoryTransport(tmp_path, 8, max_tokens=MAX_TOKENS)
+  reader = reader_of(tmp_path)
+  plant(tmp_path / "w-000000000000.p3.traj", records.to_bytes(make_traj(prompt_id=4)))
   assert reader.get(timeout=0.1) is None
   assert dict(reader.drops) == {"quarantined_malformed": 1}
 
 
 def test_record_vanishing_between_listing_and_reading_is_skipped(tmp_path, monkeypatch):
   """Another reader takes the oldest record right after this one listed the directory."""
-  writer = DirectoryTransport(tmp_path, 8, writer_id="w", max_tokens=MAX_TOKENS)
+  reader = reader_of(tmp_path)
+  writer = DirectoryTransport(tmp_path, 8, writer_id="w", max_tokens=MAX_TOKENS, secret=SECRET)
   writer.put(make_traj(seed=1))
   time.sleep(0.01)
   writer.put(make_traj(seed=2))
@@ -294,7 +319,78 @@ def test_record_vanishing_between_listing_and_reading_is_skipped(tmp_path, monke
       return iter(self._entries)
 
   monkeypatch.setattr(os, "scandir", Listing)
-  reader = DirectoryTransport(tmp_path, 8, max_tokens=MAX_TOKENS)
   traj = reader.get(timeout=0.5)  # today: FileNotFoundError from stat
   np.testing.assert_array_equal(traj.tokens, make_traj(seed=2).tokens)
   assert not reader.drops
+
+
+# --- the shared directory's writers without the secret (data.sealed) -----------------
+
+
+@pytest.mark.parametrize("forgery", ["unsealed", "other_secret"])
+def test_a_record_forged_without_the_secret_is_quarantined_not_trained_on(tmp_path, forgery):
+  # Anyone who can write the directory could hand the learner a perfect reward for
+  # tokens of their choosing; before sealing the reader took it as a sampler's.
+  reader = reader_of(tmp_path)
+  forged = records.to_bytes(make_traj(seed=7, rewards=np.ones(10, np.float32)))
+  path = tmp_path / "w-000000000000.p0.traj"
+  if forgery == "unsealed":
+    path.write_bytes(forged)
+  else:
+    plant(path, forged, secret=b"a guess at the secret, 32 bytes!")
+  assert reader.get(timeout=0.1) is None
+  assert dict(reader.drops) == {"quarantined_bad_signature": 1}
+
+
+def test_a_record_copied_under_another_name_or_put_back_is_refused(tmp_path):
+  # Renaming a copy moves it into another reader's shard or GRPO group; putting a
+  # consumed record back trains on it twice.
+  reader = reader_of(tmp_path)
+  writer = DirectoryTransport(tmp_path, 8, writer_id="w", max_tokens=MAX_TOKENS, secret=SECRET)
+  writer.put(make_traj(seed=1))
+  original = tmp_path / "w-000000000000.p0.traj"
+  data = original.read_bytes()
+  (tmp_path / "w-000000000007.p0.traj").write_bytes(data)
+  assert reader.get(timeout=0.5) is not None  # the original
+  assert reader.get(timeout=0.1) is None and dict(reader.drops) == {
+      "quarantined_bad_signature": 1}
+  original.write_bytes(data)
+  assert reader.get(timeout=0.1) is None
+  assert reader.drops["quarantined_replayed"] == 1
+
+
+def test_a_close_marker_without_the_secret_or_from_an_earlier_run_stops_nobody(tmp_path):
+  # Touching CLOSED used to stop every sampler of the run.
+  reader = reader_of(tmp_path)
+  writer = DirectoryTransport(tmp_path, 8, writer_id="w", max_tokens=MAX_TOKENS, secret=SECRET)
+  (tmp_path / "CLOSED").touch()
+  assert writer.running and not writer.closed
+  writer.put(make_traj(seed=1))
+  reader.close()  # the real one
+  assert writer.closed and not writer.running
+  stale = (tmp_path / "CLOSED").read_bytes()
+  reader.start_run()  # the next run: the old marker, even put back, no longer applies
+  (tmp_path / "CLOSED").write_bytes(stale)
+  assert writer.running
+  writer.put(make_traj(seed=2))
+  np.testing.assert_array_equal(reader.get(timeout=0.5).tokens, make_traj(seed=2).tokens)
+  assert dict(reader.drops) == {"quarantined_earlier_run": 1}  # seed 1, of the first run
+
+
+def test_a_writer_waits_for_a_run_it_can_verify_and_follows_a_restarted_learner(tmp_path):
+  writer = DirectoryTransport(tmp_path, 8, writer_id="w", max_tokens=MAX_TOKENS, secret=SECRET)
+  with pytest.raises(queue.Full, match="no RUN marker signed with this secret"):
+    writer.put(make_traj(seed=1), timeout=0.2)
+  impostor = DirectoryTransport(tmp_path, 8, max_tokens=MAX_TOKENS,
+                                secret=b"a guess at the secret, 32 bytes!")
+  impostor.start_run()  # a RUN marker without the run's secret
+  assert not writer.running
+  with pytest.raises(queue.Full, match="no RUN marker"):
+    writer.put(make_traj(seed=1), timeout=0.2)
+  first = reader_of(tmp_path)
+  writer.put(make_traj(seed=1))
+  assert first.get(timeout=0.5) is not None
+  restarted = reader_of(tmp_path)  # a learner restarted without closing: a new run
+  writer.put(make_traj(seed=2))
+  np.testing.assert_array_equal(restarted.get(timeout=0.5).tokens, make_traj(seed=2).tokens)
+  assert not restarted.drops

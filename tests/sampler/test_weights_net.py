@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from sao_jax import run_secret
 from sao_jax.config import SamplerConfig
 from sao_jax.sampler import weights, weights_fetch, weights_net, weights_wire
 
@@ -236,7 +237,7 @@ def test_config_selects_the_network_channel_on_its_own_interface(tmp_path):
 
 def test_secret_from_the_environment_and_bad_secrets_are_named(tmp_path, monkeypatch):
   monkeypatch.setenv("SAO_WEIGHTS_SECRET", SECRET.hex())
-  assert weights_wire.load_secret(SamplerConfig(weights_secret_env="SAO_WEIGHTS_SECRET")) == (
+  assert run_secret.load_secret(SamplerConfig(weights_secret_env="SAO_WEIGHTS_SECRET")) == (
       SECRET.hex().encode())
   short = tmp_path / "short"
   short.write_bytes(b"1234")
@@ -246,10 +247,10 @@ def test_secret_from_the_environment_and_bad_secrets_are_named(tmp_path, monkeyp
       (SamplerConfig(weights_secret_file=str(tmp_path / "missing")), "cannot be read.*head -c 32"),
       (SamplerConfig(weights_secret_file=str(short)), "holds 4 bytes; a secret needs at least 16")]:
     with pytest.raises(ValueError, match=message):
-      weights_wire.load_secret(cfg)
+      run_secret.load_secret(cfg)
   with pytest.raises(ValueError, match="serving on 0.0.0.0 .* needs a shared secret"):
     weights_net.NetworkWeights(params(0), host="0.0.0.0")
-  with pytest.raises(ValueError, match="a secret of 4 bytes; it needs at least 16"):
+  with pytest.raises(ValueError, match="secret holds 4 bytes; a secret needs at least 16"):
     weights_net.NetworkWeights(params(0), secret=b"1234")
 
 

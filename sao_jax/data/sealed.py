@@ -1,0 +1,105 @@
+"""What the directory transport writes, sealed with the run secret (`sao_jax.run_secret`).
+
+A shared directory (NFS, a mounted bucket) may be writable by more than the
+run's own hosts, so nothing in it is trusted for where it sits or what it is
+called. Three kinds of file, each bound by an HMAC-SHA256 under the secret K to
+the run that wrote it, identified by a random 16-byte run nonce N that the
+learner draws each time it starts (`DirectoryTransport.start_run`):
+
+    RUN               "SAO-RUN1"    | N | HMAC(K, "run", N)
+    CLOSED            "SAO-CLOSED1" |     HMAC(K, "closed", N)
+    <name>.traj       "SAO-TRAJ1"   |     HMAC(K, "traj", N, name, payload) | payload
+
+`payload` is `records.to_bytes(trajectory)`; every MAC input is a sequence of
+length-prefixed parts, so no two inputs share an encoding. Without K nobody can
+inject a trajectory (a forged reward is a forged gradient), close the run (turn
+every sampler away), or start a run of their own. Binding a record to its name
+stops a copy being renamed into another reader's shard; binding it to N stops
+a record, or a close marker, of an earlier run being replayed into this one.
+A record replayed within its own run under its own name is caught by the
+reader, which remembers the names it consumed (`DirectoryTransport`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import pathlib
+import stat
+import struct
+import uuid
+
+from sao_jax.data.records import RecordError
+
+NONCE_BYTES = 16
+MAC_BYTES = hashlib.sha256().digest_size
+RUN_MAGIC, CLOSED_MAGIC, RECORD_MAGIC = b"SAO-RUN1", b"SAO-CLOSED1", b"SAO-TRAJ1"
+RUN_BYTES = len(RUN_MAGIC) + NONCE_BYTES + MAC_BYTES
+CLOSED_BYTES = len(CLOSED_MAGIC) + MAC_BYTES
+RECORD_OVERHEAD = len(RECORD_MAGIC) + MAC_BYTES  # bytes a sealed record adds to its payload
+_PART = struct.Struct("!Q")
+
+
+def _mac(secret: bytes, *parts: bytes) -> bytes:
+  message = b"".join(_PART.pack(len(part)) + part for part in parts)
+  return hmac.new(secret, message, hashlib.sha256).digest()
+
+
+def run_marker(secret: bytes, nonce: bytes) -> bytes:
+  return RUN_MAGIC + nonce + _mac(secret, b"run", nonce)
+
+
+def run_nonce(secret: bytes, data: bytes | None) -> bytes | None:
+  """The nonce a RUN marker's bytes announce, or None unless K signed them."""
+  if data is None or len(data) != RUN_BYTES or not data.startswith(RUN_MAGIC):
+    return None
+  nonce, mac = data[len(RUN_MAGIC):-MAC_BYTES], data[-MAC_BYTES:]
+  return nonce if hmac.compare_digest(mac, _mac(secret, b"run", nonce)) else None
+
+
+def closed_marker(secret: bytes, nonce: bytes) -> bytes:
+  return CLOSED_MAGIC + _mac(secret, b"closed", nonce)
+
+
+def closes(secret: bytes, nonce: bytes, data: bytes | None) -> bool:
+  """Whether a CLOSED marker's bytes close the run `nonce` (K signed them for it)."""
+  return data is not None and hmac.compare_digest(data, closed_marker(secret, nonce))
+
+
+def seal(secret: bytes, nonce: bytes, name: str, payload: bytes) -> bytes:
+  """A record file's bytes: `payload` signed for the run `nonce` under the file `name`."""
+  return RECORD_MAGIC + _mac(secret, b"traj", nonce, name.encode(), payload) + payload
+
+
+def unseal(secret: bytes, nonce: bytes, name: str, data: bytes) -> bytes:
+  """The payload of a record file `name`; RecordError('bad_signature') unless K sealed
+  exactly these bytes under this name for this run."""
+  if len(data) < RECORD_OVERHEAD or not data.startswith(RECORD_MAGIC):
+    raise RecordError("bad_signature", "not a sealed record (no SAO-TRAJ1 header)")
+  mac, payload = data[len(RECORD_MAGIC):RECORD_OVERHEAD], data[RECORD_OVERHEAD:]
+  if not hmac.compare_digest(mac, _mac(secret, b"traj", nonce, name.encode(), payload)):
+    raise RecordError("bad_signature", "its signature does not match this run's secret, run "
+                                       "and file name (a forgery, a copy, or an earlier run's)")
+  return payload
+
+
+def read_small(path: pathlib.Path, limit: int) -> bytes | None:
+  """At most `limit` + 1 bytes of the regular file `path` (no link followed, no wait on a
+  FIFO), or None when it is missing or anything else."""
+  try:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+  except OSError:
+    return None
+  with open(fd, "rb") as file:
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+      return None
+    return file.read(limit + 1)
+
+
+def write_atomic(path: pathlib.Path, data: bytes) -> None:
+  """Writes `data` to `path` through a uniquely named temporary file and a rename, so a
+  reader sees the old file or the new one, never part of one."""
+  tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+  tmp.write_bytes(data)
+  tmp.rename(path)

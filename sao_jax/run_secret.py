@@ -1,0 +1,55 @@
+"""The run's shared secret: what learner and sampler hosts prove to each other.
+
+One secret authenticates both channels that cross hosts: the network weight
+channel (`sampler.weights_wire`: handshake and signed headers) and the
+directory transport (`data.sealed`: signed trajectory records and run markers).
+It is the bytes of `sampler.weights_secret_file`, or of the environment variable
+`sampler.weights_secret_env`; a run whose peers all live in one process tree
+(same-host samplers) uses a fresh random one that its children inherit.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import secrets
+from typing import Any
+
+MIN_SECRET_BYTES = 16
+CREATE_HINT = "head -c 32 /dev/urandom > weights.secret"
+
+
+def load_secret(cfg: Any) -> bytes | None:
+  """The secret `cfg` (a SamplerConfig) names in weights_secret_file or weights_secret_env;
+  None when it names none. Errors name the field and how to create a secret."""
+  if cfg.weights_secret_file:
+    path = pathlib.Path(cfg.weights_secret_file).expanduser()
+    try:
+      secret = path.read_bytes()
+    except OSError as error:
+      raise ValueError(f"sampler.weights_secret_file={str(path)!r} cannot be read ({error}); "
+                       f"create one with `{CREATE_HINT}` and copy it to every host") from None
+    field = f"sampler.weights_secret_file={str(path)!r}"
+  elif cfg.weights_secret_env:
+    secret = os.environ.get(cfg.weights_secret_env, "").encode()
+    field = f"sampler.weights_secret_env={cfg.weights_secret_env!r}"
+    if not secret:
+      raise ValueError(f"{field}: the environment variable is unset or empty; export it on "
+                       "every host, e.g. `export VAR=$(openssl rand -hex 32)`")
+  else:
+    return None
+  check_secret(secret, field)
+  return secret
+
+
+def check_secret(secret: bytes, what: str) -> None:
+  """ValueError unless `secret` is long enough to prove anything."""
+  if len(secret) < MIN_SECRET_BYTES:
+    raise ValueError(f"{what} holds {len(secret)} bytes; a secret needs at least "
+                     f"{MIN_SECRET_BYTES} (e.g. `{CREATE_HINT}`)")
+
+
+def secret_or_fresh(cfg: Any) -> bytes:
+  """The configured secret (`load_secret`), else 32 fresh random bytes for peers that
+  inherit it (same-host samplers)."""
+  return load_secret(cfg) or secrets.token_bytes(32)
