@@ -27,8 +27,10 @@ from typing import Sequence
 
 import numpy as np
 
+from experiments import archive
 from experiments import claims as claims_lib
 from experiments import plots, stats
+from experiments.warm_start import DONE_FILE
 from experiments.runs import Run, load_run
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -262,8 +264,9 @@ def _warm_starts(out: pathlib.Path, used: dict[str, set[str]]) -> list[str]:
   of those runs (`used`: warm-start directory name -> settings)."""
   lines = []
   for name in sorted(used, key=lambda n: (sorted(used[n]), n)):
-    done = out / "warm_start" / name / "DONE.json"
-    if not done.is_file():  # a run from elsewhere (--set run.init=...): nothing to show
+    records = [out / "warm_start" / name / file for file in (DONE_FILE, archive.WARM_RECORD)]
+    done = next((path for path in records if path.is_file()), None)  # made here, or restored
+    if done is None:  # a run from elsewhere (--set run.init=...): nothing to show
       continue
     record = json.loads(done.read_text())
     validation = "-"

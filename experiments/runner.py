@@ -192,16 +192,16 @@ def run_one(claim: claims_lib.Claim, variant: claims_lib.Variant, seed: int, *, 
   cfg_path = setting_path(claim.setting)
   shared = [*(quick_overrides(claim.setting) if quick else ()), *extra, *seed_overrides(seed)]
   cfg = load_config(cfg_path, shared)
-  warm = ensure_warm_start(cfg_path, shared, cfg, out)
   run_dir = out / "runs" / claim.setting / f"{variant.name}-seed{seed}"
-  overrides = run_overrides(cfg, shared, variant, warm, run_dir)
+  overrides = run_overrides(cfg, shared, variant, warm_start_dir(out, cfg), run_dir)
   state = _read_state(run_dir)
   if state is not None and state["overrides"] != overrides:
     raise RuntimeError(f"{run_dir} was run with other overrides ({state['overrides']}); "
                        "use another --out or delete it")
-  if state is not None and state["done"]:
+  if state is not None and state["done"]:  # its warm-start is not needed (an archived run)
     print(f"  {variant.name} seed {seed}: done, skipped", flush=True)
     return run_dir
+  ensure_warm_start(cfg_path, shared, cfg, out)
   if latest_checkpoint(run_dir) is None and run_dir.exists():
     shutil.rmtree(run_dir)  # killed before its first checkpoint: metrics would repeat steps
   run_dir.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,95 @@
+"""experiments.archive: finished runs survive the machine, and the claim resumes from them."""
+
+import json
+
+import numpy as np
+import pytest
+
+from experiments import archive, claims, report, runner, warm_start
+from sao_jax.config import load_config
+from synthetic_runs import write_manifest, write_run
+
+STEPS = 30
+
+
+def _claim6(out, seeds=2):
+  """claim6_stability's runs under `out`: every run finished but GRPO's last seed, whose
+  experiment.json says not done and which holds a checkpoint. The recorded overrides
+  name `out`, as the runner's do."""
+  rng = np.random.default_rng(0)
+  runs = {}
+  for variant in ("sao_stable", "grpo"):
+    for seed in range(seeds):
+      rewards = np.clip(0.5 + rng.normal(0, 0.05, STEPS), 0, 1).tolist()
+      rel = write_run(out, "stability", variant, seed, rewards)
+      state_path = out / rel / runner.STATE_FILE
+      state = json.loads(state_path.read_text())
+      state["overrides"] = [f"run.run_dir={out / rel}", f"run.init={out}/warm_start/w{seed}"]
+      state["done"] = not (variant == "grpo" and seed == seeds - 1)
+      state_path.write_text(json.dumps(state))
+      config_path = out / rel / "config.json"
+      config = json.loads(config_path.read_text())
+      config["run"]["init"] = f"{out}/warm_start/w{seed}/policy"
+      config_path.write_text(json.dumps(config))
+      (out / rel / "checkpoints" / "25").mkdir(parents=True)
+      runs.setdefault(variant, {})[str(seed)] = rel
+  for seed in range(seeds):
+    (out / "warm_start" / f"w{seed}").mkdir(parents=True)
+    (out / "warm_start" / f"w{seed}" / warm_start.DONE_FILE).write_text(json.dumps(
+        {"sft_steps": 300, "final_sft_loss": 0.5, "wall_s": 60.0}))
+  write_manifest(out, "claim6_stability", "stability", runs, steps=STEPS)
+
+
+def test_finished_runs_are_archived_without_checkpoints_and_restored_elsewhere(tmp_path):
+  made, box, fresh = tmp_path / "made", tmp_path / "box", tmp_path / "fresh"
+  _claim6(made)
+  saved = archive.save(made, box)
+  assert saved == ["runs/stability/grpo-seed0", "runs/stability/sao_stable-seed0",
+                   "runs/stability/sao_stable-seed1"]  # not the unfinished grpo seed 1
+  assert not list(box.rglob("checkpoints")) and not list(box.rglob("metrics.jsonl"))
+  # A restored warm-start record must not claim a warm-start whose policy is missing.
+  assert not list(box.rglob(warm_start.DONE_FILE))
+  assert archive.restore(box, fresh) == saved
+  for rel in saved:
+    assert ((fresh / rel / "metrics.jsonl").read_bytes()
+            == (made / rel / "metrics.jsonl").read_bytes())
+    state = json.loads((fresh / rel / runner.STATE_FILE).read_text())
+    assert state["overrides"][0] == f"run.run_dir={fresh / rel}"
+    assert str(made) not in json.dumps(state)
+  assert not (fresh / "warm_start" / "w0" / warm_start.DONE_FILE).exists()
+  assert (fresh / "warm_start" / "w0" / archive.WARM_RECORD).is_file()
+  # The report reads the restored runs, and the archived warm-start records.
+  text = report.write_report(fresh, tmp_path / "claim6.md", skip_missing=True).read_text()
+  label = claims.VARIANTS["sao_stable"].label
+  assert f"| {label} | 0 |" in text and f"| {label} | 1 |" in text and "| GRPO | 0 |" in text
+  manifest = json.loads((fresh / "claims" / "claim6_stability.json").read_text())
+  assert list(manifest["runs"]["grpo"]) == ["0"]  # seed 1 unfinished: neither archived nor listed
+  assert "| w0 | stability | 300 |" in text and "| w1 | stability | 300 |" in text
+
+
+def test_restore_never_overwrites_a_run_and_save_refuses_another_out(tmp_path):
+  made, box = tmp_path / "made", tmp_path / "box"
+  _claim6(made, seeds=1)
+  archive.save(made, box)
+  assert archive.restore(box, made) == []  # every run is already there
+  with pytest.raises(ValueError, match="archives runs made under"):
+    archive.save(tmp_path / "elsewhere", box)
+  with pytest.raises(FileNotFoundError, match="not an experiment archive"):
+    archive.restore(tmp_path / "made", tmp_path / "x")
+
+
+def test_a_restored_finished_run_is_skipped_without_making_its_warm_start(tmp_path, monkeypatch):
+  # Before: the runner made each seed's warm-start (300 SFT steps) before it looked at
+  # whether the seed's runs were already done.
+  monkeypatch.setattr(runner, "_call", lambda *a: pytest.fail(f"started {a[0][:4]}"))
+  claim = claims.CLAIMS_BY_NAME["claim6_stability"]
+  shared = [*runner.quick_overrides("stability"), *runner.seed_overrides(0)]
+  cfg = load_config(runner.setting_path("stability"), shared)
+  run_dir = tmp_path / "runs" / "stability" / "grpo-seed0"
+  run_dir.mkdir(parents=True)
+  overrides = runner.run_overrides(cfg, shared, claims.VARIANTS["grpo"],
+                                   runner.warm_start_dir(tmp_path, cfg), run_dir)
+  (run_dir / runner.STATE_FILE).write_text(json.dumps(
+      {"variant": "grpo", "seed": 0, "overrides": overrides, "invocations": [], "done": True}))
+  assert runner.run_one(claim, claims.VARIANTS["grpo"], 0, quick=True, extra=(),
+                        out=tmp_path) == run_dir
