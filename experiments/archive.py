@@ -10,9 +10,18 @@ manifests (listing the archived runs) and the warm-starts' `DONE.json` records, 
 can be committed (~0.3 MB a run). `restore` writes them back under another `--out`
 (the paths the runs recorded are moved to it), after which the claim's script,
 run with the same arguments and that `--out`, skips the finished runs and trains
-the others (their warm-starts are made again: deterministic per seed), and the
-report is written from all of them. Unfinished runs and checkpoints are never
-archived, and `restore` never overwrites a run that is already there.
+the others, and the report is written from all of them. Unfinished runs and
+checkpoints are never archived, and `restore` never overwrites a run that is
+already there.
+
+Every variant of a seed must start from the same warm-start, and one made again
+later need not be the same: on one machine and one commit it is bit-identical,
+but the code between sessions changes (seed 0 of `stability` started at
+held-out accuracy 0.39 in one session's rerun and 0.22 in the next's), and XLA
+may compile other kernels on another CPU. So a warm-start that some but not all of its seed's
+variants have finished from is archived whole (policy, tokenizer: ~1.5 MB
+for the experiments' model) and restored as made; once every variant of the
+seed is archived, the next `save` keeps only its record.
 """
 
 from __future__ import annotations
@@ -33,6 +42,45 @@ INDEX = "ARCHIVE.json"  # {"out": the --out the runs were made under}
 RUN_FILES = (runner.STATE_FILE, "config.json")
 WARM_RECORD = "warm_start.json"  # a warm-start's DONE.json, renamed: restoring it as DONE.json
 # would claim a warm-start whose policy is not there
+WARM_FILES = ("policy", "tokenizer.json", DONE_FILE)  # a warm-start archived whole
+
+
+def _remove(path: pathlib.Path) -> None:
+  if path.is_dir():
+    shutil.rmtree(path)
+  elif path.exists():
+    path.unlink()
+
+
+def _copy(source: pathlib.Path, target: pathlib.Path) -> None:
+  if source.is_dir():
+    shutil.copytree(source, target)
+  else:
+    shutil.copyfile(source, target)
+
+
+def _warm_name(run_dir: pathlib.Path) -> str:
+  """The warm-start directory a run started from (`run.init` = <warm-start>/policy)."""
+  return pathlib.Path(json.loads((run_dir / "config.json").read_text())["run"]["init"]).parent.name
+
+
+def _partial_warm_starts(out: pathlib.Path) -> set[str]:
+  """Warm-starts from which some, but not all, of a claim's variants of their seed
+  have finished (those runs need the very same warm-start)."""
+  finished: dict[str, set[str]] = {}
+  wanted: dict[str, set[str]] = {}
+  for path in out.glob("claims/*.json"):
+    manifest = json.loads(path.read_text())
+    for seed in manifest["seeds"]:
+      runs = {v: out / "runs" / manifest["setting"] / f"{v}-seed{seed}"
+              for v in manifest["variants"]}
+      done = {v for v, d in runs.items() if (d / runner.STATE_FILE).is_file()
+              and json.loads((d / runner.STATE_FILE).read_text())["done"]}
+      for variant in done:
+        name = _warm_name(runs[variant])
+        finished.setdefault(name, set()).add(variant)
+        wanted.setdefault(name, set()).update(manifest["variants"])
+  return {name for name in finished if finished[name] != wanted[name]}
 
 
 def save(out: pathlib.Path, to: pathlib.Path) -> list[str]:
@@ -63,10 +111,15 @@ def save(out: pathlib.Path, to: pathlib.Path) -> list[str]:
                         for name, by_seed in manifest["runs"].items()}
     (to / "claims").mkdir(parents=True, exist_ok=True)
     (to / "claims" / path.name).write_text(json.dumps(manifest, indent=2))
+  partial = _partial_warm_starts(out)
   for path in sorted(out.glob(f"warm_start/*/{DONE_FILE}")):
-    target = to / path.relative_to(out).parent / WARM_RECORD
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(path, target)
+    target = to / path.relative_to(out).parent
+    target.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(path, target / WARM_RECORD)
+    for name in WARM_FILES:  # whole while its seed is part-done, else the record alone
+      _remove(target / name)
+      if path.parent.name in partial:
+        _copy(path.parent / name, target / name)
   to.mkdir(parents=True, exist_ok=True)
   index.write_text(json.dumps({"out": str(out)}, indent=2))
   return saved
@@ -101,9 +154,9 @@ def restore(source: pathlib.Path, out: pathlib.Path) -> list[str]:
       shutil.copyfile(path, target)
   for path in sorted(source.glob(f"warm_start/*/{WARM_RECORD}")):
     target = out / path.relative_to(source)
-    if not target.is_file():
-      target.parent.mkdir(parents=True, exist_ok=True)
-      shutil.copyfile(path, target)
+    if target.parent.is_dir():
+      continue  # made or restored here already
+    shutil.copytree(path.parent, target.parent)  # the record, and the warm-start if whole
   return restored
 
 

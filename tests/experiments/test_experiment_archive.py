@@ -37,6 +37,10 @@ def _claim6(out, seeds=2):
     (out / "warm_start" / f"w{seed}").mkdir(parents=True)
     (out / "warm_start" / f"w{seed}" / warm_start.DONE_FILE).write_text(json.dumps(
         {"sft_steps": 300, "final_sft_loss": 0.5, "wall_s": 60.0}))
+    (out / "warm_start" / f"w{seed}" / "policy").mkdir()
+    (out / "warm_start" / f"w{seed}" / "policy" / "params.safetensors").write_bytes(
+        bytes([seed]) * 100)
+    (out / "warm_start" / f"w{seed}" / "tokenizer.json").write_text("{}")
   write_manifest(out, "claim6_stability", "stability", runs, steps=STEPS)
 
 
@@ -47,8 +51,12 @@ def test_finished_runs_are_archived_without_checkpoints_and_restored_elsewhere(t
   assert saved == ["runs/stability/grpo-seed0", "runs/stability/sao_stable-seed0",
                    "runs/stability/sao_stable-seed1"]  # not the unfinished grpo seed 1
   assert not list(box.rglob("checkpoints")) and not list(box.rglob("metrics.jsonl"))
-  # A restored warm-start record must not claim a warm-start whose policy is missing.
-  assert not list(box.rglob(warm_start.DONE_FILE))
+  # Seed 0 is finished: its warm-start's record alone (restored as DONE.json it would
+  # claim a policy that is not there). Seed 1's GRPO run still needs the very warm-start
+  # its SAO run started from: archived whole.
+  assert sorted(p.name for p in (box / "warm_start" / "w0").iterdir()) == [archive.WARM_RECORD]
+  assert (box / "warm_start" / "w1" / "policy" / "params.safetensors").read_bytes() == b"\1" * 100
+  assert (box / "warm_start" / "w1" / warm_start.DONE_FILE).is_file()
   assert archive.restore(box, fresh) == saved
   for rel in saved:
     assert ((fresh / rel / "metrics.jsonl").read_bytes()
@@ -58,6 +66,8 @@ def test_finished_runs_are_archived_without_checkpoints_and_restored_elsewhere(t
     assert str(made) not in json.dumps(state)
   assert not (fresh / "warm_start" / "w0" / warm_start.DONE_FILE).exists()
   assert (fresh / "warm_start" / "w0" / archive.WARM_RECORD).is_file()
+  assert (fresh / "warm_start" / "w1" / warm_start.DONE_FILE).is_file()  # the runner uses it
+  assert (fresh / "warm_start" / "w1" / "policy" / "params.safetensors").is_file()
   # The report reads the restored runs, and the archived warm-start records.
   text = report.write_report(fresh, tmp_path / "claim6.md", skip_missing=True).read_text()
   label = claims.VARIANTS["sao_stable"].label
@@ -93,3 +103,14 @@ def test_a_restored_finished_run_is_skipped_without_making_its_warm_start(tmp_pa
       {"variant": "grpo", "seed": 0, "overrides": overrides, "invocations": [], "done": True}))
   assert runner.run_one(claim, claims.VARIANTS["grpo"], 0, quick=True, extra=(),
                         out=tmp_path) == run_dir
+
+
+def test_a_warm_start_is_archived_whole_only_while_its_seed_is_part_done(tmp_path):
+  made, box = tmp_path / "made", tmp_path / "box"
+  _claim6(made)
+  archive.save(made, box)
+  assert (box / "warm_start" / "w1" / "policy").is_dir()
+  state_path = made / "runs" / "stability" / "grpo-seed1" / runner.STATE_FILE
+  state_path.write_text(json.dumps({**json.loads(state_path.read_text()), "done": True}))
+  assert "runs/stability/grpo-seed1" in archive.save(made, box)
+  assert sorted(p.name for p in (box / "warm_start" / "w1").iterdir()) == [archive.WARM_RECORD]
