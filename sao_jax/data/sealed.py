@@ -6,12 +6,16 @@ called. Three kinds of file, each bound by an HMAC-SHA256 under the secret K to
 the run that wrote it, identified by a random 16-byte run nonce N that the
 learner draws each time it starts (`DirectoryTransport.start_run`):
 
-    RUN               "SAO-RUN1"    | N | HMAC(K, "run", N)
+    RUN               "SAO-RUN2"    | N | T | HMAC(K, "run", N, T)
     CLOSED            "SAO-CLOSED1" |     HMAC(K, "closed", N)
     <name>.traj       "SAO-TRAJ1"   |     HMAC(K, "traj", N, name, payload) | payload
 
-`payload` is `records.to_bytes(trajectory)`; every MAC input is a sequence of
-length-prefixed parts, so no two inputs share an encoding. Without K nobody can
+`payload` is `records.to_bytes(trajectory)`, `name` the file name's bytes (any bytes
+a peer chose); every MAC input is a sequence of length-prefixed parts, so no two
+inputs share an encoding. T (8 bytes) is when the run started, in ns, later than
+any run the learner found announced: a writer follows only a run newer than the
+one it knows, so an earlier run's markers, both validly signed, put back into the
+directory neither turn it to that run nor close its own. Without K nobody can
 inject a trajectory (a forged reward is a forged gradient), close the run (turn
 every sampler away), or start a run of their own. Binding a record to its name
 stops a copy being renamed into another reader's shard; binding it to N stops
@@ -34,11 +38,12 @@ from sao_jax.data.records import RecordError
 
 NONCE_BYTES = 16
 MAC_BYTES = hashlib.sha256().digest_size
-RUN_MAGIC, CLOSED_MAGIC, RECORD_MAGIC = b"SAO-RUN1", b"SAO-CLOSED1", b"SAO-TRAJ1"
-RUN_BYTES = len(RUN_MAGIC) + NONCE_BYTES + MAC_BYTES
+RUN_MAGIC, CLOSED_MAGIC, RECORD_MAGIC = b"SAO-RUN2", b"SAO-CLOSED1", b"SAO-TRAJ1"
+_PART = struct.Struct("!Q")  # a MAC input part's length
+_TIME = struct.Struct("!Q")  # a run's start time, ns
+RUN_BYTES = len(RUN_MAGIC) + NONCE_BYTES + _TIME.size + MAC_BYTES
 CLOSED_BYTES = len(CLOSED_MAGIC) + MAC_BYTES
 RECORD_OVERHEAD = len(RECORD_MAGIC) + MAC_BYTES  # bytes a sealed record adds to its payload
-_PART = struct.Struct("!Q")
 
 
 def _mac(secret: bytes, *parts: bytes) -> bytes:
@@ -46,16 +51,22 @@ def _mac(secret: bytes, *parts: bytes) -> bytes:
   return hmac.new(secret, message, hashlib.sha256).digest()
 
 
-def run_marker(secret: bytes, nonce: bytes) -> bytes:
-  return RUN_MAGIC + nonce + _mac(secret, b"run", nonce)
+def run_marker(secret: bytes, run: tuple[int, bytes]) -> bytes:
+  """The RUN marker of `run`, (start time in ns, nonce)."""
+  started, nonce = _TIME.pack(run[0]), run[1]
+  return RUN_MAGIC + nonce + started + _mac(secret, b"run", nonce, started)
 
 
-def run_nonce(secret: bytes, data: bytes | None) -> bytes | None:
-  """The nonce a RUN marker's bytes announce, or None unless K signed them."""
+def read_run(secret: bytes, data: bytes | None) -> tuple[int, bytes] | None:
+  """The run (start time in ns, nonce) a RUN marker's bytes announce, or None unless K
+  signed them. Runs compare by start time: the greater is the newer."""
   if data is None or len(data) != RUN_BYTES or not data.startswith(RUN_MAGIC):
     return None
-  nonce, mac = data[len(RUN_MAGIC):-MAC_BYTES], data[-MAC_BYTES:]
-  return nonce if hmac.compare_digest(mac, _mac(secret, b"run", nonce)) else None
+  nonce = data[len(RUN_MAGIC):len(RUN_MAGIC) + NONCE_BYTES]
+  started, mac = data[len(RUN_MAGIC) + NONCE_BYTES:-MAC_BYTES], data[-MAC_BYTES:]
+  if not hmac.compare_digest(mac, _mac(secret, b"run", nonce, started)):
+    return None
+  return _TIME.unpack(started)[0], nonce
 
 
 def closed_marker(secret: bytes, nonce: bytes) -> bytes:
@@ -69,7 +80,7 @@ def closes(secret: bytes, nonce: bytes, data: bytes | None) -> bool:
 
 def seal(secret: bytes, nonce: bytes, name: str, payload: bytes) -> bytes:
   """A record file's bytes: `payload` signed for the run `nonce` under the file `name`."""
-  return RECORD_MAGIC + _mac(secret, b"traj", nonce, name.encode(), payload) + payload
+  return RECORD_MAGIC + _mac(secret, b"traj", nonce, os.fsencode(name), payload) + payload
 
 
 def unseal(secret: bytes, nonce: bytes, name: str, data: bytes) -> bytes:
@@ -78,28 +89,51 @@ def unseal(secret: bytes, nonce: bytes, name: str, data: bytes) -> bytes:
   if len(data) < RECORD_OVERHEAD or not data.startswith(RECORD_MAGIC):
     raise RecordError("bad_signature", "not a sealed record (no SAO-TRAJ1 header)")
   mac, payload = data[len(RECORD_MAGIC):RECORD_OVERHEAD], data[RECORD_OVERHEAD:]
-  if not hmac.compare_digest(mac, _mac(secret, b"traj", nonce, name.encode(), payload)):
+  if not hmac.compare_digest(mac, _mac(secret, b"traj", nonce, os.fsencode(name), payload)):
     raise RecordError("bad_signature", "its signature does not match this run's secret, run "
                                        "and file name (a forgery, a copy, or an earlier run's)")
   return payload
 
 
-def read_small(path: pathlib.Path, limit: int) -> bytes | None:
-  """At most `limit` + 1 bytes of the regular file `path` (no link followed, no wait on a
-  FIFO), or None when it is missing or anything else."""
+def read_regular(path: pathlib.Path, limit: int) -> bytes:
+  """At most `limit` + 1 bytes of the regular file `path`, opened without following a
+  link or waiting for a FIFO's writer; OSError when it is missing (FileNotFoundError)
+  or anything else."""
+  fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
   try:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    mode = os.fstat(fd).st_mode
+    # Checked before open(), which refuses a directory and then never closes `fd`.
+    if not stat.S_ISREG(mode):
+      raise OSError(f"not a regular file (mode {mode:o})")
+    with open(fd, "rb", closefd=False) as file:
+      return file.read(limit + 1)
+  finally:
+    os.close(fd)
+
+
+def read_small(path: pathlib.Path, limit: int) -> bytes | None:
+  """`read_regular(path, limit)`, or None when it is missing or anything else."""
+  try:
+    return read_regular(path, limit)
   except OSError:
     return None
-  with open(fd, "rb") as file:
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-      return None
-    return file.read(limit + 1)
 
 
 def write_atomic(path: pathlib.Path, data: bytes) -> None:
-  """Writes `data` to `path` through a uniquely named temporary file and a rename, so a
-  reader sees the old file or the new one, never part of one."""
-  tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
-  tmp.write_bytes(data)
-  tmp.rename(path)
+  """Writes `data` to `path` through a temporary file and a rename, so a reader sees the
+  old file or the new one, never part of one. The temporary name is random and created
+  afresh (a peer cannot guess it, and a link or FIFO it put there anyway is never
+  written through); a directory a peer put at `path`, which a rename cannot replace,
+  is moved aside to a hidden name first."""
+  tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+  try:
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb") as file:
+      file.write(data)
+    try:
+      tmp.rename(path)
+    except IsADirectoryError:
+      path.rename(path.with_name(f".{path.name}.{uuid.uuid4().hex}.moved"))
+      tmp.rename(path)
+  except BaseException:
+    tmp.unlink(missing_ok=True)
+    raise

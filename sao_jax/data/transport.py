@@ -16,10 +16,10 @@ nothing to read.
   queue through a daemon pump thread into one small local queue: reading half a
   message blocks forever, and then only that queue's pump, never the learner.
 - `DirectoryTransport`: many hosts sharing a directory (NFS, a mounted bucket).
-  A writer (each unpickled copy is a new one) writes
-  `<writer>-<seq>.p<prompt id>.traj.tmp` and renames it to `.traj` (atomic on
-  POSIX), so a reader never sees a partial record; the reader consumes files in
-  (time, name) order and deletes them.
+  A writer (each unpickled copy is a new one) writes a record to a hidden
+  temporary file of a random name and renames it to `<writer>-<seq>.p<prompt id>.traj`
+  (atomic on POSIX; `sealed.write_atomic`), so a reader never sees a partial record;
+  the reader consumes files in (time, name) order and deletes them.
 
   Several readers (the hosts of a multi-host learner, each loading its own rows)
   share one directory without ever reading the same record: reader `i` of `n`
@@ -33,7 +33,9 @@ nothing to read.
   every record, the RUN marker the learner writes when it starts a run
   (`start_run`) and the CLOSED marker it writes when the run ends are sealed
   with the run's secret and bound to that run (`sealed`). Writers write for the
-  run the newest signed RUN marker names; a record without a valid seal for
+  newest run a signed RUN marker named, never going back to an earlier one, and the
+  learner puts its marker back whenever a peer replaced it by an older or unsigned
+  one (a sampler host starting then finds it); a record without a valid seal for
   this run and its file name (a forgery, a copy renamed into another shard, an
   earlier run's) is quarantined as `bad_signature`, one this reader already
   consumed (a copy put back) as `replayed`, and an unsigned or stale CLOSED
@@ -50,8 +52,9 @@ nothing to read.
   link loop crash it); anything else is `unreadable`. When `quarantine/` is not
   a plain directory (a peer's file or link there), a bad record is deleted
   instead, and one that cannot be deleted either is skipped from then on; each
-  is counted once either way. A file another reader takes or moves between
-  listing and reading is skipped silently.
+  is counted once either way; a writer's backpressure counts only regular files,
+  so such leftovers never hold writers back. A file another reader takes or moves
+  between listing and reading is skipped silently.
 """
 
 from __future__ import annotations
@@ -63,7 +66,6 @@ import pathlib
 import queue
 import re
 import secrets
-import stat
 import threading
 import time
 import uuid
@@ -234,13 +236,13 @@ class DirectoryTransport:
     self.shard, self.by_prompt = shard, by_prompt
     self._stuck: set[str] = set()  # bad entries that could be neither moved nor deleted
     self._reading: bytes | None = None  # the run this reader reads for (`start_run`)
-    self._writing: bytes | None = None  # the run this writer writes for (`_run`)
-    self._run_file: tuple[int, int, int] | None = None  # the RUN marker last read
+    self._announced: tuple[int, bytes] | None = None  # the run this reader announced
+    self._writing: tuple[int, bytes] | None = None  # the newest run a writer saw (`_run`)
     self._consumed: collections.OrderedDict[str, None] = collections.OrderedDict()
 
   def __getstate__(self) -> dict:
     # Reader-side state stays with the reader (a copy writes, never quarantines).
-    return {**self.__dict__, "drops": None, "_reading": None,
+    return {**self.__dict__, "drops": None, "_reading": None, "_announced": None,
             "_consumed": collections.OrderedDict()}
 
   def for_writer(self, key) -> "DirectoryTransport":
@@ -258,8 +260,12 @@ class DirectoryTransport:
     self._writer_id = f"{state['_writer_id']}.{uuid.uuid4().hex[:8]}"
     self._seq = 0
 
-  def _pending(self) -> list[str]:
-    return [name for name in os.listdir(self.directory) if name.endswith(self.SUFFIX)]
+  def _pending(self) -> int:
+    """Records waiting unread: regular files only, so that entries a reader can neither
+    move nor delete (a peer's directories) never count against `capacity`."""
+    with os.scandir(self.directory) as entries:
+      return sum(entry.name.endswith(self.SUFFIX) and entry.is_file(follow_symlinks=False)
+                 for entry in entries)
 
   def _mine(self, match: re.Match) -> bool:
     """Whether the record named `match` belongs to this reader's shard."""
@@ -273,9 +279,13 @@ class DirectoryTransport:
     try:
       try:
         folder.mkdir(exist_ok=True)
-        if not stat.S_ISDIR(folder.lstat().st_mode):  # a link: renames would follow it
-          raise NotADirectoryError(f"{folder} is a link")
-        path.rename(folder / f"{path.name}.{reason}")
+        # Moved through the folder opened without following a link: a link a peer
+        # put there, before or after any check, would take the file elsewhere.
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+          os.rename(path, f"{path.name}.{reason}", dst_dir_fd=fd)
+        finally:
+          os.close(fd)
       except FileNotFoundError:
         raise
       except OSError as error:  # quarantine/ is a peer's file or link
@@ -290,7 +300,9 @@ class DirectoryTransport:
     self.drops[key] += 1
     examples = getattr(self.drops, "examples", None)
     if examples is not None:
-      examples[key] = f"{path.name}: {detail}"[:300]
+      # A name is any bytes a peer chose; the log prints the example.
+      name = os.fsencode(path.name).decode(errors="backslashreplace")
+      examples[key] = f"{name}: {detail}"[:300]
 
   def _ready(self) -> list[tuple[pathlib.Path, re.Match]]:
     """This reader's records, oldest first; stray names are quarantined on the way."""
@@ -316,13 +328,7 @@ class DirectoryTransport:
     """The record at `path`, consumed; None if it was quarantined or another reader took it."""
     limit = records.max_record_bytes(self.max_tokens) + sealed.RECORD_OVERHEAD
     try:
-      # No link followed, no wait for a FIFO's writer.
-      fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-      with open(fd, "rb") as file:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-          raise OSError(f"not a regular file (mode {mode:o})")
-        data = file.read(limit + 1)  # never more than a record can be
+      data = sealed.read_regular(path, limit)  # never more than a record can be
     except FileNotFoundError:
       return None
     except OSError as error:  # a link, FIFO or directory named *.traj, an unreadable file
@@ -358,29 +364,44 @@ class DirectoryTransport:
     quarantine the records earlier runs left, and write the RUN marker that turns
     writers to this run (an earlier run's close marker no longer applies)."""
     self._reading = nonce or secrets.token_bytes(sealed.NONCE_BYTES)
+    self._announced = None
     if not announce:
       return
     with os.scandir(self.directory) as entries:
       left = [pathlib.Path(e.path) for e in entries if e.name.endswith(self.SUFFIX)]
     for path in left:
       self._quarantine(path, "earlier_run", "written before this run started")
+    # Newer than the run announced so far even if this host's clock is behind: writers
+    # follow only a newer run.
+    announced = sealed.read_run(self._secret, self._run_file_bytes())
+    started = max(time.time_ns(), announced[0] + 1 if announced else 0)
+    self._announced = (started, self._reading)
     sealed.write_atomic(self.directory / self.RUN,
-                        sealed.run_marker(self._secret, self._reading))
+                        sealed.run_marker(self._secret, self._announced))
+
+  def _run_file_bytes(self) -> bytes | None:
+    return sealed.read_small(self.directory / self.RUN, sealed.RUN_BYTES)
 
   def _run(self) -> bytes | None:
-    """The run this writer writes for: the one the newest RUN marker signed with the
-    secret names (re-read whenever the file changes), else the last one it knew."""
-    path = self.directory / self.RUN
-    try:
-      info = path.lstat()
-    except OSError:
-      return self._writing
-    key = (info.st_ino, info.st_mtime_ns, info.st_size)
-    if key != self._run_file:
-      self._run_file = key
-      nonce = sealed.run_nonce(self._secret, sealed.read_small(path, sealed.RUN_BYTES))
-      self._writing = nonce or self._writing
-    return self._writing
+    """The run this writer writes for: the newest one a RUN marker signed with the secret
+    named since it started. An earlier run's marker put back is ignored: following it
+    would turn writers to a run nobody reads. The marker is read at every look, not
+    known by its file's identity: a peer can swap the file away and back in between."""
+    run = sealed.read_run(self._secret, self._run_file_bytes())
+    if run is not None and (self._writing is None or run > self._writing):
+      self._writing = run
+    return self._writing and self._writing[1]
+
+  def _keep_run(self) -> None:
+    """Puts this reader's RUN marker back if a peer replaced it by an earlier run's (or
+    anything not signed, or nothing): a sampler host starting would write for that run,
+    or wait. A newer signed marker is a newer learner's, and stays."""
+    if self._announced is None:
+      return
+    found = sealed.read_run(self._secret, self._run_file_bytes())
+    if found is None or found < self._announced:
+      sealed.write_atomic(self.directory / self.RUN,
+                          sealed.run_marker(self._secret, self._announced))
 
   @property
   def closed(self) -> bool:
@@ -403,7 +424,7 @@ class DirectoryTransport:
       nonce = self._run()
       if nonce is not None and self.closed:
         raise TransportClosed(f"the learner closed {self.directory}")
-      if nonce is not None and len(self._pending()) < self.capacity:
+      if nonce is not None and self._pending() < self.capacity:
         break
       if deadline is not None and time.monotonic() >= deadline:
         raise queue.Full(f"{self.directory} holds {self.capacity} unread trajectories" if nonce
@@ -412,15 +433,15 @@ class DirectoryTransport:
       time.sleep(0.05)
     name = f"{self._writer_id}-{self._seq:012d}.p{traj.prompt_id}{self.SUFFIX}"
     self._seq += 1
-    tmp = self.directory / f"{name}.tmp"
-    tmp.write_bytes(sealed.seal(self._secret, nonce, name, records.to_bytes(traj)))
-    tmp.rename(self.directory / name)
+    sealed.write_atomic(self.directory / name,
+                        sealed.seal(self._secret, nonce, name, records.to_bytes(traj)))
 
   def get(self, timeout: float = 0.0) -> Trajectory | None:
     if self._reading is None:
       raise RuntimeError("DirectoryTransport.get before start_run: a reader reads for a run")
     deadline = time.monotonic() + timeout
     while True:
+      self._keep_run()  # before listing: a sampler host may be waiting for the marker
       for path, match in self._ready():
         traj = self._read(path, match)
         if traj is not None:

@@ -33,7 +33,7 @@ def reader_of(path, capacity=8, **kwargs) -> DirectoryTransport:
 def plant(path, payload: bytes, secret: bytes = SECRET) -> None:
   """Writes `payload` as the record file `path`, sealed for the directory's current run with
   `secret`: what an insider (a host holding the secret) could write."""
-  nonce = sealed.run_nonce(SECRET, (path.parent / "RUN").read_bytes())
+  _, nonce = sealed.read_run(SECRET, (path.parent / "RUN").read_bytes())
   path.write_bytes(sealed.seal(secret, nonce, path.name, payload))
 
 
