@@ -16,8 +16,8 @@ runs). Tools, with their arguments (`?` = optional):
 - `search {text, path?="."}`: lines containing `text` (literal, case-sensitive).
 - `edit {path, old, new}`: replace the one occurrence of `old` in a file.
 - `create {path, content}`: create a new file (not overwrite one).
-- `run_tests {path?}`: run one test file, or every visible test file
-  (`runner`), and report each test.
+- `run_tests {path?}`: run one test file, or the visible test files (the
+  first `MAX_TEST_FILES` by name) (`runner`), and report each test.
 - `python {code}`: run Python in the sandbox (`sao_jax.envs.sandbox`) on a
   throwaway copy of the repository (working directory and first `sys.path`
   entry); what it writes is discarded, only `edit` and `create` change files.
@@ -83,6 +83,8 @@ Example:
 ```tool
 {"name": "view", "args": {"path": "a.py", "start": 1, "end": 20}}
 ```"""
+# Test files one `run_tests` call runs (bounds its time: each may take wall_time_s).
+MAX_TEST_FILES = 10
 NO_ACTION = ("No tool call found. Call a tool with a block that starts with ```tool on its own "
              'line, holds {"name": ..., "args": {...}} and ends with ```; use submit when done.')
 
@@ -172,6 +174,10 @@ class CodingEnv(Environment):
     paths = runner.discover(root, self.tests_dir) if path is None else [path]
     if not paths:
       raise ToolError(f"no test*.py files in {self.tests_dir}/; pass a test file as path.")
+    # Each file is its own sandbox run of up to wall_time_s: without a cap, an agent
+    # that creates 2000 test files stalls this process for hours in one call.
+    skipped = paths[MAX_TEST_FILES:]
+    paths = paths[:MAX_TEST_FILES]
     results = []
     for rel in paths:
       source = self.workspace.read_text(rel)
@@ -180,8 +186,11 @@ class CodingEnv(Environment):
           isolation=self.isolation))
     passed = sum(len(r.passed) for r in results)
     total = sum(len(r.names) for r in results)
-    return self._relative("\n\n".join([r.report for r in results]
-                                        + [f"{passed} of {total} tests passed."]))
+    summary = f"{passed} of {total} tests passed."
+    if skipped:
+      summary += (f" {len(skipped)} more test files were not run (run_tests runs at most "
+                  f"{MAX_TEST_FILES} at once, the first by name): pass a path to run one.")
+    return self._relative("\n\n".join([r.report for r in results] + [summary]))
 
   def _relative(self, text: str) -> str:
     """`text` with the copy's absolute path dropped from paths (as in tracebacks)."""

@@ -203,6 +203,32 @@ def test_long_running_huge_output_and_network_are_contained():
     assert "not allowed" in observation, observation
 
 
+def test_one_run_tests_call_runs_a_bounded_number_of_test_files(monkeypatch):
+  """Each test file is a sandbox run of up to wall_time_s: 2000 files that sleep would
+  stall the sampler for hours in one call. (Quick files here; the count is what matters.)"""
+  started = []
+  real = coding.runner.run_test_file
+
+  def counted(root, path, source, limits, **kwargs):
+    started.append(path)
+    return real(root, path, source, limits, **kwargs)
+  monkeypatch.setattr(coding.runner, "run_test_file", counted)
+  env = make_env()
+  env.reset(coding_generator.generate_task(0, difficulty=1))
+  extra = coding.MAX_TEST_FILES + 5
+  for i in range(extra):
+    env.step(call("create", path=f"tests/test_many_{i:02d}.py",
+                  content="def test_quick():\n    pass\n"))
+  observation = env.step(call("run_tests")).observation
+  assert len(started) == coding.MAX_TEST_FILES
+  shown = sorted(coding.runner.discover(env.workspace.root, "tests"))[:coding.MAX_TEST_FILES]
+  assert started == shown
+  assert f"{extra + 1 - coding.MAX_TEST_FILES} more test files were not run" in observation
+  started.clear()
+  env.step(call("run_tests", path=f"tests/test_many_{extra - 1:02d}.py"))
+  assert started == [f"tests/test_many_{extra - 1:02d}.py"]
+
+
 def test_sandbox_harness_failure_is_an_environment_failure(monkeypatch):
   task = coding_generator.generate_task(0, difficulty=1)
 
