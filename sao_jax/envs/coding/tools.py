@@ -216,9 +216,9 @@ class Workspace:
   def _check_room(self, full: str, size: int) -> None:
     """Refuses a write that would take the tree over `walk`'s limits."""
     rel = self._relative(full)
-    if len(rel) > walk.MAX_PATH_CHARS or rel.count(os.sep) > walk.MAX_DEPTH:
-      raise ToolError(f"{rel!r} is too long or too deep: at most {walk.MAX_PATH_CHARS} "
-                      f"characters and {walk.MAX_DEPTH} directories.")
+    if len(os.fsencode(rel)) > walk.MAX_PATH_BYTES or rel.count(os.sep) > walk.MAX_DEPTH:
+      raise ToolError(f"{rel!r} is too long or too deep: at most {walk.MAX_PATH_BYTES} "
+                      f"bytes (UTF-8) and {walk.MAX_DEPTH} directories.")
     entries = {e.rel: e.size for e in self._tree(self.root)}
     parts = rel.split(os.sep)
     added = sum(os.path.join(*parts[:i]) not in entries for i in range(1, len(parts) + 1))

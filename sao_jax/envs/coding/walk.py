@@ -4,9 +4,15 @@
 recursion (an explicit stack, so 1200 nested directories cost no Python stack),
 never following links, and raises `WalkLimit` (with a message for the agent)
 as soon as the tree has more than `MAX_ENTRIES` entries, is deeper than
-`MAX_DEPTH`, has a path longer than `MAX_PATH_CHARS`, holds more than `MAX_TOTAL_BYTES` of files, or the walk takes
-longer than `TIME_BUDGET_S`. A path the OS refuses (e.g. too long) is a
-`WalkLimit` too: the agent's files caused it.
+`MAX_DEPTH`, has a path longer than `MAX_PATH_BYTES`, holds more than
+`MAX_TOTAL_BYTES` of files, or the walk takes longer than `TIME_BUDGET_S`. A
+path the OS refuses (e.g. too long) is a `WalkLimit` too: the agent's files
+caused it.
+
+Path length counts UTF-8 bytes, as the OS does (`PATH_MAX` = 4096): a limit in
+characters let 1024 four-byte characters through, a path that fits the working
+copy but not the grading copy, whose directory name is longer (an environment
+failure the agent could cause at will).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import time
 MAX_ENTRIES = 2000
 MAX_DEPTH = 16
 MAX_TOTAL_BYTES = 16 << 20
-MAX_PATH_CHARS = 1024
+MAX_PATH_BYTES = 1024
 TIME_BUDGET_S = 2.0
 
 
@@ -53,8 +59,8 @@ def walk(root: str, *, max_entries: int = MAX_ENTRIES, max_depth: int = MAX_DEPT
           if len(entries) >= max_entries:
             raise WalkLimit(f"more than {max_entries} files and directories")
           path = os.path.join(rel, item.name)
-          if len(path) > MAX_PATH_CHARS:
-            raise WalkLimit(f"a path is longer than {MAX_PATH_CHARS} characters")
+          if len(os.fsencode(path)) > MAX_PATH_BYTES:
+            raise WalkLimit(f"a path is longer than {MAX_PATH_BYTES} bytes")
           if item.is_dir(follow_symlinks=False):
             if depth + 1 > max_depth:
               raise WalkLimit(f"{path!r} is nested deeper than {max_depth} directories")

@@ -8,6 +8,7 @@ Each forgery is code prepended to the buggy module (as an agent would with
 import os
 import py_compile
 import sys
+import tempfile
 
 import pytest
 
@@ -187,6 +188,41 @@ def test_over_long_paths_are_reward_zero_not_an_environment_failure():
   result = env.step(call("submit"))
   assert result.failure is None and result.reward == 0.0
   assert "over the limits" in result.info["grading_error"]
+
+
+@pytest.fixture
+def long_tmpdir(monkeypatch):
+  """A temporary directory with a 44-byte path, as on a cluster's per-job scratch
+  (traversable, since the sandbox reads its runs' files as another user)."""
+  top = tempfile.mkdtemp(prefix="sao_a_long_temporary_directory_", dir="/tmp")
+  os.chmod(top, 0o711)
+  monkeypatch.setattr(tempfile, "tempdir", top)
+  yield top
+  sandbox.remove_tree(top)
+
+
+def _path_of_bytes(size):
+  """A relative `.py` path of `size` UTF-8 bytes in at most 1024 characters, 17
+  components (the old limits counted characters): mostly 4-byte characters."""
+  ascii_count = 3 + (size - 16 - 3) % 4  # ".py" and padding, so the rest is whole emoji
+  emoji = (size - 16 - ascii_count) // 4
+  per_dir, last = divmod(emoji, 16)
+  assert per_dir <= 63 and last <= 60 and emoji + ascii_count + 16 <= 1024
+  dirs = ["\N{GRINNING FACE}" * per_dir] * 16
+  name = "\N{GRINNING FACE}" * last + "a" * (ascii_count - 3) + ".py"
+  return os.path.join(*dirs, name)
+
+
+def test_a_path_the_grading_copy_cannot_hold_is_never_an_environment_failure(long_tmpdir):
+  """The longest file path the OS takes in the working copy is one byte too long in
+  the grading copy ("grade" is longer than "work"); the agent learns the copy's
+  path from `os.getcwd()` in the sandbox. Grading must still score the episode."""
+  env = make_env()
+  env.reset(TASK)
+  rel = _path_of_bytes(4095 - len(os.fsencode(env.workspace.root)) - 1)
+  env.step(call("create", path=rel, content="x = 1\n"))
+  result = env.step(call("submit"))
+  assert result.failure is None and result.reward == 0.0, result
 
 
 def test_deeply_nested_directories_do_not_crash_the_tools():
