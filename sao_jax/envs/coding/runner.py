@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import json
 import os
 import secrets
 
@@ -148,7 +147,9 @@ def run_test_file(root: str, path: str, source: str, limits: sandbox.SandboxLimi
   names = collect_tests(source)
   expected = tuple(names) or (path,)
   mark = secrets.token_hex(16)
-  prelude = (f"_MARK = {mark!r}\n_PATH = {path!r}\n_NAMES = {json.dumps(names)}\n"
+  # repr, not JSON: JSON writes a character beyond the BMP as a surrogate pair, which a
+  # Python literal reads as two lone surrogates (a name no verdict then matches).
+  prelude = (f"_MARK = {mark!r}\n_PATH = {path!r}\n_NAMES = {names!r}\n"
              f"_DETAIL_CHARS = {_DETAIL_CHARS}\n_DETAIL_BYTES = {limits.max_output_bytes}\n")
   # Room for every verdict line on top of the output limit, so that failure
   # details (which the runner keeps within the limit) never push verdicts out.

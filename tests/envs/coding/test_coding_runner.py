@@ -42,6 +42,13 @@ def test_functions_are_tests_and_failures_show_output_and_traceback(tmp_path):
   assert "not a test" not in result.report
 
 
+def test_tests_named_with_characters_beyond_the_bmp_get_their_verdict(tmp_path):
+  """Python identifiers may hold such characters (CJK Extension B); sent to the runner as
+  JSON they became escaped surrogate pairs, a name no verdict matched: a passing test failed."""
+  result = run(tmp_path, "def test_\U00020000():\n    pass\n")
+  assert result.names == ("test_\U00020000",) and result.passed == {"test_\U00020000"}
+
+
 def test_a_file_without_test_functions_is_one_test(tmp_path):
   assert run(tmp_path, "assert 1 + 1 == 2\n").passed == {"tests/test_x.py"}
   result = run(tmp_path, "assert 1 + 1 == 3, 'math'\n")
