@@ -47,6 +47,7 @@ _out = os.dup(1)
 _root = sys.path.pop(0)  # The runner's own imports skip the agent's files.
 import importlib, io, json
 sys.path.insert(0, _root)
+_CALLS = json.loads(_CALLS_JSON)
 _results = []
 for _module, _function, _args in _CALLS:
   sys.stdout = sys.stderr = io.StringIO()
@@ -98,7 +99,10 @@ def grade_calls(sources_dir: str, calls: Sequence[dict[str, Any]], limits: Sandb
   sent = [[c["module"], c["function"], c["args"]] for c in calls]
   with open(values.__file__, encoding="utf-8") as f:
     codec = f.read()
-  script = f"{codec}\n_MARK = {mark!r}\n_CALLS = {json.dumps(sent)}\n{_RUNNER}"
+  # A JSON string literal, decoded by the runner: JSON pasted in as Python source has
+  # `true`, `null`, `Infinity` (no Python names) and splits characters beyond the BMP
+  # into lone surrogates.
+  script = f"{codec}\n_MARK = {mark!r}\n_CALLS_JSON = {json.dumps(sent)!r}\n{_RUNNER}"
   limits = dataclasses.replace(limits, max_output_bytes=max(limits.max_output_bytes,
                                                             _RESULT_BYTES))
   result = sandbox.run_python(script, limits, workdir=sources_dir, isolation=isolation)

@@ -15,6 +15,7 @@ import pytest
 from sao_jax.envs import sandbox
 from sao_jax.envs.base import play
 from sao_jax.envs.coding import env as coding
+from sao_jax.envs.coding import grader
 from sao_jax.envs.coding import generator as coding_generator
 from sao_jax.envs.coding import tasks as coding_tasks
 from sao_jax.envs.coding.tools import format_tool_call as call
@@ -131,6 +132,18 @@ def test_in_process_forgeries_earn_zero(forgery):
 def test_the_untouched_buggy_module_earns_zero_and_the_fix_earns_one():
   assert_zero(play(make_env(), TASK, [call("submit")]).result)  # The baseline above.
   assert play(make_env(), TASK, coding_generator.solution_actions(TASK)).result.reward == 1.0
+
+
+@pytest.mark.parametrize("value", [True, None, "\N{GRINNING FACE}", float("inf"),
+                                   [False, {"k": None}]])
+def test_call_arguments_of_every_gradable_type_reach_the_code_intact(tmp_path, value):
+  """Arguments crossed into the runner as JSON pasted into Python source: `true`, `null`
+  and `Infinity` are no Python names (the runner died, failing every call) and a
+  character beyond the BMP arrived as two lone surrogates."""
+  (tmp_path / "same.py").write_text("def same(x):\n    return [x, ascii(x)]\n")
+  calls = [{"module": "same", "function": "same", "args": grader.values.encode((value,)),
+            "expected": grader.values.encode([value, ascii(value)])}]
+  assert grader.grade_calls(str(tmp_path), calls, LIMITS) == [True]
 
 
 def test_stale_bytecode_is_never_loaded(tmp_path):
