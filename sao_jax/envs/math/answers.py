@@ -71,7 +71,10 @@ def _normalize(answer: str) -> str:
 def _as_number(answer: str) -> fractions.Fraction | None:
   if not _NUMBER.fullmatch(answer):
     return None
-  return fractions.Fraction(answer.replace(",", ""))
+  try:
+    return fractions.Fraction(answer.replace(",", ""))
+  except ZeroDivisionError:  # "1/0": no number (it raised out of the environment's step)
+    return None
 
 
 def verify_answer(predicted: str, gold: str) -> bool:

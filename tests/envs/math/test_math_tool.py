@@ -35,6 +35,7 @@ def make_env(max_turns=4, sandbox_limits=LIMITS):
     ("sirap", "Paris", False),  # math parsers would accept the anagram p*a*r*i*s
     ("9^{9^{9}}", "5", False),  # refused before any symbolic work
     ("", "1", False),
+    ("1/0", "\\text{ }", False),  # math-verify parses no gold: the fallback got Fraction(1, 0)
 ])
 def test_verify_answer(predicted, gold, correct):
   assert answers.verify_answer(predicted, gold) is correct
