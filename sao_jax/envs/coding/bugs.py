@@ -106,7 +106,8 @@ BANK: tuple[Template, ...] = (
           "(year % 100 != 0 and year % 400 == 0)"),
       Bug("missing_edge_case", "year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)",
           "year % 4 == 0 and year % 100 != 0")),
-             ((2000,), (1900,), (2024,), (2023,)),
+             # Two years divisible by 400: random ones are, one draw in 400.
+             ((2000,), (1900,), (2024,), (2023,), (2400,)),
              lambda rng: (rng.randint(1600, 2400),)),
     Template("factorial", '''def factorial(n):
     """n! for n >= 0."""
@@ -186,7 +187,9 @@ BANK: tuple[Template, ...] = (
     return letters == letters[::-1]
 ''', (Bug("missing_edge_case", "for ch in text if ch.isalnum()]", "for ch in text]"),
       Bug("missing_edge_case", "[ch.lower()", "[ch")),
-             (("Race car",), ("Abba",), ("abc",), ("",)),
+             # Two cases with punctuation or spaces: random ones (a word, or a word and
+             # its reverse) never show the dropped isalnum filter.
+             (("Race car",), ("Abba",), ("abc",), ("",), ("No lemon, no melon",)),
              lambda rng: (_palindrome(rng),)),
     Template("dedupe", '''def dedupe(values):
     """values without repeats, keeping the first occurrence of each, in order."""

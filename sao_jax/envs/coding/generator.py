@@ -21,7 +21,11 @@ function's result with exactly the same builtin types. The hidden tests are
 `metadata["hidden_calls"]`, one call per case (the template's edge cases plus
 random ones) with its expected value, graded outside the agent's interpreter
 (`grader.grade_calls`); `files["tests_hidden"]` is empty. Visible tests cover a
-few cases. Tasks carry their files in memory (`sao_jax.envs.coding.tasks` describes the metadata)
+few cases. Where those cases expose a planted bug only on the call the statement
+reports, the hidden calls get one more random case that exposes it (if one of
+`_EXTRA_DRAWS` draws does, from its own string-seeded stream, so other tasks are
+unchanged): else an agent that special-cases the reported call, returning the
+expected value the statement gives, passes without fixing anything. Tasks carry their files in memory (`sao_jax.envs.coding.tasks` describes the metadata)
 and their fix as `metadata["fix"]`: whole-function `{"path", "old", "new"}`
 edits.
 
@@ -54,6 +58,7 @@ _MODULES = ("mathutil", "textutil", "listutil", "helpers", "toolkit", "basics", 
             "funcs")
 _RANDOM_CASES = 4
 _VISIBLE_CASES = 3
+_EXTRA_DRAWS = 1000  # random draws searched for a second case exposing a bug
 
 _TEST_HELPERS = '''def _same(got, want):
     """Equal, with exactly the same builtin types all the way down."""
@@ -97,6 +102,20 @@ def _call_text(name: str, args: tuple[Any, ...]) -> str:
 def _cases(template: coding_bugs.Template, rng: random.Random) -> list[tuple[Any, ...]]:
   cases = list(template.edge_cases) + [template.random_case(rng) for _ in range(_RANDOM_CASES)]
   return list({repr(case): case for case in cases}.values())
+
+
+def _another_exposing_case(template: coding_bugs.Template, correct: Callable[..., Any],
+                           wrong: Callable[..., Any], seen: list[tuple[Any, ...]],
+                           rng: random.Random) -> list[tuple[Any, ...]]:
+  """A random case not in `seen` on which `wrong` behaves differently from `correct`,
+  as a list of one, or [] if none of `_EXTRA_DRAWS` draws is one (a bug that only
+  one input shows, e.g. a missing `n > 0` guard, has no fix but special-casing it)."""
+  known = {repr(case) for case in seen}
+  for _ in range(_EXTRA_DRAWS):
+    case = template.random_case(rng)
+    if repr(case) not in known and outcome(wrong, case) != outcome(correct, case):
+      return [case]
+  return []
 
 
 def _test_file(module: str, calls: list[tuple[str, tuple[Any, ...], Any]]) -> str:
@@ -162,6 +181,11 @@ def generate_task(index: int, *, seed: int = 0, difficulty: int = 2, kind: str =
       case = cases[exposing[0]]
       reports.append((module, _call_text(template.name, case), outcome(correct, case),
                       outcome(wrong, case)))
+      if len(exposing) < 2:  # Only the reported call shows the bug: hide another one.
+        extra_rng = random.Random(f"sao-coding/{seed}/{difficulty}/{kind}/{index}/"
+                                  f"{template.name}/exposing")
+        hidden += [(template.name, extra, correct(*extra)) for extra in
+                   _another_exposing_case(template, correct, wrong, cases, extra_rng)]
     files["repo"][f"{module}.py"] = '"""Helper functions."""\n\n\n' + "\n\n".join(sources)
     hidden_calls += [{"name": f"{module}.{name}_{i}", "module": module, "function": name,
                       "args": values.encode(args), "expected": values.encode(want)}

@@ -134,6 +134,35 @@ def test_the_untouched_buggy_module_earns_zero_and_the_fix_earns_one():
   assert play(make_env(), TASK, coding_generator.solution_actions(TASK)).result.reward == 1.0
 
 
+def _special_case_the_report(task):
+  """The `edit` that leaves the bug in but returns the statement's expected value
+  for the reported call (the first hidden call the buggy function gets wrong)."""
+  edit = task.metadata["fix"][0]
+  name = edit["new"].split("def ", 1)[1].split("(", 1)[0]
+  correct = coding_generator.compile_function(edit["new"], name)
+  wrong = coding_generator.compile_function(edit["old"], name)
+  reported = next(args for args in (grader.values.decode(c["args"])
+                                    for c in task.metadata["hidden_calls"] if c["function"] == name)
+                  if coding_generator.outcome(wrong, args) != coding_generator.outcome(correct, args))
+  wrapper = (f"\n\ndef {name}(*args):\n    if args == {reported!r}:\n"
+             f"        return {correct(*reported)!r}\n    return _buggy(*args)\n")
+  return call("edit", path=edit["path"], old=edit["old"],
+              new=edit["old"].replace(f"def {name}(", "def _buggy(", 1) + wrapper)
+
+
+# Tasks whose edge and random cases show the bug on the reported call only
+# (fizzbuzz(15), is_palindrome("Race car"), is_leap(2000)), though other inputs show it too.
+@pytest.mark.parametrize("index", [3, 7, 9])
+def test_special_casing_the_reported_call_earns_zero(index):
+  task = coding_generator.generate_task(index, difficulty=1, kind="missing_edge_case")
+  env = make_env()
+  env.reset(task)
+  assert env.step(_special_case_the_report(task)).observation.startswith("edited ")
+  visible = env.step(call("run_tests")).observation
+  assert visible.endswith("tests passed.") and "FAIL" not in visible, visible  # A real hack.
+  assert_zero(env.step(call("submit")))
+
+
 @pytest.mark.parametrize("value", [True, None, "\N{GRINNING FACE}", float("inf"),
                                    [False, {"k": None}]])
 def test_call_arguments_of_every_gradable_type_reach_the_code_intact(tmp_path, value):
