@@ -23,11 +23,12 @@ random ones) with its expected value, graded outside the agent's interpreter
 (`grader.grade_calls`); `files["tests_hidden"]` is empty. Visible tests cover a
 few cases. Where those cases expose a planted bug only on the call the statement
 reports, the hidden calls get one more random case that exposes it (if one of
-`_EXTRA_DRAWS` draws does, from its own string-seeded stream, so other tasks are
-unchanged): else an agent that special-cases the reported call, returning the
-expected value the statement gives, passes without fixing anything. Tasks carry their files in memory (`sao_jax.envs.coding.tasks` describes the metadata)
-and their fix as `metadata["fix"]`: whole-function `{"path", "old", "new"}`
-edits.
+`_EXTRA_DRAWS` draws does; they come from a stream of their own, so the other
+cases stay as they were): else an agent that special-cases the reported call,
+returning the expected value the statement gives, passes without fixing
+anything. Tasks carry their files in memory (`sao_jax.envs.coding.tasks`
+describes the metadata) and their fix as `metadata["fix"]`: whole-function
+`{"path", "old", "new"}` edits.
 
 `solution_actions(task)` are the scripted agent's turns for such a task: view
 each file to fix, edit it, run the visible tests, submit.
