@@ -141,9 +141,10 @@ def _special_case_the_report(task):
   name = edit["new"].split("def ", 1)[1].split("(", 1)[0]
   correct = coding_generator.compile_function(edit["new"], name)
   wrong = coding_generator.compile_function(edit["old"], name)
-  reported = next(args for args in (grader.values.decode(c["args"])
-                                    for c in task.metadata["hidden_calls"] if c["function"] == name)
-                  if coding_generator.outcome(wrong, args) != coding_generator.outcome(correct, args))
+  calls = [grader.values.decode(c["args"])
+           for c in task.metadata["hidden_calls"] if c["function"] == name]
+  outcome = coding_generator.outcome
+  reported = next(args for args in calls if outcome(wrong, args) != outcome(correct, args))
   wrapper = (f"\n\ndef {name}(*args):\n    if args == {reported!r}:\n"
              f"        return {correct(*reported)!r}\n    return _buggy(*args)\n")
   return call("edit", path=edit["path"], old=edit["old"],
