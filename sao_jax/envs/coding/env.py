@@ -52,9 +52,11 @@ on the next `reset`, on `close()` or when the environment is garbage-collected.
 from __future__ import annotations
 
 import os
+import resource
 import tempfile
 import weakref
 
+from sao_jax.config.checks import fail
 from sao_jax.envs import sandbox
 from sao_jax.envs.base import Environment, Message, StepResult, Task
 from sao_jax.envs.coding import grader, runner, tasks, walk
@@ -85,6 +87,13 @@ Example:
 ```"""
 # Test files one `run_tests` call runs (bounds its time: each may take wall_time_s).
 MAX_TEST_FILES = 10
+# What the sandbox's work tmpfs must hold: the largest grading copy, the agent's files
+# plus the hidden tests, each within `walk`'s limits, every file taking at least a page.
+# A copy that does not fit stops the test runner before it starts, an environment
+# failure (the episode dropped, not scored) the agent could cause by filling its copy.
+MIN_SANDBOX_FILES = 2 * walk.MAX_ENTRIES + 2  # + the root and the tests directory
+MIN_SANDBOX_DISK_MB = -(-2 * (walk.MAX_TOTAL_BYTES + walk.MAX_ENTRIES * resource.getpagesize())
+                        >> 20)
 NO_ACTION = ("No tool call found. Call a tool with a block that starts with ```tool on its own "
              'line, holds {"name": ..., "args": {...}} and ends with ```; use submit when done.')
 
@@ -99,6 +108,12 @@ class CodingEnv(Environment):
                partial_reward: bool = False, isolation: str = sandbox.DEFAULT_SANDBOX):
     super().__init__(max_turns=max_turns, max_observation_chars=max_observation_chars)
     sandbox_limits.validate()
+    if sandbox_limits.disk_mb < MIN_SANDBOX_DISK_MB:
+      fail("env.tool", "disk_mb", sandbox_limits.disk_mb,
+           f"the coding environment needs at least {MIN_SANDBOX_DISK_MB} for a full copy")
+    if sandbox_limits.max_files < MIN_SANDBOX_FILES:
+      fail("env.tool", "max_files", sandbox_limits.max_files,
+           f"the coding environment needs at least {MIN_SANDBOX_FILES} for a full copy")
     sandbox.require_isolation(isolation)
     self.sandbox_limits = sandbox_limits
     self.isolation = isolation

@@ -5,6 +5,7 @@ Each forgery is code prepended to the buggy module (as an agent would with
 `edit`), or files placed in its working copy, then `submit`.
 """
 
+import dataclasses
 import os
 import py_compile
 import sys
@@ -266,6 +267,32 @@ def test_a_path_the_grading_copy_cannot_hold_is_never_an_environment_failure(lon
   env.step(call("create", path=rel, content="x = 1\n"))
   result = env.step(call("submit"))
   assert result.failure is None and result.reward == 0.0, result
+
+
+@pytest.mark.parametrize("field, value", [("disk_mb", 8), ("max_files", 1000)])
+def test_limits_too_small_for_a_full_working_copy_are_refused(field, value):
+  """A working copy the walk allows but the sandbox's work tmpfs cannot hold stopped the
+  test runner before it started: an environment failure (the episode dropped, not
+  scored) that the agent caused by filling its copy."""
+  limits = dataclasses.replace(LIMITS, **{field: value})
+  with pytest.raises(ValueError, match=f"env.tool.{field}={value}"):
+    coding.CodingEnv(sandbox_limits=limits)
+
+
+def test_a_working_copy_at_the_walk_limits_fits_the_smallest_limits_allowed():
+  env = coding.CodingEnv(max_turns=10, sandbox_limits=dataclasses.replace(
+      LIMITS, disk_mb=coding.MIN_SANDBOX_DISK_MB, max_files=coding.MIN_SANDBOX_FILES))
+  env.reset(TASK)
+  root = env.workspace.root
+  entries = coding.walk.walk(root)
+  for i in range(coding.walk.MAX_ENTRIES - len(entries) - 1):
+    with open(os.path.join(root, f"f{i}.py"), "w") as f:
+      f.write("x = 1\n")
+  with open(os.path.join(root, "big.py"), "w") as f:  # the rest of the byte budget
+    f.write("#" * (coding.walk.MAX_TOTAL_BYTES - sum(e.size for e in coding.walk.walk(root))))
+  observation = env.step(call("run_tests")).observation
+  assert "tests passed" in observation, observation
+  assert_zero(env.step(call("submit")))
 
 
 def test_deeply_nested_directories_do_not_crash_the_tools():
