@@ -39,7 +39,9 @@ class SandboxLimits:
   # Each private tmpfs of a run (work directory, /tmp, /dev/shm) holds at most
   # disk_mb of data and max_files files, directories and links; their user xattrs
   # share the kernel's max_files KiB inode budget. The work directory also holds
-  # the copy a coding episode starts from (at most 2000 entries).
+  # the copy a coding episode starts from (at most 2000 entries); the coding
+  # environment refuses less than a full grading copy needs (48 MiB with 4 KiB
+  # pages, 4002 files).
   disk_mb: int = 64
   max_files: int = 4096
   # Let the code import the caller's installed packages (e.g. sympy, numpy),

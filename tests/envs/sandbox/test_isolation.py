@@ -8,6 +8,7 @@ Python check) so the kernel alone decides.
 """
 
 import base64
+import dataclasses
 import os
 import shutil
 import socket
@@ -19,6 +20,7 @@ import pytest
 from sao_jax.config import EnvConfig
 from sao_jax.config.env import SandboxLimits
 from sao_jax.envs import registry, sandbox
+from sao_jax.envs.coding import env as coding_env
 from sao_jax.envs.coding import generator as coding_generator
 from sao_jax.envs.coding.tools import format_tool_call as call
 from sao_jax.envs.sandbox import bwrap
@@ -211,7 +213,10 @@ def test_no_capabilities_and_an_unprivileged_uid(tmp_path):
 
 
 def test_episodes_cannot_see_each_others_files(tmp_path):
-  config = EnvConfig(name="coding", max_turns=5, difficulty=1, tool=LIMITS)
+  # The coding environment's own floor (a full working copy must fit the work tmpfs).
+  limits = dataclasses.replace(LIMITS, disk_mb=coding_env.MIN_SANDBOX_DISK_MB,
+                               max_files=coding_env.MIN_SANDBOX_FILES)
+  config = EnvConfig(name="coding", max_turns=5, difficulty=1, tool=limits)
   first, second = registry.make_env(config), registry.make_env(config)
   first.reset(coding_generator.generate_task(0, difficulty=1))
   second.reset(coding_generator.generate_task(1, difficulty=1))
