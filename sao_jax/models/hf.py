@@ -299,7 +299,7 @@ def _tensor_files(hf_dir: pathlib.Path) -> dict[str, pathlib.Path]:
     if not isinstance(weight_map, dict):
       raise ValueError(f"{str(index)!r} has no 'weight_map' object (tensor name -> shard file)")
     for name, file in weight_map.items():
-      if not isinstance(file, str) or pathlib.PurePath(file).name != file or file in ("", "..", "."):
+      if not isinstance(file, str) or file in ("", ".", "..") or pathlib.PurePath(file).name != file:
         raise ValueError(f"{str(index)!r} maps tensor {name!r} to {file!r}, which is not a plain "
                          "file name inside the checkpoint directory; shards must sit beside it")
     return {name: hf_dir / file for name, file in weight_map.items()}
