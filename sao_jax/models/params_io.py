@@ -40,6 +40,10 @@ def place(array: np.ndarray, path: str, expected: jax.ShapeDtypeStruct,
   if tuple(array.shape) != tuple(expected.shape):
     raise ValueError(f"tensor for param {path!r} has shape {tuple(array.shape)}, expected "
                      f"{tuple(expected.shape)}; the checkpoint does not match the model config")
+  # Every param is floating point; an int or bool tensor would be cast to garbage silently.
+  if not jax.numpy.issubdtype(array.dtype, jax.numpy.floating):
+    raise ValueError(f"tensor for param {path!r} has dtype {array.dtype}, expected a floating "
+                     f"point dtype ({expected.dtype}); the checkpoint is not a model's weights")
   array = np.asarray(array).astype(expected.dtype, copy=False)
   return jax.device_put(array, sharding) if sharding is not None else jax.device_put(array)
 

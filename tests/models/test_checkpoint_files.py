@@ -6,7 +6,9 @@ import json
 import shutil
 
 import jax
+import numpy as np
 import pytest
+from safetensors.numpy import load_file, save_file
 
 from sao_jax.models import hf, params_io, transformer
 
@@ -78,3 +80,13 @@ def test_deeply_nested_config_json_is_a_clear_error(tmp_path):
   (tmp_path / "config.json").write_text("[" * 100_000 + "]" * 100_000)
   with pytest.raises(ValueError, match="config.json: JSON nested 100000 deep"):
     hf.config_from_hf(tmp_path)
+
+
+def test_integer_tensor_is_not_cast_into_a_weight(model, tmp_path):
+  """A checkpoint holding an int tensor where a weight goes would load as garbage floats."""
+  hf_dir = _export(model, tmp_path / "m")
+  tensors = load_file(hf_dir / "model.safetensors")
+  tensors["model.norm.weight"] = np.ones(tensors["model.norm.weight"].shape, np.int64)
+  save_file(tensors, hf_dir / "model.safetensors")
+  with pytest.raises(ValueError, match="'final_norm/scale' has dtype int64, expected a floating"):
+    hf.load_hf(hf_dir)
