@@ -63,6 +63,7 @@ import jinja2
 import numpy as np
 import tokenizers
 
+from sao_jax import bounded_json
 from sao_jax.chat import jinja
 from sao_jax.chat.untrusted import Protector
 from sao_jax.models.tokenizer import IM_END, IM_START, load_tokenizer
@@ -249,7 +250,11 @@ class ChatFormat:
 def _template_source(directory: pathlib.Path) -> tuple[str | None, dict[str, Any]]:
   """The template `directory` ships (None: none) and its tokenizer_config.json."""
   config_file = directory / CONFIG_FILE
-  config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
+  # Input from a downloaded checkpoint: capped (Gemma 3's, listing ~6k added tokens, is ~1 MB).
+  config = (bounded_json.loads(config_file.read_bytes(), max_bytes=64 * 2**20, max_depth=16,
+                               what=str(config_file)) if config_file.is_file() else {})
+  if not isinstance(config, dict):
+    raise ValueError(f"{str(config_file)!r} holds a {type(config).__name__}, not a JSON object")
   if (directory / TEMPLATE_FILE).is_file():
     return (directory / TEMPLATE_FILE).read_text(encoding="utf-8"), config
   template = config.get("chat_template")

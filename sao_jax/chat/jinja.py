@@ -19,19 +19,190 @@ the names `apply_chat_template(messages, **variables)` passes.
 The `{% generation %}` tag transformers adds (for `return_assistant_tokens_mask`)
 renders its body unchanged here: the action mask comes from rendering turn by
 turn (`sao_jax.chat.format`), not from tags a template may lack.
+
+Budget. The sandbox keeps a template away from Python internals but not from
+work without bound: two nested `range(100000)` loops, `'a' * 10**10` (which
+jinja2 would even fold into a constant while compiling), `9 ** (9 ** 9)` as an
+int, `'{:>999999999}'.format(1)`, a string doubled with `~` in a loop. So one
+render may take at most MAX_STEPS steps (one per loop iteration, filtered or
+recursive ones included, and per filter; CALL_STEPS per call, macros included:
+a hostile template stops within seconds), and no operator, call
+or filter may build a string, list or dict longer than MAX_LENGTH, an int
+longer than MAX_INT_BITS, or take an int argument or format width above
+MAX_LENGTH. Real templates (Qwen3, Llama 3, Gemma 3) take a few steps per
+message. `lipsum` (pages of lorem ipsum on demand) is not offered.
 """
 
 from __future__ import annotations
 
+import contextvars
 import datetime
+import functools
 import json
+import re
+import string
 from typing import Any, Mapping, Sequence
 
 import jinja2
 import jinja2.ext
 import jinja2.nodes
+import jinja2.runtime
 import jinja2.sandbox
 import jinja2.utils
+import jinja2.visitor
+
+MAX_STEPS = 1_000_000  # loop iterations and calls in one render
+CALL_STEPS = 10  # steps a call takes: a jinja2 macro call costs 20-100 loop iterations' time
+MAX_LENGTH = 1 << 24  # characters or items of one computed value; ints and widths passed
+MAX_INT_BITS = 1 << 16  # bits of an int a template computes
+
+_STEPS: contextvars.ContextVar[list[int]] = contextvars.ContextVar("chat_template_steps")
+_SIZED = (str, list, tuple, dict)
+# A printf conversion's width and precision: '%-08.3f', '%(name)10s'.
+_PERCENT = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(\d*)(?:\.(\d*))?")
+
+
+def _refuse(what: str) -> jinja2.exceptions.SecurityError:
+  return jinja2.exceptions.SecurityError(
+      f"the chat template {what}; a chat template may take {MAX_STEPS} steps per render, "
+      f"build values of {MAX_LENGTH} items and ints of {MAX_INT_BITS} bits "
+      "(sao_jax.chat.jinja); this one is broken or hostile, use another checkpoint's template")
+
+
+def _tick(steps: int = 1) -> None:
+  counter = _STEPS.get()
+  counter[0] += steps
+  if counter[0] > MAX_STEPS:
+    raise _refuse(f"took more than {MAX_STEPS} steps (loop iterations and calls) in one render")
+
+
+def _sized(value: Any) -> Any:
+  if isinstance(value, _SIZED) and len(value) > MAX_LENGTH:
+    raise _refuse(f"built a {type(value).__name__} of {len(value)} items")
+  return value
+
+
+def _check_ints(values: Sequence[Any]) -> None:
+  for value in values:
+    if isinstance(value, int) and abs(value) > MAX_LENGTH:
+      raise _refuse(f"passed the int {value} to a call or filter")
+
+
+def _check_widths(numbers: Sequence[str], fmt: str) -> None:
+  if any(number and int(number) > MAX_LENGTH for number in numbers):
+    raise _refuse(f"formats with widths {numbers} ({fmt[:80]!r})")
+
+
+def _check_percent(fmt: Any) -> None:
+  if isinstance(fmt, str):
+    _check_widths([n for match in _PERCENT.findall(fmt) for n in match], fmt)
+
+
+def _check_binop(operator: str, left: Any, right: Any) -> None:
+  """Refuses before computing it an operator result above the caps (module docstring)."""
+  ints = isinstance(left, int) and isinstance(right, int)
+  if operator == "*" and ints and left.bit_length() + right.bit_length() > MAX_INT_BITS:
+    raise _refuse(f"multiplied ints of {left.bit_length()} and {right.bit_length()} bits")
+  if operator == "*" and not ints:
+    sequence, count = (left, right) if isinstance(right, int) else (right, left)
+    if (isinstance(sequence, _SIZED) and isinstance(count, int)
+        and len(sequence) * count > MAX_LENGTH):
+      raise _refuse(f"repeated a {type(sequence).__name__} of {len(sequence)} items {count} times")
+  if (operator == "**" and ints and right > 0 and abs(left) > 1
+      and right * left.bit_length() > MAX_INT_BITS):
+    raise _refuse(f"raised an int of {left.bit_length()} bits to the power {right}")
+  if (operator == "+" and isinstance(left, _SIZED) and isinstance(right, _SIZED)
+      and len(left) + len(right) > MAX_LENGTH):
+    raise _refuse(f"joined values of {len(left)} and {len(right)} items with +")
+  if operator == "%":
+    _check_percent(left)
+
+
+@jinja2.pass_context
+def _counted(context, iterable):
+  """The items of a loop's iterable, one step each (wraps every `for` loop's iterable)."""
+  for item in iterable:
+    _tick()
+    yield item
+
+
+@jinja2.pass_context
+def _length_checked(context, value):
+  """`value` (a `~` concatenation) if it is within MAX_LENGTH."""
+  return _sized(value)
+
+
+class _Budgeted(jinja2.visitor.NodeTransformer):
+  """Counts every loop item and checks every `~` result (module docstring)."""
+
+  def visit_For(self, node):
+    node = self.generic_visit(node)
+    node.iter = jinja2.nodes.Filter(node.iter, "(counted)", [], [], None, None,
+                                    lineno=node.iter.lineno)
+    return node
+
+  def visit_Concat(self, node):
+    return jinja2.nodes.Filter(self.generic_visit(node), "(length checked)", [], [], None, None,
+                               lineno=node.lineno)
+
+
+def _budgeted_filter(name, filter_):
+  @functools.wraps(filter_)
+  def checked(*args, **kwargs):
+    _tick()
+    _check_ints([*args, *kwargs.values()])
+    if name == "format":
+      _check_percent(next((arg for arg in args if isinstance(arg, str)), None))
+    return _sized(filter_(*args, **kwargs))
+  return checked
+
+
+class _Template(jinja2.Template):
+  """A template whose every render starts a fresh step count."""
+
+  def render(self, *args, **kwargs):
+    token = _STEPS.set([0])
+    try:
+      return super().render(*args, **kwargs)
+    finally:
+      _STEPS.reset(token)
+
+
+class _Environment(jinja2.sandbox.ImmutableSandboxedEnvironment):
+  """jinja2's immutable sandbox with the budget of the module docstring."""
+
+  intercepted_binops = frozenset({"*", "**", "+", "%"})
+  template_class = _Template
+
+  def __init__(self, **options):
+    super().__init__(**options)
+    self.filters = {name: _budgeted_filter(name, f) for name, f in self.filters.items()}
+    self.filters.update({"(counted)": _counted, "(length checked)": _length_checked})
+    del self.globals["lipsum"]
+
+  def _parse(self, source, name, filename):
+    return _Budgeted().visit(super()._parse(source, name, filename))
+
+  def call_binop(self, context, operator, left, right):
+    _check_binop(operator, left, right)
+    return _sized(super().call_binop(context, operator, left, right))
+
+  def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja2's signature)
+    _tick(CALL_STEPS)
+    _check_ints([*args, *kwargs.values()])
+    if isinstance(__obj, jinja2.runtime.LoopContext) and args:  # `loop(children)`, recursive
+      args = (_counted(__context, args[0]), *args[1:])
+    return _sized(super().call(__context, __obj, *args, **kwargs))
+
+  def wrap_str_format(self, value):
+    fmt = getattr(value, "__self__", None)
+    if isinstance(fmt, str) and getattr(value, "__name__", None) in ("format", "format_map"):
+      try:
+        specs = [spec for _, field, spec, _ in string.Formatter().parse(fmt) if field is not None]
+      except ValueError:
+        specs = []  # malformed: str.format raises it when called
+      _check_widths(re.findall(r"\d+", "".join(specs)), fmt)
+    return super().wrap_str_format(value)
 
 
 class _Generation(jinja2.ext.Extension):
@@ -93,9 +264,9 @@ def _strftime_now(format_string):
 
 def compile_template(source: str) -> jinja2.Template:
   """`source` compiled in the sandboxed environment described above."""
-  environment = jinja2.sandbox.ImmutableSandboxedEnvironment(
-      trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, jinja2.ext.loopcontrols])
-  environment.filters["tojson"] = _tojson
+  environment = _Environment(trim_blocks=True, lstrip_blocks=True,
+                             extensions=[_Generation, jinja2.ext.loopcontrols])
+  environment.filters["tojson"] = _budgeted_filter("tojson", _tojson)
   environment.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now,
                              dict=_Dict(), namespace=_Namespace)
   return environment.from_string(source)

@@ -31,6 +31,7 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from sao_jax import bounded_json
 from sao_jax.config import ModelConfig
 from sao_jax.models.families import FAMILIES, HF_ARCHITECTURES, HfArchitecture, hf_architecture
 from sao_jax.models.params_io import place
@@ -58,6 +59,8 @@ _ROPE_KEYS = {
 _DEFAULT_THETA = 10_000.0  # transformers' rope_theta when config.json names none
 # Gemma 3 fields read from config.json (defaults: families.HF_ARCHITECTURES).
 _GEMMA_FIELDS = ("sliding_window", "query_pre_attn_scalar")
+# Caps on the JSON files of a downloaded checkpoint (the largest real index.json is a few MB).
+_MAX_JSON_BYTES, _MAX_JSON_DEPTH = 64 * 2**20, 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +78,11 @@ def _read_config(source: str | pathlib.Path | dict[str, Any]) -> dict[str, Any]:
   path = pathlib.Path(source) / "config.json"
   if not path.is_file():
     raise FileNotFoundError(f"{str(path)!r} not found; pass a Hugging Face model directory")
-  return json.loads(path.read_text())
+  config = bounded_json.loads(path.read_bytes(), max_bytes=_MAX_JSON_BYTES,
+                              max_depth=_MAX_JSON_DEPTH, what=str(path))
+  if not isinstance(config, dict):
+    raise ValueError(f"{str(path)!r} holds a {type(config).__name__}, not a JSON object")
+  return config
 
 
 def _unsupported(field: str, value: Any, allowed: str) -> ValueError:
@@ -278,10 +285,23 @@ def _entries(cfg: ModelConfig) -> list[_Entry]:
 
 
 def _tensor_files(hf_dir: pathlib.Path) -> dict[str, pathlib.Path]:
-  """HF tensor name -> safetensors file holding it."""
+  """HF tensor name -> safetensors file holding it.
+
+  The index file is input: a shard it names must be a plain file name in
+  `hf_dir` (what transformers writes), so it cannot make the loader read a
+  file elsewhere on the host (`../../x.safetensors`, an absolute path).
+  """
   index = hf_dir / "model.safetensors.index.json"
   if index.is_file():
-    weight_map = json.loads(index.read_text())["weight_map"]
+    weight_map = bounded_json.loads(index.read_bytes(), max_bytes=_MAX_JSON_BYTES,
+                                    max_depth=_MAX_JSON_DEPTH, what=str(index))
+    weight_map = weight_map.get("weight_map") if isinstance(weight_map, dict) else None
+    if not isinstance(weight_map, dict):
+      raise ValueError(f"{str(index)!r} has no 'weight_map' object (tensor name -> shard file)")
+    for name, file in weight_map.items():
+      if not isinstance(file, str) or file in ("", ".", "..") or pathlib.PurePath(file).name != file:
+        raise ValueError(f"{str(index)!r} maps tensor {name!r} to {file!r}, which is not a plain "
+                         "file name inside the checkpoint directory; shards must sit beside it")
     return {name: hf_dir / file for name, file in weight_map.items()}
   files = sorted(hf_dir.glob("*.safetensors"))
   if not files:
@@ -294,13 +314,25 @@ def _tensor_files(hf_dir: pathlib.Path) -> dict[str, pathlib.Path]:
   return where
 
 
+def _check_size(layers: Any, experts_per_layer: int, stored: int, hf_dir: pathlib.Path) -> None:
+  """Refuses a config.json that needs more tensors than the checkpoint stores, before
+  any per-layer list is built (config.json is input: 10**9 layers would hang)."""
+  if isinstance(layers, int) and layers > stored or experts_per_layer > stored:
+    raise ValueError(f"{str(hf_dir)!r}: config.json asks for num_hidden_layers={layers} and "
+                     f"{experts_per_layer} expert tensors, more than the {stored} tensors its "
+                     "safetensors files hold; the config does not belong to these weights")
+
+
 def load_hf(hf_dir: str | pathlib.Path, mesh: jax.sharding.Mesh | None = None,
             **overrides: Any) -> tuple[ModelConfig, Params]:
   """Loads an HF checkpoint directory into policy params (sharded over `mesh` if given)."""
   hf_dir = pathlib.Path(hf_dir)
-  cfg = config_from_hf(hf_dir, **overrides)
-  entries = _entries(cfg)
   where = _tensor_files(hf_dir)
+  _check_size(_read_config(hf_dir).get("num_hidden_layers"), 0, len(where), hf_dir)
+  cfg = config_from_hf(hf_dir, **overrides)
+  _check_size(cfg.num_hidden_layers, 3 * cfg.num_experts * sum(
+      is_moe_layer(cfg, i) for i in range(cfg.num_hidden_layers)), len(where), hf_dir)
+  entries = _entries(cfg)
   needed = {name for entry in entries for name in entry.hf_names}
   # A tied checkpoint may still carry a copy of the embedding as lm_head.
   ignorable = {"lm_head.weight"} if cfg.tie_word_embeddings else set()

@@ -26,6 +26,7 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from sao_jax import bounded_json
 from sao_jax.config import ModelConfig
 from sao_jax.models.transformer import Params, abstract_params, param_path, param_shardings
 
@@ -39,6 +40,10 @@ def place(array: np.ndarray, path: str, expected: jax.ShapeDtypeStruct,
   if tuple(array.shape) != tuple(expected.shape):
     raise ValueError(f"tensor for param {path!r} has shape {tuple(array.shape)}, expected "
                      f"{tuple(expected.shape)}; the checkpoint does not match the model config")
+  # Every param is floating point; an int or bool tensor would be cast to garbage silently.
+  if not jax.numpy.issubdtype(array.dtype, jax.numpy.floating):
+    raise ValueError(f"tensor for param {path!r} has dtype {array.dtype}, expected a floating "
+                     f"point dtype ({expected.dtype}); the checkpoint is not a model's weights")
   array = np.asarray(array).astype(expected.dtype, copy=False)
   return jax.device_put(array, sharding) if sharding is not None else jax.device_put(array)
 
@@ -66,10 +71,17 @@ def load_config(directory: str | pathlib.Path) -> tuple[ModelConfig, str]:
   if not path.is_file():
     raise FileNotFoundError(f"{str(path)!r} not found; a sao_jax params directory is written by "
                             "save_params or `sao-convert hf-to-sao`")
-  fields = json.loads(path.read_text())
+  # The directory may come from a shared bucket: its JSON is capped like any input's.
+  fields = bounded_json.loads(path.read_bytes(), max_bytes=2**20, max_depth=4, what=str(path))
+  if not isinstance(fields, dict):
+    raise ValueError(f"{str(path)!r} holds a {type(fields).__name__}, not a JSON object")
   head = fields.pop("head", "lm")
   for name in _TUPLE_FIELDS:  # JSON has lists; a config is hashable (jit static) with tuples
     fields[name] = tuple(fields.get(name, ()))
+  unknown = sorted(set(fields) - {field.name for field in dataclasses.fields(ModelConfig)})
+  if unknown:
+    raise ValueError(f"{str(path)!r} has fields {unknown} that ModelConfig does not know; it was "
+                     "not written by this version of save_params")
   cfg = ModelConfig(**fields)
   cfg.validate()
   return cfg, head
@@ -79,11 +91,17 @@ def load_params(directory: str | pathlib.Path,
                 mesh: jax.sharding.Mesh | None = None) -> tuple[ModelConfig, str, Params]:
   """Reads a params directory, placing each tensor on its sharding when `mesh` is given."""
   cfg, head = load_config(directory)
-  abstract = abstract_params(cfg, head)
-  shardings = param_shardings(cfg, mesh, head) if mesh is not None else None
-  paths = [param_path(kp) for kp, _ in jax.tree_util.tree_flatten_with_path(abstract)[0]]
   with safe_open(pathlib.Path(directory) / PARAMS_FILE, framework="numpy") as f:
     stored = set(f.keys())
+    # Unstacked layers have their own tensors: a config claiming more layers than the file
+    # has tensors is refused before the per-layer param tree is built (10**9 layers hang).
+    if not cfg.scan_layers and cfg.num_hidden_layers > len(stored):
+      raise ValueError(f"{directory}: {CONFIG_FILE} has num_hidden_layers="
+                       f"{cfg.num_hidden_layers}, more than the {len(stored)} tensors of "
+                       f"{PARAMS_FILE}; the config does not belong to these params")
+    abstract = abstract_params(cfg, head)
+    shardings = param_shardings(cfg, mesh, head) if mesh is not None else None
+    paths = [param_path(kp) for kp, _ in jax.tree_util.tree_flatten_with_path(abstract)[0]]
     missing = sorted(set(paths) - stored)
     unexpected = sorted(stored - set(paths))
     if missing or unexpected:

@@ -225,23 +225,43 @@ class DirectoryWeights:
 
 
 class DirectorySubscriber:
+  """Restores the newest version in the directory that restores.
+
+  The directory is shared (a bucket several jobs write to), so a version there
+  may not restore: damaged files, a bare directory named like a step. Such a
+  version is skipped for good (`skipped`), and the newest older one newer than
+  ours is taken, so the sampler keeps sampling instead of failing each poll.
+  """
 
   def __init__(self, spec: DirectorySpec):
     self._spec = spec
     self._manager = ocp.CheckpointManager(
         spec.directory, options=ocp.CheckpointManagerOptions(read_only=True))
     self.version = -1
+    self.skipped: dict[int, str] = {}  # version -> why it did not restore
+    self._checkpointer = ocp.StandardCheckpointer()
 
   def poll(self) -> tuple[Any, int] | None:
     self._manager.reload()
-    latest = self._manager.latest_step()
-    if latest is None or latest <= self.version:
-      return None
-    params = self._manager.restore(latest, args=ocp.args.StandardRestore(self._spec.template))
-    self.version = latest
-    return params, latest
+    for step in sorted(self._manager.all_steps(), reverse=True):
+      if step <= self.version:
+        return None
+      if step in self.skipped:
+        continue
+      # Restored by its own checkpointer: a manager that met a bare step directory
+      # no longer restores any step (it infers the item layout from what it saw).
+      try:
+        params = self._checkpointer.restore(self._manager.directory / str(step) / "default",
+                                            self._spec.template)
+      except (ValueError, KeyError, OSError) as error:  # TensorStore, orbax, the filesystem
+        self.skipped[step] = f"{type(error).__name__}: {str(error)[:300]}"
+        continue
+      self.version = step
+      return params, step
+    return None
 
   def close(self) -> None:
+    self._checkpointer.close()
     self._manager.close()
 
 

@@ -239,3 +239,11 @@ def test_a_saved_template_reloads_identically(formats, tmp_path):
 def test_load_tokenizer_names_a_missing_file(tmp_path):
   with pytest.raises(FileNotFoundError, match="tokenizer.json"):
     load_tokenizer(tmp_path)
+
+
+def test_deeply_nested_tokenizer_config_is_a_clear_error(tmp_path):
+  """A checkpoint's tokenizer_config.json is input: 100 000 nested brackets made
+  `json.loads` raise RecursionError; the cap names the file."""
+  (tmp_path / "tokenizer_config.json").write_text("[" * 100_000 + "]" * 100_000)
+  with pytest.raises(ValueError, match="tokenizer_config.json: JSON nested 100000 deep"):
+    chat_format(tmp_path, train_tokenizer(["a b"], vocab_size=300))

@@ -1,6 +1,7 @@
 """Weight channels: versions, no torn reads, cross-process shared memory, directory."""
 
 import multiprocessing
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -99,6 +100,29 @@ def test_directory_channel(tmp_path):
     assert version == 2
     assert_params(tree, 2.0)
     assert subscriber.poll() is None
+  finally:
+    subscriber.close()
+    publisher.close()
+
+
+def test_directory_channel_skips_versions_that_do_not_restore(tmp_path):
+  """A shared weights directory can hold a newer version that does not restore (its
+  files damaged, or a bare directory named like a step): the subscriber takes the
+  newest one that does instead of raising on every poll."""
+  publisher = weights.DirectoryWeights(tmp_path / "weights", params(0.0))
+  subscriber = weights.subscribe(publisher.spec)
+  try:
+    publisher.publish(params(1.0), version=1)
+    publisher.publish(params(2.0), version=2)
+    shutil.copytree(tmp_path / "weights" / "2", tmp_path / "weights" / "7")
+    for file in (tmp_path / "weights" / "7").rglob("manifest.ocdbt"):
+      file.write_bytes(file.read_bytes()[:20])  # truncated
+    (tmp_path / "weights" / "9").mkdir()
+    tree, version = subscriber.poll()
+    assert version == 2
+    assert_params(tree, 2.0)
+    assert sorted(subscriber.skipped) == [7, 9]
+    assert subscriber.poll() is None  # the skipped ones are not restored again
   finally:
     subscriber.close()
     publisher.close()

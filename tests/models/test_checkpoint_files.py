@@ -1,0 +1,92 @@
+"""Checkpoint files written by someone else (a hub download, a shared bucket): names and
+sizes inside them must not make the loaders read elsewhere or hang. No torch needed:
+the checkpoints are sao_jax's own HF export of a tiny random model."""
+
+import json
+import shutil
+
+import jax
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from sao_jax.models import hf, params_io, transformer
+
+_CONFIG = {"architectures": ["Qwen3ForCausalLM"], "vocab_size": 32, "hidden_size": 16,
+           "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+           "num_key_value_heads": 1, "head_dim": 8, "dtype": "float32"}
+
+
+@pytest.fixture(scope="module")
+def model():
+  cfg = hf.config_from_hf(_CONFIG)
+  return cfg, transformer.init_params(cfg, jax.random.key(0))
+
+
+def _export(model, out, **kwargs):
+  hf.export_hf(model[1], model[0], out, **kwargs)
+  return out
+
+
+def test_index_cannot_name_a_shard_outside_the_checkpoint(model, tmp_path):
+  """A sharded checkpoint whose index points one shard at `../elsewhere/...` (or an
+  absolute path) would have the loader read any safetensors file on the host."""
+  hf_dir = _export(model, tmp_path / "m", max_shard_bytes=4_000)
+  index_file = hf_dir / "model.safetensors.index.json"
+  index = json.loads(index_file.read_text())
+  shard = sorted(set(index["weight_map"].values()))[0]
+  (tmp_path / "elsewhere").mkdir()
+  shutil.move(hf_dir / shard, tmp_path / "elsewhere" / shard)
+  for outside in (f"../elsewhere/{shard}", str(tmp_path / "elsewhere" / shard)):
+    weight_map = {name: outside if file == shard else file
+                  for name, file in index["weight_map"].items()}
+    index_file.write_text(json.dumps({**index, "weight_map": weight_map}))
+    with pytest.raises(ValueError, match="not a plain file name inside the checkpoint"):
+      hf.load_hf(hf_dir)
+
+
+def test_config_with_absurd_layer_count_is_refused_before_building_layers(model, tmp_path):
+  """config.json is read before the weights: 200 000 layers would build millions of
+  per-layer entries (10**9 hangs) before the missing tensors were reported."""
+  hf_dir = _export(model, tmp_path / "m")
+  (hf_dir / "config.json").write_text(json.dumps({**_CONFIG, "num_hidden_layers": 200_000}))
+  with pytest.raises(ValueError, match="num_hidden_layers=200000.*does not belong"):
+    hf.load_hf(hf_dir)
+
+
+def test_params_config_with_absurd_layer_count_is_refused(model, tmp_path):
+  """The same for a sao_jax params directory: model_config.json is checked against the
+  tensors stored before the per-layer param tree is built."""
+  cfg, params = model
+  params_io.save_params(tmp_path, params, cfg)
+  fields = json.loads((tmp_path / params_io.CONFIG_FILE).read_text())
+  (tmp_path / params_io.CONFIG_FILE).write_text(json.dumps({**fields,
+                                                            "num_hidden_layers": 200_000}))
+  with pytest.raises(ValueError, match="num_hidden_layers=200000"):
+    params_io.load_params(tmp_path)
+
+
+def test_params_config_with_unknown_field_is_named(model, tmp_path):
+  cfg, params = model
+  params_io.save_params(tmp_path, params, cfg)
+  fields = json.loads((tmp_path / params_io.CONFIG_FILE).read_text())
+  (tmp_path / params_io.CONFIG_FILE).write_text(json.dumps({**fields, "evil": 1}))
+  with pytest.raises(ValueError, match=r"fields \['evil'\] that ModelConfig does not know"):
+    params_io.load_config(tmp_path)
+
+
+def test_deeply_nested_config_json_is_a_clear_error(tmp_path):
+  """`json.loads` of 100 000 nested brackets raises RecursionError; the cap names the file."""
+  (tmp_path / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+  with pytest.raises(ValueError, match="config.json: JSON nested 100000 deep"):
+    hf.config_from_hf(tmp_path)
+
+
+def test_integer_tensor_is_not_cast_into_a_weight(model, tmp_path):
+  """A checkpoint holding an int tensor where a weight goes would load as garbage floats."""
+  hf_dir = _export(model, tmp_path / "m")
+  tensors = load_file(hf_dir / "model.safetensors")
+  tensors["model.norm.weight"] = np.ones(tensors["model.norm.weight"].shape, np.int64)
+  save_file(tensors, hf_dir / "model.safetensors")
+  with pytest.raises(ValueError, match="'final_norm/scale' has dtype int64, expected a floating"):
+    hf.load_hf(hf_dir)
