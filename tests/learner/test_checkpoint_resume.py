@@ -1,7 +1,6 @@
 """Checkpoints: resume equals an uninterrupted run, SIGTERM, other meshes, bad checkpoints."""
 
 import dataclasses
-import json
 import os
 import pathlib
 import shutil

@@ -7,7 +7,6 @@ every other writer for good and the second blocks the learner's read forever;
 with a queue per writer incarnation only the dead writer's queue is lost.
 """
 
-import multiprocessing
 import os
 import signal
 import struct

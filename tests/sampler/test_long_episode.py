@@ -2,7 +2,6 @@
 flows through the engine, the environment and the learner: the action mask marks
 exactly the sampled tokens, and skip-observation GAE sees only those."""
 
-import dataclasses
 import functools
 
 import jax

@@ -7,7 +7,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import PartitionSpec as P
 
 from sao_jax.config import MeshConfig, ModelConfig
 from sao_jax.models import forward, params_io, transformer, value
