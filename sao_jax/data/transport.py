@@ -407,13 +407,18 @@ class DirectoryTransport:
   def closed(self) -> bool:
     """Whether the learner closed the run writers write for (a signed CLOSED marker)."""
     nonce = self._run()
-    return nonce is not None and sealed.closes(
-        self._secret, nonce, sealed.read_small(self.directory / self.CLOSED, sealed.CLOSED_BYTES))
+    return nonce is not None and self._closes(nonce)
 
   @property
   def running(self) -> bool:
     """Whether a learner started a run (signed RUN marker) that it has not closed."""
-    return self._run() is not None and not self.closed
+    nonce = self._run()
+    return nonce is not None and not self._closes(nonce)
+
+  def _closes(self, nonce: bytes) -> bool:
+    """Whether the CLOSED marker closes the run `nonce` (read once per look, like RUN)."""
+    return sealed.closes(self._secret, nonce,
+                         sealed.read_small(self.directory / self.CLOSED, sealed.CLOSED_BYTES))
 
   def put(self, traj: Trajectory, timeout: float | None = None) -> None:
     """Writes `traj` sealed for the current run; blocks while `capacity` records wait
@@ -422,7 +427,7 @@ class DirectoryTransport:
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
       nonce = self._run()
-      if nonce is not None and self.closed:
+      if nonce is not None and self._closes(nonce):
         raise TransportClosed(f"the learner closed {self.directory}")
       if nonce is not None and self._pending() < self.capacity:
         break
