@@ -1,6 +1,7 @@
-"""experiments.archive: finished runs survive the machine, and the claim resumes from them."""
+"""experiments.archive: runs survive the machine, and the claim resumes from them."""
 
 import json
+import subprocess
 
 import numpy as np
 import pytest
@@ -31,7 +32,9 @@ def _claim6(out, seeds=2):
       config = json.loads(config_path.read_text())
       config["run"]["init"] = f"{out}/warm_start/w{seed}/policy"
       config_path.write_text(json.dumps(config))
-      (out / rel / "checkpoints" / "25").mkdir(parents=True)
+      for step in (20, 25):
+        (out / rel / "checkpoints" / str(step)).mkdir(parents=True)
+        (out / rel / "checkpoints" / str(step) / "state").write_bytes(bytes([step]) * 10)
       runs.setdefault(variant, {})[str(seed)] = rel
   for seed in range(seeds):
     (out / "warm_start" / f"w{seed}").mkdir(parents=True)
@@ -44,21 +47,26 @@ def _claim6(out, seeds=2):
   write_manifest(out, "claim6_stability", "stability", runs, steps=STEPS)
 
 
-def test_finished_runs_are_archived_without_checkpoints_and_restored_elsewhere(tmp_path):
+def test_runs_are_archived_the_part_done_with_their_newest_checkpoint_and_restored(tmp_path):
   made, box, fresh = tmp_path / "made", tmp_path / "box", tmp_path / "fresh"
   _claim6(made)
   saved = archive.save(made, box)
-  assert saved == ["runs/stability/grpo-seed0", "runs/stability/sao_stable-seed0",
-                   "runs/stability/sao_stable-seed1"]  # not the unfinished grpo seed 1
-  assert not list(box.rglob("checkpoints")) and not list(box.rglob("metrics.jsonl"))
+  assert saved == ["runs/stability/grpo-seed0", "runs/stability/grpo-seed1 (at step 25)",
+                   "runs/stability/sao_stable-seed0", "runs/stability/sao_stable-seed1"]
+  # Before: the unfinished run was left out, and a session that ended mid-run lost it.
+  assert [str(p.relative_to(box)) for p in box.rglob("checkpoints/*")] == [
+      "runs/stability/grpo-seed1/checkpoints/25"]  # the newest only, none of a done run
+  assert not list(box.rglob("metrics.jsonl"))
   # Seed 0 is finished: its warm-start's record alone (restored as DONE.json it would
   # claim a policy that is not there). Seed 1's GRPO run still needs the very warm-start
   # its SAO run started from: archived whole.
   assert sorted(p.name for p in (box / "warm_start" / "w0").iterdir()) == [archive.WARM_RECORD]
   assert (box / "warm_start" / "w1" / "policy" / "params.safetensors").read_bytes() == b"\1" * 100
   assert (box / "warm_start" / "w1" / warm_start.DONE_FILE).is_file()
-  assert archive.restore(box, fresh) == saved
-  for rel in saved:
+  assert archive.restore(box, fresh) == [rel.split(" ")[0] for rel in saved]
+  assert runner.latest_checkpoint(fresh / "runs/stability/grpo-seed1") == 25
+  assert (fresh / "runs/stability/grpo-seed1/checkpoints/25/state").read_bytes() == b"\x19" * 10
+  for rel in (r for r in saved if "at step" not in r):
     assert ((fresh / rel / "metrics.jsonl").read_bytes()
             == (made / rel / "metrics.jsonl").read_bytes())
     state = json.loads((fresh / rel / runner.STATE_FILE).read_text())
@@ -114,3 +122,46 @@ def test_a_warm_start_is_archived_whole_only_while_its_seed_is_part_done(tmp_pat
   state_path.write_text(json.dumps({**json.loads(state_path.read_text()), "done": True}))
   assert "runs/stability/grpo-seed1" in archive.save(made, box)
   assert sorted(p.name for p in (box / "warm_start" / "w1").iterdir()) == [archive.WARM_RECORD]
+  assert not list(box.rglob("checkpoints"))  # done: its checkpoint leaves the archive
+
+
+def test_a_restored_part_done_run_resumes_from_its_checkpoint(tmp_path, monkeypatch):
+  claim = claims.CLAIMS_BY_NAME["claim6_stability"]
+  shared = [*runner.quick_overrides("stability"), *runner.seed_overrides(0)]
+  cfg = load_config(runner.setting_path("stability"), shared)
+  made, box, fresh = tmp_path / "made", tmp_path / "box", tmp_path / "fresh"
+  warm = runner.warm_start_dir(made, cfg)
+  warm.mkdir(parents=True)
+  (warm / warm_start.DONE_FILE).write_text("{}")
+  (warm / "policy").mkdir()
+  (warm / "policy" / "params.safetensors").write_bytes(b"w" * 10)
+  (warm / "tokenizer.json").write_text("{}")
+  run_dir = made / "runs" / "stability" / "grpo-seed0"
+  (run_dir / "checkpoints" / "3").mkdir(parents=True)  # killed mid-invocation: no state yet
+  (run_dir / "config.json").write_text(json.dumps({"run": {"init": str(warm / "policy")}}))
+  (run_dir / "metrics.jsonl").write_text('{"step": 0}\n')
+  write_manifest(made, "claim6_stability", "stability",
+                 {"sao_stable": {}, "grpo": {"0": "runs/stability/grpo-seed0"}}, steps=6)
+  assert archive.save(made, box) == ["runs/stability/grpo-seed0 (at step 3)"]
+  # No variant of seed 0 is done: its warm-start travels whole.
+  assert (box / warm.relative_to(made) / "policy" / "params.safetensors").is_file()
+  archive.restore(box, fresh)
+  calls = []
+  monkeypatch.setattr(runner, "_call", lambda command, log: calls.append(command) or (0, 1.0))
+  monkeypatch.setattr(runner, "latest_checkpoint", lambda d: 6 if calls else 3)
+  runner.run_one(claim, claims.VARIANTS["grpo"], 0, quick=True, extra=(), out=fresh)
+  assert len(calls) == 1 and calls[0][-1] == "--resume"
+  assert f"run.run_dir={fresh / 'runs/stability/grpo-seed0'}" in calls[0]
+
+
+def test_save_refuses_an_archive_git_would_leave_out(tmp_path):
+  # Before: `.gitignore` had `runs/`, which also matched the archive's runs/ folder;
+  # the archive was committed without its runs, and they were lost with the machine.
+  repo = tmp_path / "repo"
+  subprocess.run(["git", "init", "-q", str(repo)], check=True)
+  (repo / ".gitignore").write_text("runs/\n")
+  _claim6(tmp_path / "made", seeds=1)
+  with pytest.raises(RuntimeError, match="git ignores .* archived file"):
+    archive.save(tmp_path / "made", repo / "box")
+  ours = runner.ROOT / "docs/results/claim6_runs/runs/stability/grpo-seed0/config.json"
+  assert archive._git_ignored([ours]) == []  # this repository's .gitignore keeps them
