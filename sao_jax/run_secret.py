@@ -3,9 +3,11 @@
 One secret authenticates both channels that cross hosts: the network weight
 channel (`sampler.weights_wire`: handshake and signed headers) and the
 directory transport (`data.sealed`: signed trajectory records and run markers).
-It is the bytes of `sampler.weights_secret_file`, or of the environment variable
+The directory weight channel (`sampler.weights_digest`: signed versions) uses it
+too. It is the bytes of `sampler.weights_secret_file`, or of the environment variable
 `sampler.weights_secret_env`; a run whose peers all live in one process tree
-(same-host samplers) uses a fresh random one that its children inherit.
+(same-host samplers) uses a fresh random one that its children inherit, the
+first learner host's on every host (`for_run`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import os
 import pathlib
 import secrets
 from typing import Any
+
+import jax
 
 MIN_SECRET_BYTES = 16
 CREATE_HINT = "head -c 32 /dev/urandom > weights.secret"
@@ -53,3 +57,13 @@ def secret_or_fresh(cfg: Any) -> bytes:
   """The configured secret (`load_secret`), else 32 fresh random bytes for peers that
   inherit it (same-host samplers)."""
   return load_secret(cfg) or secrets.token_bytes(32)
+
+
+def for_run(cfg: Any) -> bytes:
+  """The learner's secret for this run (`secret_or_fresh`), the first host's on every
+  host, so that all of them seal and sign alike. All learner hosts call it."""
+  secret = secret_or_fresh(cfg)
+  if jax.process_count() > 1:
+    from sao_jax import distributed  # imports JAX's multihost utilities: only when needed
+    secret = distributed.from_first_host(secret)
+  return secret

@@ -35,7 +35,7 @@ import pathlib
 
 import jax
 
-from sao_jax import distributed, warm_start
+from sao_jax import distributed, run_secret, warm_start
 from sao_jax.config import Config
 from sao_jax.data import pipeline
 from sao_jax.data.learner_data import learner_batches, learner_transport, local_batch_sizes
@@ -123,11 +123,13 @@ def run(cfg: Config, *, resume: bool = True, log=print) -> dict:
   def base_state(mesh):  # a LoRA resume's frozen base: run.init again (no SFT with LoRA)
     return state_around(mesh, warm_start.initial_policy(cfg))
 
+  # One secret seals the transport directory and signs the weights directory.
+  secret = run_secret.for_run(cfg.sampler)
   # LoRA: the channel carries only the adapters; samplers load the base once.
   publisher = weights.make_publisher(cfg.sampler, published_template(
-      cfg, jax.eval_shape(lambda: warm_start.initial_policy(cfg))))
+      cfg, jax.eval_shape(lambda: warm_start.initial_policy(cfg))), secret)
   drops = pipeline.Drops()
-  transport = learner_transport(cfg, drops)
+  transport = learner_transport(cfg, drops, secret)
   supervisor = SamplerSupervisor(
       [WorkerSpec(cfg=cfg, tokenizer_path=cfg.run.tokenizer_file, weights=publisher.spec,
                   transport=transport, worker_id=i) for i in range(cfg.run.num_samplers)],

@@ -1,7 +1,7 @@
 """The learner's data path, built from the config: its end of the transport and
 its share of every batch.
 
-    transport = learner_transport(cfg, drops)       # queue, or this host's directory shard
+    transport = learner_transport(cfg, drops, secret)   # queue, or this host's directory shard
     batches   = learner_batches(cfg, transport, current_version=..., drops=...)
 
 Multi-host learner: every host builds the pipeline for its share of each batch
@@ -17,26 +17,26 @@ from typing import Callable, Iterator
 
 import jax
 
-from sao_jax import distributed, run_secret
+from sao_jax import distributed
 from sao_jax.config import Config
 from sao_jax.data import pipeline, sealed
 from sao_jax.data.transport import DirectoryTransport, QueueTransport
 
 
-def learner_transport(cfg: Config, drops: pipeline.Drops):
+def learner_transport(cfg: Config, drops: pipeline.Drops, secret: bytes):
   """The learner's end of the transport. A directory is partitioned between the
-  learner hosts, sealed with the run secret (`run_secret`: the configured one, else a
-  fresh one that same-host samplers inherit) and started as a new run, whose nonce
-  the first host draws and announces. Records it quarantines are counted in `drops`."""
+  learner hosts, sealed with the run's `secret` (`run_secret.for_run`: the configured
+  one, else a fresh one that same-host samplers inherit) and started as a new run,
+  whose nonce the first host draws and announces. Records it quarantines are counted
+  in `drops`."""
   if cfg.data.transport == "queue":
     if jax.process_count() > 1:
       raise ValueError(f"data.transport='queue' cannot feed a learner of {jax.process_count()} "
                        "hosts; use data.transport='directory'")
     return QueueTransport(cfg.data.transport_capacity, drops=drops)
-  secret = run_secret.secret_or_fresh(cfg.sampler)
   nonce = secrets.token_bytes(sealed.NONCE_BYTES)
   if jax.process_count() > 1:  # every host seals and reads for the first host's run
-    secret, nonce = distributed.from_first_host(secret), distributed.from_first_host(nonce)
+    nonce = distributed.from_first_host(nonce)
   transport = DirectoryTransport(
       cfg.data.transport_dir, cfg.data.transport_capacity, max_tokens=cfg.sampler.max_seq_len,
       secret=secret, shard=(jax.process_index(), jax.process_count()),

@@ -46,7 +46,9 @@ CLOSED_BYTES = len(CLOSED_MAGIC) + MAC_BYTES
 RECORD_OVERHEAD = len(RECORD_MAGIC) + MAC_BYTES  # bytes a sealed record adds to its payload
 
 
-def _mac(secret: bytes, *parts: bytes) -> bytes:
+def hmac_parts(secret: bytes, *parts: bytes) -> bytes:
+  """HMAC-SHA256 under `secret` of `parts`, each length-prefixed (no two inputs collide);
+  the first part labels what is signed ("run", "traj", "weights", ...)."""
   message = b"".join(_PART.pack(len(part)) + part for part in parts)
   return hmac.new(secret, message, hashlib.sha256).digest()
 
@@ -54,7 +56,7 @@ def _mac(secret: bytes, *parts: bytes) -> bytes:
 def run_marker(secret: bytes, run: tuple[int, bytes]) -> bytes:
   """The RUN marker of `run`, (start time in ns, nonce)."""
   started, nonce = _TIME.pack(run[0]), run[1]
-  return RUN_MAGIC + nonce + started + _mac(secret, b"run", nonce, started)
+  return RUN_MAGIC + nonce + started + hmac_parts(secret, b"run", nonce, started)
 
 
 def read_run(secret: bytes, data: bytes | None) -> tuple[int, bytes] | None:
@@ -64,13 +66,13 @@ def read_run(secret: bytes, data: bytes | None) -> tuple[int, bytes] | None:
     return None
   nonce = data[len(RUN_MAGIC):len(RUN_MAGIC) + NONCE_BYTES]
   started, mac = data[len(RUN_MAGIC) + NONCE_BYTES:-MAC_BYTES], data[-MAC_BYTES:]
-  if not hmac.compare_digest(mac, _mac(secret, b"run", nonce, started)):
+  if not hmac.compare_digest(mac, hmac_parts(secret, b"run", nonce, started)):
     return None
   return _TIME.unpack(started)[0], nonce
 
 
 def closed_marker(secret: bytes, nonce: bytes) -> bytes:
-  return CLOSED_MAGIC + _mac(secret, b"closed", nonce)
+  return CLOSED_MAGIC + hmac_parts(secret, b"closed", nonce)
 
 
 def closes(secret: bytes, nonce: bytes, data: bytes | None) -> bool:
@@ -80,7 +82,7 @@ def closes(secret: bytes, nonce: bytes, data: bytes | None) -> bool:
 
 def seal(secret: bytes, nonce: bytes, name: str, payload: bytes) -> bytes:
   """A record file's bytes: `payload` signed for the run `nonce` under the file `name`."""
-  return RECORD_MAGIC + _mac(secret, b"traj", nonce, os.fsencode(name), payload) + payload
+  return RECORD_MAGIC + hmac_parts(secret, b"traj", nonce, os.fsencode(name), payload) + payload
 
 
 def unseal(secret: bytes, nonce: bytes, name: str, data: bytes) -> bytes:
@@ -89,7 +91,7 @@ def unseal(secret: bytes, nonce: bytes, name: str, data: bytes) -> bytes:
   if len(data) < RECORD_OVERHEAD or not data.startswith(RECORD_MAGIC):
     raise RecordError("bad_signature", "not a sealed record (no SAO-TRAJ1 header)")
   mac, payload = data[len(RECORD_MAGIC):RECORD_OVERHEAD], data[RECORD_OVERHEAD:]
-  if not hmac.compare_digest(mac, _mac(secret, b"traj", nonce, os.fsencode(name), payload)):
+  if not hmac.compare_digest(mac, hmac_parts(secret, b"traj", nonce, os.fsencode(name), payload)):
     raise RecordError("bad_signature", "its signature does not match this run's secret, run "
                                        "and file name (a forgery, a copy, or an earlier run's)")
   return payload

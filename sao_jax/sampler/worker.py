@@ -163,6 +163,8 @@ def run_sampler(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
   chat = load_chat(spec.tokenizer_path, enable_thinking=cfg.run.enable_thinking)
   chat.require_role(make_env(cfg.env).observation_role, f"env.name={cfg.env.name!r}")
   subscriber = weights.subscribe(spec.weights)
+  log = lambda line: print(f"sampler {spec.worker_id}: {line}", file=sys.stderr, flush=True)
+  skips = _SkipLog(log)
   got = None
   while got is None and alive():
     try:
@@ -170,6 +172,7 @@ def run_sampler(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
     except ConnectionError:  # a learner on another slice that is not serving yet
       time.sleep(1.0)
       continue
+    skips.report(subscriber)
     time.sleep(0.01 if got else 0.05)
   if got is None:
     return
@@ -178,19 +181,17 @@ def run_sampler(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
   engine = make_engine(cfg.sampler, cfg.model, params, chat, version=version,
                        mesh=engine_mesh(cfg))
   runner = EpisodeRunner(engine, chat, lambda: make_env(cfg.env),
-                         max_episodes=cfg.sampler.slots * 2,
-                         log=lambda line: print(f"sampler {spec.worker_id}: {line}",
-                                                file=sys.stderr, flush=True))
+                         max_episodes=cfg.sampler.slots * 2, log=log)
   tasks = make_tasks(cfg.env)
   group = cfg.algorithm.group_size
   prompt_ids = PromptIds(group, cfg.algorithm.running_mean_slots, spec.worker_id)
   seed = cfg.sampler.seed * 1_000_003 + spec.worker_id * 7919
   started = 0
-  reconnect = _Reconnect(lambda line: print(f"sampler {spec.worker_id}: {line}",
-                                            file=sys.stderr, flush=True))
+  reconnect = _Reconnect(log)
   try:
     while alive():
       got = reconnect.poll(subscriber)
+      skips.report(subscriber)
       if got is not None:
         engine.set_params(to_policy(got[0]), got[1])
       while runner.in_flight + group <= runner.max_episodes:
@@ -206,6 +207,22 @@ def run_sampler(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
   finally:
     runner.close()
     subscriber.close()
+
+
+class _SkipLog:
+  """Logs each version a subscriber skipped (`DirectorySubscriber.skipped`: it did not
+  restore, or did not check against the learner's signatures) once, with why: a sampler
+  that never adopts a version says so instead of waiting in silence."""
+
+  def __init__(self, log: Callable[[str], None]):
+    self._log = log
+    self._told: dict[int, str] = {}  # version -> why, as last logged
+
+  def report(self, subscriber) -> None:
+    for version, why in getattr(subscriber, "skipped", {}).items():
+      if self._told.get(version) != why:
+        self._told[version] = why
+        self._log(f"weight version {version} skipped: {why}")
 
 
 class _Reconnect:

@@ -59,6 +59,9 @@ class FakeManager:
     del kwargs
     self.directory = directory
 
+  def all_steps(self):  # an empty bucket: no earlier run's versions to delete
+    return []
+
   def close(self):
     pass
 

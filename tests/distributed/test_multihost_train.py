@@ -2,7 +2,8 @@
 
 The real command-line path: the learner's hosts join one JAX cluster from the
 SAO_* environment (gloo CPU collectives), start no samplers (`run.num_samplers=0`),
-publish weights over the network channel and read their own shares of the
+publish weights over the network channel or a shared directory (each host
+signing its shards there) and read their own shares of the
 directory transport; `sao-sampler` adopts the weights and writes trajectories.
 Both learner hosts must run the same steps on the same global batches: their
 per-step learner metrics (computed from the global params and batch) must agree
@@ -47,7 +48,8 @@ def device_metrics(run_dir: pathlib.Path) -> list[dict]:
 
 
 @pytest.mark.slow  # three JAX processes on 2 cores, a train step compiled per learner host
-def test_two_process_learner_and_remote_sampler(tmp_path):
+@pytest.mark.parametrize("channel", ["network", "directory"])
+def test_two_process_learner_and_remote_sampler(tmp_path, channel):
   from sao_jax import warm_start
   from sao_jax.config import load_config
 
@@ -61,9 +63,10 @@ def test_two_process_learner_and_remote_sampler(tmp_path):
       "run.sft_steps=0", f"learner.steps={STEPS}", "learner.batch_trajectories=4",
       "learner.critic_warmup_steps=1", "sampler.slots=4", "sampler.max_new_tokens=24",
       "data.transport=directory", f"data.transport_dir={tmp_path / 'trajectories'}",
-      "sampler.weights=network",
-      f"sampler.weights_addresses={tuple(f'127.0.0.1:{p}' for p in ports)}",
       f"sampler.weights_secret_file={secret}",
+      *([f"sampler.weights_dir={tmp_path / 'weights'}"] if channel == "directory" else [
+          f"sampler.weights_addresses={tuple(f'127.0.0.1:{p}' for p in ports)}"]),
+      f"sampler.weights={channel}",
       f"checkpoint.directory={tmp_path / 'checkpoints'}", "checkpoint.save_every_steps=2"]
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "SAO_NUM_PROCESSES": "2",
          "SAO_COORDINATOR_ADDRESS": f"127.0.0.1:{free_port()}"}
@@ -112,3 +115,7 @@ def test_two_process_learner_and_remote_sampler(tmp_path):
                 for p in (tmp_path / "trajectories").glob("*.traj"))
   consumed = STEPS * 4
   assert left and left == list(range(consumed, consumed + len(left))), left
+  if channel == "directory":  # every kept version signed by both hosts, and its head
+    kept = sorted(int(p.name) for p in (tmp_path / "weights").iterdir() if p.name.isdigit())
+    signed = sorted(p.name for p in (tmp_path / "weights" / "signatures").iterdir())
+    assert kept and signed == sorted(f"{v}.{n}" for v in kept for n in ("0", "1", "head"))

@@ -1,0 +1,190 @@
+"""The directory weight channel is signed: what a peer writes there is not played with.
+
+Each attack below made the old subscriber (which restored the newest step directory it
+found) play weights the learner never published.
+"""
+
+import json
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from sao_jax.data import sealed
+from sao_jax.sampler import weights, weights_digest
+
+SECRET = b"s" * 32
+
+
+def params(value):
+  return {"embed": jnp.full((8, 4), value, jnp.float32),
+          "layers": {0: {"w": jnp.full((6,), value, jnp.bfloat16)}},
+          "scale": jnp.asarray(value, jnp.float32)}
+
+
+def values(tree):
+  return sorted({float(np.asarray(x, np.float32).ravel()[0]) for x in jax.tree.leaves(tree)})
+
+
+@pytest.fixture
+def channel(tmp_path):
+  publisher = weights.DirectoryWeights(tmp_path / "weights", params(0.0), SECRET)
+  subscriber = weights.subscribe(publisher.spec)
+  yield tmp_path / "weights", publisher, subscriber
+  subscriber.close()
+  publisher.close()
+
+
+def _plant(directory, step, tree):
+  """What anyone who can write the directory can do: an orbax step of their own."""
+  checkpointer = ocp.StandardCheckpointer()
+  checkpointer.save(directory / str(step) / "default", tree)
+  checkpointer.wait_until_finished()
+  checkpointer.close()
+
+
+def test_a_version_planted_without_the_secret_is_not_played(channel):
+  directory, publisher, subscriber = channel
+  publisher.publish(params(1.0), version=1)
+  _plant(directory, 5, params(666.0))
+  tree, version = subscriber.poll()
+  assert (version, values(tree)) == (1, [1.0])
+  assert subscriber.skipped[5].startswith("unsigned")
+  # The learner's signatures of version 1 copied to the planted version's names.
+  for name in ("head", "0"):
+    shutil.copyfile(directory / "signatures" / f"1.{name}", directory / "signatures" / f"5.{name}")
+  assert subscriber.poll() is None
+  assert subscriber.skipped[5].startswith("bad_signature")
+
+
+def test_arrays_swapped_under_a_signed_version_are_refused(channel):
+  directory, publisher, subscriber = channel
+  publisher.publish(params(1.0), version=1)
+  publisher.publish(params(2.0), version=2)
+  shutil.rmtree(directory / "2" / "default")  # its signatures stay, its arrays are theirs
+  _plant(directory, 2, params(666.0))
+  tree, version = subscriber.poll()
+  assert (version, values(tree)) == (1, [1.0])
+  assert subscriber.skipped[2].startswith("bad_digest") and "differs" in subscriber.skipped[2]
+  publisher.publish(params(3.0), version=3)  # the channel goes on
+  tree, version = subscriber.poll()
+  assert (version, values(tree)) == (3, [3.0])
+
+
+def test_an_earlier_runs_signed_versions_are_older_than_the_current_runs(tmp_path):
+  directory = tmp_path / "weights"
+  first = weights.DirectoryWeights(directory, params(0.0), SECRET)
+  first.publish(params(5.0), version=5)
+  first.publish(params(6.0), version=6)
+  first.close()
+  saved = tmp_path / "saved"
+  shutil.copytree(directory, saved)
+  follower = weights.subscribe(first.spec)
+  assert follower.poll()[1] == 6
+  # The learner restarts (resumed from an earlier checkpoint): the new run's versions
+  # are newer than the old run's, whatever their numbers. Before: the follower waited
+  # for a version above 6, playing stale weights.
+  second = weights.DirectoryWeights(directory, params(0.0), SECRET)
+  assert not (directory / "6").exists()  # the earlier run's versions are deleted
+  second.publish(params(1.0), version=1)
+  tree, version = follower.poll()
+  assert (version, values(tree)) == (1, [1.0])
+  # The earlier run's version 6, validly signed, put back: not played.
+  shutil.copytree(saved / "6", directory / "6")
+  for path in (saved / "signatures").glob("6.*"):
+    shutil.copyfile(path, directory / "signatures" / path.name)
+  fresh = weights.subscribe(second.spec)
+  assert fresh.poll()[1] == 1 and follower.poll() is None
+  fresh.close()
+  follower.close()
+  second.close()
+
+
+def test_signatures_of_versions_gone_are_deleted(channel):
+  directory, publisher, _ = channel
+  for version in range(1, 5):
+    publisher.publish(params(float(version)), version=version)
+  assert sorted(p.name for p in (directory / "signatures").iterdir()) == [
+      "3.0", "3.head", "4.0", "4.head"]
+
+
+def _sharded(value):
+  """`params(value)` over the 8 emulated devices: embed split 4 x 2, w split 2 ways and
+  replicated 4 ways, scale replicated."""
+  mesh = jax.make_mesh((4, 2), ("a", "b"), axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+  spec = jax.sharding.PartitionSpec
+  shardings = {"embed": spec("a", "b"), "layers": {0: {"w": spec("b")}}, "scale": spec()}
+  return jax.tree.map(lambda x, s: jax.device_put(x, jax.sharding.NamedSharding(mesh, s)),
+                      params(value), shardings)
+
+
+def _payload(tree, version=1, run=7):
+  data = weights_digest.sign(SECRET, tree, run=run, version=version)
+  return weights_digest.read_signature(SECRET, data, version=version, process=0)
+
+
+def test_shard_digests_of_a_sharded_tree_check_the_whole_arrays():
+  tree = _sharded(3.0)
+  tree["embed"] = tree["embed"] + jnp.arange(32, dtype=jnp.float32).reshape(8, 4)
+  payload = _payload(tree)
+  assert len(payload["leaves"]["['embed']"]["boxes"]) == 8  # one per shard
+  assert len(payload["leaves"]["['layers'][0]['w']"]["boxes"]) == 2  # replicas signed once
+  host = jax.tree.map(np.asarray, tree)  # what a subscriber restores, on one device
+  weights_digest.verify([payload], host, run=7)
+  changed = jax.tree.map(np.copy, host)
+  changed["embed"][7, 3] += 1.0  # one element, in the last shard
+  with pytest.raises(weights_digest.DigestError, match=r"\['embed'\]: box \[\[6, 8\], \[2, 4\]\]"):
+    weights_digest.verify([payload], changed, run=7)
+  with pytest.raises(weights_digest.DigestError, match="run 8"):
+    weights_digest.verify([payload], host, run=8)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda boxes: boxes.pop(), "do not partition|do not tile"),  # a shard left unsigned
+    (lambda boxes: boxes.append(boxes[0]), "do not tile"),  # one signed twice
+    (lambda boxes: boxes.__setitem__(0, [[[0, 2], [0, 4]], boxes[0][1]]), "do not partition"),
+])
+def test_boxes_must_tile_each_leaf_exactly_once(edit, message):
+  # Signed, so only a learner bug (or a future format) could write these: still refused.
+  payload = _payload(_sharded(1.0))
+  edit(payload["leaves"]["['embed']"]["boxes"])
+  with pytest.raises(weights_digest.DigestError, match=message):
+    weights_digest.verify([payload], jax.tree.map(np.asarray, _sharded(1.0)), run=7)
+
+
+def test_unsigned_oversized_or_mislabelled_signatures_are_refused(tmp_path):
+  data = weights_digest.sign(SECRET, params(1.0), run=7, version=1)
+  with pytest.raises(weights_digest.DigestError, match="does not match"):
+    weights_digest.read_signature(b"t" * 32, data, version=1, process=0)
+  with pytest.raises(weights_digest.DigestError, match="signs version 1"):
+    weights_digest.read_signature(SECRET, data, version=2, process=0)
+  forged = weights_digest.MAGIC + data[len(weights_digest.MAGIC):].replace(b"7", b"8", 1)
+  with pytest.raises(weights_digest.DigestError, match="does not match"):
+    weights_digest.read_signature(SECRET, forged, version=1, process=0)
+  head = weights_digest.sign_head(SECRET, run=7, version=1, processes=1)
+  with pytest.raises(weights_digest.DigestError, match="does not match"):  # labels differ
+    weights_digest.read_signature(SECRET, head, version=1, process=0)
+  big = tmp_path / "big"
+  big.write_bytes(b"x" * 100)
+  assert len(weights_digest.read_file(big, limit=10)) == 11  # read no further than the cap
+  payload = json.dumps({"run": 7, "version": 1, "processes": 2}).encode()
+  head = weights_digest.MAGIC + sealed.hmac_parts(SECRET, b"head", payload) + payload
+  assert weights_digest.read_head(SECRET, head, version=1) == (7, 2)
+  with pytest.raises(weights_digest.DigestError, match="unsigned"):
+    weights_digest.read_head(SECRET, None, version=1)
+
+
+def test_a_version_saved_sharded_restores_on_one_device_and_checks(tmp_path):
+  # Shards signed per device by the learner, checked whole by the subscriber.
+  publisher = weights.DirectoryWeights(tmp_path / "weights", params(0.0), SECRET)
+  subscriber = weights.subscribe(publisher.spec)
+  try:
+    publisher.publish(_sharded(4.0), version=1)
+    tree, version = subscriber.poll()
+    assert (version, values(tree)) == (1, [4.0]) and subscriber.skipped == {}
+  finally:
+    subscriber.close()
+    publisher.close()
