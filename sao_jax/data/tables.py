@@ -7,8 +7,15 @@
 Both read only the named columns. Parquet (a file, or every `*.parquet` in a
 directory, in name order) is read one row group at a time, the last
 `CACHED_CHUNKS` decoded groups kept: memory is a few row groups of the named
-columns whatever the file's size (write files with moderate row groups; one
-huge group is decoded whole). A `save_to_disk` directory (`state.json` naming
+columns whatever the file's size. A file is input: a row group whose named
+columns the footer says take more than MAX_ROW_GROUP_BYTES uncompressed is
+refused when the file is opened, and since the footer can understate what a
+group decodes to (a dictionary or delta encoding writes one long value out per
+row; a footer can be forged), a group is decoded DECODE_ROWS rows at a time and
+refused once past MAX_ROW_GROUP_BYTES, or if it holds another number of rows
+than its footer says. Memory: CACHED_CHUNKS groups of at most
+MAX_ROW_GROUP_BYTES, plus one step of DECODE_ROWS rows (each value is at most
+a page, which Parquet caps at 2 GiB). A `save_to_disk` directory (`state.json` naming
 Arrow IPC stream files `data-XXXXX-of-YYYYY.arrow`, what `datasets` writes) is
 memory-mapped, as `datasets.load_from_disk` does: rows are read from the
 mapping on access, and pages come from the OS file cache, not this process's
@@ -20,6 +27,7 @@ from __future__ import annotations
 import bisect
 import collections
 import dataclasses
+import functools
 import json
 import os
 import pathlib
@@ -29,6 +37,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 CACHED_CHUNKS = 2  # decoded Parquet row groups kept; a shuffled read hits one group at a time
+MAX_ROW_GROUP_BYTES = 256 << 20  # bytes one Parquet row group's named columns may decode into
+DECODE_ROWS = 1024  # rows of a row group decoded at a time, each step checked against the cap
 STATE_FILE = "state.json"  # what save_to_disk writes beside the .arrow files
 DATASET_DICT_FILE = "dataset_dict.json"  # save_to_disk of a DatasetDict (one directory per split)
 
@@ -104,11 +114,66 @@ def open_parquet(path: str | os.PathLike, columns: Sequence[str]) -> ColumnTable
     _check_columns(file, metadata.schema.to_arrow_schema().names, columns)
     first = 0
     for group in range(metadata.num_row_groups):
-      rows = metadata.row_group(group).num_rows
-      chunks.append(_Chunk(file, first, rows, lambda f=file, g=group: pq.ParquetFile(f)
-                           .read_row_group(g, columns=list(columns))))
+      rows, stored = metadata.row_group(group).num_rows, _stored_bytes(metadata, group, columns)
+      if stored > MAX_ROW_GROUP_BYTES:
+        raise ValueError(f"{file}: row group {group} holds {stored} bytes of the columns "
+                         f"{', '.join(columns)} uncompressed, more than the {MAX_ROW_GROUP_BYTES} "
+                         f"a row group may decode to (sao_jax.data.tables.MAX_ROW_GROUP_BYTES); "
+                         + _rewrite(rows, stored))
+      if rows < 0:
+        raise ValueError(f"{file}: row group {group} has {rows} rows; a corrupt or forged file")
+      chunks.append(_Chunk(file, first, rows, functools.partial(
+          _read_row_group, file, group, tuple(columns), rows, stored)))
       first += rows
   return ColumnTable(chunks, columns, name=path.stem)
+
+
+def _stored_bytes(metadata: pq.FileMetaData, group: int, columns: Sequence[str]) -> int:
+  """What the footer says `columns` of row group `group` take uncompressed (their leaf
+  column chunks: `a`, or `a.list.element` of a nested `a`)."""
+  row_group = metadata.row_group(group)
+  total = 0
+  for leaf in range(row_group.num_columns):
+    chunk = row_group.column(leaf)
+    if any(chunk.path_in_schema == c or chunk.path_in_schema.startswith(c + ".")
+           for c in columns):
+      total += chunk.total_uncompressed_size
+  return total
+
+
+def _rewrite(rows: int, size: int) -> str:
+  """The fix for a row group too large: smaller row groups, sized to half the cap."""
+  suggested = max(1, rows * MAX_ROW_GROUP_BYTES // max(size, 1) // 2)
+  return ("rewrite the file with smaller row groups, e.g. pyarrow.parquet.write_table(table, "
+          f"path, row_group_size={suggested})")
+
+
+def _read_row_group(file: str, group: int, columns: Sequence[str], rows: int,
+                    stored: int) -> pa.Table:
+  """Row group `group`'s `columns`, decoded DECODE_ROWS at a time and refused once past
+  MAX_ROW_GROUP_BYTES: the footer's sizes are what the file claims, and a dictionary or
+  delta encoding (or a forged footer) decodes to far more than they say."""
+  batches, size = [], 0
+  reader = pq.ParquetFile(file)
+  for batch in reader.iter_batches(batch_size=DECODE_ROWS, row_groups=[group],
+                                   columns=list(columns)):
+    size += batch.nbytes
+    batches.append(batch)
+    if size > MAX_ROW_GROUP_BYTES:
+      decoded = sum(b.num_rows for b in batches)
+      raise ValueError(
+          f"{file}: row group {group} decodes to more than {MAX_ROW_GROUP_BYTES} bytes "
+          f"(sao_jax.data.tables.MAX_ROW_GROUP_BYTES) in its first {decoded} of {rows} rows, "
+          f"though its footer says its columns {', '.join(columns)} take {stored} bytes "
+          "(a dictionary or delta encoding of long repeated values, or a forged footer); "
+          + _rewrite(decoded, size))
+  decoded = sum(b.num_rows for b in batches)
+  if decoded != rows:
+    raise ValueError(f"{file}: row group {group} decodes to {decoded} rows but its footer says "
+                     f"{rows}; a corrupt or forged file, rewrite it with pyarrow.parquet")
+  if not batches:
+    return reader.read_row_group(group, columns=list(columns))
+  return pa.Table.from_batches(batches)
 
 
 def open_saved_dataset(path: str | os.PathLike, columns: Sequence[str]) -> ColumnTable:
