@@ -2,7 +2,11 @@
 decode into far more memory than its footer or its size on disk says is refused, with
 the file, the row group, the size, the cap and the fix."""
 
+import json
+import pathlib
 import struct
+import subprocess
+import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -118,3 +122,63 @@ def test_row_groups_under_the_cap_read_in_steps_as_before(tmp_path):
   assert [table.row(i).values for i in (0, 699, 700, 1999)] == [
       {"n": i, "q": text[i]} for i in (0, 699, 700, 1999)]
   assert table.row(1400).file == str(path) and table.row(1400).index == 1400
+
+
+def _saved(directory, table, *, file_format=False, **options):
+  """`table` in save_to_disk's layout (state.json + one Arrow IPC file), written with
+  `options` (pyarrow.ipc.IpcWriteOptions)."""
+  directory.mkdir()
+  path = directory / "data-00000-of-00001.arrow"
+  with pa.OSFile(str(path), "wb") as sink:
+    new = pa.ipc.new_file if file_format else pa.ipc.new_stream
+    with new(sink, table.schema, options=pa.ipc.IpcWriteOptions(**options)) as writer:
+      writer.write_table(table, max_chunksize=ROWS // 2)
+  (directory / "state.json").write_text(json.dumps({"_data_files": [{"filename": path.name}]}))
+  return path
+
+
+def test_a_compressed_save_to_disk_file_is_refused_before_it_is_decompressed(tmp_path):
+  """save_to_disk files are memory-mapped; a compressed one is decompressed into memory
+  whole when opened (every column, the old code): 2 MB from a 1 kB file here."""
+  table = pa.table({"q": ["a" * WIDTH] * ROWS, "n": list(range(ROWS))})
+  path = _saved(tmp_path / "bomb", table, compression="zstd")
+  assert path.stat().st_size < 10_000
+  before = pa.total_allocated_bytes()
+  decoded = pa.ipc.open_stream(pa.memory_map(str(path))).read_all()
+  assert pa.total_allocated_bytes() - before > CAP
+  del decoded
+  before = pa.total_allocated_bytes()
+  with pytest.raises(ValueError, match=rf"{path}: its (record batch|dictionary) messages are "
+                     r"compressed.*write it again uncompressed"):
+    tables.open_saved_dataset(tmp_path / "bomb", ["n"])
+  assert pa.total_allocated_bytes() - before < CAP // 8
+  _saved(tmp_path / "file", table, file_format=True, compression="lz4")  # the file format too
+  with pytest.raises(ValueError, match="compressed"):
+    tables.open_saved_dataset(tmp_path / "file", ["n"])
+
+
+def test_offsets_past_their_data_are_refused_at_open(tmp_path):
+  """A string column whose offsets point 100 MB past its data: reading the row read
+  memory outside the mapping (the old code crashed with SIGSEGV, in a subprocess here)."""
+  path = _saved(tmp_path / "forged", pa.table({"q": ["abcdefgh", "ijklmnop"]}))
+  data = bytearray(path.read_bytes())
+  offsets = data.find(struct.pack("<iii", 0, 8, 16))
+  data[offsets + 8:offsets + 12] = struct.pack("<i", 100_000_000)
+  path.write_bytes(data)
+  read = ("import sys; from sao_jax.data import tables\n"
+          "print(tables.open_saved_dataset(sys.argv[1], ['q']).row(1))")
+  root = pathlib.Path(tables.__file__).parents[2]  # this checkout's sao_jax
+  result = subprocess.run([sys.executable, "-c", read, str(tmp_path / "forged")], cwd=root,
+                          capture_output=True, text=True, timeout=120)
+  assert result.returncode == 1, (result.returncode, result.stderr[-500:])
+  assert f"ValueError: {path}: invalid Arrow data in the columns q" in result.stderr
+  assert "offsets (100000000) larger than values" in result.stderr
+
+
+def test_saved_files_map_only_the_named_columns_in_either_ipc_format(tmp_path):
+  table = pa.table({"q": [f"q{i}" for i in range(ROWS)], "n": list(range(ROWS))})
+  for name, file_format in (("stream", False), ("file", True)):
+    _saved(tmp_path / name, table, file_format=file_format)
+    read = tables.open_saved_dataset(tmp_path / name, ["n", "q"])
+    assert len(read) == ROWS and read.row(1999).values == {"n": 1999, "q": "q1999"}
+    assert read._table(0).column_names == ["n", "q"]
