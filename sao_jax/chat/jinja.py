@@ -34,10 +34,11 @@ too). A step that would build more than MAX_LENGTH from small inputs is refused
 before it runs, from a bound computed without building the value: `replace`
 (method and filter), `join`, `expandtabs`, `translate`, `encode`, `hex`, the
 case maps, `format`/`format_map`/`%`/`|format` (widths, `*` widths, a field
-used many times), `|indent`, `|wordwrap`, `|urlize`, `|xmlattr`, `|escape`,
-`|urlencode`, `|tojson` (indent, separators), `|pprint`, `|sum` of lists, `~`,
-and everything that prints a container with str(): a list holding one string
-a thousand times prints it a thousand times (`_Printed`). And all calls,
+used many times), `strftime_now`, `|indent`, `|wordwrap`, `|urlize`,
+`|xmlattr`, `|escape`, `|urlencode`, `|tojson` (indent, separators), `|pprint`,
+`|sum` of lists, `~`, and everything that prints a container with str(): a
+list holding one string a thousand times prints it a thousand times
+(`_Printed`); `|batch` and `|slice` count the lists they make. And all calls,
 filters, operators and comparisons of a render read or build at most MAX_WORK
 items in all, so a loop can neither keep many distinct values just under
 MAX_LENGTH nor scan one a million times (`'x' in s`, hours at a step each).
@@ -758,6 +759,8 @@ def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=F
 
 
 def _strftime_now(format_string):
+  if isinstance(format_string, str):  # '%c' (2 characters) -> 'Wed Dec  2 18:13:46 2026'
+    _predict(16 * len(format_string), "strftime_now")
   return datetime.datetime.now().strftime(format_string)
 
 

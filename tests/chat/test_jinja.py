@@ -115,6 +115,7 @@ AMPLIFIERS = [
     ("{{ ('%s' % [" + ALIASED + "])|length }}", "with the format '%s'"),
     ("{{ ('%a' % ('\u4e00' * 2000))|length }}", "with the format '%a'"),
     ("{{ ('%s%s%s'|format('b' * 5000, 'b' * 5000, 'b' * 5000))|length }}", "the format '%s%s%s'"),
+    ("{{ strftime_now('%c' * 1000)|length }}", "with strftime_now"),  # 24 characters a %c
     ("{{ ('\n' * 100)|indent(500, blank=true)|length }}", "with |indent"),
     ("{% set ns = namespace(v=1) %}{% for i in range(50) %}{% set ns.v = [ns.v] %}{% endfor %}"
      "{{ ns.v|tojson(indent=100)|length }}", "with |tojson"),
@@ -162,6 +163,7 @@ def unbounded(source):
   length of its output (`is lower` prints its value first: measured with |string)."""
   environment = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"])
   environment.filters["tojson"] = jinja._tojson
+  environment.globals["strftime_now"] = jinja._strftime_now
   out = environment.from_string(source.replace(" is lower", "|string|length")).render()
   return int(out) if out.isdigit() else len(out)
 
