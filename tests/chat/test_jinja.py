@@ -3,7 +3,7 @@
 import jinja2
 import pytest
 
-from sao_jax.chat import jinja
+from sao_jax.chat import jinja, jinja_budget
 from sao_jax.chat.jinja import compile_template, render
 
 
@@ -35,9 +35,9 @@ def test_a_template_cannot_reach_python_internals():
 
 
 # A chat template is code from a downloaded checkpoint. Each of these would, without the
-# budget of sao_jax.chat.jinja, hang a render or allocate gigabytes (scaled down here
-# where the unbounded form would hang the test on the old code); each is refused with
-# a SecurityError naming what it did.
+# budget of sao_jax.chat.jinja_budget and the bounds of jinja_bounds, hang a render or
+# allocate gigabytes (scaled down here where the unbounded form would hang the test on
+# the old code); each is refused with a SecurityError naming what it did.
 @pytest.mark.parametrize("source, what", [
     # jinja2 folds constants while compiling: this allocated the string at load time.
     ("{{ ('a' * 10**12)|length }}", "repeated a str of 1 items"),
@@ -67,7 +67,7 @@ def test_a_template_cannot_loop_or_allocate_without_bound(source, what):
 def test_recursion_counts_against_the_step_budget(monkeypatch):
   """Exponential macro recursion and recursive loops spend steps per call and per
   item (a small budget here; the real one stops 2**40 calls within seconds)."""
-  monkeypatch.setattr(jinja, "MAX_STEPS", 10_000)
+  monkeypatch.setattr(jinja_budget, "MAX_STEPS", 10_000)
   with pytest.raises(jinja2.exceptions.SecurityError, match="took more than 10000 steps"):
     run("{% macro f(n) %}{% if n < 12 %}{{ f(n + 1) }}{{ f(n + 1) }}{% endif %}{% endmacro %}"
         "{{ f(0) }}")
@@ -173,8 +173,8 @@ def test_a_step_that_would_build_past_the_cap_is_refused_before_it_runs(
     monkeypatch, source, what):
   assert unbounded(source) > CAP or "in all" in what
   assert unbounded(source) > WORK_CAP or "in all" not in what
-  monkeypatch.setattr(jinja, "MAX_LENGTH", CAP)
-  monkeypatch.setattr(jinja, "MAX_WORK", WORK_CAP)
+  monkeypatch.setattr(jinja_budget, "MAX_LENGTH", CAP)
+  monkeypatch.setattr(jinja_budget, "MAX_WORK", WORK_CAP)
   with pytest.raises(jinja2.exceptions.SecurityError, match=what):
     run(source)
 
