@@ -30,12 +30,16 @@ from __future__ import annotations
 import argparse
 import collections
 import concurrent.futures
+import ctypes
 import dataclasses
+import functools
 import hashlib
 import importlib.util
 import json
+import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -50,6 +54,7 @@ from experiments import warm_start as warm_start_lib
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SETTINGS_DIR = ROOT / "configs" / "experiments"
 STATE_FILE = "experiment.json"
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # One lock per warm-start directory: runs of the same seed in parallel jobs wait
 # for the first to make it instead of making it twice.
 _WARM_START_LOCKS: collections.defaultdict[pathlib.Path, threading.Lock] = (
@@ -140,13 +145,25 @@ def _write_state(run_dir: pathlib.Path, state: dict) -> None:
   (run_dir / STATE_FILE).write_text(json.dumps(state, indent=2))
 
 
+def _stop_with_runner(runner_pid: int) -> None:
+  """In the child, before it runs: the kernel sends it SIGTERM when the runner's thread
+  that started it ends, so killing the claim script stops its `sao-train` too (which
+  saves a checkpoint on SIGTERM). Before, the child trained on alone, and the script
+  started again on the same --out ran a second learner beside it."""
+  if sys.platform.startswith("linux"):
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+  if os.getppid() != runner_pid:  # the runner died before prctl: it would never be sent
+    os._exit(1)
+
+
 def _call(command: list[str], log_path: pathlib.Path) -> tuple[int, float]:
   """Runs `command`, appending its output to `log_path`; returns (exit code, seconds)."""
   start = time.monotonic()
   with open(log_path, "a", encoding="utf-8") as log:
     log.write(f"$ {' '.join(command)}\n")
     log.flush()
-    code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                           preexec_fn=functools.partial(_stop_with_runner, os.getpid()))
   return code, time.monotonic() - start
 
 

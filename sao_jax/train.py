@@ -35,7 +35,7 @@ import pathlib
 
 import jax
 
-from sao_jax import distributed, run_secret, warm_start
+from sao_jax import distributed, run_lock, run_secret, warm_start
 from sao_jax.config import Config
 from sao_jax.data import pipeline
 from sao_jax.data.learner_data import learner_batches, learner_transport, local_batch_sizes
@@ -81,6 +81,14 @@ def run(cfg: Config, *, resume: bool = True, log=print) -> dict:
   cfg = cfg.with_run_paths().validate()
   run_dir = pathlib.Path(cfg.run.run_dir)
   run_dir.mkdir(parents=True, exist_ok=True)
+  lock = run_lock.hold(run_dir, jax.process_index())
+  try:
+    return _run(cfg, run_dir, resume=resume, log=log)
+  finally:
+    lock.close()
+
+
+def _run(cfg: Config, run_dir: pathlib.Path, *, resume: bool, log) -> dict:
   if jax.process_count() > 1 and cfg.run.eval_every:
     raise ValueError(f"run.eval_every={cfg.run.eval_every}: in-run evaluation needs the whole "
                      f"policy on one host, and this learner spans {jax.process_count()} hosts; "

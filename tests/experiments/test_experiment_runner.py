@@ -4,7 +4,11 @@ import concurrent.futures
 import dataclasses
 import importlib
 import json
+import os
 import pathlib
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -163,3 +167,38 @@ def test_settings_keep_the_warm_starts_their_runs_started_from(setting):
   keys = [runner.warm_start_dir(pathlib.Path("out"), load_config(
       runner.setting_path(setting), runner.seed_overrides(seed))).name for seed in range(5)]
   assert keys == REPORTED_WARM_STARTS[setting]
+
+
+def test_a_killed_runner_stops_the_run_it_started(tmp_path):
+  # Before: killing the claim script left its sao-train child training; the script
+  # started again on the same --out ran a second learner beside it.
+  pid_file = tmp_path / "child.pid"
+  child = (f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
+           "time.sleep(120)")
+  script = ("import pathlib, sys; from experiments import runner; "
+            f"runner._call([sys.executable, '-c', {child!r}], pathlib.Path({str(tmp_path)!r}) "
+            "/ 'log')")
+  claim_script = subprocess.Popen([sys.executable, "-c", script], cwd=runner.ROOT)
+  try:
+    deadline = time.monotonic() + 60
+    while not (pid_file.is_file() and pid_file.read_text()) and time.monotonic() < deadline:
+      time.sleep(0.1)
+    child_pid = int(pid_file.read_text())
+    os.kill(claim_script.pid, signal.SIGKILL)
+    claim_script.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+      try:
+        os.kill(child_pid, 0)
+      except ProcessLookupError:
+        break
+      with open(f"/proc/{child_pid}/stat") as stat:  # a zombie awaiting its reaper is gone
+        if stat.read().rpartition(")")[2].split()[0] == "Z":
+          break
+      time.sleep(0.1)
+    else:
+      os.kill(child_pid, signal.SIGKILL)
+      pytest.fail("the run went on after its runner was killed")
+  finally:
+    if claim_script.poll() is None:
+      claim_script.kill()

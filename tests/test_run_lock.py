@@ -1,0 +1,31 @@
+"""One learner per run directory (sao_jax.run_lock)."""
+
+import os
+
+import pytest
+
+from sao_jax import run_lock, train
+from sao_jax.config import load_config
+
+
+def test_a_second_learner_on_a_run_directory_is_refused_naming_the_first(tmp_path):
+  first = run_lock.hold(tmp_path)
+  with pytest.raises(ValueError, match=f"in use by another learner \\(pid {os.getpid()}"):
+    run_lock.hold(tmp_path)
+  other_host = run_lock.hold(tmp_path, host=1)  # the hosts of one learner may share it
+  other_host.close()
+  first.close()  # released: (a crashed learner's is released by the kernel)
+  run_lock.hold(tmp_path).close()
+
+
+def test_sao_train_refuses_a_run_directory_another_learner_holds(tmp_path):
+  # Before: two learners ran side by side in one run directory, saving checkpoints of the
+  # same step numbers into one folder.
+  cfg = load_config("configs/demo_cpu.py", [f"run.run_dir={tmp_path}"])
+  held = run_lock.hold(tmp_path)
+  try:
+    with pytest.raises(ValueError, match="in use by another learner"):
+      train.run(cfg, resume=True)
+  finally:
+    held.close()
+  assert not (tmp_path / "config.json").exists()  # refused before it wrote anything
