@@ -348,6 +348,22 @@ class DirectoryWeights:
     self._manager.close()
 
 
+def _plain_files(directory: pathlib.Path) -> None:
+  """OSError unless `directory` and everything under it are regular files and
+  directories, none a link: orbax opens a FIFO and waits for a writer for good."""
+  pending = [directory]
+  if not os.path.isdir(directory) or os.path.islink(directory):
+    raise OSError(f"{directory}: not a directory")
+  while pending:
+    with os.scandir(pending.pop()) as entries:
+      for entry in entries:
+        if entry.is_dir(follow_symlinks=False):
+          pending.append(entry.path)
+        elif not entry.is_file(follow_symlinks=False):
+          raise OSError(f"{entry.path}: not a regular file or directory (a link, FIFO or "
+                        "device put into the version)")
+
+
 class DirectorySubscriber:
   """Restores the newest version in the directory that restores and checks.
 
@@ -355,18 +371,25 @@ class DirectorySubscriber:
   may not restore (damaged files, a bare directory named like a step) or not
   check (unsigned, signed without the run's secret, arrays other than the learner
   signed: `weights_digest`). Such a version is skipped (`skipped`, version -> why)
-  for as long as its head, and (local) the entry of its directory, stay the same,
-  and the newest other one newer than ours is taken, so the sampler keeps sampling
-  instead of failing each poll. A learner saving over a directory a peer put at its
-  next version's name replaces that entry, so it is tried again (before, a poll
-  between the learner's signing and its save skipped that version for good).
+  for as long as its head stays the same, and the newest other one newer than ours
+  is taken, so the sampler keeps sampling instead of failing each poll. One that
+  failed to restore or check is tried again, at most every `RETRY_S`, once the entry
+  of its directory changed: a learner saving over a directory a peer put at its
+  next version's name replaces that entry (before, a poll between the learner's
+  signing and its save skipped that version for good), and a peer touching it
+  makes a sampler restore and hash it no more often than that. A local version
+  whose files hold anything but regular files and directories (a FIFO hung the
+  restore, a link names any file of the host) is skipped unread.
   Versions order by (run start, version): a restarted learner's version 0 is newer
   than every version of the run before. A poll lists the directory once and reads
   at most `weights_digest.MAX_HEAD_BYTES` of each version's head.
   """
 
+  RETRY_S = 5.0
+
   def __init__(self, spec: DirectorySpec):
     self._spec = spec
+    self._clock = time.monotonic
     self._directory = storage_path(spec.directory)
     self._signatures = self._directory / weights_digest.SIGNATURES
     # Restored onto this process's first device, sharded as the sampler then places it.
@@ -377,7 +400,7 @@ class DirectorySubscriber:
         lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=device), spec.template)
     self.run, self.version = -1, -1
     self.skipped: dict[int, str] = {}  # version -> why it did not restore or check
-    self._skipped_as: dict[int, tuple] = {}  # the (head, entry) it had then
+    self._skipped_as: dict[int, tuple] = {}  # the (head, entry, clock) it had then
     self._checkpointer = ocp.StandardCheckpointer()
 
   def _read(self, version: int, process: int | None) -> bytes | None:
@@ -417,12 +440,14 @@ class DirectorySubscriber:
       head = (self._read(step, None)
               if weights_digest.signature_name(step, None) in heads else None)
       seen = self._skipped_as.get(step)
-      if seen is not None and seen[0] == head and seen[1] in (None, self._entry(step)):
+      if seen is not None and seen[0] == head and (
+          seen[1] is None or self._clock() < seen[2] + self.RETRY_S
+          or seen[1] == self._entry(step)):
         continue
       try:
         run, processes = weights_digest.read_head(self._spec.secret, head, version=step)
       except weights_digest.DigestError as error:
-        self._skip(step, (head, None), str(error))
+        self._skip(step, (head, None, None), str(error))
         continue
       if (run, step) > (self.run, self.version) and self._committed(step):
         candidates.append((run, step, processes, head))
@@ -431,11 +456,12 @@ class DirectorySubscriber:
       try:
         params = self._restore(step, run, processes)
       except weights_digest.DigestError as error:
-        self._skip(step, (head, entry), str(error))
+        self._skip(step, (head, entry, self._clock()), str(error))
         continue
       # TensorStore, orbax, the filesystem: damaged files, a bare step directory.
       except (ValueError, KeyError, OSError) as error:
-        self._skip(step, (head, entry), f"{type(error).__name__}: {str(error)[:300]}")
+        self._skip(step, (head, entry, self._clock()),
+                   f"{type(error).__name__}: {str(error)[:300]}")
         continue
       self.skipped.pop(step, None)
       self._skipped_as.pop(step, None)
@@ -451,6 +477,8 @@ class DirectorySubscriber:
     payloads = [weights_digest.read_signature(self._spec.secret, self._read(step, k),
                                               version=step, process=k)
                 for k in range(processes)]
+    if isinstance(self._directory, pathlib.Path):  # a bucket holds no FIFO nor link
+      _plain_files(self._directory / str(step))
     # Restored by a checkpointer, not a manager: a manager lists (reads) every step.
     params = self._checkpointer.restore(epath.Path(self._directory) / str(step) / "default",
                                         self._target)

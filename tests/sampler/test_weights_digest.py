@@ -289,11 +289,13 @@ def test_oversized_heads_are_read_no_further_and_gone_versions_forgotten(channel
   assert subscriber.poll() is None and subscriber.skipped == {}
 
 
-def test_a_bare_directory_at_the_next_versions_name_does_not_skip_it(channel):
+def test_a_bare_directory_at_the_next_versions_name_does_not_skip_it(channel, monkeypatch):
+  monkeypatch.setattr(weights.DirectorySubscriber, "RETRY_S", 0.0)  # no wait to retry
   directory, publisher, subscriber = channel
   publisher.publish(params(1.0), version=1)
   assert subscriber.poll()[1] == 1
-  (directory / "2").mkdir()  # planted before the learner publishes 2
+  (directory / "2").mkdir()  # planted before the learner publishes 2, as if committed
+  (directory / "2" / weights.COMMITTED).write_text("")
   save = publisher._manager.save
 
   def save_after_a_poll(*args, **kwargs):  # a sampler polls while the learner saves
@@ -350,3 +352,44 @@ def test_a_file_at_the_signatures_name_is_moved_aside(channel):
   publisher.publish(params(1.0), version=1)
   assert subscriber.poll()[1] == 1
   assert [p.read_text() for p in directory.glob(".signatures.*.moved")] == ["a peer's"]
+
+
+def test_a_fifo_in_a_signed_versions_files_does_not_hang_a_poll(channel):
+  directory, publisher, subscriber = channel
+  publisher.publish(params(1.0), version=1)
+  publisher.publish(params(2.0), version=2)
+  fifo = directory / "2" / "default" / "_METADATA"  # the learner's newest version
+  fifo.unlink()
+  os.mkfifo(fifo)
+  got = []
+  poller = threading.Thread(target=lambda: got.append(subscriber.poll()), daemon=True)
+  poller.start()
+  poller.join(timeout=60)
+  try:
+    assert not poller.is_alive(), "a poll hung on a FIFO a peer put in a signed version"
+  finally:
+    if poller.is_alive():  # let the hung poll go
+      os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+  assert got[0][1] == 1 and "not a regular file" in subscriber.skipped[2]
+
+
+def test_a_failed_version_touched_at_every_poll_is_restored_at_most_every_retry_s(channel):
+  directory, publisher, subscriber = channel
+  publisher.publish(params(1.0), version=1)
+  publisher.publish(params(2.0), version=2)
+  shutil.rmtree(directory / "2" / "default")
+  _plant(directory, 2, params(666.0))  # fails its check: a restore and a hash of it all
+  now = [0.0]
+  subscriber._clock = lambda: now[0]
+  restores = []
+  restore = subscriber._restore
+  subscriber._restore = lambda step, *args: restores.append(step) or restore(step, *args)
+  assert subscriber.poll()[1] == 1
+  for _ in range(5):  # a peer makes its entry change before every poll
+    (directory / "2" / weights.COMMITTED).touch()
+    (directory / "2" / "x").mkdir()
+    (directory / "2" / "x").rmdir()
+    assert subscriber.poll() is None
+  assert restores == [2, 1]  # tried once, then version 1 taken
+  now[0] += weights.DirectorySubscriber.RETRY_S
+  assert subscriber.poll() is None and restores == [2, 1, 2]
