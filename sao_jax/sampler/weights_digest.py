@@ -11,24 +11,28 @@ what is checked is exactly what is used, whatever a peer swaps in the directory
 while orbax reads it.
 
 Each learner host k of n writes, for version v of the run started at T (ns, the
-first host's clock when the publisher was made):
+first host's clock when the publisher was made, later than every run a head in
+the directory was signed for):
 
     signatures/<v>.<k>    "SAO-WEIGHTS1" | HMAC(K, "weights", payload) | payload
     signatures/<v>.head   "SAO-WEIGHTS1" | HMAC(K, "head", head) | head   (host 0 only)
 
-`payload` is JSON {"run": T, "version": v, "process": k, "processes": n,
-"leaves": {path: {"shape", "dtype", "boxes": [[box, sha256 hex], ...]}}}: for
-each leaf (`jax.tree_util.keystr` path) the boxes ([[start, stop] per axis]) of
-the shards host k holds as their replica 0, each with the SHA-256 of its bytes in
-C order; over all hosts the boxes of a leaf tile it exactly once. `head` is JSON
-{"run": T, "version": v, "processes": n}: a few bytes that a subscriber reads at
-every poll to order the versions it sees. A subscriber accepts a version when
-every host's file is signed by K for that (T, v), the boxes tile every leaf of its
-template (shapes and dtypes equal), and every box of the restored arrays hashes as
-signed. Without K nobody can make a version pass: that needs an HMAC-SHA256 forged
-or a SHA-256 second preimage. Versions order by (T, v): a
-version of an earlier run, validly signed and put back, is older than every
-version of the current run, so a sampler never returns to it.
+`payload` is JSON {"run": T, "version": v, "process": k, "leaves": {path: {"shape",
+"dtype", "boxes": [[box, sha256 hex], ...]}}}: for each leaf
+(`jax.tree_util.keystr` path) the boxes ([[start, stop] per axis]) of the shards
+host k holds as their replica 0, each with the SHA-256 of its bytes in C order;
+over all hosts the boxes of a leaf tile it exactly once. `head` is JSON
+{"run": T, "version": v, "processes": n}: a few bytes (a bigger file is refused,
+`MAX_HEAD_BYTES`) that a subscriber reads at every poll to order the versions it
+sees. A subscriber accepts a version when every host's file is signed by K for
+that (T, v), the boxes tile every leaf of its template (shapes and dtypes equal),
+and every box of the restored arrays hashes as signed. Without K nobody can make
+a version pass: that needs an HMAC-SHA256 forged or a SHA-256 second preimage.
+Versions order by (T, v): a version of an earlier run, validly signed and put
+back, is older than every version of the current run, so a sampler never
+returns to it. The learner writes and deletes signatures only through the real
+`signatures` directory, opened without following a link (`write_file`,
+`delete_files`): a peer's link there must not take it elsewhere on its host.
 """
 
 from __future__ import annotations
