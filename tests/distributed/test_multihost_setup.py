@@ -8,7 +8,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from sao_jax import checkpoint, distributed, storage
 from sao_jax.config import CheckpointConfig, Config
-from sao_jax.sampler import weights
+from sao_jax.sampler import weights, weights_directory
 
 
 def test_no_cluster_settings_means_single_host():
@@ -70,7 +70,7 @@ def test_bucket_urls_reach_orbax_intact(monkeypatch):
   monkeypatch.setattr(checkpoint.ocp, "CheckpointManager", FakeManager)
   # The weights publisher lists the bucket itself (earlier versions, signed heads).
   listed = []
-  monkeypatch.setattr(weights, "_names",  # an empty bucket
+  monkeypatch.setattr(weights_directory, "_names",  # an empty bucket
                       lambda directory: listed.append(str(directory)) or [])
   cfg = Config(checkpoint=CheckpointConfig(directory="gs://bucket/run/checkpoints"))
   checkpointer = checkpoint.Checkpointer(cfg)

@@ -17,7 +17,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from sao_jax.data import sealed
-from sao_jax.sampler import weights, weights_digest, worker
+from sao_jax.sampler import weights, weights_digest, weights_directory, worker
 
 SECRET = b"s" * 32
 
@@ -295,7 +295,7 @@ def test_a_bare_directory_at_the_next_versions_name_does_not_skip_it(channel, mo
   publisher.publish(params(1.0), version=1)
   assert subscriber.poll()[1] == 1
   (directory / "2").mkdir()  # planted before the learner publishes 2, as if committed
-  (directory / "2" / weights.COMMITTED).write_text("")
+  (directory / "2" / weights_directory.COMMITTED).write_text("")
   save = publisher._manager.save
 
   def save_after_a_poll(*args, **kwargs):  # a sampler polls while the learner saves
@@ -330,7 +330,7 @@ def test_a_restarted_learner_whose_clock_is_behind_still_follows_the_run_before(
   saved = tmp_path / "saved"  # what a peer kept of the earlier run
   shutil.copytree(directory, saved)
   with monkeypatch.context() as patch:  # restarted on a host whose clock is an hour behind
-    patch.setattr(weights.time, "time_ns", lambda: first._run - 3600 * 10**9)
+    patch.setattr(weights_directory.time, "time_ns", lambda: first._run - 3600 * 10**9)
     second = weights.DirectoryWeights(directory, params(0.0), SECRET)
   second.publish(params(1.0), version=1)
   shutil.copytree(saved / "6", directory / "6")  # the earlier run's version, put back
@@ -386,7 +386,7 @@ def test_a_failed_version_touched_at_every_poll_is_restored_at_most_every_retry_
   subscriber._restore = lambda step, *args: restores.append(step) or restore(step, *args)
   assert subscriber.poll()[1] == 1
   for _ in range(5):  # a peer makes its entry change before every poll
-    (directory / "2" / weights.COMMITTED).touch()
+    (directory / "2" / weights_directory.COMMITTED).touch()
     (directory / "2" / "x").mkdir()
     (directory / "2" / "x").rmdir()
     assert subscriber.poll() is None
