@@ -121,21 +121,29 @@ def read_small(path: pathlib.Path, limit: int) -> bytes | None:
     return None
 
 
-def write_atomic(path: pathlib.Path, data: bytes) -> None:
+def write_atomic(path: pathlib.Path, data: bytes, *, dir_fd: int | None = None) -> None:
   """Writes `data` to `path` through a temporary file and a rename, so a reader sees the
   old file or the new one, never part of one. The temporary name is random and created
   afresh (a peer cannot guess it, and a link or FIFO it put there anyway is never
   written through); a directory a peer put at `path`, which a rename cannot replace,
-  is moved aside to a hidden name first."""
+  is moved aside to a hidden name first. With `dir_fd` (a directory opened without
+  following a link), `path` is a name in that directory: nothing is written through a
+  link a peer put in place of the directory."""
+  path = pathlib.Path(path)
   tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+  at = {"src_dir_fd": dir_fd, "dst_dir_fd": dir_fd}
   try:
-    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb") as file:
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666, dir_fd=dir_fd),
+              "wb") as file:
       file.write(data)
     try:
-      tmp.rename(path)
+      os.rename(tmp, path, **at)
     except IsADirectoryError:
-      path.rename(path.with_name(f".{path.name}.{uuid.uuid4().hex}.moved"))
-      tmp.rename(path)
+      os.rename(path, path.with_name(f".{path.name}.{uuid.uuid4().hex}.moved"), **at)
+      os.rename(tmp, path, **at)
   except BaseException:
-    tmp.unlink(missing_ok=True)
+    try:
+      os.unlink(tmp, dir_fd=dir_fd)
+    except FileNotFoundError:
+      pass
     raise

@@ -17,11 +17,11 @@ plus a picklable subscriber spec that a sampler process turns into a subscriber:
   still attached keep their mapping; they die with that learner anyway.
   Publishers given another `block_prefix` create and reclaim only the blocks
   of that prefix (tests running side by side each use their own).
-- `DirectoryWeights` (many hosts): each version is an orbax checkpoint in a
-  shared directory or bucket (written to a temporary name, renamed when
-  complete), signed by every learner host (`weights_digest`); subscribers
-  restore the newest one and check the arrays they restored against the
-  signatures before they use them.
+- `DirectoryWeights` (many hosts, `weights_directory`): each version is an orbax
+  checkpoint in a shared directory or bucket (written to a temporary name,
+  renamed when complete), signed by every learner host (`weights_digest`);
+  subscribers restore the newest one and check the arrays they restored
+  against the signatures before they use them.
 - `NetworkWeights` (`weights_net`, learner and samplers on different JAX
   clusters): every learner host serves its shards over TCP; subscribers
   (`weights_fetch`) fetch from every host, verify checksums and assemble the arrays on host.
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import pathlib
 import secrets
 import time
 from multiprocessing import shared_memory
@@ -39,12 +38,13 @@ from typing import Any
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 
-from sao_jax import distributed, run_secret
+from sao_jax import run_secret
 from sao_jax.storage import storage_path
 from sao_jax.config import SamplerConfig
-from sao_jax.sampler import weights_digest, weights_fetch, weights_net
+from sao_jax.sampler import weights_fetch, weights_net
+from sao_jax.sampler.weights_directory import (DirectorySpec, DirectorySubscriber,
+                                               DirectoryWeights)
 
 _HEADER_WORDS = 8  # [latest_slot, version_0, version_1, seq_0, seq_1, ...]
 _HEADER_BYTES = _HEADER_WORDS * 8
@@ -200,158 +200,6 @@ class SharedMemorySubscriber:
   def close(self) -> None:
     del self._header
     self._shm.close()
-
-
-@dataclasses.dataclass(frozen=True)
-class DirectorySpec:
-  directory: str
-  template: Any  # pytree of jax.ShapeDtypeStruct
-  secret: bytes = dataclasses.field(kw_only=True, repr=False)  # checks signatures (weights_digest)
-
-
-def _run_start() -> int:
-  """This run's start (ns), the first learner host's clock on every host: the run that
-  orders the versions a subscriber sees (`weights_digest`). All hosts call it."""
-  started = time.time_ns().to_bytes(8, "big")
-  return int.from_bytes(distributed.from_first_host(started) if jax.process_count() > 1
-                        else started, "big")
-
-
-class DirectoryWeights:
-  """Publisher: one orbax checkpoint per version under `directory` (keeps the last 2),
-  each signed by every learner host before it is saved (`weights_digest`).
-
-  `secret` is the run's (`run_secret.for_run`; every learner host must hold the same),
-  else a fresh one, which same-host samplers inherit through `spec`. Made, it deletes
-  the versions an earlier run left in the directory: orbax would keep those, if
-  numbered higher, in place of this run's new ones.
-  """
-
-  def __init__(self, directory: str | pathlib.Path, template: Any, secret: bytes | None = None):
-    if secret is None and jax.process_count() > 1:
-      raise ValueError("DirectoryWeights: a learner of several hosts needs the run's secret "
-                       "(run_secret.for_run), the same on every host")
-    self._secret = secret or secrets.token_bytes(32)
-    self._manager = ocp.CheckpointManager(
-        storage_path(directory),
-        options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True,
-                                             enable_async_checkpointing=False))
-    if jax.process_index() == 0:
-      for step in self._manager.all_steps():
-        self._manager.delete(step)
-    self._run = _run_start()  # on several hosts also a barrier: after the deletions
-    self._signatures = storage_path(directory) / weights_digest.SIGNATURES
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), template)
-    self.spec = DirectorySpec(str(storage_path(directory)), abstract, secret=self._secret)
-
-  def publish(self, params: Any, version: int) -> None:
-    signature = weights_digest.sign(self._secret, params, run=self._run, version=version)
-    weights_digest.write_file(
-        self._signatures / weights_digest.signature_name(version, jax.process_index()), signature)
-    if jax.process_index() == 0:
-      weights_digest.write_file(
-          self._signatures / weights_digest.signature_name(version, None),
-          weights_digest.sign_head(self._secret, run=self._run, version=version,
-                                   processes=jax.process_count()))
-    self._manager.save(version, args=ocp.args.StandardSave(params), force=True)
-    self._forget_signatures()
-
-  def _forget_signatures(self) -> None:
-    """Deletes this host's signatures of versions orbax no longer keeps (host 0: every
-    file there that signs no kept version, whoever put it)."""
-    kept = {str(step) for step in self._manager.all_steps()}
-    mine = {str(jax.process_index()), "head"}
-    for path in self._signatures.iterdir():
-      version, _, owner = path.name.partition(".")
-      if version not in kept and (owner in mine or jax.process_index() == 0):
-        try:
-          path.unlink()
-        except (FileNotFoundError, IsADirectoryError, PermissionError):
-          pass  # deleted meanwhile, or a peer's directory: it signs nothing
-
-  def close(self) -> None:
-    self._manager.close()
-
-
-class DirectorySubscriber:
-  """Restores the newest version in the directory that restores and checks.
-
-  The directory is shared (a bucket several jobs write to), so a version there
-  may not restore (damaged files, a bare directory named like a step) or not
-  check (unsigned, signed without the run's secret, arrays other than the learner
-  signed: `weights_digest`). Such a version is skipped (`skipped`, version -> why)
-  for as long as its head stays the same, and the newest other one newer than ours
-  is taken, so the sampler keeps sampling instead of failing each poll. Versions
-  order by (run start, version): a restarted learner's version 0 is newer than
-  every version of the run before.
-  """
-
-  def __init__(self, spec: DirectorySpec):
-    self._spec = spec
-    self._manager = ocp.CheckpointManager(
-        spec.directory, options=ocp.CheckpointManagerOptions(read_only=True))
-    self._signatures = storage_path(spec.directory) / weights_digest.SIGNATURES
-    # Restored onto this process's first device, sharded as the sampler then places it.
-    # A target without shardings restores only what the same topology saved: a learner
-    # of several hosts' versions failed with "Topology mismatch" (skipped, every one).
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    self._target = jax.tree.map(
-        lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=device), spec.template)
-    self.run, self.version = -1, -1
-    self.skipped: dict[int, str] = {}  # version -> why it did not restore or check
-    self._skipped_heads: dict[int, bytes | None] = {}  # the head it had then
-    self._checkpointer = ocp.StandardCheckpointer()
-
-  def _read(self, version: int, process: int | None) -> bytes | None:
-    name = weights_digest.signature_name(version, process)
-    return weights_digest.read_file(self._signatures / name)
-
-  def poll(self) -> tuple[Any, int] | None:
-    self._manager.reload()
-    candidates = []
-    for step in self._manager.all_steps():
-      head = self._read(step, None)
-      if step in self.skipped and self._skipped_heads[step] == head:
-        continue
-      try:
-        run, processes = weights_digest.read_head(self._spec.secret, head, version=step)
-      except weights_digest.DigestError as error:
-        self._skip(step, head, str(error))
-        continue
-      if (run, step) > (self.run, self.version):
-        candidates.append((run, step, processes, head))
-    for run, step, processes, head in sorted(candidates, reverse=True):
-      try:
-        params = self._restore(step, run, processes)
-      except weights_digest.DigestError as error:
-        self._skip(step, head, str(error))
-        continue
-      # TensorStore, orbax, the filesystem: damaged files, a bare step directory.
-      except (ValueError, KeyError, OSError) as error:
-        self._skip(step, head, f"{type(error).__name__}: {str(error)[:300]}")
-        continue
-      self.run, self.version = run, step
-      return params, step
-    return None
-
-  def _skip(self, step: int, head: bytes | None, why: str) -> None:
-    self.skipped[step], self._skipped_heads[step] = why, head
-
-  def _restore(self, step: int, run: int, processes: int) -> Any:
-    """Version `step`, restored and checked against every host's signature."""
-    payloads = [weights_digest.read_signature(self._spec.secret, self._read(step, k),
-                                              version=step, process=k)
-                for k in range(processes)]
-    # Restored by its own checkpointer: a manager that met a bare step directory
-    # no longer restores any step (it infers the item layout from what it saw).
-    params = self._checkpointer.restore(self._manager.directory / str(step) / "default",
-                                        self._target)
-    weights_digest.verify(payloads, params, run=run)
-    return params
-
-  def close(self) -> None:
-    self._checkpointer.close()
-    self._manager.close()
 
 
 def make_publisher(cfg: SamplerConfig, template: Any, secret: bytes | None = None):

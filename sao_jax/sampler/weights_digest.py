@@ -11,35 +11,41 @@ what is checked is exactly what is used, whatever a peer swaps in the directory
 while orbax reads it.
 
 Each learner host k of n writes, for version v of the run started at T (ns, the
-first host's clock when the publisher was made):
+first host's clock when the publisher was made, later than every run a head in
+the directory was signed for):
 
     signatures/<v>.<k>    "SAO-WEIGHTS1" | HMAC(K, "weights", payload) | payload
     signatures/<v>.head   "SAO-WEIGHTS1" | HMAC(K, "head", head) | head   (host 0 only)
 
-`payload` is JSON {"run": T, "version": v, "process": k, "processes": n,
-"leaves": {path: {"shape", "dtype", "boxes": [[box, sha256 hex], ...]}}}: for
-each leaf (`jax.tree_util.keystr` path) the boxes ([[start, stop] per axis]) of
-the shards host k holds as their replica 0, each with the SHA-256 of its bytes in
-C order; over all hosts the boxes of a leaf tile it exactly once. `head` is JSON
-{"run": T, "version": v, "processes": n}: a few bytes that a subscriber reads at
-every poll to order the versions it sees. A subscriber accepts a version when
-every host's file is signed by K for that (T, v), the boxes tile every leaf of its
-template (shapes and dtypes equal), and every box of the restored arrays hashes as
-signed. Without K nobody can make a version pass: that needs an HMAC-SHA256 forged
-or a SHA-256 second preimage. Versions order by (T, v): a
-version of an earlier run, validly signed and put back, is older than every
-version of the current run, so a sampler never returns to it.
+`payload` is JSON {"run": T, "version": v, "process": k, "leaves": {path: {"shape",
+"dtype", "boxes": [[box, sha256 hex], ...]}}}: for each leaf
+(`jax.tree_util.keystr` path) the boxes ([[start, stop] per axis]) of the shards
+host k holds as their replica 0, each with the SHA-256 of its bytes in C order;
+over all hosts the boxes of a leaf tile it exactly once. `head` is JSON
+{"run": T, "version": v, "processes": n}: a few bytes (a bigger file is refused,
+`MAX_HEAD_BYTES`) that a subscriber reads at every poll to order the versions it
+sees. A subscriber accepts a version when every host's file is signed by K for
+that (T, v), the boxes tile every leaf of its template (shapes and dtypes equal),
+and every box of the restored arrays hashes as signed. Without K nobody can make
+a version pass: that needs an HMAC-SHA256 forged or a SHA-256 second preimage.
+Versions order by (T, v): a version of an earlier run, validly signed and put
+back, is older than every version of the current run, so a sampler never
+returns to it. The learner writes and deletes signatures only through the real
+`signatures` directory, opened without following a link (`write_file`,
+`delete_files`): a peer's link there must not take it elsewhere on its host.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import errno
 import hashlib
 import hmac
 import json
 import os
 import pathlib
-from typing import Any, Iterable
+import uuid
+from typing import Any, Callable, Iterable
 
 import jax
 import numpy as np
@@ -53,6 +59,9 @@ SIGNATURES = "signatures"  # the subdirectory of the weights directory that hold
 # A signature lists a box per shard: ~120 bytes each. 64 MiB covers 500k shards (a
 # 1000-leaf model over 512 devices); a peer's bigger file is refused unread.
 MAX_SIGNATURE_BYTES = 64 << 20
+# A head is ~60 bytes, read for every listed version at every poll: a peer's bigger file
+# is refused after this many bytes (64 MiB ones cost a poll seconds and kept GBs alive).
+MAX_HEAD_BYTES = 1024
 MAX_DEPTH = 8  # payload -> leaves -> leaf -> boxes -> [box, hex] -> box -> [start, stop]
 _HASH_THREADS = min(8, os.cpu_count() or 1)  # hashlib releases the GIL on large buffers
 
@@ -75,11 +84,12 @@ def _sealed(secret: bytes, label: bytes, payload: dict) -> bytes:
   return MAGIC + sealed.hmac_parts(secret, label, data) + data
 
 
-def _unsealed(secret: bytes, label: bytes, data: bytes | None, what: str) -> dict:
+def _unsealed(secret: bytes, label: bytes, data: bytes | None, what: str,
+              limit: int = MAX_SIGNATURE_BYTES) -> dict:
   if data is None:
     raise DigestError("unsigned", f"no {what}")
-  if len(data) > MAX_SIGNATURE_BYTES:
-    raise DigestError("bad_signature", f"{what} is over {MAX_SIGNATURE_BYTES} bytes")
+  if len(data) > limit:
+    raise DigestError("bad_signature", f"{what} is over {limit} bytes")
   head = len(MAGIC) + sealed.MAC_BYTES
   if len(data) < head or not data.startswith(MAGIC) or not hmac.compare_digest(
       data[len(MAGIC):head], sealed.hmac_parts(secret, label, data[head:])):
@@ -102,7 +112,7 @@ def sign_head(secret: bytes, *, run: int, version: int, processes: int) -> bytes
 
 def read_head(secret: bytes, data: bytes | None, *, version: int) -> tuple[int, int]:
   """(run, processes) of `version`'s head; DigestError unless K signed it for `version`."""
-  head = _unsealed(secret, b"head", data, f"head of version {version}")
+  head = _unsealed(secret, b"head", data, f"head of version {version}", MAX_HEAD_BYTES)
   run, processes = head.get("run"), head.get("processes")
   if (head.get("version") != version or type(run) is not int or type(processes) is not int
       or processes < 1):
@@ -248,11 +258,59 @@ def read_file(path: pathlib.Path | epath.Path, limit: int = MAX_SIGNATURE_BYTES)
     return None
 
 
-def write_file(path: pathlib.Path | epath.Path, data: bytes) -> None:
-  """Writes a signature whole: a local file through a rename (`sealed.write_atomic`);
-  a bucket object, which a reader sees whole or not at all, directly."""
-  path.parent.mkdir(parents=True, exist_ok=True)
-  if isinstance(path, pathlib.Path):
-    sealed.write_atomic(path, data)
+def _open_directory(path: pathlib.Path) -> int:
+  """A descriptor of the directory `path` (made if missing), opened without following a
+  link: a link (or file) a peer put there is moved aside to a hidden name first. Before,
+  `signatures` made a link to a host directory had the learner write there and delete
+  every file of it that signed no kept version."""
+  for _ in range(3):
+    try:
+      return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+      path.mkdir(exist_ok=True)
+    except OSError as error:  # ENOTDIR for a link or file (Linux), ELOOP elsewhere
+      if error.errno not in (errno.ENOTDIR, errno.ELOOP):
+        raise
+      path.rename(path.with_name(f".{path.name}.{uuid.uuid4().hex}.moved"))
+  raise OSError(f"{path}: not a directory after moving what was there aside twice (a peer "
+                "replaces it as fast); make the weights directory writable by the run alone")
+
+
+def write_file(directory: pathlib.Path | epath.Path, name: str, data: bytes) -> None:
+  """Writes a signature `name` in `directory` whole: a local file through a rename in the
+  directory opened without following a link (`sealed.write_atomic`); a bucket object,
+  which a reader sees whole or not at all, directly."""
+  if isinstance(directory, pathlib.Path):
+    fd = _open_directory(directory)
+    try:
+      sealed.write_atomic(pathlib.Path(name), data, dir_fd=fd)
+    finally:
+      os.close(fd)
   else:
-    path.write_bytes(data)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / name).write_bytes(data)
+
+
+def delete_files(directory: pathlib.Path | epath.Path, doomed: Callable[[str], bool]) -> None:
+  """Deletes the files of `directory` whose name is `doomed`, never through a link: a
+  local directory is opened without following one and its entries unlinked by name in
+  it (a link is removed, not what it names). Hidden names (a host's signature being
+  written, a peer's entry moved aside) are left alone; a subdirectory signs nothing."""
+  if not isinstance(directory, pathlib.Path):
+    for path in directory.iterdir() if directory.exists() else ():
+      if not path.name.startswith(".") and doomed(path.name):
+        try:
+          path.unlink()
+        except (FileNotFoundError, IsADirectoryError, PermissionError):
+          pass
+    return
+  fd = _open_directory(directory)
+  try:
+    for name in os.listdir(fd):
+      if not name.startswith(".") and doomed(name):
+        try:
+          os.unlink(name, dir_fd=fd)
+        except (FileNotFoundError, IsADirectoryError, PermissionError):
+          pass  # deleted meanwhile, or a peer's directory: it signs nothing
+  finally:
+    os.close(fd)

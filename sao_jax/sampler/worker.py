@@ -219,7 +219,10 @@ class _SkipLog:
     self._told: dict[int, str] = {}  # version -> why, as last logged
 
   def report(self, subscriber) -> None:
-    for version, why in getattr(subscriber, "skipped", {}).items():
+    skipped = getattr(subscriber, "skipped", {})
+    for version in set(self._told) - set(skipped):  # gone from the directory: its memory too
+      del self._told[version]
+    for version, why in skipped.items():
       if self._told.get(version) != why:
         self._told[version] = why
         self._log(f"weight version {version} skipped: {why}")

@@ -8,7 +8,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from sao_jax import checkpoint, distributed, storage
 from sao_jax.config import CheckpointConfig, Config
-from sao_jax.sampler import weights
+from sao_jax.sampler import weights, weights_directory
 
 
 def test_no_cluster_settings_means_single_host():
@@ -68,12 +68,17 @@ class FakeManager:
 
 def test_bucket_urls_reach_orbax_intact(monkeypatch):
   monkeypatch.setattr(checkpoint.ocp, "CheckpointManager", FakeManager)
+  # The weights publisher lists the bucket itself (earlier versions, signed heads).
+  listed = []
+  monkeypatch.setattr(weights_directory, "_names",  # an empty bucket
+                      lambda directory: listed.append(str(directory)) or [])
   cfg = Config(checkpoint=CheckpointConfig(directory="gs://bucket/run/checkpoints"))
   checkpointer = checkpoint.Checkpointer(cfg)
   assert str(checkpointer._manager.directory) == "gs://bucket/run/checkpoints"
   publisher = weights.DirectoryWeights("gs://bucket/run/weights", {"w": np.zeros(3)})
   assert str(publisher._manager.directory) == "gs://bucket/run/weights"
   assert publisher.spec.directory == "gs://bucket/run/weights"
+  assert set(listed) == {"gs://bucket/run/weights", "gs://bucket/run/weights/signatures"}
 
 
 def test_hosts_pad_their_rows_to_the_agreed_length():

@@ -5,7 +5,10 @@ found) play weights the learner never published.
 """
 
 import json
+import os
 import shutil
+import threading
+import types
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +17,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from sao_jax.data import sealed
-from sao_jax.sampler import weights, weights_digest
+from sao_jax.sampler import weights, weights_digest, weights_directory, worker
 
 SECRET = b"s" * 32
 
@@ -188,3 +191,205 @@ def test_a_version_saved_sharded_restores_on_one_device_and_checks(tmp_path):
   finally:
     subscriber.close()
     publisher.close()
+
+
+# A peer who can write the directory, without the secret: it must not lead the learner
+# outside the directory, crash or hang either side, or keep a sampler off a new version.
+
+
+def _victim(tmp_path):
+  victim = tmp_path / "victim"  # a directory of the learner's host, outside the channel
+  victim.mkdir()
+  for name in ("id_rsa", "notes.txt", "1.0", "7.head"):
+    (victim / name).write_text("precious")
+  return victim
+
+
+def test_signatures_made_a_link_never_lead_the_learner_outside(channel, tmp_path):
+  directory, publisher, subscriber = channel
+  victim = _victim(tmp_path)
+  (directory / "signatures").symlink_to(victim)  # before the first version
+  publisher.publish(params(1.0), version=1)
+  publisher.publish(params(2.0), version=2)
+  publisher.publish(params(3.0), version=3)
+  # Before: every file there that signed no kept version was deleted, ours written there.
+  assert sorted(p.name for p in victim.iterdir()) == ["1.0", "7.head", "id_rsa", "notes.txt"]
+  assert not (directory / "signatures").is_symlink()
+  tree, version = subscriber.poll()
+  assert (version, values(tree)) == (3, [3.0])
+
+
+def test_a_version_made_a_link_never_leads_the_learner_outside(tmp_path, monkeypatch):
+  # Orbax's deleter walks a step in parallel on hosts of 4+ cores, following a link.
+  monkeypatch.setattr("os.cpu_count", lambda: 8)
+  directory = tmp_path / "weights"
+  directory.mkdir()
+  victim = _victim(tmp_path)
+  (directory / "5").symlink_to(victim)  # an earlier run's version, as a peer left it
+  publisher = weights.DirectoryWeights(directory, params(0.0), SECRET)  # before: raised
+  subscriber = weights.subscribe(publisher.spec)
+  try:
+    publisher.publish(params(1.0), version=1)
+    shutil.rmtree(directory / "1")
+    (directory / "1").symlink_to(victim)  # a kept version, swapped after the save
+    (directory / "3").symlink_to(victim)  # the name of a version to come
+    for version in (2, 3, 4):  # before: the save of 3 raised
+      publisher.publish(params(float(version)), version=version)
+    assert sorted(p.name for p in victim.iterdir()) == ["1.0", "7.head", "id_rsa", "notes.txt"]
+    assert sorted(p.name for p in directory.iterdir() if not p.name.startswith(".")) == [
+        "3", "4", "signatures"]
+    tree, version = subscriber.poll()
+    assert (version, values(tree)) == (4, [4.0])
+  finally:
+    subscriber.close()
+    publisher.close()
+
+
+def test_a_fifo_or_endless_file_in_a_bare_version_does_not_hang_a_poll(channel):
+  directory, publisher, subscriber = channel
+  publisher.publish(params(1.0), version=1)
+  (directory / "8").mkdir()
+  (directory / "8" / "_CHECKPOINT_METADATA").write_text("{")  # (a link to /dev/zero: no end)
+  (directory / "9").mkdir()
+  os.mkfifo(directory / "9" / "_CHECKPOINT_METADATA")
+  got = []
+  poller = threading.Thread(target=lambda: got.append(subscriber.poll()), daemon=True)
+  poller.start()
+  poller.join(timeout=60)
+  try:
+    # Before: orbax's listing read every step's metadata, and waited for the FIFO's writer.
+    assert not poller.is_alive(), "a poll hung on a FIFO a peer put in a bare step"
+  finally:
+    if poller.is_alive():  # let the hung poll go
+      os.close(os.open(directory / "9" / "_CHECKPOINT_METADATA", os.O_WRONLY | os.O_NONBLOCK))
+  assert got[0][1] == 1 and sorted(subscriber.skipped) == [8, 9]
+
+
+def test_oversized_heads_are_read_no_further_and_gone_versions_forgotten(channel, monkeypatch):
+  directory, publisher, subscriber = channel
+  publisher.publish(params(1.0), version=1)
+  for step in range(2, 42):  # bare versions with 2 MiB heads
+    (directory / str(step)).mkdir()
+    head = directory / "signatures" / f"{step}.head"
+    head.write_bytes(weights_digest.MAGIC + b"x" * (2 << 20))
+  read = []
+  real_read_file = weights_digest.read_file
+  def read_file(*args, **kwargs):
+    read.append(real_read_file(*args, **kwargs))
+    return read[-1]
+
+  monkeypatch.setattr(weights_digest, "read_file", read_file)
+  assert subscriber.poll()[1] == 1
+  assert len(subscriber.skipped) == 40 and all(
+      "bad_signature" in why for why in subscriber.skipped.values())
+  # Before: 80 MiB read at every poll, and kept (the head of each skipped version).
+  assert sum(len(data or b"") for data in read) < 41 * 2048
+  for step in range(2, 42):  # a peer churning names: what is gone is forgotten
+    shutil.rmtree(directory / str(step))
+  assert subscriber.poll() is None and subscriber.skipped == {}
+
+
+def test_a_bare_directory_at_the_next_versions_name_does_not_skip_it(channel, monkeypatch):
+  monkeypatch.setattr(weights.DirectorySubscriber, "RETRY_S", 0.0)  # no wait to retry
+  directory, publisher, subscriber = channel
+  publisher.publish(params(1.0), version=1)
+  assert subscriber.poll()[1] == 1
+  (directory / "2").mkdir()  # planted before the learner publishes 2, as if committed
+  (directory / "2" / weights_directory.COMMITTED).write_text("")
+  save = publisher._manager.save
+
+  def save_after_a_poll(*args, **kwargs):  # a sampler polls while the learner saves
+    assert subscriber.poll() is None
+    return save(*args, **kwargs)
+
+  publisher._manager.save = save_after_a_poll
+  publisher.publish(params(2.0), version=2)
+  # Before: skipped for good (its head had not changed since the bare directory failed).
+  tree, version = subscriber.poll()
+  assert (version, values(tree)) == (2, [2.0]) and subscriber.skipped == {}
+
+
+def test_the_skip_log_forgets_versions_gone():
+  lines = []
+  skips = worker._SkipLog(lines.append)
+  subscriber = types.SimpleNamespace(skipped={3: "unsigned: no head of version 3"})
+  skips.report(subscriber)
+  skips.report(subscriber)
+  subscriber.skipped = {}
+  skips.report(subscriber)
+  assert lines == ["weight version 3 skipped: unsigned: no head of version 3"]
+  assert skips._told == {}  # before: one entry kept for every name a peer ever made
+
+
+def test_a_restarted_learner_whose_clock_is_behind_still_follows_the_run_before(
+    tmp_path, monkeypatch):
+  directory = tmp_path / "weights"
+  first = weights.DirectoryWeights(directory, params(0.0), SECRET)
+  first.publish(params(6.0), version=6)
+  first.close()
+  saved = tmp_path / "saved"  # what a peer kept of the earlier run
+  shutil.copytree(directory, saved)
+  with monkeypatch.context() as patch:  # restarted on a host whose clock is an hour behind
+    patch.setattr(weights_directory.time, "time_ns", lambda: first._run - 3600 * 10**9)
+    second = weights.DirectoryWeights(directory, params(0.0), SECRET)
+  second.publish(params(1.0), version=1)
+  shutil.copytree(saved / "6", directory / "6")  # the earlier run's version, put back
+  for path in (saved / "signatures").glob("6.*"):
+    shutil.copyfile(path, directory / "signatures" / path.name)
+  subscriber = weights.subscribe(second.spec)
+  try:
+    # Before: the run was the clock alone, so the earlier run's version 6 was the newer.
+    tree, version = subscriber.poll()
+    assert (version, values(tree)) == (1, [1.0])
+  finally:
+    subscriber.close()
+    second.close()
+
+
+def test_a_file_at_the_signatures_name_is_moved_aside(channel):
+  directory, publisher, subscriber = channel
+  (directory / "signatures").write_text("a peer's")  # before: every publish raised
+  publisher.publish(params(1.0), version=1)
+  assert subscriber.poll()[1] == 1
+  assert [p.read_text() for p in directory.glob(".signatures.*.moved")] == ["a peer's"]
+
+
+def test_a_fifo_in_a_signed_versions_files_does_not_hang_a_poll(channel):
+  directory, publisher, subscriber = channel
+  publisher.publish(params(1.0), version=1)
+  publisher.publish(params(2.0), version=2)
+  fifo = directory / "2" / "default" / "_METADATA"  # the learner's newest version
+  fifo.unlink()
+  os.mkfifo(fifo)
+  got = []
+  poller = threading.Thread(target=lambda: got.append(subscriber.poll()), daemon=True)
+  poller.start()
+  poller.join(timeout=60)
+  try:
+    assert not poller.is_alive(), "a poll hung on a FIFO a peer put in a signed version"
+  finally:
+    if poller.is_alive():  # let the hung poll go
+      os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+  assert got[0][1] == 1 and "not a regular file" in subscriber.skipped[2]
+
+
+def test_a_failed_version_touched_at_every_poll_is_restored_at_most_every_retry_s(channel):
+  directory, publisher, subscriber = channel
+  publisher.publish(params(1.0), version=1)
+  publisher.publish(params(2.0), version=2)
+  shutil.rmtree(directory / "2" / "default")
+  _plant(directory, 2, params(666.0))  # fails its check: a restore and a hash of it all
+  now = [0.0]
+  subscriber._clock = lambda: now[0]
+  restores = []
+  restore = subscriber._restore
+  subscriber._restore = lambda step, *args: restores.append(step) or restore(step, *args)
+  assert subscriber.poll()[1] == 1
+  for _ in range(5):  # a peer makes its entry change before every poll
+    (directory / "2" / weights_directory.COMMITTED).touch()
+    (directory / "2" / "x").mkdir()
+    (directory / "2" / "x").rmdir()
+    assert subscriber.poll() is None
+  assert restores == [2, 1]  # tried once, then version 1 taken
+  now[0] += weights.DirectorySubscriber.RETRY_S
+  assert subscriber.poll() is None and restores == [2, 1, 2]
