@@ -121,6 +121,12 @@ def read_small(path: pathlib.Path, limit: int) -> bytes | None:
     return None
 
 
+def hidden_name(path: pathlib.Path, tag: str) -> pathlib.Path:
+  """A fresh, unguessable hidden name beside `path` (`.<name>.<random>.<tag>`): where a
+  file is written before its rename, or what a peer put in the way is moved aside to."""
+  return path.with_name(f".{path.name}.{uuid.uuid4().hex}.{tag}")
+
+
 def write_atomic(path: pathlib.Path, data: bytes, *, dir_fd: int | None = None) -> None:
   """Writes `data` to `path` through a temporary file and a rename, so a reader sees the
   old file or the new one, never part of one. The temporary name is random and created
@@ -130,7 +136,7 @@ def write_atomic(path: pathlib.Path, data: bytes, *, dir_fd: int | None = None) 
   following a link), `path` is a name in that directory: nothing is written through a
   link a peer put in place of the directory."""
   path = pathlib.Path(path)
-  tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+  tmp = hidden_name(path, "tmp")
   at = {"src_dir_fd": dir_fd, "dst_dir_fd": dir_fd}
   try:
     with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666, dir_fd=dir_fd),
@@ -139,7 +145,7 @@ def write_atomic(path: pathlib.Path, data: bytes, *, dir_fd: int | None = None) 
     try:
       os.rename(tmp, path, **at)
     except IsADirectoryError:
-      os.rename(path, path.with_name(f".{path.name}.{uuid.uuid4().hex}.moved"), **at)
+      os.rename(path, hidden_name(path, "moved"), **at)
       os.rename(tmp, path, **at)
   except BaseException:
     try:

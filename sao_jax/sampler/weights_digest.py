@@ -44,7 +44,6 @@ import hmac
 import json
 import os
 import pathlib
-import uuid
 from typing import Any, Callable, Iterable
 
 import jax
@@ -271,7 +270,7 @@ def _open_directory(path: pathlib.Path) -> int:
     except OSError as error:  # ENOTDIR for a link or file (Linux), ELOOP elsewhere
       if error.errno not in (errno.ENOTDIR, errno.ELOOP):
         raise
-      path.rename(path.with_name(f".{path.name}.{uuid.uuid4().hex}.moved"))
+      path.rename(sealed.hidden_name(path, "moved"))
   raise OSError(f"{path}: not a directory after moving what was there aside twice (a peer "
                 "replaces it as fast); make the weights directory writable by the run alone")
 

@@ -28,6 +28,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from sao_jax import distributed
+from sao_jax.data import sealed
 from sao_jax.sampler import weights_digest
 from sao_jax.storage import storage_path
 
@@ -94,7 +95,7 @@ def _remove(path: pathlib.Path | epath.Path) -> None:
     if path.exists():  # a bucket: no links
       path.rmtree()
     return
-  hidden = path.with_name(f".{path.name}.{secrets.token_hex(8)}.deleted")
+  hidden = sealed.hidden_name(path, "deleted")
   try:
     os.rename(path, hidden)
   except FileNotFoundError:
