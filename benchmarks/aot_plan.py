@@ -12,11 +12,12 @@ one line per config:
           "estimated_mfu": ..., ...}
 
 `sampler_concurrency_gain`: episodes that fit per sampler host, paged (pages of
-sampler.kv_page_size, episodes of seq_len / 8 tokens on average) vs dense, at the
-dense cache's memory (`aot.paged_decode`); `paged_decode_gib_per_chip` (configs on
-the paged engine): its decode call compiled at that many slots over that memory. `hbm_fraction`
-is the largest program's per-device total over HBM (> 0.95 does not fit);
-`estimated_mfu` and `tokens_per_s` are compute-roofline bounds.
+sampler.kv_page_size, episodes of sampler.expected_episode_tokens on average, else
+seq_len / 8) vs dense, at the dense cache's memory (`aot.paged_decode`);
+`paged_decode_gib_per_chip` (configs on the paged engine): its decode call compiled
+at that many slots over that memory. `hbm_fraction` is the largest program's
+per-device total over HBM (> 0.95 does not fit); `estimated_mfu` and `tokens_per_s`
+are compute-roofline bounds.
 """
 
 from __future__ import annotations

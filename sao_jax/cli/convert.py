@@ -1,5 +1,6 @@
 """`sao-convert`: Hugging Face checkpoint directory <-> sao_jax params directory, for
-every architecture of `sao_jax.models.families` (Qwen3, Qwen3-MoE, Qwen2.5, Llama 3.x).
+every architecture of `sao_jax.models.families` (Qwen3, Qwen3-MoE, Qwen2.5, Llama 3.x,
+Gemma 3 text).
 
   sao-convert hf-to-sao --hf_dir ./Qwen3-0.6B --out ./params
   sao-convert sao-to-hf --params ./params --out ./exported [--tokenizer_dir ./Qwen3-0.6B]
