@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
+TPU_STAMP := $(VENV)/.installed-tpu
 
 .PHONY: test test-all bench demo clean bubblewrap
 
@@ -12,6 +13,12 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+## libtpu at jax's version (the `tpu` extra), for the benchmarks that compile for a TPU
+## topology on any machine (aot_plan.py, paged_prefill.py); no TPU needed.
+$(TPU_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,tpu]'
+	touch $(TPU_STAMP)
 
 ## bubblewrap: the kernel sandbox every tool call runs in (env.sandbox="bwrap");
 ## installed with apt-get when missing and root, else a message saying how; then
@@ -38,15 +45,16 @@ test: $(STAMP) bubblewrap
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=25
 
 ## test-all: every test, including those marked slow.
-test-all: $(STAMP)
+test-all: $(STAMP) bubblewrap
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=25 -m "slow or not slow"
 
 ## demo: the CPU demo (configs/demo_cpu.py) in a fresh runs/demo_cpu-<time> directory.
 demo: $(STAMP) bubblewrap
 	$(VENV)/bin/sao-train --config configs/demo_cpu.py --set run.run_dir=runs/demo_cpu-$$(date +%Y%m%d-%H%M%S)
 
-## bench: every benchmark in benchmarks/, each ending with a RESULT line.
-bench: $(STAMP)
+## bench: every benchmark in benchmarks/, each ending with a RESULT line (the coding
+## environment's needs bubblewrap, the TPU plans libtpu).
+bench: $(TPU_STAMP) bubblewrap
 	set -e; for script in benchmarks/*.py; do echo "== $$script"; $(PY) $$script; done
 
 clean:

@@ -2,7 +2,7 @@
 
     make demo            # = .venv/bin/sao-train --config configs/demo_cpu.py
 
-From scratch on a 2-core CPU in about 20 minutes: a byte-level BPE tokenizer is
+From scratch on a 2-core CPU in about 16 minutes (README, "Demo walk-through"): a byte-level BPE tokenizer is
 trained on the environment's texts, a 0.36M-parameter model gets a 400-step SFT
 warm-start on demonstrations, then SAO trains it for 60 steps with one sampler
 process streaming single rollouts. Half the demonstrations (a fixed per-task
