@@ -2,11 +2,11 @@
 
     make demo            # = .venv/bin/sao-train --config configs/demo_cpu.py
 
-From scratch on a 2-core CPU in about 16 minutes (README, "Demo walk-through"): a byte-level BPE tokenizer is
-trained on the environment's texts, a 0.36M-parameter model gets a 400-step SFT
-warm-start on demonstrations, then SAO trains it for 60 steps with one sampler
-process streaming single rollouts. Half the demonstrations (a fixed per-task
-draw, `env.demo_guess_rate`) come from a careless expert who answers at once
+From scratch on a 2-core CPU in about 16 minutes (README, "Demo walk-through"): a
+byte-level BPE tokenizer is trained on the environment's texts, a 0.36M-parameter
+model gets a 400-step SFT warm-start on demonstrations, then SAO trains it for 60
+steps with one sampler process streaming single rollouts. Half the demonstrations
+(a fixed per-task draw, `env.demo_guess_rate`) come from a careless expert who answers at once
 with the question's first number; the rest write a python block that prints
 the expression, read the tool output and answer in \\boxed{}. SFT imitates
 both: its policy calls the tool about half the time when sampled and never
