@@ -49,7 +49,7 @@ def warm_start(cfg: Config, out: pathlib.Path) -> dict:
 def main(argv: Sequence[str] | None = None) -> None:
   parser = argparse.ArgumentParser(prog="experiments.warm_start", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--config", required=True, help="a configs/experiments/<name>.py file")
+  parser.add_argument("--config", required=True, help="a config file, e.g. configs/experiments/tool_math.py")
   parser.add_argument("--seed", type=int, required=True, help="model init and task stream seed")
   parser.add_argument("--out", required=True, help="output directory")
   parser.add_argument("--set", dest="overrides", action="append", default=[],
