@@ -45,10 +45,16 @@ TENSORBOARD_DIR = "tensorboard"
 
 # Engine finish reasons of a turn cut by a length limit (sao_jax.sampler.engine).
 LENGTH_CUTS = ("max_new_tokens", "max_seq_len")
+# Lags with a histogram key of their own (`staleness/lag_0` ...); longer ones share
+# `staleness/lag_16_plus`, so a large data.max_lag (or a peer's records claiming an
+# old first version) cannot add a metric key per lag seen: every row and TensorBoard
+# series, for the rest of the run.
+LAG_KEYS = 16
 
 
 def batch_metrics(info: BatchInfo, drops: Drops) -> dict[str, float]:
-  """Host-side metrics of a batch: staleness histogram, version spans, drops so far,
+  """Host-side metrics of a batch: staleness histogram (`staleness/lag_k`, lags of
+  `LAG_KEYS` and more counted together), version spans, drops so far,
   and the share of episodes that ended by the turn budget (`episodes/max_turns_frac`)
   or by a length limit: out of context, or a last turn cut at max_new_tokens /
   max_seq_len (`episodes/length_cut_frac`), and the share in which the environment
@@ -59,8 +65,11 @@ def batch_metrics(info: BatchInfo, drops: Drops) -> dict[str, float]:
                                           if info.version_spans.size else 0.0,
          "batch/padding_rows": float(info.padding_rows),
          "batch/mean_length": float(np.mean(info.lengths)) if info.lengths.size else 0.0}
-  for lag in range(int(out["staleness/max"]) + 1):
+  top = int(out["staleness/max"])
+  for lag in range(min(top, LAG_KEYS - 1) + 1):
     out[f"staleness/lag_{lag}"] = float(np.sum(info.lags == lag))
+  if top >= LAG_KEYS:
+    out[f"staleness/lag_{LAG_KEYS}_plus"] = float(np.sum(info.lags >= LAG_KEYS))
   if info.ends:
     out["episodes/max_turns_frac"] = float(np.mean([end == "max_turns" for end, _ in info.ends]))
     out["episodes/length_cut_frac"] = float(np.mean(

@@ -238,3 +238,20 @@ def test_the_metrics_count_episodes_that_ran_a_tool_whatever_a_peer_wrote():
   _, info = next(it)
   assert info.tool_calls == (2, 0, 1, 0, 0, 0, 0, 0)
   assert batch_metrics(info, drops)["episodes/tool_call_frac"] == 0.25
+
+
+def test_the_staleness_histogram_has_a_fixed_set_of_keys_whatever_the_lags():
+  """Before: one `staleness/lag_k` key for every k up to the largest lag in the batch, so
+  with a large data.max_lag, records claiming an old first version (a peer's, or just a
+  slow sampler) added thousands of keys to every metrics row and TensorBoard."""
+  from sao_jax.metrics import LAG_KEYS, batch_metrics
+  trajs = [make_traj(seed=s, versions=(v, 10_000)) for s, v in enumerate((10_000, 9_999, 0))]
+  it, drops = build(trajs, batch_size=3, max_lag=100_000, step=10_000)
+  _, info = next(it)
+  metrics = batch_metrics(info, drops)
+  lag_keys = {k for k in metrics if k.startswith("staleness/lag_")}
+  assert lag_keys == {f"staleness/lag_{k}" for k in range(LAG_KEYS)} | {
+      f"staleness/lag_{LAG_KEYS}_plus"}
+  assert metrics["staleness/lag_0"] == metrics["staleness/lag_1"] == 1
+  assert metrics[f"staleness/lag_{LAG_KEYS}_plus"] == 1 and metrics["staleness/max"] == 10_000
+  assert sum(metrics[k] for k in lag_keys) == 3  # experiments.runs counts trained trajectories
