@@ -6,7 +6,8 @@ column's text, the answer column read as `answer_format`
 (`envs.math.answers.reference_answer`: GSM8K's `#### 72`, MATH's `\\boxed{}`,
 AIME's integers), the id column's value (text or integer) or `<name>:<row>`,
 the source column's value or the dataset's name. A bad cell (missing value,
-empty prompt, an answer not in the format) raises ValueError naming the file,
+empty prompt, an answer not in the format, an id or source longer than
+`MAX_LABEL_CHARS`) raises ValueError naming the file,
 the row's index in it, the column and the value: no row is skipped. Rows are
 checked when read; `sao-eval` reads them all.
 
@@ -30,6 +31,7 @@ from sao_jax.envs.math import answers
 
 _OPENERS = {"parquet": tables.open_parquet, "hf_disk": tables.open_saved_dataset}
 _SHOWN_CHARS = 200  # of a bad value in an error message
+MAX_LABEL_CHARS = 256  # of an id or source cell
 
 
 class TaskTable:
@@ -76,12 +78,16 @@ def _cell(row: tables.Row, column: str):
 
 
 def _label(row: tables.Row, column: str) -> str:
-  """An id or source cell: non-empty text, or an integer."""
+  """An id or source cell: non-empty text of at most MAX_LABEL_CHARS, or an integer."""
   value = _cell(row, column)
   if isinstance(value, int) and not isinstance(value, bool):
     return str(value)
   if not isinstance(value, str) or not value:
     _bad(row, column, "expected non-empty text or an integer")
+  if len(value) > MAX_LABEL_CHARS:
+    _bad(row, column, f"{len(value)} characters, more than the {MAX_LABEL_CHARS} an id or "
+                      "source may have (it names the task in every trajectory, log line, "
+                      "transcript and report)")
   return value
 
 

@@ -149,6 +149,13 @@ def test_bad_rows_name_file_row_column_and_value(tmp_path):
   message = _error(tmp_path, {"problem": ["x"], "answer": pa.array([3], pa.int64())},
                    answer_format="gsm8k")
   assert "row 0, column 'answer'" in message and "answer_format='plain'" in message
+  # Before: any length, copied into every trajectory, log line, transcript and report row.
+  for column in ("id", "source"):
+    message = _error(tmp_path, {"problem": ["x", "y"], "answer": ["1", "2"],
+                                column: ["ok", "z" * (dataset_tasks.MAX_LABEL_CHARS + 1)]},
+                     **{f"{column}_column": column})
+    assert f"row 1, column '{column}'" in message
+    assert "257 characters, more than the 256" in message
 
 
 def test_missing_column_lists_the_file_columns(tmp_path):
