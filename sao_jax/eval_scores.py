@@ -25,6 +25,10 @@ import dataclasses
 import math
 from typing import Iterable, Sequence
 
+from sao_jax.log_text import untrusted
+
+SOURCE_CHARS = 60  # of a source's name in `format_table`
+
 
 @dataclasses.dataclass(frozen=True)
 class TaskScore:
@@ -70,9 +74,14 @@ def summarize(scores: Iterable[TaskScore], ks: Sequence[int]) -> dict:
 
 
 def format_table(summary: dict) -> str:
-  """The summary as a fixed-width text table: one row per source, then `all`."""
+  """The summary as a fixed-width text table: one row per source, then `all`.
+
+  A source's name is a dataset cell (`env.dataset.source_column`): shown as one
+  printable line (`log_text.untrusted`), its first `SOURCE_CHARS` characters, so a
+  cell can neither drive the terminal nor widen every row; the report keeps it whole.
+  """
   columns = list(summary["overall"])
-  rows = [(name, group) for name, group in summary["sources"].items()]
+  rows = [(untrusted(name, SOURCE_CHARS), group) for name, group in summary["sources"].items()]
   rows.append(("all", summary["overall"]))
   width = max(len("source"), *(len(name) for name, _ in rows))
   widths = [max(10, len(c)) + 2 for c in columns]

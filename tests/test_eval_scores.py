@@ -52,6 +52,19 @@ def test_summary_per_source_and_table():
   assert table[3].split() == ["gsm8k", "2", "0.5000", "1", "0.6250", "0.6250", "0.7500"]
 
 
+def test_a_dataset_s_source_names_cannot_drive_the_terminal_or_widen_the_table():
+  # sao-eval printed the source column's cells raw: a dataset file could erase the
+  # table's lines and print its own ("all  1.0000"), or make every row a megabyte wide.
+  forged = "\x1b[1A\x1b[2K\rall 100 1.0000 0\n\x1b]52;c;cm0gLXJmIH4=\x07"
+  summary = eval_scores.summarize([TaskScore(forged, False), TaskScore("x" * 1_000_000, True)],
+                                  ks=())
+  table = eval_scores.format_table(summary)
+  assert "\x1b" not in table and "\r" not in table and "\\x1b]52;c;" in table
+  lines = table.splitlines()
+  assert len(lines) == 5 and max(map(len, lines)) < 200
+  assert [line.split()[0] for line in lines[2:]][-1] == "all"
+
+
 def test_greedy_only_summary_has_no_sampled_metrics():
   summary = eval_scores.summarize([TaskScore("a", True), TaskScore("a", False)], ks=())
   assert summary["overall"] == {"tasks": 2, "greedy_pass@1": 0.5, "failures": 0}

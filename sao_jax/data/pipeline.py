@@ -42,8 +42,9 @@ pretraining, critic warm-up), when the policy does not change. Nothing is droppe
 trajectory says about itself is bounded there: environment failures are also
 counted by their `info["failure_kind"]` for the first `MAX_FAILURE_KINDS` kinds
 (later ones as `env_failure/other`), and an example keeps at most
-`MAX_EXAMPLE_CHARS` characters, so a peer's records cannot add metric keys, log
-lines or memory without end.
+`MAX_EXAMPLE_CHARS` characters with its control characters escaped, so a peer's
+records cannot add metric keys, log lines or memory without end, nor write escape
+sequences or forged lines into the learner's log.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ import numpy as np
 
 from sao_jax.data import records
 from sao_jax.data.records import Trajectory
+from sao_jax.log_text import untrusted
 from sao_jax.types import Batch
 
 
@@ -67,7 +69,9 @@ MAX_EXAMPLE_CHARS = 300
 
 class Drops(collections.Counter):
   """Rejected trajectories by reason ('stale', 'env_failure', 'nan_logp', ...), and
-  `examples[reason]`: a detail of the latest one (the failure text, the lag)."""
+  `examples[reason]`: a detail of the latest one (the failure text, the lag), as one
+  printable line (`log_text.untrusted`: the learner logs it, and a sampler's failure
+  text can hold whatever the policy, a tool or a peer wrote)."""
 
   def __init__(self):
     super().__init__()
@@ -76,7 +80,7 @@ class Drops(collections.Counter):
   def add(self, reason: str, count: int, example: str) -> None:
     """Counts `count` drops for `reason`; `example` (cut to MAX_EXAMPLE_CHARS) says why."""
     self[reason] += count
-    self.examples[reason] = example[:MAX_EXAMPLE_CHARS]
+    self.examples[reason] = untrusted(example[:MAX_EXAMPLE_CHARS])
 
 
 @dataclasses.dataclass

@@ -73,6 +73,7 @@ import uuid
 from sao_jax import run_secret
 from sao_jax.data import records, sealed
 from sao_jax.data.records import Trajectory
+from sao_jax.log_text import untrusted
 
 
 class TransportClosed(Exception):
@@ -300,9 +301,9 @@ class DirectoryTransport:
     self.drops[key] += 1
     examples = getattr(self.drops, "examples", None)
     if examples is not None:
-      # A name is any bytes a peer chose; the log prints the example.
+      # A name is any bytes a peer chose (escape sequences, line breaks); the log prints it.
       name = os.fsencode(path.name).decode(errors="backslashreplace")
-      examples[key] = f"{name}: {detail}"[:300]
+      examples[key] = untrusted(f"{name}: {detail}"[:300])
 
   def _ready(self) -> list[tuple[pathlib.Path, re.Match]]:
     """This reader's records, oldest first; stray names are quarantined on the way."""

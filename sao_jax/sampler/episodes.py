@@ -33,16 +33,17 @@ One episode's fault is never the runner's: any exception from `env.reset`,
 an observation ends that episode as an environment failure with
 `info["failure_kind"]` = the exception's type (environment-declared failures
 get `ENV_DECLARED`), which the learner counts as `dropped/env_failure/<kind>`.
-`failures` counts them here too; the first traceback of each kind is logged,
-later ones only counted. An episode that fails before it reaches the engine
-still yields a (token-less) failed trajectory, so a GRPO group stays complete.
+`failures` counts them here too; the first traceback of each kind is logged
+(its messages escaped, `log_text.traceback_text`: they can quote the policy's
+text, a judge's reply or a tool's output), later ones only counted. An episode
+that fails before it reaches the engine still yields a (token-less) failed
+trajectory, so a GRPO group stays complete.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import traceback
 from typing import Callable, Iterator
 
 import jax
@@ -51,6 +52,7 @@ import numpy as np
 from sao_jax.chat import ChatFormat, TurnTextError
 from sao_jax.data.records import Trajectory
 from sao_jax.envs.base import Environment, Message, Task
+from sao_jax.log_text import traceback_text
 from sao_jax.config import ModelConfig, SamplerConfig
 from sao_jax.models.transformer import Params
 from sao_jax.sampler.engine import Engine, Turn, stop_token_ids
@@ -195,7 +197,9 @@ class EpisodeRunner:
   def _log_once(self, key: str, text: str, error: Exception) -> None:
     if key not in self._logged:
       self._logged.add(key)
-      self._log(f"{text}:\n" + "".join(traceback.format_exception(error, limit=-20)))
+      # The message can hold policy text (a parser quoting it), a judge's reply or a
+      # tool's output: escaped, so it cannot forge log lines or drive the terminal.
+      self._log(f"{text}:\n" + traceback_text(error, limit=-20))
 
   def _fail(self, episode_id: int, stage: str, error: Exception) -> Trajectory:
     failure = self._failure(stage, self._live[episode_id].task, error)

@@ -24,7 +24,7 @@ hostile network; run the channel on a private network.)
 
 Every violation raises `PeerError` with a short `reason`, which each side
 counts in its `stats` (`count_error`, logged at 1, 2, 4, 8, ... occurrences so
-a hostile peer cannot flood the log).
+a hostile peer cannot flood the log, with what the peer sent escaped).
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ import jax
 import numpy as np
 
 from sao_jax import bounded_json
+from sao_jax.log_text import untrusted
 
 PROTOCOL = 2
 LENGTH = struct.Struct("!Q")
@@ -67,11 +68,13 @@ class PeerError(Exception):
 
 
 def count_error(stats: collections.Counter, error: PeerError, peer: str) -> None:
-  """Counts `error` under its reason; logs the 1st, 2nd, 4th, 8th, ... of each reason."""
+  """Counts `error` under its reason; logs the 1st, 2nd, 4th, 8th, ... of each reason,
+  its message escaped (`log_text.untrusted`): it quotes what the peer sent."""
   stats[error.reason] += 1
   count = stats[error.reason]
   if count & (count - 1) == 0:
-    log.warning("weight channel: %s: %s (%s #%d)", peer, error, error.reason, count)
+    log.warning("weight channel: %s: %s (%s #%d)", peer, untrusted(error, 500), error.reason,
+                count)
 
 
 def _mac(secret: bytes, label: bytes, *parts: bytes) -> bytes:

@@ -51,11 +51,11 @@ import queue
 import signal
 import sys
 import time
-import traceback
 from typing import Any, Callable
 
 from sao_jax.config import Config
 from sao_jax.data.transport import TransportClosed
+from sao_jax.log_text import traceback_text, untrusted
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # Waits before polling a weight channel again after it failed (module docstring).
@@ -112,9 +112,10 @@ def process_main(run: Callable[[WorkerSpec, Callable[[], bool]], None], spec: Wo
   code = 0
   try:
     run(spec, alive)
-  except Exception:  # report, then die: the supervisor restarts us
+  except Exception as error:  # report, then die: the supervisor restarts us
     code = 1
-    report = traceback.format_exc()
+    # Messages escaped: a peer's file name or reply can be in them, and the learner logs it.
+    report = traceback_text(error)
     print(f"sampler {spec.worker_id} failed:\n{report}", file=sys.stderr)
     errors.put((spec.worker_id, report))
     # One report fits the pipe, so this returns without a reader.
@@ -210,13 +211,20 @@ def run_sampler(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
 
 
 class _SkipLog:
-  """Logs each version a subscriber skipped (`DirectorySubscriber.skipped`: it did not
+  """Reports each version a subscriber skipped (`DirectorySubscriber.skipped`: it did not
   restore, or did not check against the learner's signatures) once, with why: a sampler
-  that never adopts a version says so instead of waiting in silence."""
+  that never adopts a version says so instead of waiting in silence.
+
+  A peer who can write the weights directory makes one report per version directory it
+  plants (and again after churning the name), so only the 1st, 2nd, 4th, 8th, ... report
+  is logged, with the count so far (as `weights_wire.count_error` logs peer errors), and
+  `why` (an error message about the peer's files) is escaped (`log_text.untrusted`).
+  """
 
   def __init__(self, log: Callable[[str], None]):
     self._log = log
-    self._told: dict[int, str] = {}  # version -> why, as last logged
+    self._told: dict[int, str] = {}  # version -> why, as last reported
+    self.reports = 0
 
   def report(self, subscriber) -> None:
     skipped = getattr(subscriber, "skipped", {})
@@ -225,7 +233,10 @@ class _SkipLog:
     for version, why in skipped.items():
       if self._told.get(version) != why:
         self._told[version] = why
-        self._log(f"weight version {version} skipped: {why}")
+        self.reports += 1
+        if self.reports & (self.reports - 1) == 0:
+          self._log(f"weight version {version} skipped: {untrusted(why, 500)} "
+                    f"(skipped version #{self.reports}; logged at 1, 2, 4, 8, ...)")
 
 
 class _Reconnect:
@@ -244,8 +255,8 @@ class _Reconnect:
     except ConnectionError as error:
       self._wait = min(max(2 * self._wait, _RECONNECT_FIRST_S), _RECONNECT_MAX_S)
       self._retry_at = self._clock() + self._wait
-      self._log(f"weight channel unavailable ({error}); sampling on with the current "
-                f"weights, polling again in {self._wait:.0f} s")
+      self._log(f"weight channel unavailable ({untrusted(error, 500)}); sampling on with the "
+                f"current weights, polling again in {self._wait:.0f} s")
       return None
     self._wait = 0.0
     return got

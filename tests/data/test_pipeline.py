@@ -117,6 +117,20 @@ def test_drops_keep_an_example_of_each_reason():
   assert drops.examples == {"env_failure": "sandbox crashed", "stale": "lag 5"}
 
 
+def test_a_failure_text_holding_escape_sequences_is_kept_as_one_printable_line():
+  # The learner logs the example (train.py: "dropping trajectories: ..."); a failure text
+  # a peer wrote, or an exception message holding policy text, reached the terminal raw:
+  # an OSC 52 clipboard write, a line erased and a forged progress line.
+  text = "\x1b]52;c;cm0gLXJmIH4=\x07\x1b[2K\rok\nstep 1000/1000 | reward 1.000 \u202e"
+  it, drops = build([make_traj(env_failure=text, info={"task": text}),
+                     make_traj(seed=3, length=40, info={"task": text}),
+                     make_traj(seed=1), make_traj(seed=2)])
+  next(it)
+  for example in (drops.examples["env_failure"], drops.examples["too_long"]):
+    assert example.isprintable() and "\\x1b]52;c;" in example, example
+    assert "\\nstep 1000/1000" in example and "\\u202e" in example
+
+
 def test_a_record_from_a_policy_the_learner_never_made_is_dropped():
   """Versions past the learner's (a peer's forgery, or records a crashed run wrote
   after the checkpoint it resumes from) were admitted with a negative lag."""

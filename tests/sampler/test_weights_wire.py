@@ -356,3 +356,17 @@ def test_hostile_server_is_counted_not_a_crash(reply, reason):
   finally:
     subscriber.close()
     listener.close()
+
+
+def test_what_an_unauthenticated_peer_sends_reaches_the_learner_log_escaped(publisher, caplog):
+  """Before: anyone who could reach the port sent a JSON string as its hello, and the
+  learner's warning quoted it raw: an OSC 52 clipboard write, an erased line and a
+  forged progress line on the operator's terminal."""
+  hello = "\x1b]52;c;cm0gLXJmIH4=\x07\x1b[2K\r\nstep 1000/1000 | reward 1.000"
+  with caplog.at_level(logging.WARNING):
+    with socket.create_connection(publisher.address.split(":")) as sock:
+      sock.sendall(frame(json.dumps(hello).encode()))
+      assert closed_by_peer(sock, 5)
+    assert wait_for(lambda: publisher.stats == {"bad_frame": 1}), publisher.stats
+  [message] = [r.getMessage() for r in caplog.records if "weight channel" in r.getMessage()]
+  assert message.isprintable() and "\\x1b]52;c;" in message and "\\nstep 1000" in message
