@@ -80,7 +80,11 @@ def run(cfg: Config, *, resume: bool = True, log=print) -> dict:
   distributed.initialize()  # a multi-host learner: join the cluster the environment names
   cfg = cfg.with_run_paths().validate()
   run_dir = pathlib.Path(cfg.run.run_dir)
-  run_dir.mkdir(parents=True, exist_ok=True)
+  try:
+    run_dir.mkdir(parents=True, exist_ok=True)
+  except OSError as error:  # a file there or in its parents, no permission, a full disk
+    raise ValueError(f"run.run_dir={cfg.run.run_dir!r} cannot be created as a directory "
+                     f"({error.strerror or error}); set --set run.run_dir=ANOTHER_DIR") from error
   lock = run_lock.hold(run_dir, jax.process_index())
   try:
     return _run(cfg, run_dir, resume=resume, log=log)

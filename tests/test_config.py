@@ -189,6 +189,47 @@ def test_load_config_errors(tmp_path):
     cfg.load_config(tmp_path / "wrong.py")
 
 
+@pytest.mark.parametrize("name, text, message", [
+    ("syntax.py", "def get_config(:\n", r"syntax.py' line 1: SyntaxError: .*while importing it"),
+    ("imports.py", "import no_such_module_xyz\n",
+     r"imports.py' line 1: ModuleNotFoundError: .*no_such_module_xyz"),
+    ("raises.py", "def get_config():\n  return {}['model']\n",
+     r"raises.py' line 2: KeyError: 'model' \(raised while calling its get_config\(\)\)"),
+])
+def test_a_config_file_whose_code_fails_is_named_with_its_line(tmp_path, name, text, message):
+  # Before: the SyntaxError / KeyError escaped load_config, and every CLI printed a
+  # traceback into importlib instead of one line naming the user's file.
+  (tmp_path / name).write_text(text)
+  with pytest.raises(ValueError, match=message):
+    cfg.load_config(tmp_path / name)
+
+
+def test_a_config_path_that_is_no_python_file_is_named(tmp_path):
+  with pytest.raises(ValueError, match="is a directory; pass a file in it"):
+    cfg.load_config(tmp_path)
+  (tmp_path / "config.yaml").write_text("seed: 1\n")
+  # Before: an AssertionError (importlib finds no loader for a non-.py file).
+  with pytest.raises(ValueError, match=r"config.yaml' is not a .py file"):
+    cfg.load_config(tmp_path / "config.yaml")
+
+
+@pytest.mark.parametrize("override, message", [
+    # Before: accepted as (1.5,), and a run started with a pass@k nobody can compute.
+    ("run.eval_pass_k=(1.5,)", r"run.eval_pass_k='\(1.5,\)': cannot parse as tuple\[int, \.\.\.\]"),
+    ("run.loggers=(1,)", r"run.loggers='\(1,\)': cannot parse as tuple\[str, \.\.\.\]"),
+    ("data.length_buckets=(256, True)", r"data.length_buckets=.*cannot parse"),
+    ("run.eval_pass_k=4", r"expected a Python tuple literal"),
+])
+def test_tuple_overrides_check_their_items(override, message):
+  with pytest.raises(ValueError, match=message):
+    cfg.apply_overrides(cfg.Config(), [override])
+
+
+def test_tuple_overrides_convert_their_items():
+  config = cfg.apply_overrides(cfg.Config(), ["run.eval_pass_k=[1, 4]", "run.loggers=()"])
+  assert config.run.eval_pass_k == (1, 4) and config.run.loggers == ()
+
+
 def test_load_config_applies_overrides_then_validates():
   path = ROOT / "configs" / "tiny_cpu.py"
   assert cfg.load_config(path, ["algorithm.eps_low=0.5"]).algorithm.eps_low == 0.5

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import dataclasses
 import importlib.util
 import json
 import pathlib
+import traceback
 import types
 import typing
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from sao_jax.config.mesh import MeshConfig
 from sao_jax.config.root import Config
@@ -19,20 +21,50 @@ from sao_jax.config.root import Config
 def load_config(path: str | pathlib.Path, overrides: Sequence[str] = ()) -> Config:
   """Imports `path`, calls its `get_config()`, applies `--set` overrides, validates."""
   path = pathlib.Path(path)
+  if path.is_dir():
+    raise ValueError(f"config file {str(path)!r} is a directory; pass a file in it, like "
+                     "configs/demo_cpu.py")
   if not path.is_file():
     raise FileNotFoundError(f"config file {str(path)!r} does not exist; pass a path like "
                             "configs/demo_cpu.py")
+  if path.suffix != ".py":
+    raise ValueError(f"config file {str(path)!r} is not a .py file; pass a Python file "
+                     "defining get_config(), like configs/demo_cpu.py")
   spec = importlib.util.spec_from_file_location(f"_sao_config_{path.stem}", path)
   assert spec is not None and spec.loader is not None  # a .py file always has a loader
   module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  with _config_code(path, "importing it"):
+    spec.loader.exec_module(module)
   if not callable(getattr(module, "get_config", None)):
     raise ValueError(f"config file {str(path)!r} must define get_config() -> sao_jax.config.Config")
-  config = module.get_config()
+  with _config_code(path, "calling its get_config()"):
+    config = module.get_config()
   if not isinstance(config, Config):
     raise ValueError(f"{str(path)!r}: get_config() returned {type(config).__name__}, "
                      "expected sao_jax.config.Config")
   return apply_overrides(config, overrides).validate()
+
+
+@contextlib.contextmanager
+def _config_code(path: pathlib.Path, doing: str) -> Iterator[None]:
+  """Turns an error raised by the config file's own code (a syntax error, a missing
+  import, a bug in get_config) into a ValueError naming the file and the line: the
+  CLIs print ValueErrors as one line, where any other exception is a traceback into
+  sao_jax that hides that the mistake is in the user's file."""
+  try:
+    yield
+  except Exception as error:  # pylint: disable=broad-except
+    where = ""
+    if isinstance(error, SyntaxError) and error.lineno is not None:
+      where = f" line {error.lineno}"
+    else:
+      frames = [frame for frame in traceback.extract_tb(error.__traceback__)
+                if pathlib.Path(frame.filename) == path]
+      if frames:
+        where = f" line {frames[-1].lineno}"
+    message = error.msg if isinstance(error, SyntaxError) else str(error)
+    raise ValueError(f"config file {str(path)!r}{where}: {type(error).__name__}: {message} "
+                     f"(raised while {doing}); fix the file") from error
 
 
 def apply_overrides(config: Config, overrides: Sequence[str]) -> Config:
@@ -78,7 +110,8 @@ def _replace_path(obj: Any, parts: list[str], raw: str, full_key: str) -> Any:
 
 
 def _parse_value(raw: str, hint: Any, key: str) -> Any:
-  """Parses `raw` for a field annotated `hint` (int, float, str, bool, tuple, Optional)."""
+  """Parses `raw` for a field annotated `hint` (int, float, str, bool, tuple, Optional);
+  a tuple's items must have the annotated item type (`(1.5,)` is no tuple[int, ...])."""
   allowed = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
   if raw in ("None", "none", "null") and type(None) in allowed:
     return None
@@ -90,18 +123,52 @@ def _parse_value(raw: str, hint: Any, key: str) -> Any:
       return raw.lower() == "true"
     try:
       value = ast.literal_eval(raw)
-    except (ValueError, SyntaxError):
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
       continue
-    if origin is bool and isinstance(value, bool):
-      return value
-    if origin is int and isinstance(value, int) and not isinstance(value, bool):
-      return value
-    if origin is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-      return float(value)
-    if origin is tuple and isinstance(value, (tuple, list)):
-      return tuple(value)
+    converted = _conform(value, kind)
+    if converted is not _MISMATCH:
+      return converted
   expected = " (expected true or false)" if bool in allowed else ""
-  raise ValueError(f"override {key}={raw!r}: cannot parse as {hint}{expected}")
+  if any(typing.get_origin(kind) is tuple for kind in allowed):
+    expected = " (expected a Python tuple literal of those items, e.g. (1, 4) or ('a',))"
+  raise ValueError(f"override {key}={raw!r}: cannot parse as {_type_name(hint)}{expected}")
+
+
+_MISMATCH = object()
+
+
+def _conform(value: Any, kind: Any) -> Any:
+  """`value` (a parsed literal) as type `kind`, or `_MISMATCH`: an int for a float field
+  becomes a float; a list for a tuple field becomes a tuple, item by item."""
+  origin = typing.get_origin(kind) or kind
+  if origin is bool:
+    return value if isinstance(value, bool) else _MISMATCH
+  if origin is int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else _MISMATCH
+  if origin is float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+      return float(value)
+    return _MISMATCH
+  if origin is str:
+    return value if isinstance(value, str) else _MISMATCH
+  if origin is tuple:
+    if not isinstance(value, (tuple, list)):
+      return _MISMATCH
+    items = typing.get_args(kind)
+    if not items:  # a bare `tuple` annotation: any items
+      return tuple(value)
+    if len(items) == 2 and items[1] is Ellipsis:
+      items = (items[0],) * len(value)
+    elif len(items) != len(value):
+      return _MISMATCH
+    converted = tuple(_conform(item, item_kind) for item, item_kind in zip(value, items))
+    return _MISMATCH if any(item is _MISMATCH for item in converted) else converted
+  return _MISMATCH
+
+
+def _type_name(hint: Any) -> str:
+  """'int', 'tuple[int, ...]', 'float | None': the annotation as written."""
+  return hint.__name__ if isinstance(hint, type) else str(hint)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

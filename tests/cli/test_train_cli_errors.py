@@ -82,3 +82,23 @@ def test_a_learner_whose_tools_cannot_be_isolated_refuses_before_any_work(tmp_pa
   err = capsys.readouterr().err
   assert "env.sandbox='bwrap'" in err and "bwrap not found on PATH" in err
   assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("below", ["", "sub"])
+def test_a_run_dir_that_cannot_be_a_directory_is_named(tmp_path, capsys, below):
+  # Before: a FileExistsError / NotADirectoryError traceback from mkdir.
+  taken = tmp_path / "notes.txt"
+  taken.write_text("not a run directory\n")
+  run_dir = taken / below if below else taken
+  with pytest.raises(SystemExit) as exit_info:
+    train_cli.main(["--config", DEMO, "--set", f"run.run_dir={run_dir}"])
+  assert exit_info.value.code == 2
+  assert f"run.run_dir='{run_dir}' cannot be created as a directory" in capsys.readouterr().err
+  assert taken.read_text() == "not a run directory\n"
+
+
+def test_a_config_file_with_a_syntax_error_is_one_line(tmp_path, capsys):
+  (tmp_path / "mine.py").write_text("def get_config(:\n")
+  with pytest.raises(SystemExit) as exit_info:
+    train_cli.main(["--config", str(tmp_path / "mine.py")])
+  assert exit_info.value.code == 2 and "mine.py' line 1: SyntaxError" in capsys.readouterr().err
