@@ -85,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   args = parser.parse_args(argv)
   try:
     run(args)
-  except (ValueError, FileNotFoundError) as err:
+  except (ValueError, OSError) as err:  # OSError: a file where --out goes, a full disk
     sys.exit(f"sao-convert: {err}")
 
 

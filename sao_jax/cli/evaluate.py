@@ -15,6 +15,7 @@ RUN_DIR/eval/step_<step>.json).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import pathlib
 import sys
@@ -37,6 +38,12 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument("--temperature", help="sampling temperature (run.eval_temperature)")
   parser.add_argument("--output", help="JSON report path (default RUN_DIR/eval/step_<step>.json)")
   args = parser.parse_args(argv)
+  if args.episodes is not None and args.episodes < 1:
+    parser.error(f"--episodes {args.episodes}: expected at least 1 task")
+  # Checked before the evaluation, which can take hours, not when its report is written.
+  if args.output and pathlib.Path(args.output).is_dir():
+    parser.error(f"--output {args.output!r} is a directory; pass a file path, e.g. "
+                 f"{pathlib.Path(args.output) / 'report.json'}")
   overrides = list(args.overrides)
   for field, value in (("eval_samples", args.samples), ("eval_temperature", args.temperature),
                        ("eval_pass_k", None if args.pass_k is None else f"({args.pass_k},)")):
@@ -50,8 +57,16 @@ def main(argv: Sequence[str] | None = None) -> None:
   except (ValueError, FileNotFoundError) as error:
     parser.exit(2, f"error: {error}\n")
   output = pathlib.Path(args.output or evaluation.report_path(cfg, report["step"]))
-  output.parent.mkdir(parents=True, exist_ok=True)
-  output.write_text(json.dumps(report, indent=2))
+  partial = output.with_name(output.name + ".tmp")
+  try:  # written whole or not at all: a full disk leaves no half report to be read
+    output.parent.mkdir(parents=True, exist_ok=True)
+    partial.write_text(json.dumps(report, indent=2))
+    partial.replace(output)
+  except OSError as error:
+    with contextlib.suppress(OSError):
+      partial.unlink(missing_ok=True)
+    parser.exit(1, f"error: cannot write the report to {str(output)!r} ({error}); the scores "
+                f"follow, pass --output ANOTHER_FILE next time\n{json.dumps(report)}\n")
   print(f"{report['tasks']}: checkpoint step {report['step']}"
         + (f", {report['samples']} samples per task at temperature {report['temperature']}"
            if report["samples"] else ", greedy"))

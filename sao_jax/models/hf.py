@@ -291,6 +291,10 @@ def _tensor_files(hf_dir: pathlib.Path) -> dict[str, pathlib.Path]:
   `hf_dir` (what transformers writes), so it cannot make the loader read a
   file elsewhere on the host (`../../x.safetensors`, an absolute path).
   """
+  if not hf_dir.is_dir():
+    raise FileNotFoundError(f"HF checkpoint directory {str(hf_dir)!r} does not exist (or is not "
+                            "a directory); pass the directory holding config.json and "
+                            "*.safetensors, e.g. a huggingface-cli download")
   index = hf_dir / "model.safetensors.index.json"
   if index.is_file():
     weight_map = bounded_json.loads(index.read_bytes(), max_bytes=_MAX_JSON_BYTES,
@@ -391,11 +395,62 @@ def export_hf(params: Params, cfg: ModelConfig, out_dir: str | pathlib.Path,
 
   More than `max_shard_bytes` of tensors are split into
   `model-0000i-of-0000n.safetensors` with a `model.safetensors.index.json`.
-  Tokenizer files found in `tokenizer_dir` are copied alongside.
+  Tokenizer files found in `tokenizer_dir` are copied alongside; a `tokenizer_dir`
+  holding none of `TOKENIZER_FILES` is an error, not a directory without a tokenizer.
+  `out_dir` must not hold weights already: transformers prefers a `model.safetensors`
+  to an index, so an old single file beside a new sharded export would load the old
+  model. config.json is written last, so a failed export is no loadable directory.
   """
   out_dir = pathlib.Path(out_dir)
+  tokenizer_files = _tokenizer_files(tokenizer_dir)
+  _check_export_dir(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
+  try:
+    _write_weights(params, cfg, out_dir, max_shard_bytes)
+  except BaseException:  # leave no partial weights (the directory held none before)
+    for partial in [*out_dir.glob("shard-*.tmp"),
+                    *(f for pattern in _WEIGHT_PATTERNS for f in out_dir.glob(pattern))]:
+      partial.unlink(missing_ok=True)
+    raise
+  for file in tokenizer_files:
+    shutil.copy(file, out_dir / file.name)
   (out_dir / "config.json").write_text(json.dumps(hf_config(cfg), indent=2))
+
+
+_WEIGHT_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "*.bin", "*.bin.index.json")
+
+
+def _check_export_dir(out_dir: pathlib.Path) -> None:
+  """ValueError unless `out_dir` is missing or a directory without weight files."""
+  if out_dir.exists() and not out_dir.is_dir():
+    raise ValueError(f"output {str(out_dir)!r} is a file; pass a directory (created if missing)")
+  if out_dir.is_dir():
+    found = sorted(f.name for pattern in _WEIGHT_PATTERNS for f in out_dir.glob(pattern))
+    if found:
+      raise ValueError(f"output {str(out_dir)!r} already holds weights ({', '.join(found[:3])}); "
+                       "new ones beside them could load mixed with the old. Pass a new or "
+                       "empty directory, or remove those files")
+
+
+def _tokenizer_files(tokenizer_dir: str | pathlib.Path | None) -> list[pathlib.Path]:
+  """The `TOKENIZER_FILES` in `tokenizer_dir` (none asked for: []); ValueError when a
+  directory was named but holds none of them."""
+  if tokenizer_dir is None:
+    return []
+  directory = pathlib.Path(tokenizer_dir)
+  if not directory.is_dir():
+    raise FileNotFoundError(f"tokenizer directory {str(directory)!r} does not exist; pass the "
+                            "HF model directory whose tokenizer.json the export should carry")
+  files = [directory / name for name in TOKENIZER_FILES if (directory / name).is_file()]
+  if not files:
+    raise ValueError(f"tokenizer directory {str(directory)!r} holds none of "
+                     f"{', '.join(TOKENIZER_FILES)}; pass the HF model directory it came with")
+  return files
+
+
+def _write_weights(params: Params, cfg: ModelConfig, out_dir: pathlib.Path,
+                   max_shard_bytes: int) -> None:
+  """The safetensors shard(s) and, when more than one, their index."""
   flat = {param_path(kp): leaf for kp, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
   # Each shard is written as soon as it is full, so the host holds at most one.
   shard_names: list[list[str]] = []
@@ -427,7 +482,3 @@ def export_hf(params: Params, cfg: ModelConfig, out_dir: str | pathlib.Path,
       weight_map.update({name: file for name in names})
     (out_dir / "model.safetensors.index.json").write_text(json.dumps(
         {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
-  if tokenizer_dir is not None:
-    for name in TOKENIZER_FILES:
-      if (pathlib.Path(tokenizer_dir) / name).is_file():
-        shutil.copy(pathlib.Path(tokenizer_dir) / name, out_dir / name)

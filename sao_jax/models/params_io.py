@@ -56,6 +56,8 @@ def save_params(directory: str | pathlib.Path, params: Params, cfg: ModelConfig,
                 head: str = "lm") -> None:
   """Writes `params` (any sharding) and `cfg` to `directory`."""
   directory = pathlib.Path(directory)
+  if directory.exists() and not directory.is_dir():
+    raise ValueError(f"output {str(directory)!r} is a file; pass a directory (created if missing)")
   directory.mkdir(parents=True, exist_ok=True)
   fields = dataclasses.asdict(cfg)
   (directory / CONFIG_FILE).write_text(json.dumps({**fields, "head": head}, indent=2))

@@ -90,3 +90,53 @@ def test_integer_tensor_is_not_cast_into_a_weight(model, tmp_path):
   save_file(tensors, hf_dir / "model.safetensors")
   with pytest.raises(ValueError, match="'final_norm/scale' has dtype int64, expected a floating"):
     hf.load_hf(hf_dir)
+
+
+def test_an_export_into_a_directory_holding_weights_is_refused(model, tmp_path):
+  """transformers loads a `model.safetensors` before an index: a sharded export beside an
+  older single-file one would load the old weights (before: written beside them)."""
+  out = _export(model, tmp_path / "m")
+  before = (out / "model.safetensors").read_bytes()
+  with pytest.raises(ValueError, match=r"already holds weights \(model.safetensors\)"):
+    _export(model, out, max_shard_bytes=4_000)
+  assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+  assert (out / "model.safetensors").read_bytes() == before
+
+
+def test_a_tokenizer_dir_without_a_tokenizer_is_refused_before_writing(model, tmp_path):
+  """Before: a missing or tokenizer-less --tokenizer_dir exported without a tokenizer."""
+  with pytest.raises(FileNotFoundError, match="tokenizer directory .*nope.* does not exist"):
+    _export(model, tmp_path / "a", tokenizer_dir=tmp_path / "nope")
+  (tmp_path / "empty").mkdir()
+  with pytest.raises(ValueError, match="holds none of tokenizer.json"):
+    _export(model, tmp_path / "b", tokenizer_dir=tmp_path / "empty")
+  assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_a_failed_export_leaves_no_loadable_directory(model, tmp_path):
+  """Before: config.json was written first, so a failure left a directory that looks
+  like a checkpoint (config.json, temporary shards) but is not one."""
+  cfg, params = model
+  params = {name: value for name, value in params.items() if name != "final_norm"}
+  with pytest.raises(ValueError, match="params lack 'final_norm"):
+    hf.export_hf(params, cfg, tmp_path / "out", max_shard_bytes=4_000)
+  assert list((tmp_path / "out").iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["hf-to-sao", "sao-to-hf"])
+def test_convert_cli_names_an_out_path_that_is_a_file(model, tmp_path, command):
+  """Before: a FileExistsError traceback from mkdir."""
+  from sao_jax.cli import convert
+
+  source = _export(model, tmp_path / "hf")
+  params_io.save_params(tmp_path / "sao", model[1], model[0])
+  (tmp_path / "taken").write_text("x")
+  source_flag = ["--hf_dir", str(source)] if command == "hf-to-sao" else [
+      "--params", str(tmp_path / "sao")]
+  with pytest.raises(SystemExit, match=r"sao-convert: output '.*taken' is a file; pass a dir"):
+    convert.main([command, *source_flag, "--out", str(tmp_path / "taken")])
+
+
+def test_a_missing_hf_dir_is_named_as_missing(tmp_path):
+  with pytest.raises(FileNotFoundError, match=r"HF checkpoint directory '.*nope' does not exist"):
+    hf.load_hf(tmp_path / "nope")
