@@ -131,10 +131,16 @@ def save(out: pathlib.Path, to: pathlib.Path) -> list[str]:
   into `to` (added to what it holds); returns their paths relative to `out`, a part-done
   run's followed by ` (at step N)`."""
   out, saved = out.resolve(), []
+  for path in (to, *to.parents):
+    if path.exists() and not path.is_dir():
+      raise ValueError(f"--to {str(to)!r}: {str(path)!r} is a file; pass an archive directory")
   index = to / INDEX
   if index.is_file() and json.loads(index.read_text())["out"] != str(out):
     raise ValueError(f"{to} archives runs made under {json.loads(index.read_text())['out']}, "
                      f"not {out}: restore it there first, or archive to another directory")
+  if not (out / "claims").is_dir():  # a typo'd --out would archive nothing and claim `to`
+    raise ValueError(f"--out {str(out)!r} holds no experiment runs (no claims/ directory); "
+                     "pass the --out directory a claim script wrote")
   for config_path in sorted(out.glob(f"runs/*/*/{CONFIG_FILE}")):
     run_dir = config_path.parent
     step = runner.latest_checkpoint(run_dir)
@@ -230,8 +236,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not args.source:
       parser.error("restore needs --from DIR")
     try:
+      if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {args.out!r} is a file; pass the runs directory to restore into")
       runs = restore(pathlib.Path(args.source), out)
-    except FileNotFoundError as error:
+    except (ValueError, FileNotFoundError) as error:
       parser.exit(2, f"error: {error}\n")
     print(f"restored {len(runs)} run(s) under {out}")
   for rel in runs:

@@ -266,7 +266,18 @@ def main(argv: Sequence[str] | None = None) -> None:
   unknown = sorted(set(arms) - set(ARMS))
   if unknown:
     parser.error(f"--arms: unknown {unknown}; known: {', '.join(ARMS)}")
+  for flag, value in (("--seeds", args.seeds), ("--jobs", args.jobs), ("--steps", args.steps)):
+    if value < 1:
+      parser.error(f"{flag} {value}: expected at least 1")
   out = pathlib.Path(args.out)
+  if out.exists() and not out.is_dir():
+    parser.error(f"--out {args.out!r} is a file; pass a runs directory (created if missing)")
+  from experiments import report as report_lib  # matplotlib: only once arguments are fine
+
+  try:  # before the runs, which take hours, not when the report is written
+    report_lib.check_report_path(pathlib.Path(args.report))
+  except ValueError as error:
+    parser.error(str(error))
   out.mkdir(parents=True, exist_ok=True)
   seeds = list(range(args.seeds))
   if not args.report_only:

@@ -285,6 +285,21 @@ def _warm_starts(out: pathlib.Path, used: dict[str, set[str]]) -> list[str]:
           "|---|---|---|---|---|---|", *lines, ""]
 
 
+def check_report_path(report: pathlib.Path, flag: str = "--report") -> None:
+  """ValueError unless a markdown report can be written at `report`: not a directory,
+  and no file where one of its parent directories goes. The claim and drift scripts
+  call this before their runs, which take hours, not when the report is written."""
+  if report.is_dir():
+    raise ValueError(f"{flag} {str(report)!r} is a directory; pass a file path, e.g. "
+                     f"{report / 'results.md'}")
+  for parent in report.parents:
+    if parent.exists():
+      if not parent.is_dir():
+        raise ValueError(f"{flag} {str(report)!r}: {str(parent)!r} is a file, not a directory; "
+                         "pass a path in a directory")
+      break
+
+
 def write_report(out: pathlib.Path, report: pathlib.Path, *, skip_missing: bool = False
                  ) -> pathlib.Path:
   """Writes `report` (markdown) and its figures under `report.parent / "results"`.
@@ -369,6 +384,10 @@ def main(argv: Sequence[str] | None = None) -> None:
   if not (out / "claims").is_dir():
     parser.exit(2, f"error: {out} holds no experiment runs (no claims/ directory); run a "
                    "claim script first, e.g. python -m experiments.claim1_ordering --quick\n")
+  try:
+    check_report_path(pathlib.Path(args.report))
+  except ValueError as error:
+    parser.exit(2, f"error: {error}\n")
   print(f"wrote {write_report(out, pathlib.Path(args.report), skip_missing=args.skip_missing)}")
 
 

@@ -315,12 +315,15 @@ def main(claim: claims_lib.Claim, argv: Sequence[str] | None = None) -> None:
     parser.error(f"--jobs {args.jobs}: expected at least 1")
   out = pathlib.Path(args.out or ROOT / "runs" / ("experiments-quick" if args.quick
                                                   else "experiments")).resolve()
+  target = pathlib.Path(args.report or report.DEFAULT_REPORT).resolve()
   try:
+    if out.exists() and not out.is_dir():
+      raise ValueError(f"--out {str(out)!r} is a file; pass a runs directory (created if missing)")
+    report.check_report_path(target)
     failures = run_claim(claim, seeds=args.seeds, quick=args.quick, extra=args.extra, out=out,
                          jobs=args.jobs)
   except (ValueError, FileNotFoundError) as error:
     parser.exit(2, f"error: {error}\n")
-  target = pathlib.Path(args.report or report.DEFAULT_REPORT).resolve()
   written = report.write_report(out, target, skip_missing=target != report.DEFAULT_REPORT)
   print(f"report: {written}")
   if failures:

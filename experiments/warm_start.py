@@ -35,7 +35,11 @@ DONE_FILE = "DONE.json"
 def warm_start(cfg: Config, out: pathlib.Path) -> dict:
   """Trains the tokenizer and the SFT policy of `cfg` into `out`; returns the DONE record."""
   start = time.monotonic()
-  out.mkdir(parents=True, exist_ok=True)
+  try:
+    out.mkdir(parents=True, exist_ok=True)
+  except OSError as error:  # a file there or in its parents, no permission
+    raise ValueError(f"--out {str(out)!r} cannot be created as a directory "
+                     f"({error.strerror or error}); pass another directory") from error
   tokenizer = train_run_tokenizer(cfg)
   tokenizer.save(str(out / "tokenizer.json"))
   policy, record = sft_warm_start(cfg, chat_format(None, tokenizer), initial_policy(cfg),

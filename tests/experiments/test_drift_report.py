@@ -57,3 +57,29 @@ def test_early_diagnostics_read_only_the_first_updates(tmp_path):
   assert drift.EARLY_UPDATES == 4
   assert result.entropy_peak == [5.9] and result.negative_share == [0.8]
   assert "| sao | 5.900 (n=1, no CI) | 1/1 | 0.800 (n=1, no CI) |" in drift.report(tmp_path, range(1))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--jobs", "0"], "--jobs 0: expected at least 1"),  # before: ValueError traceback
+    (["--seeds", "0"], "--seeds 0: expected at least 1"),  # before: an empty report
+    (["--steps", "-3"], "--steps -3: expected at least 1"),  # before: runs of -3 steps
+])
+def test_drift_cli_refuses_counts_below_one(tmp_path, capsys, args, message):
+  with pytest.raises(SystemExit) as exit_info:
+    drift.main([*args, "--report-only", "--out", str(tmp_path / "runs"),
+                "--report", str(tmp_path / "drift.md")])
+  assert exit_info.value.code == 2 and message in capsys.readouterr().err
+  assert not (tmp_path / "drift.md").exists()
+
+
+def test_drift_cli_checks_its_paths_before_any_run(tmp_path, monkeypatch, capsys):
+  # Before: every run trained (hours), then writing the report raised NotADirectoryError.
+  started = []
+  monkeypatch.setattr(drift, "run_one", lambda out, *job, steps: started.append(job) or out)
+  (tmp_path / "taken").write_text("x")
+  for args, message in ((["--out", str(tmp_path / "taken")], "taken' is a file"),
+                        (["--report", str(tmp_path / "taken" / "d.md")], "taken' is a file")):
+    with pytest.raises(SystemExit) as exit_info:
+      drift.main(["--seeds", "1", "--arms", "sao", "--out", str(tmp_path / "runs"), *args])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+  assert not started

@@ -165,3 +165,27 @@ def test_save_refuses_an_archive_git_would_leave_out(tmp_path):
     archive.save(tmp_path / "made", repo / "box")
   ours = runner.ROOT / "docs/results/claim6_runs/runs/stability/grpo-seed0/config.json"
   assert archive._git_ignored([ours]) == []  # this repository's .gitignore keeps them
+
+
+def test_save_of_a_directory_without_runs_is_refused(tmp_path, capsys):
+  # Before: a typo'd --out "archived 0 run(s)" and wrote an ARCHIVE.json naming the
+  # typo, after which saving the real runs directory there was refused.
+  with pytest.raises(SystemExit) as exit_info:
+    archive.main(["save", "--out", str(tmp_path / "typo"), "--to", str(tmp_path / "box")])
+  assert exit_info.value.code == 2
+  assert "typo' holds no experiment runs (no claims/ directory)" in capsys.readouterr().err
+  assert not (tmp_path / "box").exists()
+
+
+def test_archive_paths_that_are_files_are_named(tmp_path, capsys):
+  # Before: FileExistsError tracebacks from mkdir.
+  made = tmp_path / "made"
+  _claim6(made, seeds=1)
+  (tmp_path / "taken").write_text("x")
+  with pytest.raises(SystemExit):
+    archive.main(["save", "--out", str(made), "--to", str(tmp_path / "taken")])
+  assert "taken' is a file; pass an archive directory" in capsys.readouterr().err
+  archive.save(made, tmp_path / "box")
+  with pytest.raises(SystemExit):
+    archive.main(["restore", "--from", str(tmp_path / "box"), "--out", str(tmp_path / "taken")])
+  assert "--out '" in capsys.readouterr().err

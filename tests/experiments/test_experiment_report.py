@@ -221,3 +221,33 @@ def test_warm_start_table_lists_the_runs_starts_and_whether_sft_reached_its_targ
   assert "| seed1 | tool_math | 125 | 0.250 | 0.516 (target 0.50) | 1.5 min |" in text
   assert "| seed2 | tool_math | 300 | 0.125 | 0.250 (target 0.50, not reached) |" in text
   assert "unused" not in text  # no run started from it
+
+
+@pytest.mark.parametrize("where", ["dir", "under_a_file"])
+def test_report_cli_names_a_report_path_it_cannot_write(tmp_path, capsys, where):
+  # Before: an IsADirectoryError / NotADirectoryError traceback.
+  (tmp_path / "claims").mkdir()
+  (tmp_path / "taken").write_text("x")
+  target = tmp_path if where == "dir" else tmp_path / "taken" / "report.md"
+  with pytest.raises(SystemExit) as exit_info:
+    report.main(["--out", str(tmp_path), "--report", str(target)])
+  err = capsys.readouterr().err
+  assert exit_info.value.code == 2
+  assert ("is a directory; pass a file path" if where == "dir" else "taken' is a file") in err
+
+
+def test_claim_script_checks_its_paths_before_any_run(tmp_path, monkeypatch, capsys):
+  # Before: every run trained (hours), then writing the report raised IsADirectoryError.
+  from experiments import claims, runner
+
+  started = []
+  monkeypatch.setattr(runner, "run_claim", lambda *args, **kwargs: started.append(1) or [])
+  (tmp_path / "taken").write_text("x")
+  claim = claims.CLAIMS_BY_NAME["claim1_ordering"]
+  for args, message in ((["--out", str(tmp_path / "runs"), "--report", str(tmp_path)],
+                         "is a directory; pass a file path"),
+                        (["--out", str(tmp_path / "taken")], "taken' is a file")):
+    with pytest.raises(SystemExit) as exit_info:
+      runner.main(claim, args)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+  assert not started

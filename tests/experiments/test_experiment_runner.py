@@ -202,3 +202,13 @@ def test_a_killed_runner_stops_the_run_it_started(tmp_path):
   finally:
     if claim_script.poll() is None:
       claim_script.kill()
+
+
+def test_warm_start_cli_names_an_out_that_is_a_file(tmp_path, capsys):
+  # Before: a FileExistsError traceback from mkdir.
+  (tmp_path / "taken").write_text("x")
+  with pytest.raises(SystemExit) as exit_info:
+    warm_start.main(["--config", str(runner.ROOT / "configs" / "demo_cpu.py"), "--seed", "0",
+                     "--out", str(tmp_path / "taken")])
+  assert exit_info.value.code == 2
+  assert "--out '" in capsys.readouterr().err and (tmp_path / "taken").read_text() == "x"
