@@ -32,7 +32,12 @@ def load_tokenizer(path: str | pathlib.Path) -> tokenizers.Tokenizer:
   file = path / "tokenizer.json" if path.is_dir() else path
   if not file.is_file():
     raise FileNotFoundError(f"{str(file)!r} not found; pass a tokenizer.json or a directory holding one")
-  return tokenizers.Tokenizer.from_file(str(file))
+  try:
+    return tokenizers.Tokenizer.from_file(str(file))
+  except Exception as error:  # tokenizers raises a bare Exception for a file it cannot parse
+    raise ValueError(f"{str(file)!r} is not a tokenizer.json the tokenizers library reads "
+                     f"({error}); pass the tokenizer.json of a Hugging Face model directory"
+                     ) from error
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int) -> tokenizers.Tokenizer:

@@ -102,3 +102,14 @@ def test_a_config_file_with_a_syntax_error_is_one_line(tmp_path, capsys):
   with pytest.raises(SystemExit) as exit_info:
     train_cli.main(["--config", str(tmp_path / "mine.py")])
   assert exit_info.value.code == 2 and "mine.py' line 1: SyntaxError" in capsys.readouterr().err
+
+
+def test_a_tokenizer_file_that_does_not_parse_is_named(tmp_path, capsys):
+  # Before: tokenizers' bare `Exception: expected value at line 1 column 1` traceback.
+  (tmp_path / "tokenizer.json").write_text("not json\n")
+  with pytest.raises(SystemExit) as exit_info:
+    train_cli.main(["--config", DEMO, "--set", f"run.tokenizer={tmp_path}",
+                    "--set", f"run.run_dir={tmp_path / 'run'}"])
+  assert exit_info.value.code == 2
+  assert "tokenizer.json' is not a tokenizer.json the tokenizers library reads" in (
+      capsys.readouterr().err)
