@@ -136,6 +136,10 @@ class Checkpointer:
     shardings, so a checkpoint written on one mesh restores onto another.
     """
     if step is not None:
+      if step not in self.all_steps():  # else orbax's "not found" deep in a metadata error
+        raise CheckpointError(f"no checkpoint of step {step} in {self.directory}; its steps are "
+                              f"{self.all_steps() or 'none'}: pass one of them, or no step for "
+                              "the latest")
       return self._restore_step(abstract_state, step)
     damaged: list[tuple[int, _Damaged]] = []
     for candidate in sorted(self.all_steps(), reverse=True):

@@ -3,6 +3,7 @@
 import dataclasses
 import os
 import pathlib
+import re
 import shutil
 import signal
 import struct
@@ -302,3 +303,12 @@ def test_resumed_metrics_hold_each_step_once(tmp_path):
   assert [(r["step"], r["sft/loss"]) for r in metrics_lib.read_metrics(tmp_path)] == [(-1, 1.5)]
   [(name, scalars)] = event_scalars(tmp_path / "tensorboard").items()
   assert scalars == [("sft/loss", -1)]
+
+
+def test_a_step_without_a_checkpoint_names_the_steps_there(two_steps):
+  # Before: "checkpoint .../7 does not restore (its metadata): Checkpoint at ... not found".
+  cfg = config(two_steps, steps=2)
+  steps = Checkpointer(cfg).all_steps()
+  with pytest.raises(CheckpointError, match=rf"no checkpoint of step 7 in .*; its steps are "
+                                            rf"{re.escape(str(steps))}: pass one of them"):
+    Checkpointer(cfg).restore(None, step=7)
