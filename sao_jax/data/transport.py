@@ -229,7 +229,12 @@ class DirectoryTransport:
     run_secret.check_secret(secret, "the directory transport's secret")
     self._secret = secret
     self.directory = pathlib.Path(directory)
-    self.directory.mkdir(parents=True, exist_ok=True)
+    try:
+      self.directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:  # a file there or in its parents, no permission
+      raise ValueError(f"data.transport_dir={str(directory)!r} cannot be created as a directory "
+                       f"({error.strerror or error}); set it to a directory every learner and "
+                       "sampler host shares") from error
     self.capacity, self.max_tokens = capacity, max_tokens
     self.drops = collections.Counter() if drops is None else drops
     self._writer_id = writer_id or uuid.uuid4().hex[:12]

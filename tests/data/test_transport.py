@@ -394,3 +394,11 @@ def test_a_writer_waits_for_a_run_it_can_verify_and_follows_a_restarted_learner(
   writer.put(make_traj(seed=2))
   np.testing.assert_array_equal(restarted.get(timeout=0.5).tokens, make_traj(seed=2).tokens)
   assert not restarted.drops
+
+
+def test_a_transport_dir_that_cannot_be_a_directory_is_named(tmp_path):
+  # Before: a FileExistsError traceback out of sao-sampler / sao-train.
+  (tmp_path / "taken").write_text("x")
+  with pytest.raises(ValueError, match=r"data.transport_dir='.*taken' cannot be created as a "
+                                       r"directory \(File exists\)"):
+    DirectoryTransport(tmp_path / "taken", 4, max_tokens=MAX_TOKENS, secret=SECRET)
