@@ -60,6 +60,17 @@ def export_lora(args: argparse.Namespace) -> None:
     print(f"wrote its PEFT adapter directory to {args.peft_out}")
 
 
+def _shard_mb(text: str) -> int:
+  """--max_shard_mb: a whole number of MiB >= 1 (0 or less wrote one file per tensor)."""
+  try:
+    value = int(text)
+  except ValueError:
+    value = 0
+  if value < 1:
+    raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of MiB >= 1, e.g. 5120")
+  return value
+
+
 def main(argv: Sequence[str] | None = None) -> None:
   parser = argparse.ArgumentParser(prog="sao-convert", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -71,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   to_hf.add_argument("--params", required=True)
   to_hf.add_argument("--out", required=True)
   to_hf.add_argument("--tokenizer_dir", default=None, help="copy tokenizer files from here")
-  to_hf.add_argument("--max_shard_mb", type=int, default=5120)
+  to_hf.add_argument("--max_shard_mb", type=_shard_mb, default=5120)
   from_lora = sub.add_parser("lora-to-hf", help="LoRA run checkpoint -> merged HF directory "
                             "(and a PEFT adapter directory)")
   from_lora.add_argument("--config", required=True, help="the run's configs/<name>.py")
@@ -81,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   from_lora.add_argument("--out", required=True)
   from_lora.add_argument("--peft_out", default=None)
   from_lora.add_argument("--tokenizer_dir", default=None, help="copy tokenizer files from here")
-  from_lora.add_argument("--max_shard_mb", type=int, default=5120)
+  from_lora.add_argument("--max_shard_mb", type=_shard_mb, default=5120)
   args = parser.parse_args(argv)
   try:
     run(args)

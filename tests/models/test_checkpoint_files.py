@@ -140,3 +140,15 @@ def test_convert_cli_names_an_out_path_that_is_a_file(model, tmp_path, command):
 def test_a_missing_hf_dir_is_named_as_missing(tmp_path):
   with pytest.raises(FileNotFoundError, match=r"HF checkpoint directory '.*nope' does not exist"):
     hf.load_hf(tmp_path / "nope")
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "1.5"])
+def test_convert_cli_refuses_a_shard_size_below_one_mib(tmp_path, capsys, value):
+  # Before: 0 or -1 was taken, and the export wrote one file per tensor.
+  from sao_jax.cli import convert
+
+  with pytest.raises(SystemExit) as exit_info:
+    convert.main(["sao-to-hf", "--params", str(tmp_path), "--out", str(tmp_path / "hf"),
+                  "--max_shard_mb", value])
+  assert exit_info.value.code == 2
+  assert f"--max_shard_mb: {value!r} is not a whole number of MiB >= 1" in capsys.readouterr().err
