@@ -36,7 +36,8 @@ def test_an_output_that_is_a_directory_is_refused_before_evaluating(tmp_path, ca
 def test_episodes_below_one_name_the_flag(capsys):
   with pytest.raises(SystemExit) as exit_info:
     evaluate_cli.main(CONFIG + ["--episodes", "0"])
-  assert exit_info.value.code == 2 and "--episodes 0: expected at least 1" in capsys.readouterr().err
+  err = capsys.readouterr().err
+  assert exit_info.value.code == 2 and "--episodes 0: expected at least 1" in err
 
 
 def test_a_report_that_cannot_be_written_keeps_its_scores(tmp_path, monkeypatch, capsys):
