@@ -29,12 +29,11 @@ from typing import Any, Callable, Mapping
 import jax
 import numpy as np
 from safetensors import safe_open
-from safetensors.numpy import save_file
 
 from sao_jax import bounded_json
 from sao_jax.config import ModelConfig
 from sao_jax.models.families import FAMILIES, HF_ARCHITECTURES, HfArchitecture, hf_architecture
-from sao_jax.models.params_io import place
+from sao_jax.models.params_io import place, write_safetensors
 from sao_jax.models.transformer import Params, abstract_params, is_moe_layer, param_path, param_shardings
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -458,7 +457,7 @@ def _write_weights(params: Params, cfg: ModelConfig, out_dir: pathlib.Path,
   total = 0
 
   def flush():
-    save_file(shard, out_dir / f"shard-{len(shard_names)}.tmp", metadata={"format": "pt"})
+    write_safetensors(shard, out_dir / f"shard-{len(shard_names)}.tmp", metadata={"format": "pt"})
     shard_names.append(list(shard))
     shard.clear()
 

@@ -23,7 +23,7 @@ import pathlib
 
 import jax
 import numpy as np
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from sao_jax import bounded_json
@@ -59,12 +59,30 @@ def save_params(directory: str | pathlib.Path, params: Params, cfg: ModelConfig,
   if directory.exists() and not directory.is_dir():
     raise ValueError(f"output {str(directory)!r} is a file; pass a directory (created if missing)")
   directory.mkdir(parents=True, exist_ok=True)
-  fields = dataclasses.asdict(cfg)
-  (directory / CONFIG_FILE).write_text(json.dumps({**fields, "head": head}, indent=2))
   tensors = {}
   for keypath, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
     tensors[param_path(keypath)] = np.asarray(jax.device_get(leaf))
-  save_file(tensors, directory / PARAMS_FILE)
+  # The tensors first, under a temporary name, and the config last: a failed save (a
+  # full disk) leaves no directory that `load_params` takes for a whole one.
+  partial = directory / (PARAMS_FILE + ".tmp")
+  try:
+    write_safetensors(tensors, partial)
+    partial.replace(directory / PARAMS_FILE)
+  finally:
+    partial.unlink(missing_ok=True)
+  fields = dataclasses.asdict(cfg)
+  (directory / CONFIG_FILE).write_text(json.dumps({**fields, "head": head}, indent=2))
+
+
+def write_safetensors(tensors: dict[str, np.ndarray], path: pathlib.Path,
+                      metadata: dict[str, str] | None = None) -> None:
+  """`safetensors.numpy.save_file`, whose write errors (a full disk) are an OSError
+  naming `path`: the library raises its own SafetensorError, which the CLIs would
+  print as a traceback."""
+  try:
+    save_file(tensors, path, metadata=metadata)
+  except SafetensorError as error:
+    raise OSError(f"cannot write {str(path)!r}: {error}") from error
 
 
 def load_config(directory: str | pathlib.Path) -> tuple[ModelConfig, str]:

@@ -18,10 +18,10 @@ import pathlib
 
 import jax
 import numpy as np
-from safetensors.numpy import save_file
 
 from sao_jax.config import LoraConfig, ModelConfig
 from sao_jax.models import lora
+from sao_jax.models.params_io import write_safetensors
 from sao_jax.models.transformer import Params
 
 _HF_BLOCKS = {"attn": "self_attn", "mlp": "mlp"}  # our module name -> HF's, inside a layer
@@ -59,6 +59,6 @@ def export_peft(adapters: Params, model_cfg: ModelConfig, lora_cfg: LoraConfig,
     tensors[f"{prefix}.lora_B.weight"] = np.ascontiguousarray(np.asarray(jax.device_get(ab["b"])).T)
   out_dir = pathlib.Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
-  save_file(tensors, out_dir / "adapter_model.safetensors", metadata={"format": "pt"})
+  write_safetensors(tensors, out_dir / "adapter_model.safetensors", metadata={"format": "pt"})
   (out_dir / "adapter_config.json").write_text(json.dumps(adapter_config(lora_cfg, base_model),
                                                           indent=2))

@@ -3,6 +3,7 @@ sizes inside them must not make the loaders read elsewhere or hang. No torch nee
 the checkpoints are sao_jax's own HF export of a tiny random model."""
 
 import json
+import pathlib
 import shutil
 
 import jax
@@ -152,3 +153,32 @@ def test_convert_cli_refuses_a_shard_size_below_one_mib(tmp_path, capsys, value)
                   "--max_shard_mb", value])
   assert exit_info.value.code == 2
   assert f"--max_shard_mb: {value!r} is not a whole number of MiB >= 1" in capsys.readouterr().err
+
+
+def _full_disk(monkeypatch):
+  """safetensors' save_file as on a full disk: half a file, then its own error type."""
+  from safetensors import SafetensorError
+
+  def save_file(tensors, path, metadata=None):
+    pathlib.Path(path).write_bytes(b"\0" * 8)
+    raise SafetensorError("Error while serializing: I/O error: No space left on device")
+
+  monkeypatch.setattr(params_io, "save_file", save_file)
+  monkeypatch.setattr(hf, "save_file", save_file, raising=False)  # where it was imported before
+
+
+@pytest.mark.parametrize("command", ["hf-to-sao", "sao-to-hf"])
+def test_a_full_disk_is_one_line_and_leaves_no_whole_looking_directory(model, tmp_path,
+                                                                       monkeypatch, command):
+  """Before: a SafetensorError traceback, and hf-to-sao left model_config.json beside a
+  truncated params.safetensors, which load_params took for a params directory."""
+  from sao_jax.cli import convert
+
+  source = _export(model, tmp_path / "hf")
+  params_io.save_params(tmp_path / "sao", model[1], model[0])
+  source_flag = ["--hf_dir", str(source)] if command == "hf-to-sao" else [
+      "--params", str(tmp_path / "sao")]
+  _full_disk(monkeypatch)
+  with pytest.raises(SystemExit, match=r"sao-convert: cannot write '.*out.*': .*No space left"):
+    convert.main([command, *source_flag, "--out", str(tmp_path / "out")])
+  assert list((tmp_path / "out").iterdir()) == []
