@@ -53,11 +53,18 @@ from sao_jax.sampler.worker import SamplerSupervisor, WorkerSpec
 from sao_jax.storage import storage_path
 
 
+def checkpoint_directory(cfg: Config):
+  """The run's checkpoint directory (a path, or an epath.Path in a bucket) and whether it
+  holds any checkpoint yet."""
+  checkpoints = storage_path(cfg.with_run_paths().checkpoint.directory)
+  return checkpoints, checkpoints.is_dir() and any(checkpoints.iterdir())
+
+
 def refuse_to_overwrite(cfg: Config) -> None:
   """ValueError if the run's checkpoint directory (a bucket is checked in its
   bucket) already holds checkpoints: a new run there would mix with the old one."""
-  checkpoints = storage_path(cfg.with_run_paths().checkpoint.directory)
-  if checkpoints.is_dir() and any(checkpoints.iterdir()):
+  checkpoints, held = checkpoint_directory(cfg)
+  if held:
     raise ValueError(f"{checkpoints} already holds checkpoints; pass --resume to continue that "
                      "run or set --set run.run_dir=ANOTHER_DIR")
 

@@ -36,6 +36,11 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     if not args.resume:
       train.refuse_to_overwrite(cfg)
+    elif not (found := train.checkpoint_directory(cfg))[1]:
+      # Not an error: a relaunch killed before its first checkpoint starts over the same
+      # way. Said, so a typo'd run.run_dir is not silently a new run.
+      print(f"sao-train: --resume found no checkpoint in {found[0]}; starting from step 0",
+            file=sys.stderr, flush=True)
     summary = train.run(cfg, resume=args.resume)
   except (ValueError, FileNotFoundError) as error:
     parser.exit(2, f"error: {error}\n")

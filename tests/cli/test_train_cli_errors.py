@@ -113,3 +113,16 @@ def test_a_tokenizer_file_that_does_not_parse_is_named(tmp_path, capsys):
   assert exit_info.value.code == 2
   assert "tokenizer.json' is not a tokenizer.json the tokenizers library reads" in (
       capsys.readouterr().err)
+
+
+def test_resume_without_a_checkpoint_says_it_starts_over(tmp_path, monkeypatch, capsys):
+  # Before: a typo'd run.run_dir with --resume silently trained a new run from step 0.
+  from sao_jax import train
+
+  started = []
+  monkeypatch.setattr(train, "run", lambda cfg, resume: started.append(resume) or {
+      "steps_done": 0, "stopped_by": "steps", "plot": ""})
+  train_cli.main(["--config", DEMO, "--set", f"run.run_dir={tmp_path / 'typo'}", "--resume"])
+  assert started == [True]
+  assert (f"--resume found no checkpoint in {tmp_path / 'typo' / 'checkpoints'}; starting from "
+          "step 0") in capsys.readouterr().err
