@@ -268,7 +268,7 @@ _CPU_EXIT = 152
 # keeps no reference to the audit hook or its state in any reachable namespace:
 # everything the hook needs is bound in its closure at creation.
 _BOOTSTRAP = r'''
-import json, os, resource, signal, sys, traceback
+import json, os, resource, signal, sys, traceback, warnings
 
 def _make_hook(workdir, read_roots, read_files):
   realpath, sep, type_, str_, bytes_, int_, fsdecode = (
@@ -339,10 +339,15 @@ def _setup():
     source = f.read()
   # A compile error is the model's mistake, reported after READY: also code nested past
   # the parser's stack (MemoryError) or the compiler's recursion limit (RecursionError).
-  try:
-    code = compile(source, "main.py", "exec")
-  except (SyntaxError, ValueError, MemoryError, RecursionError) as error:
-    code = error
+  # So are the compiler's warnings (`x is 5`, "\d" in a string): printed before READY
+  # they made the harness look broken, and an episode the policy chose to end that way
+  # was dropped as an environment failure instead of scored. They are kept and printed
+  # after READY, as python prints them.
+  with warnings.catch_warnings(record=True) as warned:
+    try:
+      code = compile(source, "main.py", "exec")
+    except (SyntaxError, ValueError, MemoryError, RecursionError) as error:
+      code = error
   if settings["copy_from"]:  # Into the capped work tmpfs, before the limits apply.
     import shutil
     try:
@@ -364,10 +369,16 @@ def _setup():
         delattr(module, name)
   sys.addaudithook(_make_hook(settings["workdir"], tuple(settings["read_roots"]),
                               frozenset(("/dev/null", "/dev/zero", "/dev/urandom"))))
-  return code
+  lines = source.splitlines()
+  notes = [warnings.formatwarning(w.message, w.category, w.filename, w.lineno,
+                                  lines[w.lineno - 1] if 0 < w.lineno <= len(lines) else "")
+           for w in warned]
+  return code, notes
 
-def _run(code):
+def _run(code, notes):
   sys.stderr.write(%(ready)r)
+  for note in notes:
+    sys.stderr.write(note)
   sys.stderr.flush()
   if isinstance(code, BaseException):
     traceback.print_exception(type(code), code, None)
@@ -380,5 +391,5 @@ def _run(code):
     traceback.print_exception(type(e), e, e.__traceback__.tb_next)
     sys.exit(1)
 
-_run(_setup())
+_run(*_setup())
 ''' % {"ready": _READY, "cpu_exit": _CPU_EXIT}

@@ -161,3 +161,18 @@ def test_syntax_error_is_the_codes_fault_not_a_harness_failure():
     result = sandbox.run_python(code, sandbox.SandboxLimits())
     assert result.exit_code == 1 and result.killed_reason is None
     assert "SyntaxError" in result.stderr and message in result.stderr
+
+
+@pytest.mark.parametrize("code, warning", [("x = 5\nprint(x is 5)\n", "SyntaxWarning"),
+                                           ("print(len('\\d'))\nprint((1, 2) (3))\n",
+                                            "SyntaxWarning")])
+def test_compiler_warnings_are_the_codes_output_not_a_harness_failure(code, warning):
+  # The bootstrap compiled the code before READY and the compiler's warning came first on
+  # stderr: SandboxError ("bootstrap did not start"), so a policy that wrote `x is 5` turned
+  # its episode into an environment failure (dropped) instead of a scored answer.
+  result = sandbox.run_python(code, LIMITS)
+  assert "main.py:2: " + warning in result.stderr
+  if "x is 5" in code:
+    assert result.ok and result.stdout == "True\n" and "print(x is 5)" in result.stderr
+  else:  # the call on a tuple still fails when it runs: the code's error, after its warning
+    assert result.exit_code == 1 and result.stdout == "2\n" and "TypeError" in result.stderr
