@@ -263,6 +263,9 @@ def _killed_reason(exit_code: int, timed_out: bool, wrapped: bool) -> str | None
 # namespace the child is init, which the kernel spares from default-action
 # signals, so the bootstrap handles SIGXCPU itself.
 _CPU_EXIT = 152
+# Compiler warnings on the model's code shown (after READY), and characters of each
+# message and quoted line: like its output, the code's warnings are bounded.
+_MAX_WARNINGS, _WARNING_CHARS = 20, 200
 
 # Runs inside the child as `python -I -S -B -c _BOOTSTRAP settings_json`. It
 # keeps no reference to the audit hook or its state in any reachable namespace:
@@ -369,10 +372,14 @@ def _setup():
         delattr(module, name)
   sys.addaudithook(_make_hook(settings["workdir"], tuple(settings["read_roots"]),
                               frozenset(("/dev/null", "/dev/zero", "/dev/urandom"))))
+  # Bounded: one long line can hold thousands of warnings, each quoting that line.
   lines = source.splitlines()
-  notes = [warnings.formatwarning(w.message, w.category, w.filename, w.lineno,
-                                  lines[w.lineno - 1] if 0 < w.lineno <= len(lines) else "")
-           for w in warned]
+  notes = [warnings.formatwarning(str(w.message)[:%(note_chars)d], w.category, w.filename,
+                                  w.lineno, lines[w.lineno - 1][:%(note_chars)d]
+                                  if 0 < w.lineno <= len(lines) else "")
+           for w in warned[:%(max_notes)d]]
+  if len(warned) > %(max_notes)d:
+    notes.append(f"({len(warned) - %(max_notes)d} more compiler warnings not shown)\n")
   return code, notes
 
 def _run(code, notes):
@@ -392,4 +399,5 @@ def _run(code, notes):
     sys.exit(1)
 
 _run(*_setup())
-''' % {"ready": _READY, "cpu_exit": _CPU_EXIT}
+''' % {"ready": _READY, "cpu_exit": _CPU_EXIT, "max_notes": _MAX_WARNINGS,
+       "note_chars": _WARNING_CHARS}

@@ -176,3 +176,13 @@ def test_compiler_warnings_are_the_codes_output_not_a_harness_failure(code, warn
     assert result.ok and result.stdout == "True\n" and "print(x is 5)" in result.stderr
   else:  # the call on a tuple still fails when it runs: the code's error, after its warning
     assert result.exit_code == 1 and result.stdout == "2\n" and "TypeError" in result.stderr
+
+
+def test_compiler_warnings_shown_are_bounded():
+  # One long line can hold thousands of warnings, each quoting the whole line: 5000 here,
+  # each with ~35 kB of line (~170 MB of text had they all been formatted).
+  code = "x = 1\ny = " + " or ".join(["x is 1"] * 5000) + "\nprint('ran', y)\n"
+  result = sandbox.run_python(code, sandbox.SandboxLimits())
+  assert result.ok and result.stdout == "ran True\n"
+  assert result.stderr.count("SyntaxWarning") == 20
+  assert "(4980 more compiler warnings not shown)" in result.stderr
