@@ -26,6 +26,13 @@ import traceback
 MESSAGE_CHARS = 1000  # of one exception's message in a traceback
 
 
+def logged_at(count: int) -> bool:
+  """Whether the `count`-th occurrence of something an adversary can repeat at will
+  (a peer's bad message, a planted version) is logged: the 1st, 2nd, 4th, 8th, ..., so
+  its log lines grow with the log of the count, not with the count."""
+  return count > 0 and count & (count - 1) == 0
+
+
 def untrusted(text: object, limit: int | None = None) -> str:
   """`str(text)` as one printable line: non-printable characters escaped (module
   docstring); with `limit`, only the first `limit` characters of it, then how many

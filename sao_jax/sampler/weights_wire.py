@@ -45,7 +45,7 @@ import jax
 import numpy as np
 
 from sao_jax import bounded_json
-from sao_jax.log_text import untrusted
+from sao_jax.log_text import logged_at, untrusted
 
 PROTOCOL = 2
 LENGTH = struct.Struct("!Q")
@@ -72,7 +72,7 @@ def count_error(stats: collections.Counter, error: PeerError, peer: str) -> None
   its message escaped (`log_text.untrusted`): it quotes what the peer sent."""
   stats[error.reason] += 1
   count = stats[error.reason]
-  if count & (count - 1) == 0:
+  if logged_at(count):
     log.warning("weight channel: %s: %s (%s #%d)", peer, untrusted(error, 500), error.reason,
                 count)
 

@@ -55,7 +55,7 @@ from typing import Any, Callable
 
 from sao_jax.config import Config
 from sao_jax.data.transport import TransportClosed
-from sao_jax.log_text import traceback_text, untrusted
+from sao_jax.log_text import logged_at, traceback_text, untrusted
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # Waits before polling a weight channel again after it failed (module docstring).
@@ -234,7 +234,7 @@ class _SkipLog:
       if self._told.get(version) != why:
         self._told[version] = why
         self.reports += 1
-        if self.reports & (self.reports - 1) == 0:
+        if logged_at(self.reports):
           self._log(f"weight version {version} skipped: {untrusted(why, 500)} "
                     f"(skipped version #{self.reports}; logged at 1, 2, 4, 8, ...)")
 
