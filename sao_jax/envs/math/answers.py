@@ -10,19 +10,24 @@ assistant turn (braces balanced, so `\boxed{\frac{1}{2}}` works).
 2. A plain-text gold answer (letters, spaces, `'` and `-` only, e.g. "Paris")
    is matched case-insensitively and nothing else: math parsers would read
    "Paris" as the product p*a*r*i*s and accept any anagram.
-3. Predictions that could make the symbolic check explode (over
+3. Against a gold without a percent sign, a percentage prediction counts as
+   its number: `7\%` is 7, never also 0.07 (`_PERCENT` markers are dropped).
+   math-verify reads `7\%` as 7 against 7 and as 0.07 against 0.07, and
+   `700\%` matches both 7 and 700: one answer for two golds a factor of 100
+   apart (dollars or cents, a fraction or its percentage), a hedge.
+4. Predictions that could make the symbolic check explode (over
    `MAX_ANSWER_CHARS`, a power inside an exponent, an exponent or factorial
    argument of 5+ digits) -> incorrect.
-4. `math-verify` (Hugging Face's `math_verify.parse` / `verify`, both sides
+5. `math-verify` (Hugging Face's `math_verify.parse` / `verify`, both sides
    wrapped in `\boxed{}`) when it can parse both: handles 1/2 vs 0.5,
    `\frac12`, `3\sqrt2` vs `\sqrt{18}`, `x+1` vs `1+x`, sets, thousands
    separators. It runs in a child process (`checker`): an answer that keeps it
    busy past `_DEADLINE_S` (or over its memory cap) is incorrect.
-5. Fallback when math-verify cannot parse one side: exact rational comparison
+6. Fallback when math-verify cannot parse one side: exact rational comparison
    of plain numbers (integers, decimals, `a/b`, `,` thousands separators);
    anything else is incorrect.
 
-Step 3 only saves the child's time on answers known to explode; the child's
+Step 4 only saves the child's time on answers known to explode; the child's
 deadline is the guard (no pattern list catches every explosive answer, e.g.
 `2^{+99999999999}` or `(99999999)!`), on any thread.
 """
@@ -41,6 +46,10 @@ _PLAIN_TEXT = re.compile(r"[A-Za-z][A-Za-z '\-]*")
 _EXPLOSIVE = re.compile(r"(\^|\*\*)\s*[{(]?[^})]*(\^|\*\*)"  # power in an exponent
                         r"|(\^|\*\*)\s*[{(]?\s*\d{5,}"  # 5+ digit exponent
                         r"|\d{5,}\s*!")  # 5+ digit factorial
+# What math-verify reads as a percent sign (`\%`, `%`, `percent`, `percentage`, `pct`,
+# also inside `\text{}`): what step 3 drops.
+_PERCENT = re.compile(r"\\(?:text|textrm|mathrm|mbox)\s*\{\s*(?:\\?%|percent(?:age)?|pct)\s*\}"
+                      r"|\\?%|percent(?:age)?|pct", re.IGNORECASE)
 _NUMBER = re.compile(r"[+-]?(\d{1,3}(,\d{3})+|\d+)(\.\d+)?(/\d+)?|[+-]?\.\d+")
 
 
@@ -86,6 +95,10 @@ def verify_answer(predicted: str, gold: str) -> bool:
     return True
   if _PLAIN_TEXT.fullmatch(gold):
     return predicted.casefold() == gold.casefold()
+  if _PERCENT.search(predicted) and not _PERCENT.search(gold):
+    predicted = _normalize(_PERCENT.sub(" ", predicted))  # one reading only, see step 3
+    if not predicted:
+      return False
   if len(predicted) > MAX_ANSWER_CHARS or _EXPLOSIVE.search(predicted):
     return False
   verdict = checker.verify(predicted, gold, timeout_s=_TIMEOUT_S, deadline_s=_DEADLINE_S)

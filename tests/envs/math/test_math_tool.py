@@ -41,6 +41,23 @@ def test_verify_answer(predicted, gold, correct):
   assert answers.verify_answer(predicted, gold) is correct
 
 
+@pytest.mark.parametrize("predicted, gold, correct", [
+    ("7\\%", "7", True),
+    ("7\\%", "0.07", False),  # was accepted for both golds
+    ("7 percent", "0.07", False),
+    ("700\\%", "7", False),  # and this for both 7 and 700 (dollars or cents)
+    ("700\\%", "700", True),
+    ("7\\text{\\%}", "7", True),
+    ("\\%", "7", False),
+    ("7\\%", "7\\%", True),  # a gold with a percent sign: math-verify's readings, as before
+    ("0.07", "7\\%", True),
+])
+def test_a_percentage_is_one_number_not_a_hedge_over_a_factor_of_100(predicted, gold, correct):
+  """math-verify reads `7\\%` as 7 against the gold 7 and as 0.07 against 0.07: a policy
+  unsure of a factor of 100 answered with a percent sign and was right either way."""
+  assert answers.verify_answer(predicted, gold) is correct
+
+
 def test_extract_boxed_takes_the_last_balanced_box():
   assert answers.extract_boxed("\\boxed{1} then \\boxed{\\frac{1}{2}}") == "\\frac{1}{2}"
   assert answers.extract_boxed("\\boxed{7} and an unclosed \\boxed{3") == "7"
