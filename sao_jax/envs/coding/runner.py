@@ -23,10 +23,12 @@ anything. No START line means the runner itself never came up: that raises
 `SandboxError` (an environment failure, not a failed test).
 
 Not enforced: the code under test shares the runner's interpreter, so code
-written to inspect the runner's frames could read the mark and forge verdicts.
-As with pytest-based graders, a test is only as strong as in-process isolation;
-that is why generated tasks are graded by `grader.grade_calls` instead, and
-this runner grades only task directories with arbitrary test files.
+written to inspect the runner's frames could read the mark and forge verdicts,
+and more simply, a returned object whose `__eq__` always holds passes every
+`assert f(x) == y` in the tests. As with pytest-based graders, a test is only
+as strong as in-process isolation; that is why generated tasks are graded by
+`grader.grade_calls` instead, and this runner grades only task directories
+with arbitrary test files.
 """
 
 from __future__ import annotations
