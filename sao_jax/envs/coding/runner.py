@@ -61,9 +61,11 @@ def _emit(text):
     data = data[os.write(_out, data):]
 
 _emit(_MARK + " START\n")
-# The runner's own imports skip the repository, which may shadow stdlib names.
+# The runner's own imports skip the repository, which may shadow stdlib names;
+# unicodedata too, which parsing a "\N{...}" escape imports (a repository's own
+# unicodedata.py would otherwise run inside the parse, before the TESTS line).
 _root = sys.path.pop(0)
-import ast, contextlib, importlib.util, io, traceback
+import ast, contextlib, importlib.util, io, traceback, unicodedata
 sys.path[:0] = [_root, os.path.dirname(os.path.abspath(_PATH))]
 '''
 

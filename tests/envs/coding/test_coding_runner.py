@@ -75,6 +75,11 @@ def test_the_list_of_tests_is_fixed_before_the_files_code_runs(tmp_path):
                          "def test_a():\n    pass\n\ndef test_b():\n    pass\n")
   assert result.names == ("test_a", "test_b") and result.passed == {"test_b"}, result.report
   assert "FAIL test_a (no result: the test process ended" in result.report
+  # Parsing a "\N{...}" escape imports unicodedata: the repository's own ran inside the
+  # parse, before the list was written (and the file failed to load).
+  (tmp_path / "unicodedata.py").write_text("raise ImportError('the repository ran')\n")
+  result = run(tmp_path, 'BULLET = "\\N{BULLET}"\n\ndef test_a():\n    assert BULLET == "\u2022"\n')
+  assert result.passed == {"test_a"}, result.report
 
 
 def test_a_file_without_test_functions_is_one_test(tmp_path):
