@@ -170,9 +170,15 @@ def _numbered(text: str, first: int, last: int) -> str:
   the shown lines are split out and formatted (splitting a 4 MiB file of empty
   lines into a list took ~70 MB; formatting all of them, 190 MB)."""
   shown = min(last, first + MAX_SHOWN_LINES - 1)
-  start = 0
-  for _ in range(first - 1):
-    start = text.index("\n", start) + 1
+  # Where line `first` starts: the least offset with first - 1 newlines before it, by
+  # binary search over C-level counts (a Python step per earlier line took 0.6 s).
+  start, end = 0, len(text)
+  while start < end:
+    middle = (start + end) // 2
+    if text.count("\n", 0, middle) < first - 1:
+      start = middle + 1
+    else:
+      end = middle
   lines = text[start:].split("\n", shown - first + 1)
   text = "\n".join(f"{first + i:>6}  {line}" for i, line in enumerate(lines[:shown - first + 1]))
   if shown < last:
@@ -274,7 +280,8 @@ class Workspace:
     return _capped(entries, MAX_LIST_ENTRIES, "entries")
 
   def view(self, path: str, start: int | None = None, end: int | None = None) -> str:
-    """Lines `start`..`end` (1-based, inclusive; `end` past the file is clamped)."""
+    """Lines `start`..`end` (1-based, inclusive; `end` past the file is clamped), at most
+    `MAX_SHOWN_LINES` of them."""
     text = self.read_text(path)
     count = _line_count(text)
     if not count:
@@ -287,7 +294,8 @@ class Workspace:
     return f"{path} (lines {first}-{last} of {count}):\n" + _numbered(text, first, last)
 
   def search(self, text: str, path: str = ".") -> str:
-    """`file:line: content` for every line containing `text` (literal, case-sensitive)."""
+    """`file:line: content` for the first `MAX_MATCHES` lines containing `text` (literal,
+    case-sensitive), then a note if there are more."""
     if not text:
       raise ToolError("search text must not be empty.")
     top = self.resolve(path)

@@ -131,6 +131,8 @@ def test_view_and_edit_number_only_the_lines_they_show(workspace):
   assert lines[-1] == (f"[lines {shown + 5}-1000000 not shown: at most {shown} lines at once; "
                        "view them with start and end]")
   assert peak < 4 * len(content), peak  # ~70 MB before
+  assert workspace.view("blank.txt", start=999_999).split("\n") == [
+      "blank.txt (lines 999999-1000000 of 1000000):", "999999  ", "1000000  "]
   edited = workspace.edit("pkg/mod.py", "def g(x):", "def g(x):" + "\n#" * 5000)
   assert edited.startswith("edited pkg/mod.py; lines 3-5006 now read:\n     3  \n")
   assert edited.endswith(f"[lines {shown + 3}-5006 not shown: at most {shown} lines at once; "
