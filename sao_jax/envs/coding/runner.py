@@ -6,6 +6,12 @@ with no arguments returns without raising. A file without such functions is
 one test, named by its path, that passes if the file runs to the end (a plain
 script with asserts). No pytest is needed inside the sandbox.
 
+The file is parsed inside the sandbox, under its limits, never in this process:
+an agent writes its own test files, and CPython 3.11 parses f-strings in time
+quadratic in their length (a 240 KB test file took 4.4 s of this process, the
+sampler's, a 4 MiB one would take ~20 minutes). A file whose parse does not
+finish within the limits counts as one test that fails.
+
 How a file runs: in its own interpreter via `sandbox.run_python(...,
 workdir=root)`, so every sandbox limit applies, with the repository root and
 the file's own directory on `sys.path`. Output printed by a test is captured
@@ -15,12 +21,14 @@ cost a passing test its verdict (only code writing to the raw stdout
 descriptor can crowd verdicts out, and then its tests fail).
 
 How verdicts are read: the runner writes `<mark> START` before it imports
-anything from the repository, then `<mark> PASS <name>` or `<mark> FAIL <name>`
-after each test returns or raises, where `<mark>` is a fresh random token per
-run. A test without a verdict failed (the process crashed, exited early or hit a
-limit), so `sys.exit(0)` or `os._exit(0)` in the code under test cannot pass
-anything. No START line means the runner itself never came up: that raises
-`SandboxError` (an environment failure, not a failed test).
+anything from the repository, `<mark> TESTS <name> <name> ...` once it has parsed
+the file (still before any code of the repository or the file runs), then
+`<mark> PASS <name>` or `<mark> FAIL <name>` after each test returns or raises,
+where `<mark>` is a fresh random token per run. A test without a verdict
+failed (the process crashed, exited early or hit a limit), so `sys.exit(0)` or
+`os._exit(0)` in the code under test cannot pass anything. No START line means
+the runner itself never came up: that raises `SandboxError` (an environment
+failure, not a failed test).
 
 Not enforced: the code under test shares the runner's interpreter, so code
 written to inspect the runner's frames could read the mark and forge verdicts,
@@ -35,6 +43,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import inspect
 import os
 import secrets
 
@@ -43,7 +52,8 @@ from sao_jax.envs import sandbox
 # Failure details (captured output, traceback) kept per test, from the end.
 _DETAIL_CHARS = 2000
 
-_RUNNER = r'''
+# The runner's first part; `collect_tests` and `_RUNNER` follow it.
+_RUNNER_START = r'''
 import os, sys
 _out = os.dup(1)
 
@@ -53,10 +63,21 @@ def _emit(text):
     data = data[os.write(_out, data):]
 
 _emit(_MARK + " START\n")
-# The runner's own imports skip the repository, which may shadow stdlib names.
+# The runner's own imports skip the repository, which may shadow stdlib names;
+# unicodedata too, which parsing a "\N{...}" escape imports (a repository's own
+# unicodedata.py would otherwise run inside the parse, before the TESTS line).
 _root = sys.path.pop(0)
-import contextlib, importlib.util, io, traceback
+import ast, contextlib, importlib.util, io, traceback, unicodedata
 sys.path[:0] = [_root, os.path.dirname(os.path.abspath(_PATH))]
+'''
+
+_RUNNER = r'''
+try:  # Before anything of the repository runs: no code of it can change the list.
+  with open(_PATH, encoding="utf-8") as _file:
+    _NAMES = collect_tests(_file.read())
+except (OSError, ValueError):  # unreadable or not UTF-8: one whole-file test
+  _NAMES = []
+_emit(_MARK + " TESTS" + "".join(" " + _name for _name in _NAMES) + "\n")
 
 def _tail(text):
   return text if len(text) <= _DETAIL_CHARS else "[...]" + text[-_DETAIL_CHARS:]
@@ -119,7 +140,8 @@ class FileResult:
 
 def collect_tests(source: str) -> list[str]:
   """The top-level `def test*` functions of `source`, in order; [] if there are none
-  or the file does not parse (it then counts as one whole-file test)."""
+  or the file does not parse (it then counts as one whole-file test). The runner
+  calls it inside the sandbox (its source is pasted in: it may use only `ast`)."""
   try:
     tree = ast.parse(source)
   except (SyntaxError, ValueError, RecursionError, MemoryError):
@@ -140,29 +162,46 @@ def discover(root: str, tests_dir: str) -> list[str]:
                   and e.is_file(follow_symlinks=False))
 
 
+def _runner_bytes(source: str, path: str, mark: str) -> int:
+  """At most what the runner writes besides failure details for a test file `source`:
+  the START and TESTS lines and a verdict line per test. A test is a name the source
+  spells after `def` (so there are at most `source.count("def")`) and takes at most 3
+  UTF-8 bytes per byte it takes there (Python NFKC-normalizes identifiers: U+0F79
+  becomes 3 characters of 3 bytes each); it appears in the TESTS line and in its
+  verdict line."""
+  line = len(mark) + len(" TESTS \n")
+  return (line * (source.count("def") + 3) + 2 * 3 * len(source.encode("utf-8"))
+          + len(path.encode("utf-8")))
+
+
 def run_test_file(root: str, path: str, source: str, limits: sandbox.SandboxLimits, *,
                   isolation: str = sandbox.DEFAULT_SANDBOX) -> FileResult:
   """Runs the test file `path` (relative to `root`, whose text is `source`).
 
   Raises `sandbox.SandboxError` if the runner did not start.
   """
-  names = collect_tests(source)
-  expected = tuple(names) or (path,)
   mark = secrets.token_hex(16)
   # repr, not JSON: JSON writes a character beyond the BMP as a surrogate pair, which a
-  # Python literal reads as two lone surrogates (a name no verdict then matches).
-  prelude = (f"_MARK = {mark!r}\n_PATH = {path!r}\n_NAMES = {names!r}\n"
+  # Python literal reads as two lone surrogates.
+  prelude = (f"_MARK = {mark!r}\n_PATH = {path!r}\n"
              f"_DETAIL_CHARS = {_DETAIL_CHARS}\n_DETAIL_BYTES = {limits.max_output_bytes}\n")
-  # Room for every verdict line on top of the output limit, so that failure
+  # Room for the runner's own lines on top of the output limit, so that failure
   # details (which the runner keeps within the limit) never push verdicts out.
-  verdict_bytes = sum(len(f"{mark} FAIL {name}\n".encode()) for name in ("START",) + expected)
-  limits = dataclasses.replace(limits, max_output_bytes=limits.max_output_bytes + verdict_bytes)
-  result = sandbox.run_python(prelude + _RUNNER, limits, workdir=root, isolation=isolation)
+  limits = dataclasses.replace(
+      limits, max_output_bytes=limits.max_output_bytes + _runner_bytes(source, path, mark))
+  script = prelude + _RUNNER_START + inspect.getsource(collect_tests) + _RUNNER
+  result = sandbox.run_python(script, limits, workdir=root, isolation=isolation)
   lines = result.stdout.split("\n")
   if f"{mark} START" not in lines:
     raise sandbox.SandboxError(
         f"the test runner did not start for {path} (exit {result.exit_code}, killed: "
         f"{result.killed_reason}): {result.stderr[-2000:]}")
+  # The first such line: the runner's, written before any code of the repository ran.
+  listed = next((line for line in lines if line.startswith(f"{mark} TESTS")), None)
+  names = [] if listed is None else listed[len(f"{mark} TESTS"):].split(" ")[1:]
+  expected = tuple(names) or (path,)
+  missing = ("the test file was not parsed within the limits" if listed is None else
+             "the test process ended before this test finished")
   verdicts: dict[str, str] = {}
   report = []
   for line in lines:
@@ -173,8 +212,7 @@ def run_test_file(root: str, path: str, source: str, limits: sandbox.SandboxLimi
     if verdict in ("PASS", "FAIL") and name in expected and name not in verdicts:
       verdicts[name] = verdict
       report.append(f"{verdict} {name}")
-  report += [f"FAIL {name} (no result: the test process ended before this test finished)"
-             for name in expected if name not in verdicts]
+  report += [f"FAIL {name} (no result: {missing})" for name in expected if name not in verdicts]
   passed = frozenset(name for name, verdict in verdicts.items() if verdict == "PASS")
   body = sandbox.format_tool_output(
       dataclasses.replace(result, stdout="\n".join(report).strip("\n")), limits)

@@ -30,10 +30,18 @@ What `Workspace` enforces, and why:
   stall this process, which has no time limit.
 - `edit` replaces text that occurs exactly once; zero or several occurrences
   are errors that say which, so the model never edits the wrong spot.
-- Listings and search results are capped (`MAX_LIST_ENTRIES`, `MAX_MATCHES`)
-  with a note saying how many were left out; the walks behind them, and the
-  tree `edit`/`create` may grow, are bounded by `walk` (entries, depth, path
-  length, bytes, time), so the copies made for the sandbox and grading are too.
+- Listings, search results and shown lines are capped (`MAX_LIST_ENTRIES`,
+  `MAX_MATCHES`, `MAX_SHOWN_LINES`) with a note saying what was left out, and
+  the work behind them stops at the cap: search stops at the first
+  `MAX_MATCHES` matching lines (it kept and formatted every one: 16 MiB of
+  one-letter lines took 56 s and 700 MB of this process), `view` and `edit`
+  number only the lines they show (a 4 MiB file of empty lines took 190 MB).
+  The walks behind them, and the tree `edit`/`create` may grow, are bounded by
+  `walk` (entries, depth, path length, bytes, time), so the copies made for
+  the sandbox and grading are too.
+- A path longer than `walk.MAX_PATH_BYTES` is refused before it is resolved:
+  no file has one, and resolving one takes time quadratic in its length (a
+  100 000-component path took 2 s).
 
 Every failure is a `ToolError` whose message is the observation; none escapes
 as a crash (OS errors are converted too).
@@ -47,13 +55,14 @@ import os
 import re
 import reprlib
 import stat
-from typing import Any
+from typing import Any, Iterator
 
 from sao_jax.envs.coding import walk
 
 MAX_FILE_BYTES = 1 << 22
 MAX_LIST_ENTRIES = 500
 MAX_MATCHES = 100
+MAX_SHOWN_LINES = 1000  # lines one view or edit result shows
 _MATCH_LINE_CHARS = 200
 _EDIT_CONTEXT_LINES = 2
 _LISTED_OCCURRENCES = 20  # line numbers an ambiguous edit's error names
@@ -149,14 +158,33 @@ def parse_tool_call(text: str) -> ToolCall | None:
   return ToolCall(name, filled)
 
 
-def _lines(text: str) -> list[str]:
-  """Lines split on "\\n" only, so numbers match what `edit` counts."""
-  lines = text.split("\n")
-  return lines[:-1] if lines[-1] == "" else lines
+def _line_count(text: str) -> int:
+  """Lines of `text` split on "\\n" only (so numbers match what `edit` counts); a final
+  newline ends the last line rather than starting an empty one."""
+  return text.count("\n") + (bool(text) and not text.endswith("\n"))
 
 
-def _numbered(lines: list[str], first: int) -> str:
-  return "\n".join(f"{first + i:>6}  {line}" for i, line in enumerate(lines))
+def _numbered(text: str, first: int, last: int) -> str:
+  """Lines `first`..`last` (1-based, at most `_line_count(text)`) of `text`, numbered:
+  at most `MAX_SHOWN_LINES` of them, then a note saying how to see the rest. Only
+  the shown lines are split out and formatted (splitting a 4 MiB file of empty
+  lines into a list took ~70 MB; formatting all of them, 190 MB)."""
+  shown = min(last, first + MAX_SHOWN_LINES - 1)
+  # Where line `first` starts: the least offset with first - 1 newlines before it, by
+  # binary search over C-level counts (a Python step per earlier line took 0.6 s).
+  start, end = 0, len(text)
+  while start < end:
+    middle = (start + end) // 2
+    if text.count("\n", 0, middle) < first - 1:
+      start = middle + 1
+    else:
+      end = middle
+  lines = text[start:].split("\n", shown - first + 1)
+  text = "\n".join(f"{first + i:>6}  {line}" for i, line in enumerate(lines[:shown - first + 1]))
+  if shown < last:
+    text += (f"\n[lines {shown + 1}-{last} not shown: at most {MAX_SHOWN_LINES} lines at once; "
+             "view them with start and end]")
+  return text
 
 
 class Workspace:
@@ -169,6 +197,9 @@ class Workspace:
     """The absolute path of `path`, which must stay inside the root."""
     if not path.strip() or "\x00" in path:
       raise ToolError(f"invalid path {path!r}.")
+    if len(path) > walk.MAX_PATH_BYTES:  # characters <= UTF-8 bytes; realpath is quadratic
+      raise ToolError(f"the path has {len(path)} characters; no path in the repository is "
+                      f"longer than {walk.MAX_PATH_BYTES} bytes.")
     if os.path.isabs(path):
       raise ToolError(f"{path!r} is an absolute path; use a path relative to the repository "
                       "root.")
@@ -249,22 +280,22 @@ class Workspace:
     return _capped(entries, MAX_LIST_ENTRIES, "entries")
 
   def view(self, path: str, start: int | None = None, end: int | None = None) -> str:
-    """Lines `start`..`end` (1-based, inclusive; `end` past the file is clamped)."""
+    """Lines `start`..`end` (1-based, inclusive; `end` past the file is clamped), at most
+    `MAX_SHOWN_LINES` of them."""
     text = self.read_text(path)
-    lines = _lines(text)
-    if not lines:
+    count = _line_count(text)
+    if not count:
       return f"{path} is empty."
     first = 1 if start is None else start
-    last = len(lines) if end is None else min(end, len(lines))
-    if not 1 <= first <= len(lines) or last < first:
-      raise ToolError(f"lines {first}-{end if end is not None else len(lines)} are out of range: "
-                      f"{path} has {len(lines)} lines (start must be 1..{len(lines)}, "
-                      "end >= start).")
-    return (f"{path} (lines {first}-{last} of {len(lines)}):\n"
-            + _numbered(lines[first - 1:last], first))
+    last = count if end is None else min(end, count)
+    if not 1 <= first <= count or last < first:
+      raise ToolError(f"lines {first}-{end if end is not None else count} are out of range: "
+                      f"{path} has {count} lines (start must be 1..{count}, end >= start).")
+    return f"{path} (lines {first}-{last} of {count}):\n" + _numbered(text, first, last)
 
   def search(self, text: str, path: str = ".") -> str:
-    """`file:line: content` for every line containing `text` (literal, case-sensitive)."""
+    """`file:line: content` for the first `MAX_MATCHES` lines containing `text` (literal,
+    case-sensitive), then a note if there are more."""
     if not text:
       raise ToolError("search text must not be empty.")
     top = self.resolve(path)
@@ -286,12 +317,16 @@ class Workspace:
         continue
       if b"\x00" in data:
         continue
-      for number, line in enumerate(_lines(data.decode("utf-8", "replace")), start=1):
-        if text in line:
-          matches.append(f"{self._relative(full)}:{number}: {line[:_MATCH_LINE_CHARS]}")
+      rel = self._relative(full)
+      for number, line in _matching_lines(data.decode("utf-8", "replace"), text):
+        if len(matches) == MAX_MATCHES:
+          matches.append(f"[more matches not shown: only the first {MAX_MATCHES} are listed; "
+                         "narrow the search with path or a longer text]")
+          return "\n".join(matches)
+        matches.append(f"{rel}:{number}: {line}")
     if not matches:
       return f"no matches for {text!r} under {path!r}."
-    return _capped(matches, MAX_MATCHES, "matches")
+    return "\n".join(matches)
 
   def edit(self, path: str, old: str, new: str) -> str:
     """Replaces the one occurrence of `old` in `path` with `new`."""
@@ -319,9 +354,9 @@ class Workspace:
     self._write(full, updated)
     first = text.count("\n", 0, at) + 1
     last = first + new.count("\n")
-    lines = _lines(updated)
-    lo, hi = max(first - _EDIT_CONTEXT_LINES, 1), min(last + _EDIT_CONTEXT_LINES, len(lines))
-    return f"edited {path}; lines {lo}-{hi} now read:\n" + _numbered(lines[lo - 1:hi], lo)
+    lo = max(first - _EDIT_CONTEXT_LINES, 1)
+    hi = min(last + _EDIT_CONTEXT_LINES, _line_count(updated))
+    return f"edited {path}; lines {lo}-{hi} now read:\n" + _numbered(updated, lo, hi)
 
   def create(self, path: str, content: str) -> str:
     """Writes a new file (parent directories are created); existing paths are refused."""
@@ -331,7 +366,23 @@ class Workspace:
     if len(content.encode("utf-8")) > MAX_FILE_BYTES:
       raise ToolError(f"content has more than {MAX_FILE_BYTES} bytes.")
     self._write(full, content)
-    return f"created {path} ({len(_lines(content))} lines)."
+    return f"created {path} ({_line_count(content)} lines)."
+
+
+def _matching_lines(content: str, text: str) -> Iterator[tuple[int, str]]:
+  """(number, first `_MATCH_LINE_CHARS` characters) of each line of `content` (split
+  on "\\n", as `_line_count` counts them) that contains `text`, lazily: `str.find` skips the
+  lines between matches, so a caller that stops early pays for no more."""
+  if "\n" in text:  # no line holds a newline
+    return
+  number, counted, at = 1, 0, content.find(text)
+  while at >= 0:
+    start = content.rfind("\n", 0, at) + 1
+    end = content.find("\n", at)
+    end = len(content) if end < 0 else end
+    number, counted = number + content.count("\n", counted, start), start
+    yield number, content[start:min(end, start + _MATCH_LINE_CHARS)]
+    at = content.find(text, end + 1)
 
 
 def _capped(lines: list[str], limit: int, noun: str) -> str:

@@ -336,7 +336,6 @@ def _cpu_exceeded(signum, frame):
 def _setup():
   settings = json.loads(sys.argv[1])
   sys.argv = ["main.py"]
-  sys.path.insert(0, settings["workdir"])
   sys.path.extend(settings["sys_path"])
   with open(settings["script"], encoding="utf-8") as f:
     source = f.read()
@@ -380,6 +379,10 @@ def _setup():
            for w in warned[:%(max_notes)d]]
   if len(warned) > %(max_notes)d:
     notes.append(f"({len(warned) - %(max_notes)d} more compiler warnings not shown)\n")
+  # Only now, limits and hook in place: compiling "\N{...}" imports unicodedata, and
+  # with the work directory already first on the path (as it was) a unicodedata.py
+  # there ran inside the compile, before READY, its output a harness failure.
+  sys.path.insert(0, settings["workdir"])
   return code, notes
 
 def _run(code, notes):

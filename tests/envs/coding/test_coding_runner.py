@@ -1,6 +1,7 @@
 """The test runner behind run_tests and grading, and the sandbox's `workdir` mode it uses."""
 
 import os
+import time
 
 import pytest
 
@@ -47,6 +48,38 @@ def test_tests_named_with_characters_beyond_the_bmp_get_their_verdict(tmp_path):
   JSON they became escaped surrogate pairs, a name no verdict matched: a passing test failed."""
   result = run(tmp_path, "def test_\U00020000():\n    pass\n")
   assert result.names == ("test_\U00020000",) and result.passed == {"test_\U00020000"}
+
+
+def test_the_test_file_is_parsed_in_the_sandbox_not_in_this_process(tmp_path):
+  # An agent writes its own test files, and CPython 3.11 parses an f-string in time
+  # quadratic in its length: this 240 KB file took 4.4 s of this process's CPU (the
+  # sampler's) before the run even started; a 4 MiB one would take ~20 minutes.
+  source = "def test_a():\n    pass\n\nx = f\"" + "{a}" * 80_000 + "\"\n"
+  before = time.process_time()
+  result = run(tmp_path, source)
+  assert time.process_time() - before < 1.0
+  # The sandbox's CPU limit stopped the parse: the file is one test, and it failed.
+  assert result.names == ("tests/test_x.py",) and not result.passed
+  assert ("FAIL tests/test_x.py (no result: the test file was not parsed within the limits)"
+          in result.report), result.report
+  assert "[killed: " in result.report
+
+
+def test_the_list_of_tests_is_fixed_before_the_files_code_runs(tmp_path):
+  # The names come from the sandbox now, written before the file is imported: code
+  # that rewrites the runner's list or the file itself changes nothing.
+  result = run(tmp_path, "import sys\nframe = sys._getframe()\n"
+                         "while '_NAMES' not in frame.f_globals:\n    frame = frame.f_back\n"
+                         "frame.f_globals['_NAMES'][:] = ['test_b', 'test_c']\n"
+                         "open(__file__, 'w').write('def test_c():\\n    pass\\n')\n\n"
+                         "def test_a():\n    pass\n\ndef test_b():\n    pass\n")
+  assert result.names == ("test_a", "test_b") and result.passed == {"test_b"}, result.report
+  assert "FAIL test_a (no result: the test process ended" in result.report
+  # Parsing a "\N{...}" escape imports unicodedata: the repository's own ran inside the
+  # parse, before the list was written (and the file failed to load).
+  (tmp_path / "unicodedata.py").write_text("raise ImportError('the repository ran')\n")
+  result = run(tmp_path, 'BULLET = "\\N{BULLET}"\n\ndef test_a():\n    assert BULLET == "\u2022"\n')
+  assert result.passed == {"test_a"}, result.report
 
 
 def test_a_file_without_test_functions_is_one_test(tmp_path):

@@ -1,7 +1,9 @@
 """Coding tools: the tool-call format and the confined file tools (no sandbox needed)."""
 
 import os
+import pathlib
 import time
+import tracemalloc
 
 import pytest
 
@@ -81,7 +83,60 @@ def test_listing_and_search_are_capped(workspace):
   assert listing[-1] == "[8 more entries not shown]"  # 505 files + notes.txt, pkg/, pkg/mod.py.
   matches = workspace.search("hit").splitlines()
   assert len(matches) == coding_tools.MAX_MATCHES + 1
-  assert matches[-1] == f"[{files - coding_tools.MAX_MATCHES} more matches not shown]"
+  assert matches[-1] == (f"[more matches not shown: only the first {coding_tools.MAX_MATCHES} "
+                         "are listed; narrow the search with path or a longer text]")
+  assert matches[:2] == ["f0000.txt:1: hit", "f0001.txt:1: hit"]
+
+
+def test_search_stops_at_the_cap_whatever_the_files_hold(workspace):
+  # It kept and formatted every matching line before cutting the list to MAX_MATCHES:
+  # 16 MiB of one-letter lines (four files an agent can create) took 56 s and 700 MB
+  # of this process, the sampler's. Now the work stops at the cap.
+  content = "x\n" + "a\n" * 150_000
+  (pathlib.Path(workspace.root) / "big.txt").write_text(content)
+  tracemalloc.start()
+  try:
+    matches = workspace.search("a", path="big.txt").splitlines()
+    peak = tracemalloc.get_traced_memory()[1]
+  finally:
+    tracemalloc.stop()
+  assert matches[:2] == ["big.txt:2: a", "big.txt:3: a"]
+  assert len(matches) == coding_tools.MAX_MATCHES + 1
+  assert matches[-1].startswith("[more matches not shown")
+  assert peak < 4 * len(content), peak  # the file as bytes and as text; ~50 MB before
+
+
+def test_search_numbers_lines_and_cuts_them_as_before(workspace):
+  (pathlib.Path(workspace.root) / "lines.txt").write_text("a\r\nno\n\n" + "b" * 300 + "a\nlast a")
+  assert workspace.search("a", path="lines.txt").split("\n") == [
+      "lines.txt:1: a\r", "lines.txt:4: " + "b" * 200, "lines.txt:5: last a"]
+  assert workspace.search("a\nno", path="lines.txt") == "no matches for 'a\\nno' under 'lines.txt'."
+
+
+def test_view_and_edit_number_only_the_lines_they_show(workspace):
+  # A 4 MiB file of empty lines took 190 MB of this process to view: every line was
+  # numbered, then all but the observation's first few thousand characters dropped.
+  content = "\n" * 1_000_000
+  (pathlib.Path(workspace.root) / "blank.txt").write_text(content)
+  tracemalloc.start()
+  try:
+    view = workspace.view("blank.txt", start=5)
+    peak = tracemalloc.get_traced_memory()[1]
+  finally:
+    tracemalloc.stop()
+  lines = view.split("\n")
+  shown = coding_tools.MAX_SHOWN_LINES
+  assert lines[0] == "blank.txt (lines 5-1000000 of 1000000):" and lines[1] == "     5  "
+  assert lines[shown] == f"{shown + 4:>6}  " and len(lines) == shown + 2
+  assert lines[-1] == (f"[lines {shown + 5}-1000000 not shown: at most {shown} lines at once; "
+                       "view them with start and end]")
+  assert peak < 4 * len(content), peak  # ~70 MB before
+  assert workspace.view("blank.txt", start=999_999).split("\n") == [
+      "blank.txt (lines 999999-1000000 of 1000000):", "999999  ", "1000000  "]
+  edited = workspace.edit("pkg/mod.py", "def g(x):", "def g(x):" + "\n#" * 5000)
+  assert edited.startswith("edited pkg/mod.py; lines 3-5006 now read:\n     3  \n")
+  assert edited.endswith(f"[lines {shown + 3}-5006 not shown: at most {shown} lines at once; "
+                         "view them with start and end]")
 
 
 @pytest.mark.parametrize("start, end, message", [
@@ -185,3 +240,20 @@ def test_special_and_binary_files(workspace):
     workspace.view("pkg")
   with pytest.raises(ToolError, match="does not exist"):
     workspace.view("missing.py")
+
+
+def test_a_path_longer_than_any_in_the_repository_is_refused_before_it_is_resolved(
+    workspace, monkeypatch):
+  # realpath lstat-ed every prefix of the path, each longer than the last: quadratic in
+  # the policy's text (100 000 components took 2 s of this process).
+  calls = []
+  real_lstat = os.lstat
+  monkeypatch.setattr(os, "lstat", lambda *args, **kwargs: calls.append(args) or real_lstat(
+      *args, **kwargs))
+  with pytest.raises(ToolError, match="has 100000 characters; no path in the repository is "
+                                      "longer than 1024 bytes"):
+    workspace.resolve("a/" * 50_000)
+  assert not calls
+  longest = "pkg/" + "./" * 507 + "mod.py"
+  assert len(longest) == 1024 and workspace.resolve(longest) == os.path.join(workspace.root,
+                                                                             "pkg", "mod.py")

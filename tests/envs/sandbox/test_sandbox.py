@@ -6,6 +6,7 @@ import pathlib
 
 import pytest
 
+from sao_jax.config.env import SANDBOX_MODES
 from sao_jax.envs import sandbox
 
 LIMITS = sandbox.SandboxLimits(wall_time_s=3.0, cpu_time_s=1, memory_mb=256,
@@ -176,6 +177,21 @@ def test_compiler_warnings_are_the_codes_output_not_a_harness_failure(code, warn
     assert result.ok and result.stdout == "True\n" and "print(x is 5)" in result.stderr
   else:  # the call on a tuple still fails when it runs: the code's error, after its warning
     assert result.exit_code == 1 and result.stdout == "2\n" and "TypeError" in result.stderr
+
+
+@pytest.mark.parametrize("isolation", SANDBOX_MODES)
+def test_the_work_directory_is_not_imported_from_before_the_code_runs(tmp_path, isolation):
+  # Compiling "\N{...}" imports unicodedata; with the work directory already on the
+  # path, an agent's unicodedata.py ran inside the compile (unisolated: the copy is
+  # there from the start), before the start marker, so its output made the run a
+  # harness failure: an episode the policy could drop at will.
+  (tmp_path / "unicodedata.py").write_text("import sys\nsys.stderr.write('planted')\n")
+  result = sandbox.run_python('print("\\N{BULLET}")', LIMITS, workdir=tmp_path,
+                              isolation=isolation)
+  assert result.ok and result.stdout == "\u2022\n" and not result.stderr, result
+  imported = sandbox.run_python("import unicodedata", LIMITS, workdir=tmp_path,
+                                isolation=isolation)
+  assert imported.stderr == "planted"  # the code itself still imports from its directory
 
 
 def test_compiler_warnings_shown_are_bounded():
