@@ -73,6 +73,7 @@ from sao_jax.config import ModelConfig
 from sao_jax.config.sampler import SamplerConfig
 from sao_jax.models.transformer import Params, param_shardings
 from sao_jax.sampler import steps as device_steps
+from sao_jax.sampler.turn_text import TurnText
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +114,7 @@ class _Episode:
   cache_len: int = 0     # tokens[:cache_len] are in the slot's cache
   turn_start: int = 0
   turn_budget: int = 0
+  turn_text: TurnText | None = None  # the turn's text for stop patterns, decoded as it grows
   max_new_tokens: int = 0
   num_turns: int = 0
 
@@ -334,6 +336,7 @@ class Engine:
     """The turn's first token, sampled by the prefill of everything before it."""
     episode.state, episode.turn_start = "generating", len(episode.tokens)
     episode.turn_budget = min(episode.max_new_tokens, self.cfg.max_seq_len - len(episode.tokens))
+    episode.turn_text = TurnText(self._detokenize) if self._patterns else None
     self._extend_turn(episode, np.asarray(token)[None], np.asarray(logp)[None], turns)
 
   def _decode_call(self):
@@ -394,8 +397,12 @@ class Engine:
     elif len(turn) >= episode.turn_budget:
       full = len(episode.tokens) >= self.cfg.max_seq_len
       end = (len(turn), "max_seq_len" if full else "max_new_tokens")
-    if self._patterns and self._matches(turn):
-      # The shortest prefix that matches; a pattern cannot have matched before n_before.
+    # The turn's text grows by one decode call's tokens at a time (`TurnText`: no full
+    # decode per call, which made long turns quadratic); a hit is confirmed on the full
+    # decode, whose shortest matching prefix ends the turn. A pattern cannot have matched
+    # before n_before, or the previous call would have ended the turn there.
+    text = episode.turn_text.extend(turn) if self._patterns else ""
+    if any(p.search(text) for p in self._patterns) and self._matches(turn):
       kept = next((n for n in range(n_before + 1, len(turn)) if self._matches(turn[:n])), len(turn))
       if end is None or kept < end[0]:
         end = (kept, "stop_pattern")

@@ -94,6 +94,21 @@ def test_stop_pattern_ends_the_turn_at_the_completing_token(weights):
   assert trajectory.num_turns == 2
 
 
+def test_stop_patterns_decode_each_token_a_bounded_number_of_times(weights):
+  """The turn's text grows with each decode call: decoding the whole turn per call (the
+  old check) cost ~n^2/2 token decodes for an n-token turn, 4,000 here."""
+  decoded = []
+  def counting(ids):
+    decoded.append(len(ids))
+    return detokenize(ids)
+  eng = engine(weights, with_sampler(stop_patterns=("!",), steps_per_call=1),
+               stop_token_ids=(), detokenize=counting)
+  eng.submit(0, prompts(1)[0], seed=3, max_new_tokens=90)
+  (turn,) = run(eng)
+  assert len(turn.tokens) == 90 and turn.finish_reason == "max_new_tokens"
+  assert sum(decoded) <= 4 * 90, sum(decoded)
+
+
 def test_parked_and_evicted_continuations_agree(weights):
   """Episode 0's second turn: from its parked cache, or re-prefilled after eviction."""
   def two_turns(evict):
