@@ -16,10 +16,19 @@ Default judge, `rule_judge` (deterministic):
   symbols match as substrings) and more distinct markers of it than of any
   other style.
 Optional judge: `judge.HttpJudge`, an OpenAI-compatible endpoint. A judge that
-cannot answer is an environment failure, never reward 0; a judge that answers
-without a verdict (`judge.JudgeNoVerdict`: the response may have talked it out
-of its format) scores 0, reason "no_verdict", so that is no exit from a losing
-episode.
+cannot answer is an environment failure (dropped, unscored), never reward 0;
+but the policy must not be able to choose a drop, since a dropped episode is a
+free exit from one it was losing. So:
+- a judge that answers without a verdict (`judge.JudgeNoVerdict`: the response
+  may have talked it out of its format) scores 0, reason "no_verdict";
+- a judge that fails on the response (an HTTP 4xx for a response it will not
+  take, a timeout on one that is slow to read, a crash) is asked again with
+  `CONTROL_RESPONSE` in its place: if it answers that, the judge works and the
+  failure is the response's, scored 0, reason "judge_failed_on_response"; only
+  when the control fails too is the episode an environment failure (after at
+  most two of `HttpJudge`'s deadlines). (A judge
+  that fails by chance on one response and not on the next costs that episode
+  0: noise, not an exit the policy can aim for.)
 
 Built-in tasks (`builtin_task`) ask to explain a topic in a word range and to
 mention a keyword; JSONL tasks (`tasks.load_jsonl`) work too: `answer` is the
@@ -55,6 +64,9 @@ STYLE_MARKERS = types.MappingProxyType({
 STYLES = ENV_STYLES
 DEFAULT_MIN_WORDS, DEFAULT_MAX_WORDS = 20, 200
 SYSTEM_PROMPT = "You are a helpful writer. Answer the request directly."
+# What the judge grades instead of a response it failed on, to tell a broken judge
+# from a response that breaks it (module docstring).
+CONTROL_RESPONSE = "I do not know."
 
 _TOPICS = (("why the sky is blue", "scattering"), ("how vaccines work", "immune"),
            ("what a black hole is", "gravity"), ("how bread rises", "yeast"),
@@ -154,9 +166,24 @@ class StyleEnv(Environment):
       return StepResult.finish(0.0, "no_verdict", quality=False, style_ok=False, style=style,
                                judge_error=str(e)[:300])
     except judge_lib.JudgeError as e:
-      return StepResult.fail(str(e), style=style)
+      control = self._control(style)
+      if control is not None:
+        return StepResult.fail(f"{e}; the control response failed too: {control}", style=style)
+      return StepResult.finish(0.0, "judge_failed_on_response", quality=False, style_ok=False,
+                               style=style, judge_error=str(e)[:300])
     return StepResult.finish(float(quality and styled), "judged", quality=quality,
                              style_ok=styled, style=style)
+
+
+  def _control(self, style: str) -> str | None:
+    """None if the judge answers `CONTROL_RESPONSE` (a verdict or not), else its error."""
+    try:
+      self.judge(self.task, CONTROL_RESPONSE, style)
+    except judge_lib.JudgeNoVerdict:
+      return None
+    except judge_lib.JudgeError as e:
+      return str(e)
+    return None
 
 
 def builtin_task(index: int, *, seed: int = 0) -> Task:

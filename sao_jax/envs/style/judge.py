@@ -36,7 +36,9 @@ are not. When no attempt succeeds, `JudgeError` is raised (and nothing else):
 `JudgeNoVerdict` when the last attempt got an answer without a verdict, which
 the environment scores 0 (the policy's response can talk a judge out of its
 format, and an environment failure is dropped unscored: a free exit from an
-episode it was losing); any other `JudgeError` is an environment failure.
+episode it was losing); on any other `JudgeError` the environment asks the
+judge about a control response, to tell a broken judge (an environment
+failure) from a response that breaks it (scored 0; `sao_jax.envs.style.env`).
 """
 
 from __future__ import annotations

@@ -83,16 +83,21 @@ def verdict_reply(quality, styled):
 
 @contextlib.contextmanager
 def judge_server(replies):
-  """Serves `replies` in order: (status, body) or ("sleep", seconds). Yields (url, requests)."""
+  """Serves `replies` in order: (status, body) or ("sleep", seconds), or a function of the
+  graded response giving one. Yields (url, requests)."""
   requests = []
-  queue = list(replies)
+  queue = [] if callable(replies) else list(replies)
 
   class Handler(http.server.BaseHTTPRequestHandler):
     def do_POST(self):
       body = self.rfile.read(int(self.headers["Content-Length"]))
       requests.append({"path": self.path, "body": json.loads(body),
                        "auth": self.headers.get("Authorization")})
-      status, payload = queue.pop(0) if len(queue) > 1 else queue[0]
+      if callable(replies):
+        graded = json.loads(requests[-1]["body"]["messages"][-1]["content"])["response"]
+        status, payload = replies(graded)
+      else:
+        status, payload = queue.pop(0) if len(queue) > 1 else queue[0]
       if status == "sleep":
         time.sleep(payload)
         return
@@ -159,9 +164,34 @@ def test_http_judge_failures_are_environment_failures(replies, expected):
   with judge_server(replies) as (url, requests):
     result = http_env(url).step(ACADEMIC)
   assert result.done and result.reward == 0.0 and result.reason == "env_failure"
-  assert expected in result.failure
+  assert expected in result.failure and "the control response failed too" in result.failure
   # 401 is not retried; a timeout spends the whole call's deadline (retries included).
-  assert len(requests) == (1 if expected in ("HTTP 401", "timed out") else 2)
+  # Then the control response is graded, with the same attempts.
+  attempts = 1 if expected in ("HTTP 401", "timed out") else 2
+  assert len(requests) == 2 * attempts
+  graded = [json.loads(r["body"]["messages"][-1]["content"])["response"] for r in requests]
+  assert graded == [ACADEMIC] * attempts + [style.CONTROL_RESPONSE] * attempts
+
+
+@pytest.mark.parametrize("failure", [
+    (400, '{"error": "maximum context length exceeded"}'),
+    (422, '{"error": "unprocessable"}'),
+    (500, '{"error": "the judge crashed reading it"}'),
+    ("sleep", 2.0),
+], ids=["400", "422", "500", "timeout"])
+def test_a_response_that_breaks_a_working_judge_scores_0_not_a_dropped_episode(failure):
+  """The policy chooses its response: one the judge refuses, crashes on or is slow to
+  read (too long, a content filter's trigger) was a dropped episode, an exit the policy
+  could choose from one it was losing. A judge that grades the control response works,
+  so the failure is the response's."""
+  with judge_server(lambda graded: failure if graded == ACADEMIC
+                    else (200, verdict_reply(1, 1))) as (url, requests):
+    result = http_env(url).step(ACADEMIC)
+  assert (result.done, result.reward, result.reason, result.failure) == (
+      True, 0.0, "judge_failed_on_response", None)
+  assert result.info["judge_error"].startswith("judge at ")
+  graded = [json.loads(r["body"]["messages"][-1]["content"])["response"] for r in requests]
+  assert graded[-1] == style.CONTROL_RESPONSE and set(graded[:-1]) == {ACADEMIC}
 
 
 @pytest.mark.parametrize("content", [
@@ -250,13 +280,19 @@ def test_slow_drip_judge_is_cut_at_the_call_deadline(where):
   timeout_s=1 call for as long as it kept dripping (6 s and more)."""
   with raw_server(drip(where)) as url:
     grader = judge.HttpJudge(base_url=url, model="m", timeout_s=1.0, retries=2, backoff_s=0.01)
+    start = time.monotonic()
+    with pytest.raises(judge.JudgeError, match="timed out"):
+      grader(TASK, ACADEMIC, "academic")
+    elapsed = time.monotonic() - start
+    assert elapsed < 1.5, f"the 1 s judge call took {elapsed:.1f} s"
+    # The episode's step grades the response, then the control response: two deadlines.
     env = style.StyleEnv(schedule=SCHEDULE, judge=grader)
     env.reset(TASK)
     start = time.monotonic()
     result = env.step(ACADEMIC)
     elapsed = time.monotonic() - start
   assert result.reason == "env_failure" and "timed out" in result.failure
-  assert elapsed < 1.5, f"the 1 s judge call took {elapsed:.1f} s"
+  assert elapsed < 2.5, f"the episode's two 1 s judge calls took {elapsed:.1f} s"
 
 
 def reply_with(body: bytes):
