@@ -15,10 +15,19 @@ through the real engine and `EpisodeRunner` for `--sampler-seconds`; the
 fraction of that wall-clock spent inside `env.step` (tool calls, format
 reminders, hidden-test grading at the turn budget) is `env_wait_fraction`. A
 random policy rarely writes a valid tool call, so its environment time is
-mostly grading; a trained agent's would include its tool runs. Ends with
+mostly grading; a trained agent's would include its tool runs.
+
+Last, bursts of tool calls: `--slots` episodes play their scripted solutions
+through `EpisodeRunner` over a stand-in engine whose every step ends every
+episode's turn at once (what a decode call does when tool calls finish
+together), with `sampler.env_threads` = 1 (one at a time, the runner before)
+and = `--slots`; `env_threads_speedup` is the ratio of their episodes/s (the
+rollouts are identical, `tests/sampler/test_episode_failures.py`). Bounded by
+the cores the sandboxed interpreters start on. Ends with
 
     RESULT {"name": "coding_env", "episodes_per_s": ..., "tool_calls_per_s": ...,
-            "env_wait_fraction": ..., "bwrap_call_overhead_ms": ..., "bwrap_call_ratio": ...}
+            "env_wait_fraction": ..., "bwrap_call_overhead_ms": ..., "bwrap_call_ratio": ...,
+            "burst_episodes_per_s": ..., "env_threads_speedup": ...}
 
     .venv/bin/python benchmarks/coding_env.py [--seconds 20] [--sampler-seconds 30]
 """
@@ -35,6 +44,7 @@ import tempfile
 import time
 
 import jax
+import numpy as np
 
 from sao_jax import config as C
 from sao_jax.config.env import SandboxLimits
@@ -45,7 +55,8 @@ from sao_jax.envs.base import play
 from sao_jax.chat import chat_format
 from sao_jax.models.tokenizer import train_tokenizer
 from sao_jax.models.transformer import init_params
-from sao_jax.sampler.episodes import EpisodeRunner, make_engine
+from sao_jax.sampler.engine import Generation, Turn
+from sao_jax.sampler.episodes import EpisodeRunner, make_engine, run_to_completion
 
 
 def env_wait_fraction(seconds: float, slots: int, seed: int) -> tuple[float, int]:
@@ -86,6 +97,63 @@ def env_wait_fraction(seconds: float, slots: int, seed: int) -> tuple[float, int
       started += 1
     finished += len(runner.step())
   return in_env[0] / (time.perf_counter() - begin), finished
+
+
+class ScriptedAgent:
+  """The part of `Engine` that `EpisodeRunner` uses: episode e's turn k samples
+  `actions[e][k]` (then the end token), and every queued episode's turn ends in the
+  same step."""
+
+  def __init__(self, chat, actions: list[list[str]]):
+    self.version, self._chat, self._actions, self._episodes = 0, chat, actions, {}
+
+  def submit(self, episode_id, tokens, *, seed=None):
+    episode = self._episodes.setdefault(episode_id, {"tokens": [], "mask": [], "turns": 0})
+    episode["tokens"] += list(tokens)
+    episode["mask"] += [0] * len(tokens)
+    episode["queued"] = True
+
+  def step(self):
+    turns = []
+    for episode_id, episode in self._episodes.items():
+      if episode.pop("queued", False):
+        text = self._actions[episode_id][min(episode["turns"], len(self._actions[episode_id]) - 1)]
+        ids = self._chat.tokenizer.encode(text, add_special_tokens=False).ids
+        ids.append(self._chat.end_token_id)
+        episode["turns"] += 1
+        episode["tokens"] += ids
+        episode["mask"] += [1] * len(ids)
+        turns.append(Turn(episode_id, np.asarray(ids, np.int32), np.zeros(len(ids), np.float32),
+                          "stop_token", (0, 0)))
+    return turns
+
+  def room(self, episode_id):
+    return 1 << 30
+
+  def finish(self, episode_id):
+    episode = self._episodes.pop(episode_id)
+    mask = np.asarray(episode["mask"], np.int32)
+    return Generation(episode_id, np.asarray(episode["tokens"], np.int32), mask,
+                      np.zeros(len(mask), np.float32), (0, 0), episode["turns"])
+
+
+def burst_episodes_per_s(slots: int, seed: int, env_threads: int, rounds: int = 2) -> float:
+  """Episodes/s of `slots` scripted coding episodes at a time whose turns all end together."""
+  tasks = [coding_generator.generate_task(i, seed=seed, difficulty=2)
+           for i in range(slots * rounds)]
+  actions = [coding_generator.solution_actions(task) for task in tasks]
+  chat = chat_format(None, train_tokenizer([coding.SYSTEM_PROMPT] + sum(actions, []),
+                                           vocab_size=512))
+  runner = EpisodeRunner(ScriptedAgent(chat, actions), chat,
+                         lambda: coding.CodingEnv(max_turns=50, max_observation_chars=600),
+                         max_episodes=slots, env_threads=env_threads)
+  began = time.perf_counter()
+  done = run_to_completion(runner, iter(tasks), len(tasks), num_slots=1, seed=seed)
+  elapsed = time.perf_counter() - began
+  solved = sum(traj.outcome == 1.0 for traj in done)
+  if solved != len(tasks):
+    raise RuntimeError(f"the scripted agent solved {solved} of {len(tasks)} tasks")
+  return len(tasks) / elapsed
 
 
 def bwrap_overhead(calls: int = 20) -> tuple[float, float]:
@@ -144,12 +212,17 @@ def main() -> None:
         f"{wait:.1%} of the time waiting on the environment")
   overhead_ms, ratio = bwrap_overhead()
   print(f"bwrap: +{overhead_ms:.1f} ms per interpreter start ({ratio:.2f}x a direct start)")
+  one, many = (burst_episodes_per_s(args.slots, args.seed, threads) for threads in (1, args.slots))
+  print(f"tool-call bursts of {args.slots}: {one:.2f} episodes/s one at a time, {many:.2f} on "
+        f"{args.slots} threads ({many / one:.2f}x, {os.cpu_count()} cores)")
   print("RESULT " + json.dumps({"name": "coding_env",
                                 "episodes_per_s": round(episodes / elapsed, 3),
                                 "tool_calls_per_s": round(tool_calls / elapsed, 3),
                                 "env_wait_fraction": round(wait, 3),
                                 "bwrap_call_overhead_ms": round(overhead_ms, 1),
-                                "bwrap_call_ratio": round(ratio, 2)}))
+                                "bwrap_call_ratio": round(ratio, 2),
+                                "burst_episodes_per_s": round(many, 3),
+                                "env_threads_speedup": round(many / one, 2)}))
 
 
 if __name__ == "__main__":

@@ -42,6 +42,11 @@ class SamplerConfig:
   with re.DOTALL; the turn ends at the token that completes the match), after
   `max_new_tokens`, or when the episode reaches `max_seq_len`.
 
+  Environments: the turns one engine step ends (a burst of tool calls) have
+  their `env.step` run on up to `env_threads` threads at once, results taken
+  in turn order, so the rollout is the same as one at a time
+  (`sao_jax.sampler.episodes`); 1 runs them one at a time on the caller.
+
   Weights reach samplers through `weights` (`sao_jax.sampler.weights`):
   "shared_memory" (samplers on the learner's host), "directory" (orbax versions
   in `weights_dir`, a directory or bucket all hosts share) or "network" (every
@@ -98,6 +103,7 @@ class SamplerConfig:
   seed: int = 0
   stop_tokens: tuple[str, ...] = ("<|im_end|>", "<|endoftext|>")
   stop_patterns: tuple[str, ...] = (PYTHON_TOOL_CALL,)
+  env_threads: int = 8
   weights: str = "shared_memory"
   weights_dir: str = ""
   weights_port: int = 0  # 0: any free port (same-host samplers learn it from the learner)
@@ -122,7 +128,8 @@ class SamplerConfig:
     return self.kv_pages or self.slots * -(-self.max_seq_len // self.kv_page_size)
 
   def validate(self) -> None:
-    check_positive("sampler", self, "slots", "max_seq_len", "steps_per_call", "max_new_tokens")
+    check_positive("sampler", self, "slots", "max_seq_len", "steps_per_call", "max_new_tokens",
+                   "env_threads")
     check_choice("sampler", self, "weights", WEIGHT_CHANNELS)
     if self.weights == "directory" and not self.weights_dir:
       fail("sampler", "weights_dir", self.weights_dir,

@@ -16,6 +16,14 @@ already closed its message; a turn cut by a stop pattern (a complete python tool
 call) or a length limit gets the end token first, as observation glue: the
 policy is credited only for tokens it sampled.
 
+Environments step in parallel: the turns one engine step ends have their
+action decoded and `env.step` run on up to `env_threads` threads
+(`sampler.env_threads`), so a burst of tool calls (each a sandboxed process, a
+judge's HTTP call) waits for the slowest, not for their sum; the results are
+then taken in turn order, so the trajectories, their order and every engine
+call are what one at a time gives. Each episode has its own `Environment`;
+what they share is thread-safe (the math checker takes turns under a lock).
+
 An environment failure ends the episode with `env_failure` set, so the learner
 counts and drops it instead of training on reward 0. An episode that runs out of
 context is finished with reward 0 and `info["truncated"] = True`; so is, with
@@ -43,6 +51,7 @@ trajectory, so a GRPO group stays complete.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 from typing import Callable, Iterator
 
@@ -51,7 +60,7 @@ import numpy as np
 
 from sao_jax.chat import ChatFormat, TurnTextError
 from sao_jax.data.records import Trajectory
-from sao_jax.envs.base import Environment, Message, Task
+from sao_jax.envs.base import Environment, Message, StepResult, Task
 from sao_jax.log_text import traceback_text
 from sao_jax.config import ModelConfig, SamplerConfig
 from sao_jax.models.transformer import Params
@@ -93,9 +102,11 @@ class EpisodeRunner:
   """
 
   def __init__(self, engine: Engine, chat: ChatFormat, make_env: Callable[[], Environment], *,
-               max_episodes: int, log: Callable[[str], None] = print):
+               max_episodes: int, env_threads: int = 1, log: Callable[[str], None] = print):
+    if env_threads < 1:
+      raise ValueError(f"env_threads={env_threads!r}: expected >= 1 (1: one at a time)")
     self.engine, self._chat, self._make_env = engine, chat, make_env
-    self.max_episodes = max_episodes
+    self.max_episodes, self.env_threads = max_episodes, env_threads
     self.failures: collections.Counter[str] = collections.Counter()
     self._log = log
     self._logged: set[str] = set()
@@ -133,11 +144,28 @@ class EpisodeRunner:
   def step(self) -> list[Trajectory]:
     """One engine step; returns the episodes that finished."""
     finished, self._failed = self._failed, []
-    for turn in self.engine.step():
-      done = self._advance(turn)
+    turns = self.engine.step()
+    for turn, outcome in zip(turns, self._env_steps(turns)):
+      done = self._advance(turn, *outcome)
       if done is not None:
         finished.append(done)
     return finished
+
+  def _env_steps(self, turns: list[Turn]) -> list[tuple[str, StepResult | Exception]]:
+    """Each turn's action text and its environment's step result (or the exception it
+    raised), on up to `env_threads` threads, in turn order (module docstring)."""
+    def env_step(turn: Turn) -> tuple[str, StepResult | Exception]:
+      action = ""
+      try:
+        action = self._chat.tokenizer.decode(turn.tokens.tolist(), skip_special_tokens=True)
+        return action, self._live[turn.episode_id].env.step(action)
+      except Exception as error:  # this episode's fault, never the runner's
+        return action, error
+    threads = min(self.env_threads, len(turns))
+    if threads <= 1:
+      return [env_step(turn) for turn in turns]
+    with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="env-step") as pool:
+      return list(pool.map(env_step, turns))
 
   def close(self) -> None:
     """Ends every episode in flight without a trajectory, releasing what its
@@ -148,14 +176,12 @@ class EpisodeRunner:
       self._release(live.env, live.task)
     self._failed = []
 
-  def _advance(self, turn: Turn) -> Trajectory | None:
+  def _advance(self, turn: Turn, action: str, result: StepResult | Exception
+               ) -> Trajectory | None:
     live = self._live[turn.episode_id]
     live.turns += 1
-    try:
-      action = self._chat.tokenizer.decode(turn.tokens.tolist(), skip_special_tokens=True)
-      result = live.env.step(action)
-    except Exception as error:  # this episode's fault, never the runner's
-      return self._fail(turn.episode_id, "step", error)
+    if isinstance(result, Exception):
+      return self._fail(turn.episode_id, "step", result)
     live.last_turn_end = turn.finish_reason
     if result.done:
       return self._finish(turn.episode_id, reward=result.reward or 0.0,

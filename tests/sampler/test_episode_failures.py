@@ -3,9 +3,12 @@ its tool-call parser or the tokenizer throws ends that episode as a counted
 environment failure (or, for malformed model text, a tool error the model sees),
 and the episodes after it run normally."""
 
+import threading
+import time
 import types
 
 import numpy as np
+import pytest
 
 from sao_jax import config as C
 from sao_jax.data import pipeline
@@ -99,18 +102,22 @@ def task(i, fault=None):
               metadata=types.MappingProxyType({"fault": fault}))
 
 
-def run(tasks, script=lambda episode, turn: "hello", make=FaultyEnv, max_episodes=2):
+def run(tasks, script=lambda episode, turn: "hello", make=FaultyEnv, max_episodes=2,
+        env_threads=1, sort=True):
   logs = []
   runner = EpisodeRunner(ScriptedEngine(script), CHAT, make, max_episodes=max_episodes,
-                         log=logs.append)
+                         env_threads=env_threads, log=logs.append)
   done = run_to_completion(runner, iter(tasks), len(tasks), num_slots=8, seed=0)
-  return sorted(done, key=lambda traj: traj.info["task"]), runner, logs
+  if sort:
+    done = sorted(done, key=lambda traj: traj.info["task"])
+  return done, runner, logs
 
 
-def test_an_environment_that_raises_fails_only_its_episode_counted_by_type():
+@pytest.mark.parametrize("env_threads", [1, 4])
+def test_an_environment_that_raises_fails_only_its_episode_counted_by_type(env_threads):
   tasks = [task(0), task(1, "step"), task(2), task(3, "step"), task(4, "reset"), task(5),
            task(6, "declared")]
-  done, runner, logs = run(tasks)
+  done, runner, logs = run(tasks, max_episodes=4, env_threads=env_threads)
   by_task = {traj.info["task"]: traj for traj in done}
   assert len(done) == len(tasks)
   for ok in ("t0-None", "t2-None", "t5-None"):
@@ -238,3 +245,43 @@ def test_malformed_tool_calls_are_tool_errors_the_model_sees():
     assert "could not be parsed (ValueError)" in text
   finally:
     runner.close()
+
+
+class SlowToolEnv(FaultyEnv):
+  """FaultyEnv whose steps take 0.2 s (a sandboxed tool call), counting how many overlap."""
+
+  lock = threading.Lock()
+  running = peak = 0
+
+  def _step(self, action):
+    with SlowToolEnv.lock:
+      SlowToolEnv.running += 1
+      SlowToolEnv.peak = max(SlowToolEnv.peak, SlowToolEnv.running)
+    time.sleep(0.2)
+    with SlowToolEnv.lock:
+      SlowToolEnv.running -= 1
+    return super()._step(action)
+
+
+@pytest.mark.parametrize("env_threads", [1, 4])
+def test_turns_that_end_together_step_their_environments_in_parallel(env_threads):
+  """A burst of tool calls waited for their sum (the runner stepped environments one at
+  a time); on threads it waits for the slowest, and the rollout is the same."""
+  tasks = [task(i, "step" if i == 2 else None) for i in range(6)]
+  script = lambda episode, turn: f"call {episode} {turn}"
+  SlowToolEnv.peak = 0
+  start = time.monotonic()
+  done, _, _ = run(tasks, script, make=SlowToolEnv, max_episodes=4, env_threads=env_threads,
+                   sort=False)
+  elapsed = time.monotonic() - start
+  reference, _, _ = run(tasks, script, max_episodes=4, sort=False)
+  assert [traj.info["task"] for traj in done] == [traj.info["task"] for traj in reference]
+  for ours, theirs in zip(done, reference):
+    np.testing.assert_array_equal(ours.tokens, theirs.tokens)
+    np.testing.assert_array_equal(ours.rewards, theirs.rewards)
+    assert ours.env_failure == theirs.env_failure
+  # 6 episodes x 2 steps of 0.2 s: 2.4 s one at a time; 4 at once: three rounds of 0.2 s
+  # per turn (4 + 2 episodes), 0.8 s.
+  assert SlowToolEnv.peak == env_threads
+  if env_threads > 1:
+    assert elapsed < 1.6, f"{elapsed:.2f} s"

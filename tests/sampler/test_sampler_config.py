@@ -29,6 +29,7 @@ def test_defaults_are_valid_and_the_tool_call_pattern_ends_at_the_closing_fence(
     (dict(stop_tokens=("",)), "sampler.stop_tokens"),
     (dict(stop_patterns=("(",)), r"sampler.stop_patterns=\('\(',\) is invalid: '\(' is not a regular"),
     (dict(steps_per_call=True), "sampler.steps_per_call=True is invalid"),
+    (dict(env_threads=0), "sampler.env_threads=0 is invalid: expected a positive integer"),
     (dict(kv_layout="ragged"), "sampler.kv_layout='ragged' is invalid: allowed values are 'dense', 'paged'"),
     (dict(kv_page_size=0), "sampler.kv_page_size=0 is invalid"),
     (dict(paged_attention="flash"), "sampler.paged_attention='flash' is invalid: allowed values "
