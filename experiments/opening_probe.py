@@ -73,7 +73,7 @@ def _play(cfg, chat, params, version: int, tasks, seed: int) -> list[Trajectory]
   engine = make_engine(cfg.sampler, cfg.model, params, chat, version=version)
   engine.warmup()
   runner = EpisodeRunner(engine, chat, lambda: make_env(cfg.env), max_episodes=cfg.sampler.slots,
-                         env_threads=cfg.sampler.env_threads)
+                         env_threads=cfg.sampler.num_env_threads())
   trajs = run_to_completion(runner, iter(tasks), len(tasks),
                             num_slots=cfg.algorithm.running_mean_slots, seed=seed)
   return [t for t in trajs if t.env_failure is None and t.action_mask.any()]

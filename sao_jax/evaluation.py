@@ -58,7 +58,7 @@ class _Episodes:
     self.engine = make_engine(sampler, cfg.model, params, chat, version=version)
     self.engine.warmup()
     self._runner = EpisodeRunner(self.engine, chat, lambda: make_env(env_cfg),
-                                 max_episodes=sampler.slots, env_threads=sampler.env_threads)
+                                 max_episodes=sampler.slots, env_threads=sampler.num_env_threads())
 
   def run(self, tasks: Iterator[Task], count: int, *, seed: int, desc: str,
           leave: bool = True) -> list[Trajectory]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 
 from sao_jax import run_secret
@@ -43,9 +44,12 @@ class SamplerConfig:
   `max_new_tokens`, or when the episode reaches `max_seq_len`.
 
   Environments: the turns one engine step ends (a burst of tool calls) have
-  their `env.step` run on up to `env_threads` threads at once, results taken
-  in turn order, so the rollout is the same as one at a time
-  (`sao_jax.sampler.episodes`); 1 runs them one at a time on the caller.
+  their `env.step` run on up to `env_threads` threads at once (0: one per CPU
+  core of the host, `num_env_threads`), results taken in turn order, so the
+  rollout is the same as one at a time (`sao_jax.sampler.episodes`); 1 runs
+  them one at a time on the caller. More threads than cores would stretch each
+  sandboxed tool run's wall time, and a CPU-bound run could then hit its
+  `env.tool.wall_time_s` (2x its CPU limit by default) where it would not alone.
 
   Weights reach samplers through `weights` (`sao_jax.sampler.weights`):
   "shared_memory" (samplers on the learner's host), "directory" (orbax versions
@@ -103,7 +107,7 @@ class SamplerConfig:
   seed: int = 0
   stop_tokens: tuple[str, ...] = ("<|im_end|>", "<|endoftext|>")
   stop_patterns: tuple[str, ...] = (PYTHON_TOOL_CALL,)
-  env_threads: int = 8
+  env_threads: int = 0  # 0: os.cpu_count()
   weights: str = "shared_memory"
   weights_dir: str = ""
   weights_port: int = 0  # 0: any free port (same-host samplers learn it from the learner)
@@ -123,13 +127,20 @@ class SamplerConfig:
   expected_episode_tokens: int = 0
   mesh: MeshConfig | None = None  # None: the top-level mesh (Config.sampler_mesh)
 
+  def num_env_threads(self) -> int:
+    """Threads stepping environments at once: `env_threads`, or (0) this host's cores."""
+    return self.env_threads or os.cpu_count() or 1
+
   def num_kv_pages(self) -> int:
     """Pages in the paged pool: `kv_pages`, or (0) those of `slots` dense rows."""
     return self.kv_pages or self.slots * -(-self.max_seq_len // self.kv_page_size)
 
   def validate(self) -> None:
-    check_positive("sampler", self, "slots", "max_seq_len", "steps_per_call", "max_new_tokens",
-                   "env_threads")
+    check_positive("sampler", self, "slots", "max_seq_len", "steps_per_call", "max_new_tokens")
+    threads = self.env_threads
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
+      fail("sampler", "env_threads", threads,
+           "expected 0 (one per CPU core) or a positive number of threads (1: one at a time)")
     check_choice("sampler", self, "weights", WEIGHT_CHANNELS)
     if self.weights == "directory" and not self.weights_dir:
       fail("sampler", "weights_dir", self.weights_dir,

@@ -183,7 +183,7 @@ def run_sampler(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
                        mesh=engine_mesh(cfg))
   runner = EpisodeRunner(engine, chat, lambda: make_env(cfg.env),
                          max_episodes=cfg.sampler.slots * 2,
-                         env_threads=cfg.sampler.env_threads, log=log)
+                         env_threads=cfg.sampler.num_env_threads(), log=log)
   tasks = make_tasks(cfg.env)
   group = cfg.algorithm.group_size
   prompt_ids = PromptIds(group, cfg.algorithm.running_mean_slots, spec.worker_id)

@@ -1,6 +1,7 @@
 """SamplerConfig.validate names the field, the value and what is allowed."""
 
 import dataclasses
+import os
 import re
 
 import pytest
@@ -29,7 +30,7 @@ def test_defaults_are_valid_and_the_tool_call_pattern_ends_at_the_closing_fence(
     (dict(stop_tokens=("",)), "sampler.stop_tokens"),
     (dict(stop_patterns=("(",)), r"sampler.stop_patterns=\('\(',\) is invalid: '\(' is not a regular"),
     (dict(steps_per_call=True), "sampler.steps_per_call=True is invalid"),
-    (dict(env_threads=0), "sampler.env_threads=0 is invalid: expected a positive integer"),
+    (dict(env_threads=-1), "sampler.env_threads=-1 is invalid: expected 0 \\(one per CPU core\\)"),
     (dict(kv_layout="ragged"), "sampler.kv_layout='ragged' is invalid: allowed values are 'dense', 'paged'"),
     (dict(kv_page_size=0), "sampler.kv_page_size=0 is invalid"),
     (dict(paged_attention="flash"), "sampler.paged_attention='flash' is invalid: allowed values "
@@ -44,3 +45,8 @@ def test_defaults_are_valid_and_the_tool_call_pattern_ends_at_the_closing_fence(
 def test_invalid_values_are_named(changes, message):
   with pytest.raises(ValueError, match=message):
     dataclasses.replace(SamplerConfig(), **changes).validate()
+
+
+def test_env_threads_default_to_one_per_core():
+  assert SamplerConfig().num_env_threads() == os.cpu_count()
+  assert SamplerConfig(env_threads=3).num_env_threads() == 3
