@@ -79,7 +79,6 @@ import sys
 from typing import Sequence
 
 import numpy as np
-from scipy import stats as scipy_stats
 
 from experiments import stats
 
@@ -193,9 +192,8 @@ def arm_result(out: pathlib.Path, arm: str, seeds: Sequence[int]) -> ArmResult:
 
 def fisher_vs(base: ArmResult, other: ArmResult) -> float:
   """Two-sided Fisher's exact p-value of collapse counts, `other` vs `base`."""
-  table = [[other.collapsed, len(other.final) - other.collapsed],
-           [base.collapsed, len(base.final) - base.collapsed]]
-  return float(scipy_stats.fisher_exact(table).pvalue)
+  return stats.fisher_collapses(other.collapsed, len(other.final), base.collapsed,
+                                len(base.final))
 
 
 def report(out: pathlib.Path, seeds: Sequence[int], arms: Sequence[str] = tuple(ARMS),

@@ -227,8 +227,11 @@ def _stability(claim, manifest, groups, figure: pathlib.Path) -> tuple[str, list
   span = (f"over {steps} steps" + (f", shorter than the paper's ~{PAPER_STABLE_STEPS}: the "
                                    f"claim is tested only that far" if steps < PAPER_STABLE_STEPS
                                    else ""))
-  others = " ".join(f"{_label(n)} collapsed in {sum(c)} of {len(c)} seeds." for n, c in
-                    collapsed.items() if n != subject)
+  others = " ".join(
+      f"{_label(n)} collapsed in {sum(c)} of {len(c)} seeds (Fisher's exact test of the two "
+      f"collapse counts, two-sided: p = "
+      f"{stats.fisher_collapses(sum(sao), len(sao), sum(c), len(c)):.3f})."
+      for n, c in collapsed.items() if n != subject)
   plots.stability({_label(n): r for n, r in groups.items()}, figure, window=window)
   return verdict, [*rows, "", f"Verdict: **{verdict}** — {_label(subject)} collapsed in "
                    f"{sum(sao)} of "

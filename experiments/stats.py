@@ -178,6 +178,14 @@ def collapsed(rewards: Sequence[float], *, window: int, fraction: float = 0.5) -
   return bool(smooth.size and smooth.max() > 0 and smooth[-1] < fraction * smooth.max())
 
 
+def fisher_collapses(collapsed_a: int, runs_a: int, collapsed_b: int, runs_b: int) -> float:
+  """Two-sided Fisher's exact p-value that two arms' collapse counts (collapsed of runs)
+  come from one collapse rate: the test that suits counts of a few runs, where a t-interval
+  of 0/1 outcomes does not."""
+  table = [[collapsed_a, runs_a - collapsed_a], [collapsed_b, runs_b - collapsed_b]]
+  return float(scipy_stats.fisher_exact(table).pvalue)
+
+
 def growth(values: Sequence[float], *, min_points: int = 8) -> float:
   """Median over the last quarter of the finite values / median over the first quarter.
 

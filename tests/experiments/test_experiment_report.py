@@ -125,7 +125,9 @@ def test_stability_report(tmp_path):
   section = report.write_report(out, doc).read_text().split("## Claim 6")[1]
   assert ("Verdict: **agrees** — SAO + centring + contrast gate collapsed in 0 of 2 seeds over "
           "100 steps, shorter than") in section
-  assert "GRPO collapsed in 2 of 2 seeds." in section
+  # 0 of 2 vs 2 of 2: the one table as extreme, p = 2 * (1/6) (two-sided).
+  assert ("GRPO collapsed in 2 of 2 seeds (Fisher's exact test of the two collapse counts, "
+          "two-sided: p = 0.333).") in section
   assert "| SAO + centring + contrast gate | 2 | 0 of 2 |" in section
   assert "| GRPO | 2 | 2 of 2 |" in section
   # Growth of KL: steady for SAO; GRPO's rises 10x linearly, so its last quarter's median
