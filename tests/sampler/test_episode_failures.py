@@ -280,8 +280,8 @@ def test_turns_that_end_together_step_their_environments_in_parallel(env_threads
     np.testing.assert_array_equal(ours.tokens, theirs.tokens)
     np.testing.assert_array_equal(ours.rewards, theirs.rewards)
     assert ours.env_failure == theirs.env_failure
-  # 6 episodes x 2 steps of 0.2 s: 2.4 s one at a time; 4 at once: three rounds of 0.2 s
-  # per turn (4 + 2 episodes), 0.8 s.
+  # 6 episodes x 2 steps of 0.2 s: >= 2.4 s one at a time; 4 at once: ~0.8 s (four rounds
+  # of 0.2 s as episodes finish and start); the bound leaves a loaded machine room.
   assert SlowToolEnv.peak == env_threads
   if env_threads > 1:
-    assert elapsed < 1.6, f"{elapsed:.2f} s"
+    assert elapsed < 2.0, f"{elapsed:.2f} s"
