@@ -398,11 +398,12 @@ class Engine:
       full = len(episode.tokens) >= self.cfg.max_seq_len
       end = (len(turn), "max_seq_len" if full else "max_new_tokens")
     # The turn's full decode, kept by `TurnText` from a few new tokens per call (a
-    # full decode per call made long turns quadratic); on a hit the shortest matching
-    # prefix ends the turn. A pattern cannot have matched before n_before, or the
-    # previous call would have ended the turn there.
+    # full decode per call made long turns quadratic); a hit is confirmed on a full
+    # decode (once per turn: it ends the turn), whose shortest matching prefix ends the
+    # turn. A pattern cannot have matched before n_before, or the previous call would
+    # have ended the turn there.
     text = episode.turn_text.extend(turn) if self._patterns else ""
-    if any(p.search(text) for p in self._patterns):
+    if any(p.search(text) for p in self._patterns) and self._matches(turn):
       kept = next((n for n in range(n_before + 1, len(turn)) if self._matches(turn[:n])), len(turn))
       if end is None or kept < end[0]:
         end = (kept, "stop_pattern")

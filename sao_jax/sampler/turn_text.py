@@ -8,34 +8,36 @@ call. Decoding the whole turn each time costs O(turn) per call and O(turn^2)
 per turn (a 32k-token turn: seconds of host time, `benchmarks/turn_text.py`).
 `extend` returns exactly what `detokenize(turn_tokens)` returns, but decodes
 only a few recent tokens per call. It keeps `text`, the decode of the turn's
-first `read` tokens, and marks: token counts `c` with the offset where the
-decode of tokens[:c] ends in `text`. A call decodes from an anchor mark `a`
-(the latest before `read` first):
+first `read` tokens, and marks: token counts `c` whose decode does not end in
+U+FFFD (so `c` is not inside a character or an invalid byte run), with where
+that decode ends in `text`. A call decodes from an anchor mark `a` < `read`:
 
   text += decode(tokens[a:]) minus its prefix decode(tokens[a:read])
 
 which is what a full decode appends when the cut at `a` is clean. Decoders
 are local except at a few places, each checked, not assumed:
 - a first-token rule (SentencePiece's Metaspace or Strip drop the leading
-  space of the first token): it applies to the anchor's token in both decodes
-  and cancels; so decode(tokens[a:read]) may lack only leading whitespace of
-  what `text` holds after mark `a`, nothing else;
-- a character split across tokens: byte-level BPE decodes an incomplete UTF-8
-  tail as U+FFFD. Up to `MAX_PENDING` trailing tokens whose text ends in U+FFFD
-  stay out of `text` (a character has at most 4 bytes): their text is added to
-  the returned string only, so no mark falls inside a character;
-- a byte-fallback run (SentencePiece's <0xNN> tokens) is decoded as a whole:
-  one invalid byte turns every token of the run into U+FFFD, also tokens
-  already in `text`, and a run that was invalid stays so when valid bytes
-  follow. Either shows as decode(tokens[a:read]) differing from what `text`
-  holds after mark `a`, or decode(tokens[a:]) not starting with it.
-An anchor that fails a check is replaced by an older mark (one, two, four...
-marks back, so the search costs O(log) decodes plus the length it reaches
-back), down to the turn's start, where the full decode is taken as it is and
-the marks are reset. So the text is never wrong or late, a valid stream costs
-O(new tokens + window) per call whatever characters it holds (U+FFFD itself
-included), and only invalid bytes make a call reach back, to the start of
-their byte-fallback run at most (one full decode, as every call did before).
+  space of the first token) applies to the anchor's token in both decodes and
+  cancels; decode(tokens[a:read]) may lack only leading whitespace of what
+  `text` holds after the mark;
+- a character split across tokens (byte-level BPE decodes an incomplete UTF-8
+  tail as U+FFFD): up to `MAX_PENDING` trailing tokens whose text ends in
+  U+FFFD stay out of `text`; their text is in the returned string only;
+- a byte-fallback run (SentencePiece's <0xNN> tokens) decodes as a whole: one
+  invalid byte turns every token of the run into U+FFFD, tokens already in
+  `text` included. A run through the mark starts valid (the mark's rule), so
+  a rewrite turns the first character of decode(tokens[a:read]) into U+FFFD:
+  that character must exist and not be U+FFFD already.
+An anchor that fails a check is replaced by an older mark (2, 4, 8... back
+while they span at most a quarter of the turn), then by the turn's start,
+where the full decode is taken as it is. So the text is never wrong or late,
+valid text costs O(new tokens + window) per call whatever characters it holds
+(split ones, U+FFFD written as a character), and a call costs one full decode,
+as every call did before, only when a byte-fallback run through its anchor
+changes: invalid bytes, or a run of <0xNN> tokens still open at the call's
+end. Not covered: a decoder that fuses tokens before a first-token rule that
+acts past the token's start (Metaspace after ByteFallback drops every U+2581
+of the fused first run); current LLM tokenizers replace U+2581 first.
 tests/sampler/test_turn_text.py checks it against the full decode on random
 and adversarial token streams of both tokenizer kinds.
 """
@@ -54,8 +56,11 @@ class TurnText:
     self._detokenize = detokenize
     self.text = ""  # detokenize(tokens[:read])
     self._read = 0
-    self._marks = [(0, 0)]  # (c, offset): text[:offset] == detokenize(tokens[:c]), c <= read
-    self._last = (0, "")    # (len(tokens), what extend returned) of the previous call
+    # (c, offset), c <= read: text[:offset] == detokenize(tokens[:c]), which does not end
+    # in U+FFFD (a cut there is not inside a character, nor inside a byte run already
+    # invalid).
+    self._marks = [(0, 0)]
+    self._last = (0, "")  # (len(tokens), what extend returned) of the previous call
 
   def extend(self, tokens: Sequence[int]) -> str:
     """detokenize(tokens), for `tokens` that continue the tokens of the previous call."""
@@ -65,45 +70,50 @@ class TurnText:
                        "only grows; start a new TurnText for a new turn")
     if n == self._last[0]:
       return self._last[1]
-    for step in self._anchor_steps():
-      anchor, offset = self._marks[-1 - step] if step < len(self._marks) else self._marks[0]
-      full = self._from_anchor(tokens, anchor, offset, rewrite=anchor == 0)
+    for anchor, offset in self._anchors(n):
+      full = self._from_anchor(tokens, anchor, offset)
       if full is not None:
         break
     self._last = (n, full)
     return full
 
-  def _anchor_steps(self):
-    """How many marks back each try anchors: 1, 2, 4, ... then the turn's start."""
-    step = 1
-    while step < len(self._marks) - 1:
-      yield step
-      step *= 2
-    yield len(self._marks) - 1
+  def _anchors(self, n: int):
+    """The marks before `read` to try, latest first, then 2, 4, 8... back while they span
+    at most a quarter of the turn (beyond that one full decode is cheaper than the
+    tries), then the turn's start."""
+    marks = [mark for mark in self._marks[-64:] if 0 < mark[0] < self._read]
+    back, span = 1, max(64, n // 4)
+    while back <= len(marks) and n - marks[-back][0] <= span:
+      yield marks[-back]
+      back *= 2
+    yield self._marks[0]
 
-  def _from_anchor(self, tokens: Sequence[int], anchor: int, offset: int, *,
-                   rewrite: bool) -> str | None:
+  def _from_anchor(self, tokens: Sequence[int], anchor: int, offset: int) -> str | None:
     """Commits tokens decoded from mark `anchor` if its cut is clean (module docstring)
-    and returns the decode of all `tokens`; None if the cut is not clean. At the
-    turn's start (`rewrite`) the full decode is right by definition."""
+    and returns the decode of all `tokens`; None if the cut is not clean. From the
+    turn's start (anchor 0) the full decode is right by definition."""
     n, read = len(tokens), self._read
-    context = self._detokenize(tokens[anchor:read]) if read > anchor else ""
+    # text is the decode of tokens[:read]: from the turn's start it needs no decode.
+    context = self._detokenize(tokens[anchor:read]) if anchor else self.text
     held = self.text[offset:]
-    new = self._detokenize(tokens[anchor:])
     # What the anchor's tokens decode to may lack only the leading whitespace a
-    # first-token rule drops, and only when something is left to show whether the new
-    # tokens rewrote them (a lone space byte, stripped, would hide its run turning
-    # U+FFFD); the new tokens must leave it as it was.
-    dropped = held[:len(held) - len(context)]
-    clean = (held.endswith(context) and (not dropped or (context and not dropped.strip()))
-             and new.startswith(context))
-    if not clean:
-      if not rewrite:
+    # first-token rule drops. Its first character must show whether the new tokens
+    # rewrote a byte run through the anchor: such a rewrite turns it into U+FFFD, so it
+    # must exist (a lone space byte, stripped, would hide the rewrite) and not be
+    # U+FFFD already (the character written as bytes).
+    if anchor and not (context and not context.startswith("\ufffd") and held.endswith(context)
+                       and not held[:len(held) - len(context)].strip()):
+      return None
+    new = self._detokenize(tokens[anchor:])
+    if not new.startswith(context):
+      if anchor:
         return None
       context, read = "", 0  # the turn's start: the full decode replaces the text
       self.text, self._read, self._marks = "", 0, [(0, 0)]
     commit, part = n, new
-    if new.endswith("\ufffd"):  # maybe an incomplete character: hold its tokens back
+    # Maybe an incomplete character: hold its tokens back, so that the next call can
+    # anchor here. Not from the start of a long turn: each try would be a full decode.
+    if new.endswith("\ufffd") and (anchor or n <= 64):
       for cut in range(n - 1, max(read, n - MAX_PENDING) - 1, -1):
         part = self._detokenize(tokens[anchor:cut]) if cut > anchor else ""
         if not part.endswith("\ufffd") and part.startswith(context):
@@ -115,5 +125,6 @@ class TurnText:
     self.text = base + part[len(context):]
     if commit > read:
       self._read = commit
-      self._marks.append((commit, len(self.text)))
+      if not self.text.endswith("\ufffd"):
+        self._marks.append((commit, len(self.text)))
     return base + new[len(context):]

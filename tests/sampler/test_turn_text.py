@@ -116,6 +116,38 @@ def test_a_byte_fallback_run_made_invalid_stays_invalid():
   assert "B" not in turn.extend(tokens)
 
 
+def byte_tokens(tokenizer: tokenizers.Tokenizer) -> dict[int, int]:
+  """byte -> the id of the token that is that byte alone."""
+  if tokenizer.token_to_id("<0x41>") is not None:
+    return {b: tokenizer.token_to_id(f"<0x{b:02X}>") for b in range(256)}
+  # Byte-level BPE spells byte b as GPT-2's printable stand-in for it.
+  printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+  stand_in = dict(zip(printable, printable))
+  stand_in.update((b, 256 + k) for k, b in enumerate(b for b in range(256) if b not in stand_in))
+  return {b: tokenizer.token_to_id(chr(c)) for b, c in stand_in.items()}
+
+
+@pytest.mark.parametrize("make", [byte_level, sentencepiece])
+@pytest.mark.parametrize("seed", range(30))
+def test_text_spelled_in_bytes_with_invalid_bytes_is_the_full_decode(make, seed):
+  """Every character as byte tokens: one byte-fallback run across the whole turn, with
+  characters split at call boundaries, U+FFFD written as a character (which must not
+  hide the run turning invalid) and a few invalid bytes that rewrite it."""
+  tokenizer = make()
+  decode = lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False)
+  rng = np.random.default_rng(seed)
+  data = bytearray("".join(rng.choice(list("aé中😀 \ufffd\n▁"), 150)).encode())
+  for _ in range(int(rng.integers(0, 3))):
+    data.insert(int(rng.integers(len(data))), int(rng.choice([0xFF, 0x80, 0xE4])))
+  ids = byte_tokens(tokenizer)
+  stream = [ids[b] for b in data]
+  turn = TurnText(decode)
+  n = 0
+  while n < len(stream):
+    n = min(len(stream), n + int(rng.integers(1, 12)))
+    assert turn.extend(stream[:n]) == decode(stream[:n]), n
+
+
 @pytest.mark.parametrize("text", ["ხ😺∑ " * 60, "ok \ufffd then " * 60])
 def test_valid_text_decodes_each_token_a_bounded_number_of_times(text):
   """Characters split across tokens (byte-level BPE spells rare ones in bytes) at call
