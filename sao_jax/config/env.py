@@ -106,6 +106,7 @@ class EnvConfig:
   judge_api_key_env: str = ""  # Name of the variable holding the key; "" = no auth.
   judge_timeout_s: float = 30.0  # one deadline per verdict: connect, reads and retries together
   judge_retries: int = 2
+  judge_max_tokens: int = 512  # the judge's answer is capped: a verdict is ~15 tokens
 
   @property
   def resolved_task_source(self) -> str:
@@ -157,6 +158,10 @@ class EnvConfig:
     if isinstance(self.judge_retries, bool) or not isinstance(self.judge_retries, int) or (
         self.judge_retries < 0):
       fail("env", "judge_retries", self.judge_retries, "expected an integer >= 0")
+    value = self.judge_max_tokens
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      fail("env", "judge_max_tokens", value, "expected an integer >= 1 (tokens the judge may "
+           "answer with; raise it for a judge that reasons before its verdict)")
     self._validate_style()
 
   def _validate_style(self) -> None:

@@ -68,7 +68,8 @@ def _style_env(config: EnvConfig) -> Environment:
   if config.judge == "http":
     grader = judge.HttpJudge(base_url=config.judge_base_url, model=config.judge_model,
                              api_key_env=config.judge_api_key_env,
-                             timeout_s=config.judge_timeout_s, retries=config.judge_retries)
+                             timeout_s=config.judge_timeout_s, retries=config.judge_retries,
+                             max_tokens=config.judge_max_tokens)
   return style.StyleEnv(schedule=style.StyleSchedule(config.style_schedule), judge=grader,
                         max_observation_chars=config.max_observation_chars)
 

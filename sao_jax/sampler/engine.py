@@ -397,10 +397,11 @@ class Engine:
     elif len(turn) >= episode.turn_budget:
       full = len(episode.tokens) >= self.cfg.max_seq_len
       end = (len(turn), "max_seq_len" if full else "max_new_tokens")
-    # The turn's text grows by one decode call's tokens at a time (`TurnText`: no full
-    # decode per call, which made long turns quadratic); a hit is confirmed on the full
-    # decode, whose shortest matching prefix ends the turn. A pattern cannot have matched
-    # before n_before, or the previous call would have ended the turn there.
+    # The turn's full decode, kept by `TurnText` from a few new tokens per call (a
+    # full decode per call made long turns quadratic); a hit is confirmed on a full
+    # decode (once per turn: it ends the turn), whose shortest matching prefix ends the
+    # turn. A pattern cannot have matched before n_before, or the previous call would
+    # have ended the turn there.
     text = episode.turn_text.extend(turn) if self._patterns else ""
     if any(p.search(text) for p in self._patterns) and self._matches(turn):
       kept = next((n for n in range(n_before + 1, len(turn)) if self._matches(turn[:n])), len(turn))

@@ -98,6 +98,7 @@ def test_unknown_names_list_the_known_ones():
     ({"judge": "http"}, "env.judge_base_url"),
     ({"judge": "http", "judge_base_url": "http://h/v1"}, "env.judge_model"),
     ({"judge_retries": -1}, "env.judge_retries=-1"),
+    ({"judge_max_tokens": 0}, "env.judge_max_tokens=0"),
     ({"name": "coding", "task_source": "builtin"}, "env.task_source='builtin'"),
     ({"name": "coding", "task_source": "dir"}, "env.coding_task_dir=''"),
     ({"coding_bug_kind": "typo"}, "env.coding_bug_kind='typo'"),

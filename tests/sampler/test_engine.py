@@ -6,8 +6,8 @@ import jax
 import numpy as np
 import pytest
 
-from engine_fixtures import (SAMPLER, STOP, VOCAB, detokenize, engine, params, prompts, run,
-                             with_sampler)
+from engine_fixtures import (CHARS, SAMPLER, STOP, VOCAB, detokenize, engine, params, prompts,
+                             run, with_sampler)
 
 MAX_NEW = [2, 24, 5, 17, 9, 24, 3, 12]  # very different turn lengths
 
@@ -107,6 +107,31 @@ def test_stop_patterns_decode_each_token_a_bounded_number_of_times(weights):
   (turn,) = run(eng)
   assert len(turn.tokens) == 90 and turn.finish_reason == "max_new_tokens"
   assert sum(decoded) <= 4 * 90, sum(decoded)
+
+
+def test_a_stop_pattern_ends_the_turn_where_the_full_decode_does_before_a_split_character(
+    weights):
+  """The pattern is completed by token 3, in the decode call whose last token (4) starts a
+  character that a later token completes (its text alone ends in U+FFFD, as a byte-level
+  BPE lead byte's does). The full-decode check ended the turn at token 4; the old
+  TurnText held that whole call back and ended it a call later."""
+  free = engine(weights)
+  free.submit(0, prompts(1)[0], seed=3, max_new_tokens=12)
+  (reference,) = run(free)
+  split = int(reference.tokens[4])  # the first decode call holds tokens 1..4
+  def decode(ids):
+    ids = list(ids)
+    return "".join(("\ufffd" if k == len(ids) - 1 else "é") if i == split else CHARS[i]
+                   for k, i in enumerate(ids))
+  pattern = re.escape(decode(reference.tokens[:4])[2:4])
+  expected = next(n for n in range(1, 13) if re.search(pattern, decode(reference.tokens[:n])))
+  assert expected == 4, expected  # the pattern is new in token 3, as the test needs
+
+  eng = engine(weights, with_sampler(stop_patterns=(pattern,)), detokenize=decode)
+  eng.submit(0, prompts(1)[0], seed=3, max_new_tokens=12)
+  (turn,) = run(eng)
+  assert turn.finish_reason == "stop_pattern"
+  np.testing.assert_array_equal(turn.tokens, reference.tokens[:expected])
 
 
 def test_parked_and_evicted_continuations_agree(weights):

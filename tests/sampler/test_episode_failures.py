@@ -285,3 +285,40 @@ def test_turns_that_end_together_step_their_environments_in_parallel(env_threads
   assert SlowToolEnv.peak == env_threads
   if env_threads > 1:
     assert elapsed < 2.0, f"{elapsed:.2f} s"
+
+
+class InterruptedEnv(SlowToolEnv):
+  """SlowToolEnv whose "interrupt" task raises KeyboardInterrupt (not an Exception) in
+  its step, on a pool thread; records the environments closed."""
+
+  closed = []
+
+  def _step(self, action):
+    if self.task.metadata.get("fault") == "interrupt":
+      raise KeyboardInterrupt
+    return super()._step(action)
+
+  def close(self):
+    InterruptedEnv.closed.append(self.task.id)
+    super().close()
+
+
+def test_a_base_exception_on_an_env_thread_reaches_the_caller_and_close_releases_all():
+  """A KeyboardInterrupt (or SystemExit) is not an episode's failure: it leaves
+  `runner.step()` as it did one at a time, once the other environments' steps are
+  done (no thread left running), and `close()` releases every environment."""
+  InterruptedEnv.closed = []
+  runner = EpisodeRunner(ScriptedEngine(lambda episode, turn: "hello"), CHAT, InterruptedEnv,
+                         max_episodes=4, env_threads=4, log=lambda text: None)
+  tasks = [task(0), task(1, "interrupt"), task(2), task(3)]
+  for i, t in enumerate(tasks):
+    runner.start(t, prompt_id=0, seed=i)
+  threads = threading.active_count()
+  with pytest.raises(KeyboardInterrupt):
+    runner.step()
+  assert threading.active_count() == threads
+  assert not [t for t in threading.enumerate() if t.name.startswith("env-step")]
+  assert runner.in_flight == 4  # nothing was advanced; the caller's close() releases them
+  runner.close()
+  assert sorted(InterruptedEnv.closed) == sorted(t.id for t in tasks)
+  assert runner.in_flight == 0

@@ -13,6 +13,12 @@ The endpoint is a peer outside the process, so every call is bounded:
 - Size: a reply longer than `MAX_REPLY_BYTES` is refused (by its declared
   Content-Length, or once that many bytes arrived); the body is read in chunks
   of at most `_CHUNK_BYTES`.
+- Work: the request caps the judge's answer at `max_tokens` (default 512; a
+  verdict is ~15 tokens; raise it for a judge that reasons first). Without it
+  a response could talk the judge into writing without end: past the deadline,
+  and, on a judge serving one request at a time, past the deadline of the
+  control request queued behind it, which made the episode a drop the policy
+  chose. Cut at the cap, the answer holds no verdict: reward 0.
 - Credentials: redirects are never followed, so the `Authorization: Bearer`
   key only ever goes to `base_url`'s host; a 3xx reply is a failure naming the
   target (set `base_url` to the final URL). Environment proxies are not used.
@@ -55,6 +61,9 @@ import urllib.parse
 from sao_jax.envs.base import Task
 
 MAX_REPLY_BYTES = 1 << 20  # a verdict is a few hundred bytes; 1 MiB leaves room for chatter
+# The judge's answer is capped (the request's `max_tokens`): a verdict is ~15 tokens, and a
+# response must not be able to talk the judge into writing until the deadline (module docstring).
+DEFAULT_MAX_TOKENS = 512
 _CHUNK_BYTES = 1 << 16
 _INSTRUCTIONS = (
     "You grade one response. The user message is a JSON object: \"request\" is what was "
@@ -85,12 +94,16 @@ class HttpJudge:
   """
 
   def __init__(self, *, base_url: str, model: str, api_key_env: str = "",
-               timeout_s: float = 30.0, retries: int = 2, backoff_s: float = 0.5):
+               timeout_s: float = 30.0, retries: int = 2, backoff_s: float = 0.5,
+               max_tokens: int = DEFAULT_MAX_TOKENS):
     if not base_url.startswith(("http://", "https://")):
       raise ValueError(f"judge base_url={base_url!r} is invalid: expected an http:// or "
                        "https:// URL such as 'http://127.0.0.1:8000/v1'.")
     if not model:
       raise ValueError("judge model='' is invalid: name the model the endpoint serves.")
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+      raise ValueError(f"judge max_tokens={max_tokens!r} is invalid: expected an integer >= 1, "
+                       f"the most tokens the judge may answer with (default {DEFAULT_MAX_TOKENS}).")
     if not timeout_s > 0 or retries < 0 or backoff_s < 0:
       raise ValueError(f"judge timeout_s={timeout_s!r}, retries={retries!r}, "
                        f"backoff_s={backoff_s!r}: expected timeout > 0, retries >= 0, backoff >= 0.")
@@ -107,12 +120,13 @@ class HttpJudge:
     self._https, self._host, self._port = parts.scheme == "https", parts.hostname, parts.port
     self._path = parts.path + (f"?{parts.query}" if parts.query else "")
     self.model, self.timeout_s, self.retries, self.backoff_s = model, timeout_s, retries, backoff_s
+    self.max_tokens = max_tokens
 
   def __call__(self, task: Task, response: str, style: str) -> tuple[bool, bool]:
     """(quality, style) verdicts; raises JudgeError when no attempt succeeded in time."""
     deadline = time.monotonic() + self.timeout_s
     body = json.dumps({
-        "model": self.model, "temperature": 0,
+        "model": self.model, "temperature": 0, "max_tokens": self.max_tokens,
         "messages": [
             {"role": "system", "content": _INSTRUCTIONS},
             {"role": "user", "content": json.dumps(
