@@ -44,7 +44,6 @@ import tempfile
 import time
 
 import jax
-import numpy as np
 
 from sao_jax import config as C
 from sao_jax.config.env import SandboxLimits
@@ -55,8 +54,8 @@ from sao_jax.envs.base import play
 from sao_jax.chat import chat_format
 from sao_jax.models.tokenizer import train_tokenizer
 from sao_jax.models.transformer import init_params
-from sao_jax.sampler.engine import Generation, Turn
 from sao_jax.sampler.episodes import EpisodeRunner, make_engine, run_to_completion
+from sao_jax.sampler.scripted import ScriptedEngine
 
 
 def env_wait_fraction(seconds: float, slots: int, seed: int) -> tuple[float, int]:
@@ -99,44 +98,6 @@ def env_wait_fraction(seconds: float, slots: int, seed: int) -> tuple[float, int
   return in_env[0] / (time.perf_counter() - begin), finished
 
 
-class ScriptedAgent:
-  """The part of `Engine` that `EpisodeRunner` uses: episode e's turn k samples
-  `actions[e][k]` (then the end token), and every queued episode's turn ends in the
-  same step."""
-
-  def __init__(self, chat, actions: list[list[str]]):
-    self.version, self._chat, self._actions, self._episodes = 0, chat, actions, {}
-
-  def submit(self, episode_id, tokens, *, seed=None):
-    episode = self._episodes.setdefault(episode_id, {"tokens": [], "mask": [], "turns": 0})
-    episode["tokens"] += list(tokens)
-    episode["mask"] += [0] * len(tokens)
-    episode["queued"] = True
-
-  def step(self):
-    turns = []
-    for episode_id, episode in self._episodes.items():
-      if episode.pop("queued", False):
-        text = self._actions[episode_id][min(episode["turns"], len(self._actions[episode_id]) - 1)]
-        ids = self._chat.tokenizer.encode(text, add_special_tokens=False).ids
-        ids.append(self._chat.end_token_id)
-        episode["turns"] += 1
-        episode["tokens"] += ids
-        episode["mask"] += [1] * len(ids)
-        turns.append(Turn(episode_id, np.asarray(ids, np.int32), np.zeros(len(ids), np.float32),
-                          "stop_token", (0, 0)))
-    return turns
-
-  def room(self, episode_id):
-    return 1 << 30
-
-  def finish(self, episode_id):
-    episode = self._episodes.pop(episode_id)
-    mask = np.asarray(episode["mask"], np.int32)
-    return Generation(episode_id, np.asarray(episode["tokens"], np.int32), mask,
-                      np.zeros(len(mask), np.float32), (0, 0), episode["turns"])
-
-
 def burst_episodes_per_s(slots: int, seed: int, env_threads: int, rounds: int = 2) -> float:
   """Episodes/s of `slots` scripted coding episodes at a time whose turns all end together."""
   tasks = [coding_generator.generate_task(i, seed=seed, difficulty=2)
@@ -144,7 +105,9 @@ def burst_episodes_per_s(slots: int, seed: int, env_threads: int, rounds: int = 
   actions = [coding_generator.solution_actions(task) for task in tasks]
   chat = chat_format(None, train_tokenizer([coding.SYSTEM_PROMPT] + sum(actions, []),
                                            vocab_size=512))
-  runner = EpisodeRunner(ScriptedAgent(chat, actions), chat,
+  # Episode ids count from 0 in start order: episode e plays task e's solution.
+  engine = ScriptedEngine(chat, lambda e, turn: actions[e][min(turn, len(actions[e]) - 1)])
+  runner = EpisodeRunner(engine, chat,
                          lambda: coding.CodingEnv(max_turns=50, max_observation_chars=600),
                          max_episodes=slots, env_threads=env_threads)
   began = time.perf_counter()

@@ -17,7 +17,7 @@ from sao_jax.envs.base import Environment, StepResult, Task
 from sao_jax.envs.registry import make_env, make_tasks
 from sao_jax.chat import chat_format
 from sao_jax.models.tokenizer import END_OF_TEXT, IM_END, IM_START, train_tokenizer, valid_utf8
-from sao_jax.sampler import engine as engine_lib
+from sao_jax.sampler import scripted
 from sao_jax.sampler.episodes import (ENV_DECLARED, EpisodeRunner, prompt_slot,
                                       run_to_completion)
 
@@ -27,41 +27,9 @@ CHAT = chat_format(None, TOKENIZER)
 NESTED = 100_000
 
 
-class ScriptedEngine:
-  """The part of `Engine` that `EpisodeRunner` uses. Turn k of episode e
-  "samples" the text `script(e, k)` (its tokens, then <|im_end|>)."""
-
-  def __init__(self, script):
-    self.version, self._script, self.episodes = 0, script, {}
-    self._im_end = TOKENIZER.token_to_id(IM_END)
-
-  def submit(self, episode_id, tokens, *, seed=None):
-    episode = self.episodes.setdefault(episode_id, {"tokens": [], "mask": [], "turns": 0})
-    episode["tokens"] += list(tokens)
-    episode["mask"] += [0] * len(tokens)
-    episode["queued"] = True
-
-  def step(self):
-    turns = []
-    for episode_id, episode in self.episodes.items():
-      if episode.pop("queued", False):
-        ids = TOKENIZER.encode(self._script(episode_id, episode["turns"]),
-                               add_special_tokens=False).ids + [self._im_end]
-        episode["turns"] += 1
-        episode["tokens"] += ids
-        episode["mask"] += [1] * len(ids)
-        turns.append(engine_lib.Turn(episode_id, np.asarray(ids, np.int32),
-                                     np.full(len(ids), -0.5, np.float32), "stop_token", (0, 0)))
-    return turns
-
-  def room(self, episode_id):
-    return 1 << 30
-
-  def finish(self, episode_id):
-    episode = self.episodes.pop(episode_id)
-    mask = np.asarray(episode["mask"], np.int32)
-    return engine_lib.Generation(episode_id, np.asarray(episode["tokens"], np.int32), mask,
-                                 -0.5 * mask.astype(np.float32), (0, 0), episode["turns"])
+def ScriptedEngine(script):
+  """Turn k of episode e "samples" the text `script(e, k)` (its tokens, then <|im_end|>)."""
+  return scripted.ScriptedEngine(CHAT, script)
 
 
 # Tool output (what sandboxed code prints) that spells the chat template's
