@@ -308,8 +308,12 @@ def write_report(out: pathlib.Path, report: pathlib.Path, *, skip_missing: bool 
   """Writes `report` (markdown) and its figures under `report.parent / "results"`.
 
   Every claim gets a section, "not run yet" where `out` has no runs of it; with
-  `skip_missing` those claims are left out (a report of one claim's runs)."""
+  `skip_missing` those claims are left out (a report of one claim's runs). The
+  figures of `results.md` are `<claim>.png`; another report's carry its name
+  (`claim6.md`: `claim6_<claim>.png`), so a one-claim report beside `results.md`
+  does not overwrite the figure `results.md` shows."""
   figures = report.parent / "results"
+  prefix = "" if report.name == "results.md" else f"{report.stem}_"
   summary = ["| claim | setting | seeds | budget per run (trajectories) | verdict |",
              "|---|---|---|---|---|"]
   sections = []
@@ -328,7 +332,7 @@ def write_report(out: pathlib.Path, report: pathlib.Path, *, skip_missing: bool 
     groups = _load(out, manifest)
     for run in (r for runs in groups.values() for r in runs):
       used_warm_starts[pathlib.Path(run.init).parent.name].add(claim.setting)
-    figure = figures / f"{claim.name}.png"
+    figure = figures / f"{prefix}{claim.name}.png"
     verdict, body = ANALYSES[claim.kind](claim, manifest, groups, figure)
     seeds = min(len(runs) for runs in groups.values())
     budget = manifest["steps"] * manifest["batch_trajectories"]

@@ -144,11 +144,17 @@ def test_a_report_that_skips_missing_claims_holds_only_the_claims_run(tmp_path):
   runs = {"sao_stable": {"0": write_run(out, "stability", "sao_stable", 0, [0.5] * 20)},
           "grpo": {"0": write_run(out, "stability", "grpo", 0, [0.5] * 20)}}
   write_manifest(out, "claim6_stability", "stability", runs, steps=20)
-  full = report.write_report(out, tmp_path / "all.md").read_text()
+  full = report.write_report(out, tmp_path / "results.md").read_text()
   alone = report.write_report(out, doc, skip_missing=True).read_text()
   assert "## Claim 1" in full and "Not run yet" in full
   assert "## Claim 1" not in alone and "Not run yet" not in alone and "## Claim 6" in alone
   assert f"--report {doc} --skip-missing`" in alone  # the command that regenerates it
+  # Its figure carries its name: results.md's (written by the full report) is not overwritten.
+  assert "![claim6_stability](results/claim6_claim6_stability.png)" in alone
+  figures = tmp_path / "results"
+  assert (figures / "claim6_claim6_stability.png").is_file()
+  assert (figures / "claim6_stability.png").is_file()
+  assert "![claim6_stability](results/claim6_stability.png)" in full
 
 
 def test_stability_without_any_reward_is_not_measurable(tmp_path):
