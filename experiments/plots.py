@@ -68,8 +68,9 @@ def _curve(ax, label: str, runs: Sequence[Run], key: str | None, window: int,
   _band(ax, label, *_aligned(usable, values, [r.steps for r in usable]), color)
 
 
-def _finish(fig, path: pathlib.Path) -> pathlib.Path:
-  fig.tight_layout()
+def _finish(fig, path: pathlib.Path, *, layout: bool = True) -> pathlib.Path:
+  if layout:  # False: the caller laid the figure out (room for a figure legend)
+    fig.tight_layout()
   path.parent.mkdir(parents=True, exist_ok=True)
   fig.savefig(path, dpi=110)
   plt.close(fig)
@@ -147,6 +148,9 @@ def stability(groups: Mapping[str, Sequence[Run]], path: pathlib.Path, *,
     ax.set_title(title, fontsize=9)
     ax.set_xlabel("learner step", fontsize=8)
     ax.grid(alpha=0.3)
-    if ax.lines:
-      ax.legend(fontsize=6)
-  return _finish(fig, path)
+  # One legend for the figure, below the panels: a legend per panel of 8 seeds x 2
+  # variants covered the lines it names.
+  handles, labels = axes.flat[0].get_legend_handles_labels()
+  fig.tight_layout(rect=(0, 0.04 + 0.012 * -(-len(labels) // 4), 1, 1))
+  fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=7, frameon=False)
+  return _finish(fig, path, layout=False)
