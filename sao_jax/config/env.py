@@ -13,6 +13,10 @@ ENV_TASK_SOURCES = {"math_tool": ("generator", "jsonl") + DATASET_SOURCES,
                     "style": ("builtin", "jsonl"),
                     "coding": ("generator", "dir", "jsonl"), "sanity": ("generator",)}
 ENV_JUDGES = ("rule", "http")
+# The most tokens an HTTP judge may answer with (`sao_jax.envs.style.judge`): a verdict is
+# ~15 tokens, and a response must not be able to talk the judge into writing until its
+# deadline; raise it for a judge that reasons before its verdict.
+JUDGE_MAX_TOKENS = 512
 # Generated-task kinds: math problems, and the bugs planted in coding tasks
 # ("mixed" draws one of the others per task).
 ENV_PROBLEM_KINDS = ("arithmetic", "word", "mixed")
@@ -106,7 +110,7 @@ class EnvConfig:
   judge_api_key_env: str = ""  # Name of the variable holding the key; "" = no auth.
   judge_timeout_s: float = 30.0  # one deadline per verdict: connect, reads and retries together
   judge_retries: int = 2
-  judge_max_tokens: int = 512  # the judge's answer is capped: a verdict is ~15 tokens
+  judge_max_tokens: int = JUDGE_MAX_TOKENS
 
   @property
   def resolved_task_source(self) -> str:

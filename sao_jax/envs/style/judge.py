@@ -58,12 +58,10 @@ import threading
 import time
 import urllib.parse
 
+from sao_jax.config.env import JUDGE_MAX_TOKENS
 from sao_jax.envs.base import Task
 
 MAX_REPLY_BYTES = 1 << 20  # a verdict is a few hundred bytes; 1 MiB leaves room for chatter
-# The judge's answer is capped (the request's `max_tokens`): a verdict is ~15 tokens, and a
-# response must not be able to talk the judge into writing until the deadline (module docstring).
-DEFAULT_MAX_TOKENS = 512
 _CHUNK_BYTES = 1 << 16
 _INSTRUCTIONS = (
     "You grade one response. The user message is a JSON object: \"request\" is what was "
@@ -95,7 +93,7 @@ class HttpJudge:
 
   def __init__(self, *, base_url: str, model: str, api_key_env: str = "",
                timeout_s: float = 30.0, retries: int = 2, backoff_s: float = 0.5,
-               max_tokens: int = DEFAULT_MAX_TOKENS):
+               max_tokens: int = JUDGE_MAX_TOKENS):
     if not base_url.startswith(("http://", "https://")):
       raise ValueError(f"judge base_url={base_url!r} is invalid: expected an http:// or "
                        "https:// URL such as 'http://127.0.0.1:8000/v1'.")
@@ -103,7 +101,7 @@ class HttpJudge:
       raise ValueError("judge model='' is invalid: name the model the endpoint serves.")
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
       raise ValueError(f"judge max_tokens={max_tokens!r} is invalid: expected an integer >= 1, "
-                       f"the most tokens the judge may answer with (default {DEFAULT_MAX_TOKENS}).")
+                       f"the most tokens the judge may answer with (default {JUDGE_MAX_TOKENS}).")
     if not timeout_s > 0 or retries < 0 or backoff_s < 0:
       raise ValueError(f"judge timeout_s={timeout_s!r}, retries={retries!r}, "
                        f"backoff_s={backoff_s!r}: expected timeout > 0, retries >= 0, backoff >= 0.")
