@@ -42,6 +42,7 @@ TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(os.cpu_count() or 1, 
 ## test: the default suite (what CI runs); slow-marked checks excluded; the 25
 ## slowest tests are listed at the end.
 test: $(STAMP) bubblewrap
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=25
 
 ## test-all: every test, including those marked slow.

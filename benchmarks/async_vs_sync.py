@@ -40,11 +40,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from sao_jax import config as C
+from sao_jax.channel.transport import QueueTransport, TransportClosed
 from sao_jax.data import pipeline
-from sao_jax.data.records import Trajectory
-from sao_jax.data.transport import QueueTransport, TransportClosed
 from sao_jax.learner import compile as compile_lib
 from sao_jax.sharding.mesh import make_mesh
+from sao_jax.types import Trajectory
 
 BUCKETS = (128, 256)
 

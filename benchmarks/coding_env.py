@@ -46,12 +46,12 @@ import time
 import jax
 
 from sao_jax import config as C
+from sao_jax.chat import chat_format
 from sao_jax.config.env import SandboxLimits
-from sao_jax.envs.sandbox import bwrap
+from sao_jax.envs.base import play
 from sao_jax.envs.coding import env as coding
 from sao_jax.envs.coding import generator as coding_generator
-from sao_jax.envs.base import play
-from sao_jax.chat import chat_format
+from sao_jax.envs.sandbox import bwrap
 from sao_jax.models.tokenizer import train_tokenizer
 from sao_jax.models.transformer import init_params
 from sao_jax.sampler.episodes import EpisodeRunner, make_engine, run_to_completion

@@ -32,9 +32,9 @@ import numpy as np
 
 from sao_jax.config import Config, LearnerConfig, MeshConfig, ModelConfig
 from sao_jax.data import pipeline
-from sao_jax.data.records import Trajectory
 from sao_jax.learner import compile as compile_lib
 from sao_jax.sharding.mesh import make_mesh
+from sao_jax.types import Trajectory
 
 MODEL = ModelConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, head_dim=32, logits_chunk=256,

@@ -42,10 +42,10 @@ import time
 import jax
 import numpy as np
 
+from sao_jax.channel import weights, weights_net, weights_wire
 from sao_jax.config import LoraConfig, ModelConfig
 from sao_jax.models import lora
 from sao_jax.models.transformer import init_params
-from sao_jax.sampler import weights, weights_net, weights_wire
 
 # The model of benchmarks/forward.py.
 MODEL = ModelConfig(vocab_size=32768, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,

@@ -43,7 +43,7 @@ import shutil
 import subprocess
 from typing import Sequence
 
-from sao_jax.metrics import METRICS_FILE
+from sao_jax.run.metrics import METRICS_FILE
 
 from experiments import runner
 from experiments.warm_start import DONE_FILE

@@ -13,7 +13,7 @@ RL's; the longer replies give a policy that drifts room to do so (a word
 followed by junk, or no end token, earns 0). Learning rate 3e-3 as in the
 sanity setting: large enough that 60 steps decide a run, which also makes
 drift, if the dynamics have it, show within those steps. Each run is one
-`sao_jax.train.run` (its own SFT warm-start from the seed's init: seeds change
+`sao_jax.jobs.train.run` (its own SFT warm-start from the seed's init: seeds change
 the model init, the task stream and sampling; arms of a seed share them).
 
 Arms (`ARMS`) differ from plain SAO in one field each. Pre-registered before
@@ -125,7 +125,7 @@ def run_one(out: pathlib.Path, arm: str, seed: int, steps: int = STEPS) -> pathl
     return directory
   variant, overrides = ARMS[arm]
   code = ("import sys; sys.path.insert(0, 'configs'); from sanity_cpu import sanity_config;"
-          "from sao_jax import train; from sao_jax.config.loading import apply_overrides;"
+          "from sao_jax.jobs import train; from sao_jax.config.loading import apply_overrides;"
           f"train.run(apply_overrides(sanity_config({variant!r}), sys.argv[1:]), log=print)")
   args = [*SETTING, f"learner.steps={steps}", *overrides, f"seed={seed}", f"env.seed={seed}",
           f"run.run_dir={directory}"]

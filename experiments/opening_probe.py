@@ -46,12 +46,12 @@ from experiments import stats
 from sao_jax.chat import load_chat
 from sao_jax.config import load_config
 from sao_jax.data.pipeline import pad_batch
-from sao_jax.data.records import Trajectory
 from sao_jax.envs.registry import make_env, make_tasks
-from sao_jax.evaluation import restore_state
+from sao_jax.jobs.evaluate import restore_state
 from sao_jax.learner import step as step_lib
 from sao_jax.learner.state import policy_weights
 from sao_jax.sampler.episodes import EpisodeRunner, make_engine, run_to_completion
+from sao_jax.types import Trajectory
 
 
 class _ForcedOpening:

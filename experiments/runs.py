@@ -1,6 +1,6 @@
 """One finished experiment run, read back from its sao-train outputs.
 
-`load_run(run_dir)` reads `metrics.jsonl` (the format of `sao_jax.metrics`: one
+`load_run(run_dir)` reads `metrics.jsonl` (the format of `sao_jax.run.metrics`: one
 JSON object per learner step, `{"step", "time", ...}`; evaluation rows carry
 `eval/*` keys), `config.json` and the runner's `experiment.json`. A resumed run
 may have logged a step twice (steps after its last checkpoint are redone):
@@ -21,7 +21,7 @@ import pathlib
 
 import numpy as np
 
-from sao_jax.metrics import read_metrics
+from sao_jax.run.metrics import read_metrics
 
 
 @dataclasses.dataclass

@@ -11,8 +11,8 @@ run.tokenizer=DIR/tokenizer.json --set run.sft_steps=0`), so all variants share
 model, tokenizer and initial weights exactly, and the warm-start (on CPU the
 slow part: each math demonstration runs the sandboxed Python tool) is paid once
 per seed. It does what `sao-train` does before its first RL step
-(`sao_jax.warm_start.train_run_tokenizer`, then `sao_jax.warm_start.sft_warm_start` on
-`sao_jax.warm_start.demonstrations` from the `cfg.seed` random init, stopping at
+(`sao_jax.run.bootstrap.train_run_tokenizer`, then `sao_jax.jobs.warm_start.sft_warm_start` on
+`sao_jax.run.bootstrap.demonstrations` from the `cfg.seed` random init, stopping at
 `run.sft_target_accuracy` when set).
 """
 
@@ -24,10 +24,11 @@ import pathlib
 import time
 from typing import Sequence
 
-from sao_jax.config import Config, load_config
-from sao_jax.models import params_io
 from sao_jax.chat import chat_format
-from sao_jax.warm_start import demonstrations, initial_policy, sft_warm_start, train_run_tokenizer
+from sao_jax.config import Config, load_config
+from sao_jax.jobs.warm_start import sft_warm_start
+from sao_jax.models import params_io
+from sao_jax.run.bootstrap import demonstrations, initial_policy, train_run_tokenizer
 
 DONE_FILE = "DONE.json"
 

@@ -1,5 +1,7 @@
 """The arrays that cross module boundaries.
 
+`Trajectory` is one finished rollout on the host: what the sampler records, the
+channel carries (`sao_jax.channel.records` encodes it) and the pipeline pads.
 `Batch` is what the learner's step consumes: `[B, T]` token-aligned arrays (index
 t of every array belongs to token t, SAO.md §1). Its `segment_ids` say which
 trajectory each token belongs to when rows are packed (`sao_jax.segments`).
@@ -7,6 +9,7 @@ trajectory each token belongs to when rows are packed (`sao_jax.segments`).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import jax
@@ -42,3 +45,23 @@ class Batch(NamedTuple):
   @property
   def shape(self) -> tuple[int, int]:
     return tuple(self.tokens.shape)  # type: ignore[return-value]
+
+
+@dataclasses.dataclass
+class Trajectory:
+  tokens: np.ndarray  # [T] int32
+  action_mask: np.ndarray  # [T] int8, 1 on sampled tokens
+  behavior_logp: np.ndarray  # [T] float32, 0 off the action mask
+  rewards: np.ndarray  # [T] float32, the outcome on the last action token
+  prompt_id: int  # GRPO group / running-mean slot
+  policy_versions: tuple[int, int]  # first and last learner version that sampled it
+  env_failure: str | None = None  # the environment failed: train on none of it
+  info: dict = dataclasses.field(default_factory=dict)  # JSON-able extras (task id, turns)
+
+  @property
+  def length(self) -> int:
+    return int(self.tokens.shape[0])
+
+  @property
+  def outcome(self) -> float:
+    return float(np.sum(self.rewards[self.action_mask.astype(bool)]))

@@ -5,8 +5,8 @@ import itertools
 
 import pytest
 
-from sao_jax import eval_scores
-from sao_jax.eval_scores import TaskScore
+from sao_jax.jobs import eval_scores
+from sao_jax.jobs.eval_scores import TaskScore
 
 
 def brute_force_pass_at_k(n, c, k):

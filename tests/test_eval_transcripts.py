@@ -7,11 +7,12 @@ import pathlib
 import numpy as np
 import pytest
 
-from sao_jax import evaluation, warm_start
-from sao_jax.data.records import Trajectory
 from sao_jax.chat import chat_format
 from sao_jax.config import load_config
 from sao_jax.envs.registry import make_tasks
+from sao_jax.jobs import evaluate as evaluation
+from sao_jax.run import bootstrap
+from sao_jax.types import Trajectory
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # The sanity environment (no sandbox) and a tiny random policy: fast, and its
@@ -29,8 +30,8 @@ def sanity(transcripts: int):
 @pytest.fixture(scope="module")
 def chat_and_params():
   cfg = sanity(0)
-  return chat_format(None, warm_start.train_run_tokenizer(cfg, transcripts=50)), \
-      warm_start.initial_policy(cfg)
+  return chat_format(None, bootstrap.train_run_tokenizer(cfg, transcripts=50)), \
+      bootstrap.initial_policy(cfg)
 
 
 def evaluate(transcripts: int, path, chat_and_params) -> dict:

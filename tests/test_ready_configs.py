@@ -60,7 +60,7 @@ CHECKPOINTS = {
 
 
 def _architecture(model_cfg):
-  """What `warm_start.initial_policy` compares between run.init and the config."""
+  """What `bootstrap.initial_policy` compares between run.init and the config."""
   return {k: v for k, v in hf.hf_config(model_cfg).items() if k != "dtype"}
 
 

@@ -1,11 +1,12 @@
-"""One learner per run directory (sao_jax.run_lock)."""
+"""One learner per run directory (sao_jax.run.lock)."""
 
 import os
 
 import pytest
 
-from sao_jax import run_lock, train
 from sao_jax.config import load_config
+from sao_jax.jobs import train
+from sao_jax.run import lock as run_lock
 
 
 def test_a_second_learner_on_a_run_directory_is_refused_naming_the_first(tmp_path):

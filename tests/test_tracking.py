@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from sao_jax import metrics
 from sao_jax.config import RunConfig
+from sao_jax.run import metrics
 
 
 @pytest.mark.slow  # starts W&B's service process: ~6 s on 2 busy cores

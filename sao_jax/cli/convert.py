@@ -1,5 +1,5 @@
 """`sao-convert`: Hugging Face checkpoint directory <-> sao_jax params directory, for
-every architecture of `sao_jax.models.families` (Qwen3, Qwen3-MoE, Qwen2.5, Llama 3.x,
+every architecture of `sao_jax.config.families` (Qwen3, Qwen3-MoE, Qwen2.5, Llama 3.x,
 Gemma 3 text).
 
   sao-convert hf-to-sao --hf_dir ./Qwen3-0.6B --out ./params
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> None:
 
 
 def export_lora(args: argparse.Namespace) -> None:
-  from sao_jax.evaluation import restore_state
+  from sao_jax.jobs.evaluate import restore_state
   from sao_jax.learner.state import policy_weights
 
   cfg = load_config(args.config, args.overrides)

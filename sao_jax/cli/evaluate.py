@@ -7,7 +7,7 @@ Restores the policy of checkpoint `--step` (default: latest) from the run's
 checkpoint directory and plays the benchmark tasks (every row of an
 `env.dataset` file, or `run.eval_episodes` generated tasks; `--episodes` caps
 them): greedy pass@1 and, with `--samples N`, mean@N and unbiased pass@k per
-`--pass-k`, overall and per source (`sao_jax.evaluation.benchmark`). Prints a
+`--pass-k`, overall and per source (`sao_jax.jobs.evaluate.benchmark`). Prints a
 table and writes the JSON report to `--output` (default
 RUN_DIR/eval/step_<step>.json).
 """
@@ -51,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> None:
       overrides.append(f"run.{field}={value}")
   try:
     cfg = load_config(args.config, overrides)
-    from sao_jax import eval_scores, evaluation
+    from sao_jax.jobs import eval_scores, evaluate as evaluation
 
     report = evaluation.evaluate_checkpoint(cfg, args.step, limit=args.episodes)
   except (ValueError, FileNotFoundError) as error:

@@ -11,7 +11,7 @@ import sys
 from typing import Sequence
 
 from sao_jax.config import load_config
-from sao_jax.metrics import plot_curves
+from sao_jax.run.metrics import plot_curves
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -31,8 +31,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not args.config:
       parser.error("--config is required (or --plot RUN_DIR)")
     cfg = load_config(args.config, args.overrides)
-    # After argument errors: importing JAX (with sao_jax.train) takes seconds.
-    from sao_jax import train
+    # After argument errors: importing JAX (with sao_jax.jobs.train) takes seconds.
+    from sao_jax.jobs import train
 
     if not args.resume:
       train.refuse_to_overwrite(cfg)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from sao_jax.config.checks import check_choice, check_positive, fail
-from sao_jax.models.families import FAMILIES
+from sao_jax.config.families import FAMILIES
 
 DTYPES = ("float32", "bfloat16")
 ATTENTION_IMPLS = ("dense", "blocked")
@@ -26,7 +26,7 @@ LAYER_TYPES = ("full_attention", "sliding_attention")
 class ModelConfig:
   """Decoder hyper-parameters (dense when `num_experts == 0`).
 
-  `family` selects the architecture (`sao_jax.models.families`: qwen3, qwen2,
+  `family` selects the architecture (`sao_jax.config.families`: qwen3, qwen2,
   llama, gemma3). Field names follow Hugging Face's configs (`Qwen3Config`,
   `Qwen3MoeConfig`, ...) so a `config.json` maps onto them one to one; the
   `rope_*` fields are the entries of its `rope_parameters`. `hf_path`, when set,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from sao_jax import run_secret
 from sao_jax.config.algorithm import AlgorithmConfig
 from sao_jax.config.checks import check_finite, fail
 from sao_jax.config.data import DataConfig
@@ -14,6 +13,7 @@ from sao_jax.config.lora import LoraConfig
 from sao_jax.config.mesh import MeshConfig
 from sao_jax.config.model import ModelConfig
 from sao_jax.config.run import RunConfig
+from sao_jax.config.sampler import SECRET_CREATE_HINT
 from sao_jax.config.sampler import SamplerConfig, check_untruncated
 
 
@@ -95,7 +95,7 @@ class Config:
       fail("sampler", "weights_secret_file", self.sampler.weights_secret_file,
            "samplers elsewhere (sao-sampler, run.num_samplers=0) seal the trajectories they "
            "write to the shared directory with the run's secret: create one with "
-           f"`{run_secret.CREATE_HINT}`, copy it to every learner and sampler host and set "
+           f"`{SECRET_CREATE_HINT}`, copy it to every learner and sampler host and set "
            "sampler.weights_secret_file (or sampler.weights_secret_env)")
     if self.sampler.weights == "network" and not self.sampler.weights_addresses:
       fail("sampler", "weights_addresses", self.sampler.weights_addresses,

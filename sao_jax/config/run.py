@@ -9,7 +9,7 @@ from sao_jax.config.checks import check_positive, fail
 
 # Where metrics go besides run_dir/metrics.jsonl, which is always written (resume,
 # plots and the progress line read it): TensorBoard events in run_dir/tensorboard,
-# Weights & Biases (`sao_jax.tracking`; needs the `wandb` extra).
+# Weights & Biases (`sao_jax.run.tracking`; needs the `wandb` extra).
 LOGGERS = ("tensorboard", "wandb")
 DEFAULT_LOGGERS = ("tensorboard",)
 
@@ -19,7 +19,7 @@ class RunConfig:
   """What `sao-train` does around the learner loop.
 
   `init`: "random" (from scratch), a Hugging Face checkpoint directory (a family of
-  `sao_jax.models.families`; configs/qwen3_0_6b.py and friends), or a
+  `sao_jax.config.families`; configs/qwen3_0_6b.py and friends), or a
   `sao-convert` params directory. `tokenizer`: a tokenizer.json (or directory);
   empty trains a byte-level BPE of `model.vocab_size` on the environment's texts
   and saves it in the run directory (for from-scratch runs without a hub).
@@ -41,7 +41,7 @@ class RunConfig:
   `num_samplers` sampler processes run beside the learner; 0 starts none: the
   samplers run elsewhere (`sao-sampler` on another slice) and the learner reads
   their trajectories from `data.transport="directory"`.
-  `sao-eval` (`sao_jax.evaluation.benchmark`) adds to the greedy pass@1
+  `sao-eval` (`sao_jax.jobs.evaluate.benchmark`) adds to the greedy pass@1
   `eval_samples` episodes per task sampled at `eval_temperature` and reports
   mean@eval_samples and pass@k for each k in `eval_pass_k` (0 samples: greedy only).
   `loggers` (from LOGGERS) receive every metrics row; W&B runs go to

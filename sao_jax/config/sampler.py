@@ -6,12 +6,13 @@ import dataclasses
 import os
 import re
 
-from sao_jax import run_secret
 from sao_jax.config.checks import check_choice, check_positive, fail
 from sao_jax.config.mesh import MeshConfig
 
 WEIGHT_CHANNELS = ("shared_memory", "directory", "network")
 KV_LAYOUTS = ("dense", "paged")
+# How to make the run secret that `sampler.weights_secret_file` names (said in errors).
+SECRET_CREATE_HINT = "head -c 32 /dev/urandom > weights.secret"
 PAGED_ATTENTIONS = ("auto", "reference", "pallas")
 
 # Ends a turn at the fence that closes a ```python tool-call block (sao_jax.envs.math.tool),
@@ -51,20 +52,20 @@ class SamplerConfig:
   sandboxed tool run's wall time, and a CPU-bound run could then hit its
   `env.tool.wall_time_s` (2x its CPU limit by default) where it would not alone.
 
-  Weights reach samplers through `weights` (`sao_jax.sampler.weights`):
+  Weights reach samplers through `weights` (`sao_jax.channel.weights`):
   "shared_memory" (samplers on the learner's host), "directory" (orbax versions
   in `weights_dir`, a directory or bucket all hosts share) or "network" (every
   learner host serves its shards over TCP on `weights_port`; samplers on other
   hosts connect to `weights_addresses`, the "host:port" of every learner host in
   process order; empty: only this host, for same-host samplers). Its peers
-  prove a shared secret (`sao_jax.sampler.weights_wire`): the bytes of
+  prove a shared secret (`sao_jax.channel.weights_wire`): the bytes of
   `weights_secret_file`, or of the environment variable `weights_secret_env`
   (at most one of the two); required with `weights_addresses` or
   `run.num_samplers=0` (samplers on other hosts), a fresh random one otherwise.
   The same secret seals the directory transport's records (`data.sealed`). Each learner host listens on its own
   entry of `weights_addresses` (loopback without them) and serves at most
   `weights_max_connections` authenticated subscribers at once, beside at most as
-  many connections still in their handshake (`sao_jax.sampler.weights_net`).
+  many connections still in their handshake (`sao_jax.channel.weights_net`).
 
   KV cache (`kv_layout`): "paged" (the default, `sao_jax.sampler.paged_engine`)
   keeps one pool of `kv_pages`
@@ -161,7 +162,7 @@ class SamplerConfig:
         self.weights_secret_file or self.weights_secret_env):
       fail("sampler", "weights_secret_file", self.weights_secret_file,
            "weights_addresses (samplers on other hosts) needs a shared secret: create one with "
-           f"`{run_secret.CREATE_HINT}`, copy it to every learner and sampler "
+           f"`{SECRET_CREATE_HINT}`, copy it to every learner and sampler "
            "host and set sampler.weights_secret_file=weights.secret (or "
            "sampler.weights_secret_env to a variable holding it)")
     buckets = self.prefill_buckets

@@ -17,10 +17,11 @@ from typing import Callable, Iterator
 
 import jax
 
-from sao_jax import distributed
+from sao_jax.channel import sealed
+from sao_jax.channel.transport import DirectoryTransport, QueueTransport
 from sao_jax.config import Config
-from sao_jax.data import pipeline, sealed
-from sao_jax.data.transport import DirectoryTransport, QueueTransport
+from sao_jax.data import pipeline
+from sao_jax.sharding import distributed
 
 
 def learner_transport(cfg: Config, drops: pipeline.Drops, secret: bytes):

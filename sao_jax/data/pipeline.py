@@ -57,10 +57,10 @@ from typing import Callable, Iterator
 import grain
 import numpy as np
 
-from sao_jax.data import records
-from sao_jax.data.records import Trajectory
+from sao_jax.channel import records
 from sao_jax.log_text import untrusted
 from sao_jax.types import Batch
+from sao_jax.types import Trajectory
 
 
 MAX_FAILURE_KINDS = 32  # exception types a sampler reports: a few in practice

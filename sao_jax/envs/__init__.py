@@ -4,8 +4,8 @@ No model or tokenizer in here; the sampler renders messages with the chat
 template. See `base` for the protocol, `registry` to build from an `EnvConfig`.
 """
 
-from sao_jax.envs.base import Environment, Message, StepResult, Task, Transcript, play
 from sao_jax.config import EnvConfig
+from sao_jax.envs.base import Environment, Message, StepResult, Task, Transcript, play
 from sao_jax.envs.registry import make_env, make_tasks
 
 __all__ = [

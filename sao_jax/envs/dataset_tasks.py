@@ -1,5 +1,5 @@
 """Prompt/answer tasks from dataset files (`env.dataset`, task sources "parquet"
-and "hf_disk"), read row by row (`sao_jax.data.tables`).
+and "hf_disk"), read row by row (`sao_jax.envs.tables`).
 
 Row i becomes `Task(id, prompt, answer, metadata={"source", "row"})`: the prompt
 column's text, the answer column read as `answer_format`
@@ -25,7 +25,7 @@ from typing import Iterator
 import grain
 
 from sao_jax.config.dataset import DatasetConfig
-from sao_jax.data import tables
+from sao_jax.envs import tables
 from sao_jax.envs.base import Task
 from sao_jax.envs.math import answers
 

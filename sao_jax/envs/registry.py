@@ -22,7 +22,10 @@ import functools
 import logging
 from typing import Callable, Iterator
 
+from sao_jax.config import EnvConfig
+from sao_jax.config.dataset import DATASET_SOURCES
 from sao_jax.envs import dataset_tasks, sanity, tasks
+from sao_jax.envs.base import Environment, Task
 from sao_jax.envs.coding import env as coding
 from sao_jax.envs.coding import generator as coding_generator
 from sao_jax.envs.coding import tasks as coding_tasks
@@ -30,9 +33,6 @@ from sao_jax.envs.math import tasks as math_tasks
 from sao_jax.envs.math import tool as math_tool
 from sao_jax.envs.style import env as style
 from sao_jax.envs.style import judge
-from sao_jax.envs.base import Environment, Task
-from sao_jax.config import EnvConfig
-from sao_jax.config.dataset import DATASET_SOURCES
 
 
 @functools.cache
@@ -107,7 +107,7 @@ TASK_SOURCES: dict[str, dict[str, Callable[[EnvConfig], Iterator[Task]]]] = {
 }
 
 # Scripted ideal turns per environment ((task, env config) -> the assistant turns
-# that earn full reward): what the SFT warm-start (`sao_jax.warm_start`) imitates
+# that earn full reward): what the SFT warm-start (`sao_jax.jobs.warm_start`) imitates
 # and a run's own tokenizer is trained on.
 DEMONSTRATIONS: dict[str, Callable[[Task, EnvConfig], list[str]]] = {
     "math_tool": lambda task, c: math_tasks.demonstration(task, c.demo_tool_rate,

@@ -28,12 +28,12 @@ from typing import Any, Callable, Iterator, Protocol
 
 import jax
 
-from sao_jax import distributed
-from sao_jax.checkpoint import Checkpointer, PreemptionWatcher
 from sao_jax.config import Config
 from sao_jax.learner import compile as compile_lib
 from sao_jax.learner.state import TrainState, abstract_state, checkpointed, with_frozen_parts
 from sao_jax.learner.step import update_policy_at
+from sao_jax.run.checkpoint import Checkpointer, PreemptionWatcher
+from sao_jax.sharding import distributed
 from sao_jax.sharding.mesh import make_mesh
 from sao_jax.types import Batch
 

@@ -57,12 +57,6 @@ def policy_weights(cfg: Config, state: TrainState) -> Params:
   return lora.merge(state.policy_params, state.policy_adapters, cfg.lora, cfg.model)
 
 
-def published_weights(cfg: Config, state: TrainState) -> Params:
-  """What the weight channel ships each version: only the adapters under LoRA (samplers
-  hold the base and merge, `sao_jax.sampler.worker`), else the whole policy."""
-  return policy_trainable(cfg, state)
-
-
 def checkpointed(cfg: Config, state: TrainState) -> TrainState:
   """What a checkpoint holds of `state`. With LoRA the frozen base is left out (it is
   reloaded from `run.init`, `with_frozen_parts`), and so, in critic-free variants, are
@@ -84,11 +78,6 @@ def with_frozen_parts(cfg: Config, restored: TrainState, fresh: TrainState) -> T
   if not cfg.algorithm.uses_critic:
     filled.update(value_params=fresh.value_params, value_opt_state=fresh.value_opt_state)
   return restored.replace(**filled)
-
-
-def published_template(cfg: Config, policy_template: Params) -> Params:
-  """Shapes of `published_weights` given the policy's (`policy_template`)."""
-  return lora.abstract_adapters(cfg.model, cfg.lora) if cfg.lora.enabled else policy_template
 
 
 def _schedule(cfg: LearnerConfig, peak_lr: float) -> optax.Schedule:

@@ -20,8 +20,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from sao_jax.config.algorithm import LOSS_AGGS
 from sao_jax import segments
+from sao_jax.config.algorithm import LOSS_AGGS
 
 
 def _check(loss_agg: str) -> None:

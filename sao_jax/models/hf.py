@@ -4,7 +4,7 @@
   load_hf(hf_dir, mesh=None, **overrides)     -> (cfg, params)
   export_hf(params, cfg, out_dir, max_shard_bytes=5 GiB, tokenizer_dir=None)
 
-Supported: the architectures of `sao_jax.models.families.HF_ARCHITECTURES`, with
+Supported: the architectures of `sao_jax.config.families.HF_ARCHITECTURES`, with
 RoPE types default, linear, llama3 and yarn, full attention (sliding-window
 layers for Gemma 3 only) and the family's activation; anything else is rejected
 with the offending config entry named.
@@ -32,7 +32,7 @@ from safetensors import safe_open
 
 from sao_jax import bounded_json
 from sao_jax.config import ModelConfig
-from sao_jax.models.families import FAMILIES, HF_ARCHITECTURES, HfArchitecture, hf_architecture
+from sao_jax.config.families import FAMILIES, HF_ARCHITECTURES, HfArchitecture, hf_architecture
 from sao_jax.models.params_io import place, write_safetensors
 from sao_jax.models.transformer import Params, abstract_params, is_moe_layer, param_path, param_shardings
 

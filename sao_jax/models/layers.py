@@ -17,8 +17,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from sao_jax.config import ModelConfig
+from sao_jax.config.families import FAMILIES
 from sao_jax.models import attention, moe, paged_attention, rope
-from sao_jax.models.families import FAMILIES
 from sao_jax.sharding.rules import constrain
 
 BTD = ("activation_batch", "activation_length", "activation_embed")

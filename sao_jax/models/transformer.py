@@ -1,4 +1,4 @@
-"""The decoder (any `sao_jax.models.families` family) as an nnx module, and its
+"""The decoder (any `sao_jax.config.families` family) as an nnx module, and its
 params-as-pytree interface.
 
 The learner never holds a module: params are a plain nested dict of arrays
@@ -29,8 +29,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from sao_jax.config import ModelConfig
+from sao_jax.config.families import FAMILIES
 from sao_jax.models import layers
-from sao_jax.models.families import FAMILIES
 from sao_jax.sharding.rules import constrain, logical_to_spec
 
 HEADS = ("lm", "value")

@@ -59,14 +59,14 @@ import jax
 import numpy as np
 
 from sao_jax.chat import ChatFormat, TurnTextError
-from sao_jax.data.records import Trajectory
+from sao_jax.config import ModelConfig, SamplerConfig
 from sao_jax.envs.base import Environment, Message, StepResult, Task
 from sao_jax.log_text import traceback_text
-from sao_jax.config import ModelConfig, SamplerConfig
 from sao_jax.models.transformer import Params
 from sao_jax.sampler.engine import Engine, Turn, stop_token_ids
 from sao_jax.sampler.paged_engine import PagedEngine
 from sao_jax.sampler.prompt_ids import prompt_slot
+from sao_jax.types import Trajectory
 
 
 def make_engine(cfg: SamplerConfig, model_cfg: ModelConfig, params: Params, chat: ChatFormat, *,

@@ -22,12 +22,12 @@ from __future__ import annotations
 import pathlib
 import threading
 
-from sao_jax import run_secret
+from sao_jax.channel import run_secret
+from sao_jax.channel import weights
+from sao_jax.channel.published import published_template
+from sao_jax.channel.transport import DirectoryTransport
 from sao_jax.config import Config
-from sao_jax.data.transport import DirectoryTransport
-from sao_jax.learner.state import published_template
 from sao_jax.models.transformer import abstract_params
-from sao_jax.sampler import weights
 from sao_jax.sampler.prompt_ids import MAX_WORKERS
 from sao_jax.sampler.worker import SamplerSupervisor, WorkerSpec
 

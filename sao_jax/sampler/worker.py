@@ -53,8 +53,8 @@ import sys
 import time
 from typing import Any, Callable
 
+from sao_jax.channel.transport import TransportClosed
 from sao_jax.config import Config
-from sao_jax.data.transport import TransportClosed
 from sao_jax.log_text import logged_at, traceback_text, untrusted
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -124,22 +124,6 @@ def process_main(run: Callable[[WorkerSpec, Callable[[], bool]], None], spec: Wo
   exit_without_flushing(code)
 
 
-def _published_to_policy(cfg) -> Callable[[Any], Any]:
-  """Published weights -> the policy's params: as they are, or under LoRA (where the
-  learner ships only adapters) the base, loaded once from `run.init`, merged with them."""
-  if not cfg.lora.enabled:
-    return lambda params: params
-  import jax
-
-  from sao_jax import warm_start
-  from sao_jax.models import lora
-
-  base = jax.jit(lora.frozen_base, static_argnums=(1, 2))(  # QLoRA: the learner's NF4 base
-      warm_start.initial_policy(cfg), cfg.model, cfg.lora)
-  merge = jax.jit(lora.merge, static_argnums=(2, 3))
-  return lambda adapters: merge(base, adapters, cfg.lora, cfg.model)
-
-
 def engine_mesh(cfg: Config):
   """The mesh a sampler process's engine lays params and KV cache out over: with
   `sampler.sharded`, `cfg.sampler_mesh()` (sampler.mesh, else the top-level mesh)
@@ -154,9 +138,11 @@ def engine_mesh(cfg: Config):
 
 def run_sampler(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
   """The sampler loop (module docstring)."""
-  from sao_jax.envs.registry import make_env, make_tasks
+  from sao_jax.channel import weights
+  from sao_jax.channel.published import published_to_policy
   from sao_jax.chat import load_chat
-  from sao_jax.sampler import weights
+  from sao_jax.envs.registry import make_env, make_tasks
+  from sao_jax.run.bootstrap import initial_policy
   from sao_jax.sampler.episodes import EpisodeRunner, make_engine
   from sao_jax.sampler.prompt_ids import PromptIds
 
@@ -177,7 +163,7 @@ def run_sampler(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
     time.sleep(0.01 if got else 0.05)
   if got is None:
     return
-  to_policy = _published_to_policy(cfg)
+  to_policy = published_to_policy(cfg, lambda: initial_policy(cfg))
   params, version = to_policy(got[0]), got[1]
   engine = make_engine(cfg.sampler, cfg.model, params, chat, version=version,
                        mesh=engine_mesh(cfg))

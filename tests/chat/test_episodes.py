@@ -12,11 +12,11 @@ import transformers
 
 from chat_fixtures import FAMILIES, TEMPLATES, build_tokenizer_dir
 from sao_jax import config as C
-from sao_jax import warm_start
 from sao_jax.chat import load_chat
 from sao_jax.chat.untrusted import plain_ids
 from sao_jax.envs.base import Environment, StepResult, Task
 from sao_jax.models.transformer import init_params
+from sao_jax.run import bootstrap
 from sao_jax.sampler import engine as engine_lib
 from sao_jax.sampler.episodes import EpisodeRunner, make_engine, run_to_completion
 
@@ -169,7 +169,7 @@ def test_a_run_with_a_template_samples_and_keeps_it(tmp_path):
                             steps_per_call=4, max_new_tokens=8, stop_patterns=())
   cfg = C.Config(model=model, sampler=sampler,
                  run=C.RunConfig(run_dir=str(tmp_path / "run"), tokenizer=str(directory)))
-  warm_start.prepare_chat(cfg)
+  bootstrap.prepare_chat(cfg)
   chat = load_chat(cfg.run.tokenizer_file)  # what a sampler process loads
   assert chat.template == (TEMPLATES / "qwen3.jinja").read_text(encoding="utf-8")
   hf = hf_tokenizer(directory, "qwen3")

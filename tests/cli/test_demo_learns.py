@@ -13,8 +13,8 @@ import pathlib
 
 import pytest
 
-from sao_jax import train
 from sao_jax.config import load_config
+from sao_jax.jobs import train
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 

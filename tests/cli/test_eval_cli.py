@@ -42,7 +42,7 @@ def test_episodes_below_one_name_the_flag(capsys):
 
 def test_a_report_that_cannot_be_written_keeps_its_scores(tmp_path, monkeypatch, capsys):
   # Before: an OSError traceback after the evaluation, and its scores were lost.
-  from sao_jax import evaluation
+  from sao_jax.jobs import evaluate as evaluation
 
   report = {"step": 3, "tasks": "2 tasks", "samples": 0, "accuracy": 0.5}
   monkeypatch.setattr(evaluation, "evaluate_checkpoint", lambda *args, **kwargs: report)

@@ -8,10 +8,10 @@ import pathlib
 import jax
 import pytest
 
+from sao_jax.channel import weights
 from sao_jax.cli import convert as convert_cli
 from sao_jax.config import load_config
 from sao_jax.models import lora
-from sao_jax.sampler import weights
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "demo_cpu.py"
@@ -46,7 +46,7 @@ def test_lora_run_syncs_adapters_only(tmp_path, monkeypatch):
     return publisher
 
   monkeypatch.setattr(weights, "make_publisher", recording_publisher)
-  from sao_jax import train
+  from sao_jax.jobs import train
   summary = train.run(cfg, log=print)
   assert summary["steps_done"] == 2 and summary["sampler_restarts"] == 0
 
@@ -63,7 +63,7 @@ def test_lora_run_syncs_adapters_only(tmp_path, monkeypatch):
           if r.get("mismatch/lag0_tokens", 0) > 0]
   assert all(gap < 1e-3 for gap in lag0), lag0
 
-  from sao_jax.evaluation import evaluate_checkpoint
+  from sao_jax.jobs.evaluate import evaluate_checkpoint
   assert 0.0 <= evaluate_checkpoint(cfg)["overall"]["greedy_pass@1"] <= 1.0
   sets = [arg for override in overrides for arg in ("--set", override)]
   convert_cli.main(["lora-to-hf", "--config", str(CONFIG), *sets, "--out", str(tmp_path / "merged"),

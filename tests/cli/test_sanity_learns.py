@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from sao_jax import config as C
-from sao_jax import train
+from sao_jax.jobs import train
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 WINDOW = 5

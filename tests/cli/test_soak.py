@@ -23,7 +23,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from sao_jax.data import records
+from sao_jax.channel import records
 
 CONFIG = pathlib.Path(__file__).resolve().parents[2] / "configs" / "demo_cpu.py"
 STEPS = 4

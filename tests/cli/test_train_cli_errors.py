@@ -48,7 +48,7 @@ def test_jsonl_with_a_bad_row_names_its_line(tmp_path, capsys):
 
 
 def test_existing_checkpoints_are_looked_up_in_the_bucket(monkeypatch, capsys):
-  from sao_jax import train
+  from sao_jax.jobs import train
 
   class Bucket:  # what storage_path returns for gs:// (an epath.Path), without the network
     def __init__(self, url):
@@ -117,7 +117,7 @@ def test_a_tokenizer_file_that_does_not_parse_is_named(tmp_path, capsys):
 
 def test_resume_without_a_checkpoint_says_it_starts_over(tmp_path, monkeypatch, capsys):
   # Before: a typo'd run.run_dir with --resume silently trained a new run from step 0.
-  from sao_jax import train
+  from sao_jax.jobs import train
 
   started = []
   monkeypatch.setattr(train, "run", lambda cfg, resume: started.append(resume) or {

@@ -31,12 +31,12 @@ def sampler_processes():
 
 
 def test_train_kill_sampler_then_resume(tmp_path, capsys, monkeypatch):
-  from sao_jax import warm_start
+  from sao_jax.run import bootstrap
   # The run trains its own tokenizer and writes the copy samplers and sao-eval load,
   # as a real run does, on 50 demonstration transcripts instead of 400: each is a
   # played episode with a sandboxed tool run, and nothing here depends on the merges.
-  monkeypatch.setattr(warm_start, "train_run_tokenizer",
-                      functools.partial(warm_start.train_run_tokenizer, transcripts=50))
+  monkeypatch.setattr(bootstrap, "train_run_tokenizer",
+                      functools.partial(bootstrap.train_run_tokenizer, transcripts=50))
   run_dir = tmp_path / "run"
   overrides = TINY + [f"run.run_dir={run_dir}", "learner.steps=3"]
   killed = []
@@ -48,7 +48,7 @@ def test_train_kill_sampler_then_resume(tmp_path, capsys, monkeypatch):
         os.kill(process.pid, signal.SIGKILL)
         killed.append(process.pid)
 
-  from sao_jax import train
+  from sao_jax.jobs import train
   cfg = load_config(ROOT / "configs" / "demo_cpu.py", overrides)
   summary = train.run(cfg, log=log)
   assert killed, "no sampler process was running at step 1"
@@ -106,7 +106,7 @@ def test_a_sampler_that_dies_before_the_first_step_is_restarted(tmp_path, monkey
   """The learner restarts samplers while it waits for trajectories, not only after
   a step: before, a sampler that died on start-up left the learner waiting forever."""
   import dying_sampler
-  from sao_jax import train
+  from sao_jax.jobs import train
   from sao_jax.sampler.worker import SamplerSupervisor
 
   monkeypatch.setenv("SAO_TEST_DIED_ONCE", str(tmp_path / "died"))

@@ -228,7 +228,7 @@ def test_a_held_back_unit_is_checked_for_staleness_again(packed):
 
 
 def test_batch_info_carries_why_episodes_ended_and_the_metrics_count_them():
-  from sao_jax.metrics import batch_metrics
+  from sao_jax.run.metrics import batch_metrics
   ends = [("answer", "stop_token"), ("max_turns", "stop_pattern"), ("truncated", "max_seq_len"),
           ("answer", "max_new_tokens")]
   trajs = [make_traj(seed=s, info={"end": end, "last_turn_end": last})
@@ -244,7 +244,7 @@ def test_batch_info_carries_why_episodes_ended_and_the_metrics_count_them():
 def test_the_metrics_count_episodes_that_ran_a_tool_whatever_a_peer_wrote():
   """`episodes/tool_call_frac`: episodes with `info["tool_calls"]` > 0. A missing,
   negative, boolean or non-integer count (a peer's record) counts as no tool."""
-  from sao_jax.metrics import batch_metrics
+  from sao_jax.run.metrics import batch_metrics
   counts = [2, 0, 1, None, -3, True, "7", 1.5]
   trajs = [make_traj(seed=s, info={} if c is None else {"tool_calls": c})
            for s, c in enumerate(counts)]
@@ -258,7 +258,7 @@ def test_the_staleness_histogram_has_a_fixed_set_of_keys_whatever_the_lags():
   """Before: one `staleness/lag_k` key for every k up to the largest lag in the batch, so
   with a large data.max_lag, records claiming an old first version (a peer's, or just a
   slow sampler) added thousands of keys to every metrics row and TensorBoard."""
-  from sao_jax.metrics import LAG_KEYS, batch_metrics
+  from sao_jax.run.metrics import LAG_KEYS, batch_metrics
   trajs = [make_traj(seed=s, versions=(v, 10_000)) for s, v in enumerate((10_000, 9_999, 0))]
   it, drops = build(trajs, batch_size=3, max_lag=100_000, step=10_000)
   _, info = next(it)

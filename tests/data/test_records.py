@@ -5,7 +5,7 @@ import io
 import numpy as np
 import pytest
 
-from sao_jax.data import records
+from sao_jax.channel import records
 from traj_factory import make_traj
 
 

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sao_jax.data import tables
+from sao_jax.envs import tables
 
 CAP = 1 << 20  # MAX_ROW_GROUP_BYTES in these tests
 ROWS, WIDTH = 2000, 1000  # 2 MB of text: twice the cap
@@ -165,7 +165,7 @@ def test_offsets_past_their_data_are_refused_at_open(tmp_path):
   offsets = data.find(struct.pack("<iii", 0, 8, 16))
   data[offsets + 8:offsets + 12] = struct.pack("<i", 100_000_000)
   path.write_bytes(data)
-  read = ("import sys; from sao_jax.data import tables\n"
+  read = ("import sys; from sao_jax.envs import tables\n"
           "print(tables.open_saved_dataset(sys.argv[1], ['q']).row(1))")
   root = pathlib.Path(tables.__file__).parents[2]  # this checkout's sao_jax
   result = subprocess.run([sys.executable, "-c", read, str(tmp_path / "forged")], cwd=root,

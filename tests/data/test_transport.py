@@ -15,8 +15,9 @@ import zipfile
 import numpy as np
 import pytest
 
-from sao_jax.data import pipeline, records, sealed
-from sao_jax.data.transport import DirectoryTransport, QueueTransport, TransportClosed
+from sao_jax.channel import records, sealed
+from sao_jax.channel.transport import DirectoryTransport, QueueTransport, TransportClosed
+from sao_jax.data import pipeline
 from traj_factory import make_traj
 
 MAX_TOKENS = 64  # sampler.max_seq_len of these tests' records (make_traj: 10 tokens)

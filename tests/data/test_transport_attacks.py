@@ -8,8 +8,9 @@ import threading
 import numpy as np
 import pytest
 
-from sao_jax.data import pipeline, sealed
-from sao_jax.data.transport import DirectoryTransport
+from sao_jax.channel import sealed
+from sao_jax.channel.transport import DirectoryTransport
+from sao_jax.data import pipeline
 from traj_factory import make_traj
 
 MAX_TOKENS = 64

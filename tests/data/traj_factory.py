@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from sao_jax.data.records import Trajectory
+from sao_jax.types import Trajectory
 
 
 def make_traj(length=10, prompt_id=0, versions=(5, 5), outcome=1.0, seed=0, **changes):

@@ -63,7 +63,7 @@ def configure_jax():
 
 def learner(work: pathlib.Path) -> None:
   jax = configure_jax()
-  from sao_jax import distributed
+  from sao_jax.sharding import distributed
 
   if not distributed.initialize():
     raise SystemExit("learner role: SAO_COORDINATOR_ADDRESS is not set")
@@ -74,10 +74,10 @@ def learner(work: pathlib.Path) -> None:
   from learner_fixtures import BATCH, LENGTH, make_batch, make_config
 
   from sao_jax import config as C
+  from sao_jax.channel import weights_net
   from sao_jax.learner import compile as compile_lib
   from sao_jax.learner.loop import run_learner
   from sao_jax.models.transformer import abstract_params
-  from sao_jax.sampler import weights_net
   from sao_jax.sharding.mesh import make_mesh
 
   process = jax.process_index()
@@ -138,8 +138,8 @@ def sampler(work: pathlib.Path, name: str) -> None:
   from learner_fixtures import make_config
 
   from sao_jax import config as C
+  from sao_jax.channel import weights, weights_fetch
   from sao_jax.models.transformer import abstract_params, param_shardings
-  from sao_jax.sampler import weights, weights_fetch
   from sao_jax.sharding.mesh import make_mesh
 
   cfg = make_config()

@@ -6,9 +6,11 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from sao_jax import checkpoint, distributed, storage
+from sao_jax import storage
+from sao_jax.channel import weights, weights_directory
 from sao_jax.config import CheckpointConfig, Config
-from sao_jax.sampler import weights, weights_directory
+from sao_jax.run import checkpoint
+from sao_jax.sharding import distributed
 
 
 def test_no_cluster_settings_means_single_host():
@@ -104,7 +106,7 @@ def test_each_learner_host_builds_an_equal_share_of_the_batch():
   import dataclasses
 
   from sao_jax.config import AlgorithmConfig, LearnerConfig
-  from sao_jax.train import local_batch_sizes
+  from sao_jax.jobs.train import local_batch_sizes
   cfg = Config(learner=LearnerConfig(batch_trajectories=16))
   assert local_batch_sizes(cfg, 1) == (16, None) and local_batch_sizes(cfg, 4) == (4, None)
   packed = Config(learner=LearnerConfig(batch_trajectories=16, batch_tokens=1024,

@@ -50,11 +50,11 @@ def device_metrics(run_dir: pathlib.Path) -> list[dict]:
 @pytest.mark.slow  # three JAX processes on 2 cores, a train step compiled per learner host
 @pytest.mark.parametrize("channel", ["network", "directory"])
 def test_two_process_learner_and_remote_sampler(tmp_path, channel):
-  from sao_jax import warm_start
   from sao_jax.config import load_config
+  from sao_jax.run import bootstrap
 
   tokenizer = tmp_path / "tokenizer"  # shared by all three: written as that run's own copy
-  warm_start.prepare_chat(load_config(CONFIG, MODEL + [f"run.run_dir={tokenizer}"]))
+  bootstrap.prepare_chat(load_config(CONFIG, MODEL + [f"run.run_dir={tokenizer}"]))
   ports = [free_port() for _ in range(2)]
   secret = tmp_path / "weights.secret"  # what `head -c 32 /dev/urandom > weights.secret` makes
   secret.write_bytes(os.urandom(32))

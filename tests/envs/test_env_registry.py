@@ -6,14 +6,14 @@ import json
 import pytest
 
 from sao_jax import config as env_config
+from sao_jax.config import EnvConfig
+from sao_jax.config.env import SandboxLimits
 from sao_jax.envs import registry
 from sao_jax.envs.coding import env as coding
 from sao_jax.envs.coding import generator as coding_generator
 from sao_jax.envs.math import tasks as math_tasks
 from sao_jax.envs.math import tool as math_tool
 from sao_jax.envs.style import env as style
-from sao_jax.config import EnvConfig
-from sao_jax.config.env import SandboxLimits
 
 
 def test_every_configurable_environment_and_task_source_has_a_builder():

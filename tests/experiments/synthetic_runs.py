@@ -11,7 +11,7 @@ BATCH = 16
 def write_run(out: pathlib.Path, setting: str, variant: str, seed: int, rewards, *,
               accuracies=None, eval_every: int = 0, padding=None, extra=None,
               duplicate_last: bool = False) -> str:
-  """A run directory with metrics.jsonl (sao_jax.metrics format), config.json and
+  """A run directory with metrics.jsonl (sao_jax.run.metrics format), config.json and
   experiment.json; returns its path relative to `out`. `padding[step]` batch rows
   hold no trajectory; the others are split between lag 0 and lag 1."""
   rel = f"runs/{setting}/{variant}-seed{seed}"

@@ -13,8 +13,8 @@ import pytest
 
 from experiments import opening_probe
 from sao_jax import config as C
-from sao_jax.data.records import Trajectory
 from sao_jax.learner import state as state_lib
+from sao_jax.types import Trajectory
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MODEL = C.ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

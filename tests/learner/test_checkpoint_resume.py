@@ -17,11 +17,11 @@ import pytest
 
 from learner_fixtures import make_batch, make_config
 from sao_jax import config as C
-from sao_jax import metrics as metrics_lib
-from sao_jax.checkpoint import Checkpointer, CheckpointError
 from sao_jax.learner import compile as compile_lib
 from sao_jax.learner.loop import run_learner
 from sao_jax.learner.state import abstract_state
+from sao_jax.run import metrics as metrics_lib
+from sao_jax.run.checkpoint import Checkpointer, CheckpointError
 from sao_jax.sharding.mesh import make_mesh
 
 HERE = pathlib.Path(__file__).resolve().parent

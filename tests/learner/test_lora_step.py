@@ -11,11 +11,12 @@ import pytest
 
 from learner_fixtures import make_batch, make_config
 from sao_jax import config as C
-from sao_jax.checkpoint import CheckpointError
+from sao_jax.channel import published
 from sao_jax.learner import state as state_lib
 from sao_jax.learner.loop import run_learner
 from sao_jax.learner.step import train_step
 from sao_jax.models import lora
+from sao_jax.run.checkpoint import CheckpointError
 
 LORA = C.LoraConfig(enabled=True, rank=4, alpha=8.0)
 
@@ -68,7 +69,7 @@ def test_step_zero_scores_like_the_base(one_step):
 @pytest.mark.slow
 def test_published_and_checkpointed_trees_leave_the_base_out(one_step):
   cfg, _, after, _, _ = one_step
-  assert state_lib.published_weights(cfg, after) is after.policy_adapters
+  assert published.published_weights(cfg, after) is after.policy_adapters
   kept = state_lib.checkpointed(cfg, after)
   assert kept.policy_params == {} and kept.value_params == {}  # grpo: no critic either
   merged = state_lib.policy_weights(cfg, after)

@@ -12,12 +12,12 @@ import pytest
 from learner_fixtures import LENGTH, MODEL, make_batch, make_config
 from sao_jax import config as C
 from sao_jax.data.pipeline import first_fit, pack_rows, pad_batch
-from sao_jax.data.records import Trajectory
 from sao_jax.learner import compile as compile_lib
 from sao_jax.learner import state as state_lib
 from sao_jax.learner.step import train_step
 from sao_jax.models.forward import policy_forward
 from sao_jax.sharding.mesh import make_mesh
+from sao_jax.types import Trajectory
 
 LENGTHS = (16, 5, 9, 12, 7, 14, 4, 10)  # one row each unpacked: [8, 16]
 PACKED = ((0, 6), (3, 4), (5, 1), (2, 7))  # 4 rows of 20 tokens: 20, 19, 19, 19

@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 import tqdm
 
-from sao_jax import evaluation, train, warm_start
 from sao_jax.chat import chat_format
 from sao_jax.config import load_config
 from sao_jax.envs.base import play
 from sao_jax.envs.registry import DEMONSTRATIONS, make_env, make_tasks
+from sao_jax.jobs import evaluate as evaluation, train, warm_start
 from sao_jax.learner.sft import train_sft
 from sao_jax.models.transformer import init_params
+from sao_jax.run import bootstrap
 
 from learner_fixtures import MODEL, make_batch
 
@@ -55,7 +56,7 @@ def chat():
   """One for the module: it depends only on the environment and model.vocab_size,
   which the warm-start tests share; 50 transcripts, fewer than a run's 400: faster."""
   cfg = load_config(ROOT / "configs" / "demo_cpu.py", TINY)
-  return chat_format(None, warm_start.train_run_tokenizer(cfg, transcripts=50))
+  return chat_format(None, bootstrap.train_run_tokenizer(cfg, transcripts=50))
 
 
 def test_warm_start_stops_at_the_first_check_reaching_the_target(monkeypatch, chat):
@@ -74,8 +75,8 @@ def test_warm_start_stops_at_the_first_check_reaching_the_target(monkeypatch, ch
   monkeypatch.setattr(evaluation.Evaluator, "evaluate",
                       lambda self, params, version: {"eval/accuracy": next(scripted)})
   logged = []
-  _, record = warm_start.sft_warm_start(cfg, chat, warm_start.initial_policy(cfg),
-                                        warm_start.demonstrations(cfg), log=lambda line: None,
+  _, record = warm_start.sft_warm_start(cfg, chat, bootstrap.initial_policy(cfg),
+                                        bootstrap.demonstrations(cfg), log=lambda line: None,
                                         log_metrics=lambda step, m: logged.append((step, m)))
   assert record["sft_steps"] == 6 and record["reached_target"]
   assert [(s, m) for s, m in logged if "sft/validation_accuracy" in m] == [
@@ -103,8 +104,8 @@ def test_sft_checks_play_their_own_number_of_validation_episodes(monkeypatch, ch
                       TINY + ["run.sft_steps=2", "run.sft_check_every=2",
                               "run.sft_target_accuracy=0.5",
                               f"run.sft_check_episodes={check_episodes}"])
-    warm_start.sft_warm_start(cfg, chat, warm_start.initial_policy(cfg),
-                              warm_start.demonstrations(cfg), log=lambda line: None)
+    warm_start.sft_warm_start(cfg, chat, bootstrap.initial_policy(cfg),
+                              bootstrap.demonstrations(cfg), log=lambda line: None)
     assert sizes[-1] == want
 
 
@@ -117,8 +118,8 @@ def test_warm_start_that_misses_the_target_says_where_it_landed(monkeypatch, cha
   terminal_bar = tqdm.tqdm
   monkeypatch.setattr(tqdm, "tqdm", lambda *args, **kwargs: terminal_bar(
       *args, **{**kwargs, "disable": False, "file": bars, "mininterval": 0}))
-  _, record = warm_start.sft_warm_start(cfg, chat, warm_start.initial_policy(cfg),
-                                   warm_start.demonstrations(cfg), log=lines.append)
+  _, record = warm_start.sft_warm_start(cfg, chat, bootstrap.initial_policy(cfg),
+                                   bootstrap.demonstrations(cfg), log=lines.append)
   assert re.search(r"SFT: 100%.* 4/4 .*loss=\d\.\d{4}", bars.getvalue())
   assert re.search(r"eval: 100%.* 2/2 ", bars.getvalue())  # each validation check
   assert record["sft_steps"] == 4 and not record["reached_target"]
@@ -134,8 +135,8 @@ def test_warm_start_in_a_log_file_reports_progress_every_check_interval(chat):
                     TINY + ["run.sft_steps=4", "run.sft_check_every=2",
                             "run.sft_target_accuracy=0"])
   lines = []
-  _, record = warm_start.sft_warm_start(cfg, chat, warm_start.initial_policy(cfg),
-                                        warm_start.demonstrations(cfg), log=lines.append)
+  _, record = warm_start.sft_warm_start(cfg, chat, bootstrap.initial_policy(cfg),
+                                        bootstrap.demonstrations(cfg), log=lines.append)
   progress = [line for line in lines if line.startswith("SFT step")]
   assert [line.split(":")[0] for line in progress] == ["SFT step 2/4", "SFT step 4/4"]
   assert progress[-1] == f"SFT step 4/4: loss {record['final_sft_loss']:.4f}"
@@ -168,4 +169,4 @@ def test_every_environment_has_demonstrations_that_earn_full_reward(env, config,
       assert played.result.info["quality"], played.messages
     else:
       assert played.result.reward == 1.0, played.messages
-  assert all(len(messages) >= 2 for messages in itertools.islice(warm_start.demonstrations(cfg), 3))
+  assert all(len(messages) >= 2 for messages in itertools.islice(bootstrap.demonstrations(cfg), 3))

@@ -9,8 +9,8 @@ import transformers
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 import tiny
+from sao_jax.config.families import HF_ARCHITECTURES
 from sao_jax.models import hf, rope
-from sao_jax.models.families import HF_ARCHITECTURES
 
 _FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
            "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",

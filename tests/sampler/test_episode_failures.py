@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from sao_jax import config as C
+from sao_jax.channel.transport import QueueTransport
+from sao_jax.chat import chat_format
 from sao_jax.data import pipeline
-from sao_jax.data.transport import QueueTransport
 from sao_jax.envs.base import Environment, StepResult, Task
 from sao_jax.envs.registry import make_env, make_tasks
-from sao_jax.chat import chat_format
 from sao_jax.models.tokenizer import END_OF_TEXT, IM_END, IM_START, train_tokenizer, valid_utf8
 from sao_jax.sampler import scripted
 from sao_jax.sampler.episodes import (ENV_DECLARED, EpisodeRunner, prompt_slot,

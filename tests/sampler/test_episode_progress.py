@@ -1,9 +1,9 @@
 """Environments that change during training see the sampler's policy version."""
 
 from sao_jax import config as C
-from sao_jax.envs.style import env as style
-from sao_jax.envs.registry import make_tasks
 from sao_jax.chat import chat_format
+from sao_jax.envs.registry import make_tasks
+from sao_jax.envs.style import env as style
 from sao_jax.models.tokenizer import train_tokenizer
 from sao_jax.sampler.episodes import EpisodeRunner
 

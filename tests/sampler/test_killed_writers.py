@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from sao_jax import config as C
-from sao_jax.data.records import Trajectory
-from sao_jax.data.transport import QueueTransport
+from sao_jax.channel.transport import QueueTransport
 from sao_jax.sampler.worker import SamplerSupervisor, WorkerSpec, hand_over
+from sao_jax.types import Trajectory
 
 
 def trajectory(prompt_id: int) -> Trajectory:

@@ -8,9 +8,9 @@ import time
 import numpy as np
 import psutil
 
-from sao_jax.data.records import Trajectory
-from sao_jax.data.transport import QueueTransport
+from sao_jax.channel.transport import QueueTransport
 from sao_jax.sampler.worker import exit_without_flushing, hand_over
+from sao_jax.types import Trajectory
 
 
 def make_traj(seed=0, length=6):

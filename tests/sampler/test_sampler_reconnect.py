@@ -6,9 +6,10 @@ escaped `run_sampler`, the worker died and its episodes in flight were lost."""
 import jax
 
 from sao_jax import config as C
+from sao_jax.channel import weights
 from sao_jax.models.tokenizer import train_tokenizer
 from sao_jax.models.transformer import init_params
-from sao_jax.sampler import weights, worker
+from sao_jax.sampler import worker
 
 
 class Subscriber:

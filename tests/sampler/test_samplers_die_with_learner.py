@@ -22,10 +22,10 @@ import psutil
 import pytest
 
 from sao_jax import config as C
-from sao_jax.data.records import Trajectory
-from sao_jax.data.transport import QueueTransport
-from sao_jax.sampler import weights
+from sao_jax.channel import weights
+from sao_jax.channel.transport import QueueTransport
 from sao_jax.sampler.worker import SamplerSupervisor, WorkerSpec, hand_over, run_sampler
+from sao_jax.types import Trajectory
 
 CAPACITY, LENGTH, SAMPLERS = 8, 4000, 2  # 8 x ~52 KB: far more than a 64 KiB pipe holds
 BLOCKS = f"sao_t{os.getpid()}p"  # + learner pid + "_" + random hex

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sao_jax.sampler import weights
+from sao_jax.channel import weights
 
 
 def params(value):

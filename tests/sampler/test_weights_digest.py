@@ -16,8 +16,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from sao_jax.data import sealed
-from sao_jax.sampler import weights, weights_digest, weights_directory, worker
+from sao_jax.channel import sealed
+from sao_jax.channel import weights, weights_digest, weights_directory
+from sao_jax.sampler import worker
 
 SECRET = b"s" * 32
 

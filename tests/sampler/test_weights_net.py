@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from sao_jax import run_secret
+from sao_jax.channel import run_secret
+from sao_jax.channel import weights, weights_fetch, weights_net, weights_wire
 from sao_jax.config import SamplerConfig
-from sao_jax.sampler import weights, weights_fetch, weights_net, weights_wire
 
 
 SECRET = bytes(range(32))  # a fixed test secret

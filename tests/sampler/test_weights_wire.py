@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from sao_jax.sampler import weights_fetch, weights_net, weights_wire
-from sao_jax.sampler.weights_wire import LENGTH
+from sao_jax.channel import weights_fetch, weights_net, weights_wire
+from sao_jax.channel.weights_wire import LENGTH
 
 SECRET = bytes(range(32))
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 import re
 
 from sao_jax.envs import sandbox
-from sao_jax.envs.math import answers, checker
 from sao_jax.envs.base import Environment, Message, StepResult, Task
+from sao_jax.envs.math import answers, checker
 
 SYSTEM_PROMPT = (
     "Solve the math problem. You may run Python to help: write a code block that starts "

@@ -3,8 +3,8 @@
 observation (`output`)."""
 
 from sao_jax.config.env import DEFAULT_SANDBOX, SandboxLimits
-from sao_jax.envs.sandbox.output import format_tool_output
 from sao_jax.envs.sandbox.files import remove_tree
+from sao_jax.envs.sandbox.output import format_tool_output
 from sao_jax.envs.sandbox.process import (IsolationUnavailable, SandboxError, SandboxResult,
                                           require_isolation, run_python)
 

@@ -6,10 +6,10 @@ import os
 import re
 
 from sao_jax.envs import sandbox
+from sao_jax.envs.base import play
 from sao_jax.envs.coding import env as coding
 from sao_jax.envs.coding import generator as coding_generator
 from sao_jax.envs.coding import tasks as coding_tasks
-from sao_jax.envs.base import play
 from sao_jax.envs.coding.tools import format_tool_call as call
 
 LIMITS = sandbox.SandboxLimits(wall_time_s=5.0, cpu_time_s=1, memory_mb=256, max_output_bytes=2000)

@@ -16,8 +16,8 @@ import pytest
 from sao_jax.envs import sandbox
 from sao_jax.envs.base import play
 from sao_jax.envs.coding import env as coding
-from sao_jax.envs.coding import grader
 from sao_jax.envs.coding import generator as coding_generator
+from sao_jax.envs.coding import grader
 from sao_jax.envs.coding import tasks as coding_tasks
 from sao_jax.envs.coding.tools import format_tool_call as call
 

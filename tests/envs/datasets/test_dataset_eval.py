@@ -10,11 +10,12 @@ import jax
 import pytest
 
 from dataset_fixtures import MATH500, write_parquet
-from sao_jax import eval_scores, evaluation, warm_start
 from sao_jax.chat import chat_format
 from sao_jax.config import load_config
 from sao_jax.envs.math import answers
+from sao_jax.jobs import eval_scores, evaluate as evaluation
 from sao_jax.models.transformer import init_params
+from sao_jax.run import bootstrap
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.head_dim=8",
@@ -30,7 +31,7 @@ def test_benchmark_scores_what_the_environment_judged(tmp_path, monkeypatch):
   third of the texts; every verdict is recorded by task, and the report must
   match the scores computed from those records."""
   cfg = load_config(ROOT / "configs" / "demo_cpu.py", TINY)
-  chat = chat_format(None, warm_start.train_run_tokenizer(cfg, transcripts=10))
+  chat = chat_format(None, bootstrap.train_run_tokenizer(cfg, transcripts=10))
   path = write_parquet(tmp_path / "math500.parquet", MATH500)
   cfg = load_config(ROOT / "configs" / "demo_cpu.py", TINY + [
       "env.max_turns=1", "env.task_source=parquet", f"env.dataset.path={path}",
@@ -87,7 +88,7 @@ def test_dataset_runs_say_there_is_nothing_to_warm_start_on(tmp_path):
   cfg = load_config(ROOT / "configs" / "demo_cpu.py", [
       "env.task_source=parquet", f"env.dataset.path={path}", f"run.run_dir={tmp_path}/run"])
   with pytest.raises(ValueError, match=r"run.sft_steps=0 and run.tokenizer"):
-    warm_start.prepare_chat(cfg)
+    bootstrap.prepare_chat(cfg)
 
 
 @pytest.mark.slow  # a whole sao-train run (sampler process, learner, evaluation): minutes
@@ -95,11 +96,11 @@ def test_dataset_driven_training_run(tmp_path):
   """sao-train on GSM8K-shaped Parquet rows: samplers stream the rows, the learner
   trains on their episodes, and the held-out evaluation plays dataset rows."""
   from dataset_fixtures import GSM8K
-  from sao_jax import train
+  from sao_jax.jobs import train
 
   base = load_config(ROOT / "configs" / "demo_cpu.py", TINY)
   tokenizer_file = tmp_path / "tokenizer.json"
-  warm_start.train_run_tokenizer(base, transcripts=10).save(str(tokenizer_file))
+  bootstrap.train_run_tokenizer(base, transcripts=10).save(str(tokenizer_file))
   path = write_parquet(tmp_path / "gsm8k_train.parquet", GSM8K, row_group_size=2)
   cfg = load_config(ROOT / "configs" / "demo_cpu.py", TINY + [
       f"run.run_dir={tmp_path / 'run'}", f"run.tokenizer={tokenizer_file}", "run.sft_steps=0",
@@ -115,5 +116,5 @@ def test_dataset_driven_training_run(tmp_path):
 
 
 def metrics_rows(run_dir):
-  from sao_jax.metrics import read_metrics
+  from sao_jax.run.metrics import read_metrics
   return read_metrics(run_dir)

@@ -12,8 +12,8 @@ from dataset_fixtures import (AIME, GSM8K, GSM8K_ANSWERS, MATH500, write_parquet
                               write_saved_dataset)
 from sao_jax.config import EnvConfig
 from sao_jax.config.dataset import DatasetConfig
-from sao_jax.data import tables
 from sao_jax.envs import dataset_tasks, registry
+from sao_jax.envs import tables
 from sao_jax.envs.math import answers
 
 GSM8K_CONFIG = dict(prompt_column="question", answer_format="gsm8k")

@@ -8,10 +8,10 @@ import time
 import pytest
 
 from sao_jax.envs import sandbox, tasks
+from sao_jax.envs.base import Task, play
 from sao_jax.envs.math import answers, checker
 from sao_jax.envs.math import tasks as math_tasks
 from sao_jax.envs.math import tool as math_tool
-from sao_jax.envs.base import Task, play
 
 LIMITS = sandbox.SandboxLimits(wall_time_s=3.0, cpu_time_s=1, memory_mb=256)
 

@@ -11,9 +11,9 @@ import time
 
 import pytest
 
+from sao_jax.envs.base import Task
 from sao_jax.envs.style import env as style
 from sao_jax.envs.style import judge
-from sao_jax.envs.base import Task
 
 SCHEDULE = style.StyleSchedule([(0, "academic"), (200, "cute"), (400, "chuunibyou")])
 TASK = Task(id="s", prompt="Explain tides in 10 to 80 words; use the word \"moon\".",

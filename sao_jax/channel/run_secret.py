@@ -19,8 +19,9 @@ from typing import Any
 
 import jax
 
+from sao_jax.config.sampler import SECRET_CREATE_HINT as CREATE_HINT
+
 MIN_SECRET_BYTES = 16
-CREATE_HINT = "head -c 32 /dev/urandom > weights.secret"
 
 
 def load_secret(cfg: Any) -> bytes | None:
@@ -64,6 +65,6 @@ def for_run(cfg: Any) -> bytes:
   host, so that all of them seal and sign alike. All learner hosts call it."""
   secret = secret_or_fresh(cfg)
   if jax.process_count() > 1:
-    from sao_jax import distributed  # imports JAX's multihost utilities: only when needed
+    from sao_jax.sharding import distributed  # imports JAX's multihost utilities: only when needed
     secret = distributed.from_first_host(secret)
   return secret

@@ -1,7 +1,7 @@
 """SFT warm-start: from an initial policy to one that already plays the environment.
 
-    chat = prepare_chat(cfg)                       # run.tokenizer (+ its chat template), or trained
-    policy    = initial_policy(cfg)                # random, HF directory or sao-convert params
+    chat = prepare_chat(cfg)                       # sao_jax.run.bootstrap
+    policy    = initial_policy(cfg)                # sao_jax.run.bootstrap
     policy, record = sft_warm_start(cfg, chat, policy, demonstrations(cfg))
 
 Demonstrations are the environment's scripted ideal turns
@@ -17,91 +17,18 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import pathlib
 from typing import Iterator
 
 import jax
 import tqdm
 
-from sao_jax.chat import ChatFormat, chat_format
+from sao_jax.chat import ChatFormat
 from sao_jax.config import Config
-from sao_jax.config.dataset import DATASET_SOURCES
 from sao_jax.data import pipeline
-from sao_jax.data.records import Trajectory
-from sao_jax.envs.base import play
-from sao_jax.envs.registry import DEMONSTRATIONS, make_env, make_tasks
-from sao_jax.evaluation import Evaluator
+from sao_jax.jobs.evaluate import Evaluator
 from sao_jax.learner.sft import train_sft
-from sao_jax.models import hf, params_io, tokenizer as tokenizer_lib
-from sao_jax.models.transformer import Params, init_params
-from sao_jax.types import Batch
-
-TOKENIZER_DEMONSTRATIONS = 400  # transcripts a run's own tokenizer is trained on
-
-
-def demonstrations(cfg: Config) -> Iterator[list[dict]]:
-  """Played demonstration transcripts (messages) of the training task source."""
-  if cfg.env.name not in DEMONSTRATIONS:
-    raise ValueError(f"run.sft_steps={cfg.run.sft_steps} but env.name={cfg.env.name!r} has no "
-                     f"demonstrations (known: {sorted(DEMONSTRATIONS)}); set run.sft_steps=0")
-  if cfg.env.resolved_task_source in DATASET_SOURCES:
-    raise ValueError(f"env.task_source={cfg.env.resolved_task_source!r}: dataset rows hold no "
-                     "demonstrations to warm-start on or to train a tokenizer from; set "
-                     "run.sft_steps=0 and run.tokenizer (a tokenizer.json, or the model's "
-                     "directory), and start from a trained policy (run.init)")
-  demo = DEMONSTRATIONS[cfg.env.name]
-  for task in make_tasks(cfg.env):
-    yield play(make_env(cfg.env), task, demo(task, cfg.env)).messages
-
-
-def train_run_tokenizer(cfg: Config, transcripts: int = TOKENIZER_DEMONSTRATIONS):
-  """A tokenizer of `model.vocab_size` tokens trained on the first `transcripts`
-  demonstration transcripts."""
-  texts = [m["content"] + " " + m["role"] for messages in
-           itertools.islice(demonstrations(cfg), transcripts) for m in messages]
-  return tokenizer_lib.train_tokenizer(texts, cfg.model.vocab_size)
-
-
-def prepare_chat(cfg: Config) -> ChatFormat:
-  """The configured tokenizer (`run.tokenizer`), else the run's own copy, else one
-  trained on the environment's texts, with its chat format (the template the
-  tokenizer directory ships, else ChatML; `run.enable_thinking`). The run's copy
-  (`run.tokenizer_file` and the template files beside it, what samplers and
-  `sao-eval` load) is written if missing."""
-  copy = pathlib.Path(cfg.run.tokenizer_file)
-  source = cfg.run.tokenizer or (copy if copy.is_file() else None)
-  if source:
-    tokenizer = tokenizer_lib.load_tokenizer(source)
-  else:
-    tokenizer = train_run_tokenizer(cfg)
-  if tokenizer.get_vocab_size() > cfg.model.vocab_size:
-    raise ValueError(f"the tokenizer has {tokenizer.get_vocab_size()} tokens but "
-                     f"model.vocab_size={cfg.model.vocab_size}; raise model.vocab_size")
-  chat = chat_format(source, tokenizer, enable_thinking=cfg.run.enable_thinking)
-  if not copy.is_file():
-    copy.parent.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(str(copy))
-    chat.save(copy.parent)
-  return chat
-
-
-def initial_policy(cfg: Config) -> Params:
-  if cfg.run.init == "random":
-    return init_params(cfg.model, jax.random.key(cfg.seed))
-  path = pathlib.Path(cfg.run.init)
-  if (path / "config.json").is_file():
-    model_cfg, params = hf.load_hf(path)
-  elif (path / params_io.CONFIG_FILE).is_file():
-    model_cfg, _, params = params_io.load_params(path)
-  else:
-    raise ValueError(f"run.init={cfg.run.init!r} is neither 'random', a Hugging Face directory "
-                     "(config.json) nor a sao-convert params directory")
-  architecture = lambda c: {k: v for k, v in hf.hf_config(c).items() if k != "dtype"}
-  if architecture(model_cfg) != architecture(cfg.model):
-    raise ValueError(f"run.init={cfg.run.init!r} holds a model that differs from the `model` "
-                     "section; copy its config.json values into the config file")
-  return params
-
+from sao_jax.models.transformer import Params
+from sao_jax.types import Batch, Trajectory
 
 def sft_batches(cfg: Config, chat: ChatFormat, demos: Iterator[list[dict]]) -> Iterator[Batch]:
   """`run.sft_batch` demonstration transcripts (chat messages) per batch, padded to

@@ -1,5 +1,5 @@
 """`NetworkWeights`: policy weights from learner hosts to sampler hosts over TCP, the
-publisher side (the subscriber: `sao_jax.sampler.weights_fetch`).
+publisher side (the subscriber: `sao_jax.channel.weights_fetch`).
 
 For a learner and samplers that are different JAX clusters (different TPU
 slices): multi-controller JAX cannot `device_put` between disjoint meshes, so
@@ -62,11 +62,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from sao_jax import run_secret
+from sao_jax.channel import run_secret
+from sao_jax.channel import weights_wire as wire
+from sao_jax.channel.weights_fetch import NetworkSpec
+from sao_jax.channel.weights_wire import LENGTH, PROTOCOL, PeerError
 from sao_jax.config.sampler import SamplerConfig
-from sao_jax.sampler import weights_wire as wire
-from sao_jax.sampler.weights_fetch import NetworkSpec
-from sao_jax.sampler.weights_wire import LENGTH, PROTOCOL, PeerError
 
 _IDLE_SECONDS = 60.0  # an authenticated subscriber with no request for this long is closed
 

@@ -126,7 +126,7 @@ def open_parquet(path: str | os.PathLike, columns: Sequence[str]) -> ColumnTable
       if stored > MAX_ROW_GROUP_BYTES:
         raise ValueError(f"{file}: row group {group} holds {stored} bytes of the columns "
                          f"{', '.join(columns)} uncompressed, more than the {MAX_ROW_GROUP_BYTES} "
-                         f"a row group may decode to (sao_jax.data.tables.MAX_ROW_GROUP_BYTES); "
+                         f"a row group may decode to (sao_jax.envs.tables.MAX_ROW_GROUP_BYTES); "
                          + _rewrite(rows, stored))
       if rows < 0:
         raise ValueError(f"{file}: row group {group} has {rows} rows; a corrupt or forged file")
@@ -171,7 +171,7 @@ def _read_row_group(file: str, group: int, columns: Sequence[str], rows: int,
       decoded = sum(b.num_rows for b in batches)
       raise ValueError(
           f"{file}: row group {group} decodes to more than {MAX_ROW_GROUP_BYTES} bytes "
-          f"(sao_jax.data.tables.MAX_ROW_GROUP_BYTES) in its first {decoded} of {rows} rows, "
+          f"(sao_jax.envs.tables.MAX_ROW_GROUP_BYTES) in its first {decoded} of {rows} rows, "
           f"though its footer says its columns {', '.join(columns)} take {stored} bytes "
           "(a dictionary or delta encoding of long repeated values, or a forged footer); "
           + _rewrite(decoded, size))

@@ -10,7 +10,7 @@ to `run_dir/metrics.jsonl`; evaluation results are written the same way with
 keys under `eval/`. The plot is drawn from that file alone, so it can be made
 again at any time (`sao-train --plot RUN_DIR`). `loggers` (`config.run.LOGGERS`)
 add TensorBoard events in run_dir/tensorboard and Weights & Biases
-(`sao_jax.tracking`).
+(`sao_jax.run.tracking`).
 
 Restarting (`logger.rewind(s)` before a run resumed from the checkpoint at
 step s writes; `rewind(None)` before a fresh run in a used directory): an
@@ -95,7 +95,7 @@ class MetricsLogger:
     self.run_dir.mkdir(parents=True, exist_ok=True)
     self._wandb = None
     if "wandb" in loggers:  # first: the one that can refuse (not installed)
-      from sao_jax.tracking import WandbLogger
+      from sao_jax.run.tracking import WandbLogger
 
       self._wandb = WandbLogger(self.run_dir, project=wandb_project, name=name,
                                 config=config or {})

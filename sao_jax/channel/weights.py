@@ -39,12 +39,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from sao_jax import run_secret
-from sao_jax.storage import storage_path
+from sao_jax.channel import run_secret
+from sao_jax.channel import weights_fetch, weights_net
+from sao_jax.channel.weights_directory import DirectorySpec, DirectorySubscriber, DirectoryWeights
 from sao_jax.config import SamplerConfig
-from sao_jax.sampler import weights_fetch, weights_net
-from sao_jax.sampler.weights_directory import (DirectorySpec, DirectorySubscriber,
-                                               DirectoryWeights)
+from sao_jax.storage import storage_path
 
 _HEADER_WORDS = 8  # [latest_slot, version_0, version_1, seq_0, seq_1, ...]
 _HEADER_BYTES = _HEADER_WORDS * 8

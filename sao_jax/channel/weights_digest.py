@@ -51,7 +51,7 @@ import numpy as np
 from etils import epath
 
 from sao_jax import bounded_json
-from sao_jax.data import sealed
+from sao_jax.channel import sealed
 
 MAGIC = b"SAO-WEIGHTS1"
 SIGNATURES = "signatures"  # the subdirectory of the weights directory that holds them

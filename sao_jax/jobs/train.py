@@ -13,7 +13,7 @@
    learner's grain pipeline filters stale/malformed ones and batches the rest.
    With `run.num_samplers=0` the samplers run elsewhere (`sao-sampler`, e.g. on
    another slice) and write to the directory transport.
-   Multi-host learner (SAO_* environment, `sao_jax.distributed`): every host
+   Multi-host learner (SAO_* environment, `sao_jax.sharding.distributed`): every host
    builds the pipeline for its share of each batch (`local_batch_sizes`) and
    reads a disjoint part of the directory transport (`DirectoryTransport` shard
    = (process index, process count)); `run_learner` assembles the global batch.
@@ -35,21 +35,25 @@ import pathlib
 
 import jax
 
-from sao_jax import distributed, run_lock, run_secret, warm_start
+from sao_jax.channel import run_secret
+from sao_jax.channel import weights
+from sao_jax.channel.published import published_template, published_weights
 from sao_jax.config import Config
 from sao_jax.data import pipeline
 from sao_jax.data.learner_data import learner_batches, learner_transport, local_batch_sizes
 from sao_jax.envs.registry import make_env
 from sao_jax.envs.sandbox import IsolationUnavailable
-from sao_jax.evaluation import Evaluator, transcripts_path
+from sao_jax.jobs import warm_start
+from sao_jax.jobs.evaluate import Evaluator, transcripts_path
 from sao_jax.learner import compile as compile_lib
 from sao_jax.learner.loop import run_learner
-from sao_jax.learner.state import (policy_weights, published_template, published_weights,
-                                   state_from_params)
-from sao_jax.metrics import MetricsLogger, batch_metrics, plot_curves, read_metrics
+from sao_jax.learner.state import policy_weights, state_from_params
 from sao_jax.models.value import value_params_from_policy
-from sao_jax.sampler import weights
+from sao_jax.run import bootstrap
+from sao_jax.run import lock as run_lock
+from sao_jax.run.metrics import MetricsLogger, batch_metrics, plot_curves, read_metrics
 from sao_jax.sampler.worker import SamplerSupervisor, WorkerSpec
+from sao_jax.sharding import distributed
 from sao_jax.storage import storage_path
 
 
@@ -116,7 +120,7 @@ def _run(cfg: Config, run_dir: pathlib.Path, *, resume: bool, log) -> dict:
   except IsolationUnavailable as error:
     raise ValueError(f"env.sandbox={cfg.env.sandbox!r}: {error}") from None
   (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
-  chat = warm_start.prepare_chat(cfg)
+  chat = bootstrap.prepare_chat(cfg)
   logger = MetricsLogger(run_dir, total_steps=cfg.learner.steps, loggers=cfg.run.loggers,
                          wandb_project=cfg.run.wandb_project, name=cfg.name,
                          config=dataclasses.asdict(cfg))
@@ -124,12 +128,12 @@ def _run(cfg: Config, run_dir: pathlib.Path, *, resume: bool, log) -> dict:
 
   def initial_state(mesh):
     logger.rewind(None)  # a fresh start: rows of an attempt killed before its first checkpoint go
-    policy = warm_start.initial_policy(cfg)
+    policy = bootstrap.initial_policy(cfg)
     if cfg.run.sft_steps:
       if cfg.run.eval_every:  # the starting point, so the warm-start's effect is measured
         evaluate(-cfg.run.sft_steps, policy, 0)
       policy, _ = warm_start.sft_warm_start(
-          cfg, chat, policy, warm_start.demonstrations(cfg), log=log,
+          cfg, chat, policy, bootstrap.demonstrations(cfg), log=log,
           log_metrics=lambda step, m: logger.write(step - cfg.run.sft_steps, m))
     return state_around(mesh, policy)
 
@@ -140,13 +144,13 @@ def _run(cfg: Config, run_dir: pathlib.Path, *, resume: bool, log) -> dict:
     return jax.device_put(state, compile_lib.state_shardings(cfg, mesh))
 
   def base_state(mesh):  # a LoRA resume's frozen base: run.init again (no SFT with LoRA)
-    return state_around(mesh, warm_start.initial_policy(cfg))
+    return state_around(mesh, bootstrap.initial_policy(cfg))
 
   # One secret seals the transport directory and signs the weights directory.
   secret = run_secret.for_run(cfg.sampler)
   # LoRA: the channel carries only the adapters; samplers load the base once.
   publisher = weights.make_publisher(cfg.sampler, published_template(
-      cfg, jax.eval_shape(lambda: warm_start.initial_policy(cfg))), secret)
+      cfg, jax.eval_shape(lambda: bootstrap.initial_policy(cfg))), secret)
   drops = pipeline.Drops()
   transport = learner_transport(cfg, drops, secret)
   supervisor = SamplerSupervisor(

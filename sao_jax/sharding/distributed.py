@@ -11,7 +11,7 @@ environment, so one command line serves every host:
 or `SAO_COORDINATOR_ADDRESS=auto` on Cloud TPU, where `jax.distributed` reads all
 three from the TPU metadata. Unset: a single host, nothing to do. A learner and
 its samplers on different slices are different clusters (each with its own
-coordinator); weights travel between them through `sao_jax.sampler.weights_net`.
+coordinator); weights travel between them through `sao_jax.channel.weights_net`.
 
 Batches: with `batch_shardings` splitting trajectories over devices of several
 hosts, each host loads only the rows its devices hold (`local_rows`) and

@@ -1,4 +1,4 @@
-"""What the directory transport writes, sealed with the run secret (`sao_jax.run_secret`).
+"""What the directory transport writes, sealed with the run secret (`sao_jax.channel.run_secret`).
 
 A shared directory (NFS, a mounted bucket) may be writable by more than the
 run's own hosts, so nothing in it is trusted for where it sits or what it is
@@ -34,7 +34,7 @@ import stat
 import struct
 import uuid
 
-from sao_jax.data.records import RecordError
+from sao_jax.channel.records import RecordError
 
 NONCE_BYTES = 16
 MAC_BYTES = hashlib.sha256().digest_size

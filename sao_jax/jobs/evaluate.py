@@ -34,16 +34,17 @@ import jax
 import numpy as np
 import tqdm
 
-from sao_jax import eval_scores, metrics
 from sao_jax.chat import ChatFormat, load_chat
 from sao_jax.config import Config, SamplerConfig
 from sao_jax.config.dataset import DATASET_SOURCES
-from sao_jax.data.records import Trajectory
 from sao_jax.envs import dataset_tasks
 from sao_jax.envs.base import Task
 from sao_jax.envs.registry import make_env, make_tasks
+from sao_jax.jobs import eval_scores
 from sao_jax.models.transformer import Params
+from sao_jax.run import metrics
 from sao_jax.sampler.episodes import EpisodeRunner, make_engine, run_to_completion
+from sao_jax.types import Trajectory
 
 GREEDY = dict(top_k=1, temperature=1.0)
 
@@ -188,10 +189,10 @@ def restore_state(cfg: Config, step: int | None = None):
   """(train state, meta) of checkpoint `step` (default: the latest) of the run `cfg`
   describes, on one device; under LoRA the frozen base (not in checkpoints) is
   reloaded from `run.init`."""
-  from sao_jax import warm_start
-  from sao_jax.checkpoint import Checkpointer
   from sao_jax.learner import state as state_lib
   from sao_jax.models.value import value_params_from_policy
+  from sao_jax.run import bootstrap
+  from sao_jax.run.checkpoint import Checkpointer
 
   cfg = cfg.with_run_paths().validate()
   checkpointer = Checkpointer(cfg)
@@ -203,7 +204,7 @@ def restore_state(cfg: Config, step: int | None = None):
   finally:
     checkpointer.close()
   if cfg.lora.enabled:
-    base = warm_start.initial_policy(cfg)
+    base = bootstrap.initial_policy(cfg)
     fresh = state_lib.state_from_params(cfg, base, value_params_from_policy(base, cfg.model))
     state = state_lib.with_frozen_parts(cfg, state, fresh)
   return state, meta

@@ -27,9 +27,9 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
-from sao_jax import distributed
-from sao_jax.data import sealed
-from sao_jax.sampler import weights_digest
+from sao_jax.channel import sealed
+from sao_jax.channel import weights_digest
+from sao_jax.sharding import distributed
 from sao_jax.storage import storage_path
 
 COMMITTED = "commit_success.txt"  # what orbax writes last into a version it saved

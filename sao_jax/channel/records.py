@@ -23,7 +23,6 @@ for anything else.
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 import zipfile
@@ -32,6 +31,7 @@ import zlib
 import numpy as np
 
 from sao_jax import bounded_json
+from sao_jax.types import Trajectory
 
 ARRAYS = ("tokens", "action_mask", "behavior_logp", "rewards")
 # The dtype kinds each array may have (integers for ids and the mask, floats for the rest).
@@ -44,26 +44,6 @@ _ZIP_OVERHEAD = 4096  # local and central directory entries of five members
 # The batch holds prompt ids and policy versions as int32 (`sao_jax.types.Batch`);
 # both are counts or slots, never negative.
 _MAX_ID = int(np.iinfo(np.int32).max)
-
-
-@dataclasses.dataclass
-class Trajectory:
-  tokens: np.ndarray  # [T] int32
-  action_mask: np.ndarray  # [T] int8, 1 on sampled tokens
-  behavior_logp: np.ndarray  # [T] float32, 0 off the action mask
-  rewards: np.ndarray  # [T] float32, the outcome on the last action token
-  prompt_id: int  # GRPO group / running-mean slot
-  policy_versions: tuple[int, int]  # first and last learner version that sampled it
-  env_failure: str | None = None  # the environment failed: train on none of it
-  info: dict = dataclasses.field(default_factory=dict)  # JSON-able extras (task id, turns)
-
-  @property
-  def length(self) -> int:
-    return int(self.tokens.shape[0])
-
-  @property
-  def outcome(self) -> float:
-    return float(np.sum(self.rewards[self.action_mask.astype(bool)]))
 
 
 def problems(traj: Trajectory, vocab_size: int | None = None) -> list[str]:

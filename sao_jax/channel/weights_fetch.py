@@ -1,5 +1,5 @@
 """`NetworkSubscriber`: a sampler host fetches policy weights from the learner hosts'
-`NetworkWeights` publishers (`sao_jax.sampler.weights_net`, which also gives the wire
+`NetworkWeights` publishers (`sao_jax.channel.weights_net`, which also gives the wire
 protocol) over TCP.
 
 `NetworkSubscriber.poll()` asks every learner host which versions
@@ -34,9 +34,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from sao_jax.run_secret import MIN_SECRET_BYTES
-from sao_jax.sampler import weights_wire as wire
-from sao_jax.sampler.weights_wire import PROTOCOL, PeerError
+from sao_jax.channel import weights_wire as wire
+from sao_jax.channel.run_secret import MIN_SECRET_BYTES
+from sao_jax.channel.weights_wire import PROTOCOL, PeerError
 
 _SHARDS_PER_LEAF = 64  # most shards of one leaf a header may list (a host's devices)
 _RETRY_FIRST_S = 0.05  # the wait after a peer broke the protocol, doubled per

@@ -70,10 +70,10 @@ import threading
 import time
 import uuid
 
-from sao_jax import run_secret
-from sao_jax.data import records, sealed
-from sao_jax.data.records import Trajectory
+from sao_jax.channel import records, sealed
+from sao_jax.channel import run_secret
 from sao_jax.log_text import untrusted
+from sao_jax.types import Trajectory
 
 
 class TransportClosed(Exception):
