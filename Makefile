@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 TPU_STAMP := $(VENV)/.installed-tpu
 
-.PHONY: test test-all bench demo clean bubblewrap
+.PHONY: test test-unit test-all bench demo clean bubblewrap
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,10 @@ TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(os.cpu_count() or 1, 
 test: $(STAMP) bubblewrap
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=25
+
+## test-unit: the unit tier alone (one process, in memory), the fast inner loop.
+test-unit: $(STAMP)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "unit and not slow"
 
 ## test-all: every test, including those marked slow.
 test-all: $(STAMP) bubblewrap

@@ -61,3 +61,51 @@ jax.config.update("jax_num_cpu_devices", 8)
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_compilation_cache_dir", _COMPILATION_CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+
+import fcntl  # noqa: E402
+import pathlib  # noqa: E402
+
+import pytest  # noqa: E402
+
+# Test tiers: every test is exactly one of `unit` (one process, in memory),
+# `integration` (real processes, sandboxes, sockets or files between processes) and
+# `e2e` (a whole CLI run, several hosts or a kill-and-resume), decided here by path
+# and nowhere else. `make test-unit` runs the unit tier alone for a fast inner loop;
+# `make test` runs all three (slow-marked tests excluded), `make test-all` those too.
+_TIERS = {
+    "e2e": ("cli/", "distributed/", "tpu_scripts/", "experiments/test_experiment_runner",
+            "experiments/test_experiment_quick"),
+    "integration": ("envs/sandbox/", "envs/coding/", "envs/style/", "sampler/test_sampler_",
+                    "sampler/test_samplers_", "sampler/test_killed_writers",
+                    "sampler/test_weights_net", "sampler/test_weights_wire",
+                    "learner/test_checkpoint_resume", "data/test_transport"),
+}
+_TESTS = pathlib.Path(__file__).parent
+
+
+def pytest_collection_modifyitems(config, items):
+  for item in items:
+    where = pathlib.Path(item.fspath).relative_to(_TESTS).as_posix()
+    tier = next((name for name, prefixes in _TIERS.items()
+                 if where.startswith(prefixes)), "unit")
+    item.add_marker(getattr(pytest.mark, tier))
+
+
+# Compiling a full-size program for a TPU topology takes up to ~16 GB of host RAM;
+# two at once (one per xdist worker) overflow a 24 GB machine. Tests marked
+# `tpu_compile` take this machine-wide lock, so they compile one at a time whatever
+# the number of workers.
+_COMPILE_LOCK = pathlib.Path(tempfile.gettempdir()) / f"sao-jax-tests-tpu-compile-{os.getuid()}.lock"
+
+
+@pytest.fixture(autouse=True)
+def _one_tpu_compile_at_a_time(request):
+  if request.node.get_closest_marker("tpu_compile") is None:
+    yield
+    return
+  with open(_COMPILE_LOCK, "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(lock, fcntl.LOCK_UN)

@@ -314,6 +314,7 @@ def _small_config():
 
 
 @pytest.mark.slow
+@pytest.mark.tpu_compile
 def test_aot_plan_small_config_fits_v5e():
   _libtpu()
   from sao_jax.planning import aot
@@ -335,6 +336,7 @@ def test_aot_plan_small_config_fits_v5e():
 
 
 @pytest.mark.slow
+@pytest.mark.tpu_compile
 def test_aot_plan_oversized_config_fails_with_the_fix():
   _libtpu()
   # Dense attention over 16K tokens: [2 rows, 4 heads, 16K, 16K] float32 scores per device.
@@ -347,6 +349,7 @@ def test_aot_plan_oversized_config_fails_with_the_fix():
 
 
 @pytest.mark.slow
+@pytest.mark.tpu_compile
 def test_paged_steps_compile_the_pallas_kernel_for_tpu():
   """On a TPU topology "auto" prefills and decodes through the Pallas kernel (a Mosaic
   custom call, per device under shard_map over tensor), and sao-plan's paged_decode lowers it."""

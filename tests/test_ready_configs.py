@@ -73,6 +73,7 @@ def test_config_validates_and_matches_its_checkpoint(name):
 
 
 @pytest.mark.slow
+@pytest.mark.tpu_compile
 @pytest.mark.parametrize("name", CHECKPOINTS)
 def test_sao_plan_fits_a_v5p_host(name):
   pytest.importorskip("libtpu", reason="AOT planning for TPU needs libtpu: "
@@ -84,6 +85,7 @@ def test_sao_plan_fits_a_v5p_host(name):
 
 
 @pytest.mark.slow
+@pytest.mark.tpu_compile
 @pytest.mark.parametrize("name", CHECKPOINTS)
 def test_sao_plan_programs_lower_on_the_cpu_mesh(name):
   """What sao-plan compiles, lowered at full size without libtpu: the SAO train step
