@@ -45,11 +45,11 @@ from typing import Sequence
 
 from sao_jax.run.metrics import METRICS_FILE
 
-from experiments import runner
+from experiments import runs
 from experiments.warm_start import DONE_FILE
 
 INDEX = "ARCHIVE.json"  # {"out": the --out the runs were made under}
-RUN_FILES = (runner.STATE_FILE, "config.json")  # JSON text: recorded paths are moved on restore
+RUN_FILES = (runs.STATE_FILE, "config.json")  # JSON text: recorded paths are moved on restore
 CONFIG_FILE = "config.json"  # every started run has it (sao-train writes it first)
 WARM_RECORD = "warm_start.json"  # a warm-start's DONE.json, renamed: restoring it as DONE.json
 # would claim a warm-start whose policy is not there
@@ -76,7 +76,7 @@ def _warm_name(run_dir: pathlib.Path) -> str:
 
 
 def _done(run_dir: pathlib.Path) -> bool:
-  state = run_dir / runner.STATE_FILE
+  state = run_dir / runs.STATE_FILE
   return state.is_file() and json.loads(state.read_text())["done"]
 
 
@@ -121,7 +121,7 @@ def _save_run(run_dir: pathlib.Path, target: pathlib.Path) -> None:
       gzip.GzipFile(target / f"{METRICS_FILE}.gz", "wb", mtime=0) as sink:
     shutil.copyfileobj(source, sink)
   _remove(target / "checkpoints")
-  step = runner.latest_checkpoint(run_dir)
+  step = runs.latest_checkpoint(run_dir)
   if not _done(run_dir) and step is not None:
     _copy(run_dir / "checkpoints" / str(step), target / "checkpoints" / str(step))
 
@@ -143,13 +143,13 @@ def save(out: pathlib.Path, to: pathlib.Path) -> list[str]:
                      "pass the --out directory a claim script wrote")
   for config_path in sorted(out.glob(f"runs/*/*/{CONFIG_FILE}")):
     run_dir = config_path.parent
-    step = runner.latest_checkpoint(run_dir)
+    step = runs.latest_checkpoint(run_dir)
     if not _done(run_dir) and step is None:
       continue  # nothing to resume from: the runner trains it again from step 0
     rel = run_dir.relative_to(out)
     _save_run(run_dir, to / rel)
     saved.append(str(rel) if _done(run_dir) else f"{rel} (at step {step})")
-  archived = {str(p.parent.relative_to(to)) for p in to.glob(f"runs/*/*/{runner.STATE_FILE}")
+  archived = {str(p.parent.relative_to(to)) for p in to.glob(f"runs/*/*/{runs.STATE_FILE}")
               if _done(p.parent)}
   for path in sorted(out.glob("claims/*.json")):  # listing only the runs archived done
     manifest = json.loads(path.read_text())

@@ -49,11 +49,10 @@ from typing import Any, Sequence
 from sao_jax.config import AlgorithmConfig, Config, load_config
 
 from experiments import claims as claims_lib
-from experiments import warm_start as warm_start_lib
+from experiments import runs, warm_start as warm_start_lib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SETTINGS_DIR = ROOT / "configs" / "experiments"
-STATE_FILE = "experiment.json"
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # One lock per warm-start directory: runs of the same seed in parallel jobs wait
 # for the first to make it instead of making it twice.
@@ -127,22 +126,13 @@ def phases(cfg: Config, style_switches: bool) -> list[tuple[int, tuple[str, ...]
           for (_, style), end in zip(schedule, ends)]
 
 
-def latest_checkpoint(run_dir: pathlib.Path) -> int | None:
-  """The step of the newest complete orbax checkpoint in run_dir (None: none yet)."""
-  directory = run_dir / "checkpoints"
-  if not directory.is_dir():
-    return None
-  steps = [int(p.name) for p in directory.iterdir() if p.name.isdigit()]
-  return max(steps) if steps else None
-
-
 def _read_state(run_dir: pathlib.Path) -> dict | None:
-  path = run_dir / STATE_FILE
+  path = run_dir / runs.STATE_FILE
   return json.loads(path.read_text()) if path.is_file() else None
 
 
 def _write_state(run_dir: pathlib.Path, state: dict) -> None:
-  (run_dir / STATE_FILE).write_text(json.dumps(state, indent=2))
+  (run_dir / runs.STATE_FILE).write_text(json.dumps(state, indent=2))
 
 
 def _stop_with_runner(runner_pid: int) -> None:
@@ -219,19 +209,19 @@ def run_one(claim: claims_lib.Claim, variant: claims_lib.Variant, seed: int, *, 
     print(f"  {variant.name} seed {seed}: done, skipped", flush=True)
     return run_dir
   ensure_warm_start(cfg_path, shared, cfg, out)
-  if latest_checkpoint(run_dir) is None and run_dir.exists():
+  if runs.latest_checkpoint(run_dir) is None and run_dir.exists():
     shutil.rmtree(run_dir)  # killed before its first checkpoint: metrics would repeat steps
   run_dir.mkdir(parents=True, exist_ok=True)
-  state = state if state is not None and latest_checkpoint(run_dir) is not None else {
+  state = state if state is not None and runs.latest_checkpoint(run_dir) is not None else {
       "variant": variant.name, "seed": seed, "overrides": overrides, "invocations": [],
       "done": False}
   resolved = load_config(cfg_path, overrides)
   for end, phase in phases(resolved, claim.kind == "realignment"):
-    if (latest_checkpoint(run_dir) or 0) >= end:
+    if (runs.latest_checkpoint(run_dir) or 0) >= end:
       continue
     command = [sys.executable, "-m", "sao_jax.cli.train", "--config", str(cfg_path)]
     command += [a for o in [*overrides, *phase] for a in ("--set", o)]
-    if latest_checkpoint(run_dir) is not None:
+    if runs.latest_checkpoint(run_dir) is not None:
       command.append("--resume")
     print(f"  {variant.name} seed {seed}: training to step {end} ...", flush=True)
     code, wall = _call(command, run_dir / "train.log")

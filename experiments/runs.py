@@ -23,6 +23,8 @@ import numpy as np
 
 from sao_jax.run.metrics import read_metrics
 
+STATE_FILE = "experiment.json"  # the runner's record of a run: variant, seed, schedule, done
+
 
 @dataclasses.dataclass
 class Run:
@@ -73,7 +75,7 @@ class Run:
 def load_run(run_dir: str | pathlib.Path) -> Run:
   run_dir = pathlib.Path(run_dir)
   config = json.loads((run_dir / "config.json").read_text())
-  state = json.loads((run_dir / "experiment.json").read_text())
+  state = json.loads((run_dir / STATE_FILE).read_text())
   train: dict[int, dict] = {}
   evals: dict[int, float] = {}
   for row in read_metrics(run_dir):
@@ -102,3 +104,12 @@ def load_run(run_dir: str | pathlib.Path) -> Run:
              dropped=int(sum(v for k, v in last.items() if k.startswith("dropped/"))),
              wall_s=float(sum(i["wall_s"] for i in state["invocations"])),
              init=config["run"]["init"], eval_episodes=config["run"]["eval_episodes"])
+
+
+def latest_checkpoint(run_dir: pathlib.Path) -> int | None:
+  """The step of the newest complete orbax checkpoint in run_dir (None: none yet)."""
+  directory = run_dir / "checkpoints"
+  if not directory.is_dir():
+    return None
+  steps = [int(p.name) for p in directory.iterdir() if p.name.isdigit()]
+  return max(steps) if steps else None

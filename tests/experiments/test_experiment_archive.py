@@ -6,7 +6,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from experiments import archive, claims, report, runner, warm_start
+from experiments import archive, claims, report, runner, runs as runs_lib, warm_start
 from sao_jax.config import load_config
 from synthetic_runs import write_manifest, write_run
 
@@ -23,7 +23,7 @@ def _claim6(out, seeds=2):
     for seed in range(seeds):
       rewards = np.clip(0.5 + rng.normal(0, 0.05, STEPS), 0, 1).tolist()
       rel = write_run(out, "stability", variant, seed, rewards)
-      state_path = out / rel / runner.STATE_FILE
+      state_path = out / rel / runs_lib.STATE_FILE
       state = json.loads(state_path.read_text())
       state["overrides"] = [f"run.run_dir={out / rel}", f"run.init={out}/warm_start/w{seed}"]
       state["done"] = not (variant == "grpo" and seed == seeds - 1)
@@ -64,12 +64,12 @@ def test_runs_are_archived_the_part_done_with_their_newest_checkpoint_and_restor
   assert (box / "warm_start" / "w1" / "policy" / "params.safetensors").read_bytes() == b"\1" * 100
   assert (box / "warm_start" / "w1" / warm_start.DONE_FILE).is_file()
   assert archive.restore(box, fresh) == [rel.split(" ")[0] for rel in saved]
-  assert runner.latest_checkpoint(fresh / "runs/stability/grpo-seed1") == 25
+  assert runs_lib.latest_checkpoint(fresh / "runs/stability/grpo-seed1") == 25
   assert (fresh / "runs/stability/grpo-seed1/checkpoints/25/state").read_bytes() == b"\x19" * 10
   for rel in (r for r in saved if "at step" not in r):
     assert ((fresh / rel / "metrics.jsonl").read_bytes()
             == (made / rel / "metrics.jsonl").read_bytes())
-    state = json.loads((fresh / rel / runner.STATE_FILE).read_text())
+    state = json.loads((fresh / rel / runs_lib.STATE_FILE).read_text())
     assert state["overrides"][0] == f"run.run_dir={fresh / rel}"
     assert str(made) not in json.dumps(state)
   assert not (fresh / "warm_start" / "w0" / warm_start.DONE_FILE).exists()
@@ -107,7 +107,7 @@ def test_a_restored_finished_run_is_skipped_without_making_its_warm_start(tmp_pa
   run_dir.mkdir(parents=True)
   overrides = runner.run_overrides(cfg, shared, claims.VARIANTS["grpo"],
                                    runner.warm_start_dir(tmp_path, cfg), run_dir)
-  (run_dir / runner.STATE_FILE).write_text(json.dumps(
+  (run_dir / runs_lib.STATE_FILE).write_text(json.dumps(
       {"variant": "grpo", "seed": 0, "overrides": overrides, "invocations": [], "done": True}))
   assert runner.run_one(claim, claims.VARIANTS["grpo"], 0, quick=True, extra=(),
                         out=tmp_path) == run_dir
@@ -118,7 +118,7 @@ def test_a_warm_start_is_archived_whole_only_while_its_seed_is_part_done(tmp_pat
   _claim6(made)
   archive.save(made, box)
   assert (box / "warm_start" / "w1" / "policy").is_dir()
-  state_path = made / "runs" / "stability" / "grpo-seed1" / runner.STATE_FILE
+  state_path = made / "runs" / "stability" / "grpo-seed1" / runs_lib.STATE_FILE
   state_path.write_text(json.dumps({**json.loads(state_path.read_text()), "done": True}))
   assert "runs/stability/grpo-seed1" in archive.save(made, box)
   assert sorted(p.name for p in (box / "warm_start" / "w1").iterdir()) == [archive.WARM_RECORD]
@@ -148,7 +148,7 @@ def test_a_restored_part_done_run_resumes_from_its_checkpoint(tmp_path, monkeypa
   archive.restore(box, fresh)
   calls = []
   monkeypatch.setattr(runner, "_call", lambda command, log: calls.append(command) or (0, 1.0))
-  monkeypatch.setattr(runner, "latest_checkpoint", lambda d: 6 if calls else 3)
+  monkeypatch.setattr(runs_lib, "latest_checkpoint", lambda d: 6 if calls else 3)
   runner.run_one(claim, claims.VARIANTS["grpo"], 0, quick=True, extra=(), out=fresh)
   assert len(calls) == 1 and calls[0][-1] == "--resume"
   assert f"run.run_dir={fresh / 'runs/stability/grpo-seed0'}" in calls[0]

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from experiments import claims, runner, warm_start
+from experiments import claims, runner, runs, warm_start
 from sao_jax.config import AlgorithmConfig, apply_overrides, load_config
 
 
@@ -75,7 +75,7 @@ def _prepared_run(tmp_path, overrides_recorded=None, done=False):
               "run.sft_steps=0", f"run.run_dir={run_dir}"]
   state = {"variant": "sao", "seed": 0, "invocations": [], "done": done,
            "overrides": expected if overrides_recorded is None else overrides_recorded}
-  (run_dir / runner.STATE_FILE).write_text(json.dumps(state))
+  (run_dir / runs.STATE_FILE).write_text(json.dumps(state))
   return claim, run_dir
 
 
