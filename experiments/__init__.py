@@ -1,4 +1,4 @@
-"""Small-scale reproductions of the paper's claims (SAO.md §7): one script per claim.
+"""Small-scale reproductions of the paper's claims (docs/algorithm.md §7): one script per claim.
 
     .venv/bin/python -m experiments.claim1_ordering --seeds 3 [--quick] [--out DIR]
     .venv/bin/python -m experiments.report [--out DIR]      # docs/results.md + docs/results/*.png

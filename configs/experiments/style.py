@@ -1,4 +1,4 @@
-"""Claim 5 of SAO.md §7 at small scale: re-aligning after preference switches.
+"""Claim 5 of docs/algorithm.md §7 at small scale: re-aligning after preference switches.
 
     .venv/bin/python -m experiments.claim5_realignment --seeds 3
 

@@ -1,4 +1,4 @@
-"""Claims 1-4 of SAO.md §7 at small scale: multi-turn tool-integrated arithmetic.
+"""Claims 1-4 of docs/algorithm.md §7 at small scale: multi-turn tool-integrated arithmetic.
 
     .venv/bin/python -m experiments.claim1_ordering --seeds 3 --jobs 2  # every variant and seed
     .venv/bin/sao-train --config configs/experiments/tool_math.py      # one SAO run, SFT included

@@ -11,7 +11,7 @@ TRANSPORTS = ("queue", "directory")
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DataConfig:
-  """How finished trajectories reach the learner (SAO.md §1).
+  """How finished trajectories reach the learner (docs/algorithm.md §1).
 
   A trajectory whose `lag = current policy version - first policy version`
   (policy updates since its first token was sampled) exceeds `max_lag` is

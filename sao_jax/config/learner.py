@@ -38,7 +38,7 @@ class LearnerConfig:
   adam_eps: float = 1e-8
   weight_decay: float = 0.0
   grad_clip: float | None = 1.0  # global-norm clip per model; None disables
-  # Critic schedule (SAO.md §4): value-only steps before the first policy update.
+  # Critic schedule (docs/algorithm.md §4): value-only steps before the first policy update.
   critic_warmup_steps: int = 10
   value_pretrain_steps: int = 0
   # Which critic the advantages see: the one before this step's value updates

@@ -35,7 +35,7 @@ class SamplerConfig:
   tokens (0 = no limit) and to the smallest set whose probability reaches `top_p`
   (1.0 = no limit). A training run refuses truncation (`check_untruncated`):
   `behavior_logp` is the full tempered distribution's, which DIS needs to be the
-  one the token was drawn from (SAO.md §2). The token for trajectory position t of an episode with seed
+  one the token was drawn from (docs/algorithm.md §2). The token for trajectory position t of an episode with seed
   s is drawn with the key fold_in(key(s), t); an episode's seed is
   `seed` + its index, chosen by the caller. A turn ends on one of
   `stop_tokens` (sampled and kept as the turn's last action token), when its
@@ -230,7 +230,7 @@ class SamplerConfig:
 
 
 def check_untruncated(sampler: SamplerConfig) -> None:
-  """Refuses top-k / top-p truncation in a training run's sampler (SAO.md §2).
+  """Refuses top-k / top-p truncation in a training run's sampler (docs/algorithm.md §2).
 
   The sampler records `behavior_logp` under the full tempered distribution p and
   the learner's DIS ratio compares against p; a truncated draw comes from q != p,
@@ -239,8 +239,8 @@ def check_untruncated(sampler: SamplerConfig) -> None:
   if sampler.top_k != 0:
     fail("sampler", "top_k", sampler.top_k,
          "training samples the full tempered distribution that behavior_logp and the DIS "
-         "ratio assume (SAO.md §2); set top_k=0 (evaluation decodes greedily on its own)")
+         "ratio assume (docs/algorithm.md §2); set top_k=0 (evaluation decodes greedily on its own)")
   if sampler.top_p < 1.0:
     fail("sampler", "top_p", sampler.top_p,
          "training samples the full tempered distribution that behavior_logp and the DIS "
-         "ratio assume (SAO.md §2); set top_p=1.0")
+         "ratio assume (docs/algorithm.md §2); set top_p=1.0")
