@@ -47,7 +47,7 @@ VARIANTS = {v.name: v for v in (
             (("running_mean_window", 128), ("running_mean_scope", "global"))),
     Variant("sao_plain_gae", "SAO with plain GAE", "sao", (("gae_span", "response"),)),
     Variant("ppo", "PPO with plain GAE", "ppo"),
-    # The drift study's remedies (README, "Why SAO drifted"): batch-mean-centred
+    # The drift study's remedies (docs/research/drift-notes.md): batch-mean-centred
     # advantages and no policy step on a batch whose rewards are all equal.
     Variant("sao_stable", "SAO + centring + contrast gate", "sao",
             (("advantage_centering", "batch_mean"), ("require_reward_contrast", True))),

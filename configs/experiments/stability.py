@@ -15,7 +15,7 @@ fraction and value explained variance, and counts runs whose reward collapses
 (trailing mean ending below half its best). A stable run keeps its reward and
 shows no growth in KL or gradient norms.
 
-The runs in docs/results.md before the drift study (README, "Why SAO drifted")
+The runs in docs/research/results.md before the drift study (docs/research/drift-notes.md)
 trained the paper's SAO here, without an lr warm-up and with the critic warm-up
 of 3 steps that base.py sets; SAO collapsed on 1 of 3 seeds. Claim 6 now runs
 the remedies that study chose: SAO as the `sao_stable` variant

@@ -15,7 +15,7 @@ resuming the run from its checkpoint with the next style, so a switch lands
 exactly on its learner step (an in-run schedule switches by policy version,
 which trails the learner step by the critic warm-up). A run should show the
 reward rising within each phase, dropping at each switch and recovering;
-`docs/results.md` gives the steps to recover 90% of the pre-switch level.
+`docs/research/results.md` gives the steps to recover 90% of the pre-switch level.
 """
 
 import dataclasses

@@ -85,14 +85,14 @@ class AlgorithmConfig:
   of each variant, then override individual fields.
   """
 
-  variant: str = "sao"
+  variant: str = "sao"  # the algorithm: one row of VARIANTS (docs/algorithm.md §5)
   # Advantages (docs/algorithm.md §3): lam_policy = 1 - 1 / (lam_alpha * l) per trajectory,
   # unless `lam_policy` is set to a fixed value.
-  gamma: float = 1.0
-  lam_alpha: float = 1.5
-  lam_policy: float | None = None
-  lam_critic: float = 1.0
-  gae_method: str = "auto"
+  gamma: float = 1.0  # discount per action token (1: undiscounted)
+  lam_alpha: float = 1.5  # alpha of the length-adaptive lambda_policy = 1 - 1 / (alpha * l)
+  lam_policy: float | None = None  # fixed GAE lambda of the advantages (None: length-adaptive)
+  lam_critic: float = 1.0  # GAE lambda of the value targets (1: the return)
+  gae_method: str = "auto"  # GAE implementation: scan, associative, or auto (per backend)
   # Tokens GAE runs over: "actions" skips observation tokens (docs/algorithm.md §3);
   # "response" is plain GAE over every token from a trajectory's first to its
   # last action, observations included (the ppo preset; the claim-4 ablation).
@@ -108,20 +108,20 @@ class AlgorithmConfig:
   # all-failing) reward (docs/algorithm.md §8). False: the paper's SAO.
   require_reward_contrast: bool = False
   # Policy loss (docs/algorithm.md §2): DIS band (1 - eps_low, 1 + eps_high), PPO clip for grpo/ppo.
-  eps_low: float = 0.3
-  eps_high: float = 5.0
-  loss_agg: str = "token_mean"
+  eps_low: float = 0.3  # lower edge of the DIS band 1 - eps_low, or PPO's lower clip
+  eps_high: float = 5.0  # upper edge of the DIS band 1 + eps_high, or PPO's upper clip
+  loss_agg: str = "token_mean"  # the loss normaliser (docs/algorithm.md §2)
   # Critic (docs/algorithm.md §4).
-  value_updates_per_step: int = 2
-  value_clip: float | None = 0.2
-  frozen_attention: bool = True
+  value_updates_per_step: int = 2  # K: value updates per policy update (0: no critic)
+  value_clip: float | None = 0.2  # eps_v of the clipped value loss (None: unclipped)
+  frozen_attention: bool = True  # freeze the value model's attention parameters (frozen_patterns)
   # Regexes over "/"-joined value-model param paths; matching leaves are frozen
   # (no gradient, no optimizer state) when `frozen_attention` is on.
   frozen_patterns: tuple[str, ...] = FROZEN_ATTENTION_PATTERNS
   # Baselines (docs/algorithm.md §5).
-  group_size: int = 1
-  running_mean_window: int = 8
-  running_mean_scope: str = "prompt"
+  group_size: int = 1  # rollouts per prompt (grouped variants: >= 2, paper 8)
+  running_mean_window: int = 8  # W: outcomes in a running-mean baseline's window
+  running_mean_scope: str = "prompt"  # one running-mean window per prompt, or one global window
   running_mean_slots: int = 4096  # prompt ids must lie in [0, slots) for scope "prompt"
 
   @classmethod
