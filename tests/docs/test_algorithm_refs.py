@@ -66,4 +66,7 @@ def test_no_file_cites_the_paper_notes_outside_the_repository():
         continue
       if re.search(r"\bSAO\.md\b", path.read_text(encoding="utf-8")):
         offenders.append(str(path.relative_to(ROOT)))
+  for path in [*(ROOT / "docs").rglob("*.md"), ROOT / "README.md", ROOT / "CONTRIBUTING.md"]:
+    if re.search(r"\bSAO\.md\b|\.\./shared/", path.read_text(encoding="utf-8")):
+      offenders.append(str(path.relative_to(ROOT)))
   assert not offenders, f"cite docs/algorithm.md instead of SAO.md in: {sorted(offenders)}"
