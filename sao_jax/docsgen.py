@@ -222,6 +222,13 @@ def render_metrics() -> str:
            "| key | unit | when | meaning |", "| --- | --- | --- | --- |"]
   for doc in metric_docs.METRICS:
     lines.append(f"| `{doc.key}` | {_cell(doc.unit)} | {_cell(doc.when)} | {_cell(doc.meaning)} |")
+  lines += ["", "## sao-eval reports", "",
+            "`sao-eval` writes a JSON report (default `RUN_DIR/eval/step_<step>.json`) with "
+            "these scores for all tasks (`overall`) and per source (`sources`), and prints "
+            "them as a table.", "",
+            "| key | unit | when | meaning |", "| --- | --- | --- | --- |"]
+  for doc in metric_docs.EVAL_REPORT:
+    lines.append(f"| `{doc.key}` | {_cell(doc.unit)} | {_cell(doc.when)} | {_cell(doc.meaning)} |")
   lines.append("")
   return "\n".join(lines)
 

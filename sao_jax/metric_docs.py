@@ -196,12 +196,29 @@ METRICS: tuple[MetricDoc, ...] = (
 )
 
 
-def describe(key: str) -> MetricDoc | None:
-  """The entry documenting `key` (an exact key before a pattern), or None."""
-  for doc in METRICS:
+# The scores of a `sao-eval` report (RUN_DIR/eval/step_<step>.json), under "overall" and
+# per source under "sources" (`sao_jax.eval_scores.group_scores`).
+REPORT = "every sao-eval report, overall and per source"
+EVAL_REPORT: tuple[MetricDoc, ...] = (
+    MetricDoc("tasks", "count", REPORT, "tasks evaluated"),
+    MetricDoc("greedy_pass@1", "fraction", REPORT, "share of tasks the greedy episode solved"),
+    MetricDoc("failures", "count", REPORT,
+              "episodes (greedy and sampled) the environment could not judge; counted as "
+              "unsolved"),
+    MetricDoc("mean@<n>", "fraction", "with --samples n (run.eval_samples)",
+              "mean over tasks of c / n, the share of a task's n sampled episodes that solve it"),
+    MetricDoc("pass@<k>", "fraction", "with --samples n, for each k <= n of --pass-k",
+              "mean over tasks of the unbiased 1 - C(n - c, k) / C(n, k): the chance that one "
+              "of k samples solves the task (Chen et al. 2021)"),
+)
+
+
+def describe(key: str, table: tuple[MetricDoc, ...] = METRICS) -> MetricDoc | None:
+  """The entry of `table` documenting `key` (an exact key before a pattern), or None."""
+  for doc in table:
     if doc.key == key:
       return doc
-  for doc in METRICS:
+  for doc in table:
     if "<" in doc.key and doc.pattern.match(key):
       return doc
   return None

@@ -161,6 +161,17 @@ def test_every_metric_key_written_as_a_literal_is_documented():
   assert not _undocumented(keys), f"add to sao_jax/metric_docs.py: {_undocumented(keys)}"
 
 
+def test_every_score_of_a_sao_eval_report_is_documented():
+  from sao_jax import eval_scores  # pylint: disable=import-outside-toplevel
+  scores = [eval_scores.TaskScore(source="a", greedy_success=True, samples=4, successes=2),
+            eval_scores.TaskScore(source="b", greedy_success=False, samples=4, successes=0)]
+  report = eval_scores.summarize(scores, ks=(1, 4))
+  keys = set(report["overall"]) | {k for group in report["sources"].values() for k in group}
+  assert {"greedy_pass@1", "mean@4", "pass@4"} <= keys
+  undocumented = [k for k in keys if metric_docs.describe(k, metric_docs.EVAL_REPORT) is None]
+  assert not undocumented, f"add to sao_jax/metric_docs.EVAL_REPORT: {undocumented}"
+
+
 # -- command-line tools ----------------------------------------------------------------
 
 
