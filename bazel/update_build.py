@@ -40,7 +40,7 @@ py_library(
 # Non-Python files a test directory reads, beyond its helper modules.
 TEST_DATA = {"tests/chat": ("tests/fixtures/chat_templates/*",), "tests/benchmarks": ("benchmarks/*",),
              # The docs tests read every page, the README, and the code and configs they cite.
-             "tests/docs": ("docs/**", "README.md", "CONTRIBUTING.md", "mkdocs.yml", "Makefile",
+             "tests/docs": ("docs/**", "README.md", "CONTRIBUTING.md", "LICENSE", "mkdocs.yml", "Makefile",
                             "pyproject.toml", "sao_jax/**/*.py", "configs/**/*.py",
                             "experiments/*.py", "benchmarks/*.py", "tests/**/*.py")}
 
