@@ -82,3 +82,16 @@ def test_the_license_is_apache_2():
   assert "Apache License" in text and "Version 2.0, January 2004" in text
   assert "END OF TERMS AND CONDITIONS" in text
   assert 'license = { text = "Apache-2.0" }' in (ROOT / "pyproject.toml").read_text()
+
+
+def test_every_repository_path_the_docs_quote_exists():
+  """`sao_jax/data/transport.py` in a page must be a file: a moved module leaves no
+  page pointing at where it was."""
+  quoted = set()
+  for page in [*DOCS.rglob("*.md"), ROOT / "README.md", ROOT / "CONTRIBUTING.md"]:
+    quoted |= {(page.relative_to(ROOT).as_posix(), path) for path in re.findall(
+        r"`((?:sao_jax|tests|configs|benchmarks|experiments|tpu_scripts)/[A-Za-z0-9_./-]+)",
+        page.read_text())}
+  assert len(quoted) > 100
+  missing = sorted((page, path) for page, path in quoted if not (ROOT / path).exists())
+  assert not missing, f"these pages quote paths that do not exist: {missing}"
