@@ -1,4 +1,6 @@
-"""Every `sao-*` command the docs show works as shown (issue #37).
+"""Every `sao-*` command the docs show works as shown (issue #37): the pages under
+docs/, the README, CONTRIBUTING.md and the "exact command" of every configs/ file's
+docstring.
 
 - A command in a code block is parsed by the command's own parser, and when it
   names a config (`--config configs/...py`) the config and its `--set`s are
@@ -11,6 +13,7 @@
 """
 
 import argparse
+import ast
 import pathlib
 import re
 import shlex
@@ -93,10 +96,19 @@ def _strip_comment(command: str) -> str:
   return command
 
 
+def _config_docstring_blocks(path: pathlib.Path) -> list[list[str]]:
+  """The indented command lines of a config file's docstring (its "exact command")."""
+  doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+  return [_logical_lines([line for line in doc.splitlines() if line.startswith("    ")])]
+
+
 def _block_commands() -> list[tuple[str, str]]:
   out = []
-  for page in PAGES:
-    for block in _code_blocks(page.read_text()):
+  sources = [(page, _code_blocks(page.read_text())) for page in PAGES]
+  sources += [(path, _config_docstring_blocks(path))
+              for path in sorted((ROOT / "configs").rglob("*.py"))]
+  for page, blocks in sources:
+    for block in blocks:
       for line in block:
         if line.lstrip().startswith("#"):
           continue
