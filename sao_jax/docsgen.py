@@ -19,9 +19,11 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import html
 import inspect
 import io
 import pathlib
+import re
 import sys
 import tokenize
 import types
@@ -173,8 +175,18 @@ def section_docs(cls: type = Config, section: str = "") -> Iterator[tuple[str, t
       yield from section_docs(hint, name)
 
 
+def _code(text: str) -> str:
+  """`text` as inline code inside a table cell: HTML, so that `|` cannot end the cell
+  and `<name>` is not taken for a tag (a backslash before `|` would show in code)."""
+  return f"<code>{html.escape(text, quote=False).replace('|', '&#124;')}</code>"
+
+
 def _cell(text: str) -> str:
-  return text.replace("|", "\\|").replace("\n", " ")
+  """Prose for a table cell: `code spans` as `_code`, the rest escaped the same way."""
+  parts = re.split(r"`([^`]*)`", text.replace("\n", " "))
+  return "".join(_code(part) if index % 2 else
+                 html.escape(part, quote=False).replace("|", "&#124;")
+                 for index, part in enumerate(parts))
 
 
 def render_config() -> str:
@@ -194,10 +206,11 @@ def render_config() -> str:
   for name, rows in by_section.items():
     cls = docs[name]
     summary = (inspect.getdoc(cls) or "").split("\n\n")[0].replace("\n", " ")
-    lines += [f"## {name or 'top level'}", "", f"`{cls.__module__}.{cls.__name__}`: {summary}", "",
+    lines += [f"## {name or 'top level'}", "", f"`{cls.__module__}.{cls.__name__}`: "
+              f"{_cell(summary)}", "",
               "| field | type | default | allowed | meaning |", "| --- | --- | --- | --- | --- |"]
     for f in rows:
-      lines.append(f"| `{f.path}` | `{_cell(f.type)}` | `{_cell(f.default)}` | "
+      lines.append(f"| `{f.path}` | {_code(f.type)} | {_code(f.default)} | "
                    f"{_cell(f.allowed)} | {_cell(f.meaning)} |")
     lines.append("")
   return "\n".join(lines)
@@ -221,14 +234,14 @@ def render_metrics() -> str:
            "[Tracking and plots](../guides/tracking.md) shows how to read them.", "",
            "| key | unit | when | meaning |", "| --- | --- | --- | --- |"]
   for doc in metric_docs.METRICS:
-    lines.append(f"| `{doc.key}` | {_cell(doc.unit)} | {_cell(doc.when)} | {_cell(doc.meaning)} |")
+    lines.append(f"| {_code(doc.key)} | {_cell(doc.unit)} | {_cell(doc.when)} | {_cell(doc.meaning)} |")
   lines += ["", "## sao-eval reports", "",
             "`sao-eval` writes a JSON report (default `RUN_DIR/eval/step_<step>.json`) with "
             "these scores for all tasks (`overall`) and per source (`sources`), and prints "
             "them as a table.", "",
             "| key | unit | when | meaning |", "| --- | --- | --- | --- |"]
   for doc in metric_docs.EVAL_REPORT:
-    lines.append(f"| `{doc.key}` | {_cell(doc.unit)} | {_cell(doc.when)} | {_cell(doc.meaning)} |")
+    lines.append(f"| {_code(doc.key)} | {_cell(doc.unit)} | {_cell(doc.when)} | {_cell(doc.meaning)} |")
   lines.append("")
   return "\n".join(lines)
 
@@ -265,7 +278,7 @@ def _flag_rows(parser: argparse.ArgumentParser) -> list[str]:
       flag += f" {action.metavar or action.dest.upper()}"
     default = "required" if action.required else (
         "" if action.default in (None, False, []) else repr(action.default))
-    rows.append(f"| `{_cell(flag)}` | {_cell(default)} | {_cell(action.help or '')} |")
+    rows.append(f"| `{flag}` | {_cell(default)} | {_cell(action.help or '')} |")
   return rows
 
 
