@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 TPU_STAMP := $(VENV)/.installed-tpu
 
-.PHONY: test test-unit test-all bench demo clean bubblewrap
+.PHONY: test test-unit test-all bench demo docs docs-serve clean bubblewrap
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -62,5 +62,15 @@ demo: $(STAMP) bubblewrap
 bench: $(TPU_STAMP) bubblewrap
 	set -e; for script in benchmarks/*.py; do echo "== $$script"; $(PY) $$script; done
 
+## docs: build the documentation site into site/ (mkdocs.yml); --strict fails on a
+## broken link, a missing page or a reference page that differs from the code.
+docs: $(STAMP)
+	$(PY) -m sao_jax.cli.docsgen --check
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
+## docs-serve: serve the site on http://127.0.0.1:8000, rebuilt on every edit.
+docs-serve: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis runs
+	rm -rf $(VENV) .pytest_cache .hypothesis runs site

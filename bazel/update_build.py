@@ -38,7 +38,11 @@ py_library(
 
 
 # Non-Python files a test directory reads, beyond its helper modules.
-TEST_DATA = {"tests/chat": "tests/fixtures/chat_templates/*", "tests/benchmarks": "benchmarks/*"}
+TEST_DATA = {"tests/chat": ("tests/fixtures/chat_templates/*",), "tests/benchmarks": ("benchmarks/*",),
+             # The docs tests read every page, the README, and the code and configs they cite.
+             "tests/docs": ("docs/**", "README.md", "CONTRIBUTING.md", "LICENSE", "mkdocs.yml", "Makefile",
+                            "pyproject.toml", "sao_jax/**/*.py", "configs/**/*.py",
+                            "experiments/*.py", "benchmarks/*.py", "tests/**/*.py")}
 
 
 def runtime_requirements() -> list[str]:
@@ -57,7 +61,7 @@ def render() -> str:
     name = "_".join([*parts, test.stem])
     patterns = [f"{rel.parent.as_posix()}/*.py"]
     if rel.parent.as_posix() in TEST_DATA:
-      patterns.append(TEST_DATA[rel.parent.as_posix()])
+      patterns.extend(TEST_DATA[rel.parent.as_posix()])
     quoted = ", ".join(f'"{pattern}"' for pattern in patterns)
     data = f'glob([{quoted}], exclude = ["{rel.parent.as_posix()}/test_*.py"])'
     if rel.parent.as_posix() == "tests":

@@ -12,7 +12,7 @@ pipeline.
     since a round holds one batch).
 (b) async: a sampler process keeps `slots` rollouts in flight and streams each
     finished trajectory through a QueueTransport; the learner trains as soon as
-    `batch` have arrived (SAO.md §1). Run twice: with `batch` slots (the same
+    `batch` have arrived (docs/algorithm.md §1). Run twice: with `batch` slots (the same
     rollout concurrency as sync) and with `--slots` (default 64: enough rollout
     capacity to keep the learner busy, as a deployment would provision).
 

@@ -1,6 +1,6 @@
 """Host cost of rendering an episode's turns with a checkpoint's chat template.
 
-  .venv/bin/python benchmarks/chat_format.py [--turns 10 50 200 --reps 5 --tokenizer_dir DIR]
+  .venv/bin/python benchmarks/chat_format.py [--turns 10 50 200 --reps 5 --tokenizer-dir DIR]
 
 Per policy turn the sampler appends the next observation with
 `ChatFormat.continuation` (`sao_jax.chat.format`): two renders of the whole
@@ -10,7 +10,7 @@ reference is transformers' `apply_chat_template(conversation, tokenize=True,
 add_generation_prompt=True)` of the same conversation: one render plus the
 tokenization of all of it, what re-rendering each turn from scratch costs.
 Conversations are coding-like: a 2,000-character system prompt, then turns of
-a reasoned action and a 15-line tool result. `--tokenizer_dir` defaults to a
+a reasoned action and a 15-line tool result. `--tokenizer-dir` defaults to a
 tiny byte-level BPE with Qwen3's control tokens and its official template
 (tests/fixtures/chat_templates/qwen3.jinja); the tokenizer matters little here,
 the template is what costs. Medians over `--reps`; the last line is
@@ -79,7 +79,8 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--turns", type=int, nargs="+", default=[10, 50, 200])
   parser.add_argument("--reps", type=int, default=5)
-  parser.add_argument("--tokenizer_dir", default=None)
+  parser.add_argument("--tokenizer-dir", "--tokenizer_dir", dest="tokenizer_dir", default=None,
+                      help="a tokenizer directory with a chat template (old spelling kept)")
   args = parser.parse_args()
   with tempfile.TemporaryDirectory() as tmp:
     directory = pathlib.Path(args.tokenizer_dir or tiny_qwen3_dir(pathlib.Path(tmp)))

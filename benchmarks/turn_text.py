@@ -1,6 +1,6 @@
 """Host cost of the engine's stop-pattern check over a long turn.
 
-  .venv/bin/python benchmarks/turn_text.py [--tokens 4096 32768 --steps_per_call 8]
+  .venv/bin/python benchmarks/turn_text.py [--tokens 4096 32768 --steps-per-call 8]
 
 After every decode call (`steps_per_call` tokens) the engine searches its stop
 patterns (here the default, `PYTHON_TOOL_CALL`) in the turn's text. The
@@ -39,7 +39,8 @@ def seconds(check, tokens: list[int], steps_per_call: int) -> float:
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--tokens", type=int, nargs="+", default=[4096, 32768])
-  parser.add_argument("--steps_per_call", type=int, default=8)
+  parser.add_argument("--steps-per-call", "--steps_per_call", dest="steps_per_call", type=int,
+                      default=8, help="decode calls of this many tokens (old spelling kept)")
   args = parser.parse_args()
   tokenizer = train_tokenizer([PROSE] * 50, vocab_size=2000)
   decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=False)

@@ -2,7 +2,7 @@
 
     make demo            # = .venv/bin/sao-train --config configs/demo_cpu.py
 
-From scratch on a 2-core CPU in about 16 minutes (README, "Demo walk-through"): a
+From scratch on a 2-core CPU in about 16 minutes (docs/get-started/demo.md): a
 byte-level BPE tokenizer is trained on the environment's texts, a 0.36M-parameter
 model gets a 400-step SFT warm-start on demonstrations, then SAO trains it for 60
 steps with one sampler process streaming single rollouts. Half the demonstrations
@@ -15,7 +15,7 @@ demonstrations fixes that. RL, paid only for right answers, has to: held-out
 accuracy (greedy, 256 tasks never trained on; standard error <= 0.03) is
 printed at step 0 (after SFT) and every 20 steps, and the final summary prints
 it after SFT, after RL and the difference (RL's own gain). The RL step uses
-the drift remedies (README, "Why SAO drifted"): batch-centred advantages and a
+the drift remedies (docs/research/drift-notes.md): batch-centred advantages and a
 5-step learning-rate warm-up, at policy_lr 1e-4. Outputs go to
 runs/demo_cpu-<time>/: metrics.jsonl, tensorboard/, checkpoints/, curves.png,
 eval/ (what the policy wrote at each evaluation).

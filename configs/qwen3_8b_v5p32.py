@@ -23,7 +23,7 @@ episode of 4,096 tokens (seq_len / 8) that pool holds 512 episodes, 8x the 64
 dense rows, and the engine runs 512 slots (`kv_pages=8192`; sao-plan's dense
 row is that memory's 64 rows, its `paged_decode` row compiles the decode call at
 the 512 slots over that pool). Pages of 16 would not compile: the kernel keeps 512 slots x
-2,048 page indices (4 MiB) in SMEM, 1 MiB on v5p (README, paged KV cache).
+2,048 page indices (4 MiB) in SMEM, 1 MiB on v5p (docs/explanation/paged-kv-cache.md).
 
 Prove it compiles and fits before paying for the slices (CPU + libtpu; ~9 min on
 2 quiet cores, ~40 on a heavily loaded machine):

@@ -19,7 +19,7 @@ from sao_jax.config import (AlgorithmConfig, Config, DataConfig, EnvConfig, Lear
 
 
 def sanity_config(variant: str = "sao") -> Config:
-  """The sanity setting with `variant`'s preset (SAO.md §5)."""
+  """The sanity setting with `variant`'s preset (docs/algorithm.md §5)."""
   return Config(
       name="sanity_cpu",
       seed=0,

@@ -1,7 +1,7 @@
 """Keeps an experiment's runs across machines: what the report reads, and what resumes.
 
-    python -m experiments.archive save    --out runs/claim6 --to docs/results/claim6_runs
-    python -m experiments.archive restore --out runs/claim6 --from docs/results/claim6_runs
+    python -m experiments.archive save    --out runs/claim6 --to docs/research/results/claim6_runs
+    python -m experiments.archive restore --out runs/claim6 --from docs/research/results/claim6_runs
 
 A long claim (claim 6: 16 runs of ~1 hour on 2 cores) outlives the machine it
 started on, and a session may end in the middle of a run. `save` copies into a

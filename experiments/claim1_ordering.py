@@ -4,7 +4,7 @@
 
 Variants: sao, grpo_dis, grpo.
 Setting: `configs/experiments/tool_math.py`. Runs `sao-train` per (variant, seed)
-(`experiments.runner`), then rewrites docs/results.md.
+(`experiments.runner`), then rewrites docs/research/results.md.
 """
 
 from experiments import claims, runner

@@ -5,7 +5,7 @@
 Variants: sao, sao_k1 (value_updates_per_step=1),
 sao_unfrozen (frozen_attention=False).
 Setting: `configs/experiments/tool_math.py`. Runs `sao-train` per (variant, seed)
-(`experiments.runner`), then rewrites docs/results.md.
+(`experiments.runner`), then rewrites docs/research/results.md.
 """
 
 from experiments import claims, runner

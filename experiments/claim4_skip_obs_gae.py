@@ -5,7 +5,7 @@
 Variants: sao, sao_plain_gae (the same, GAE over the whole response span), ppo
 (plain GAE, PPO clip, K=1, attention not frozen).
 Setting: `configs/experiments/tool_math.py`. Runs `sao-train` per (variant, seed)
-(`experiments.runner`), then rewrites docs/results.md.
+(`experiments.runner`), then rewrites docs/research/results.md.
 """
 
 from experiments import claims, runner

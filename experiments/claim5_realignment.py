@@ -4,7 +4,7 @@
 
 Variants: sao, running_mean (global window of 128 outcomes).
 Setting: `configs/experiments/style.py`. Runs `sao-train` per (variant, seed)
-(`experiments.runner`), then rewrites docs/results.md.
+(`experiments.runner`), then rewrites docs/research/results.md.
 """
 
 from experiments import claims, runner

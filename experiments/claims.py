@@ -1,4 +1,4 @@
-"""The paper's claims (SAO.md §7) and the variants that test them, defined once.
+"""The paper's claims (docs/algorithm.md §7) and the variants that test them, defined once.
 
 A `Variant` is a preset of `AlgorithmConfig.for_variant` plus field overrides;
 the same name means the same runs in every claim, so claims that share a
@@ -47,7 +47,7 @@ VARIANTS = {v.name: v for v in (
             (("running_mean_window", 128), ("running_mean_scope", "global"))),
     Variant("sao_plain_gae", "SAO with plain GAE", "sao", (("gae_span", "response"),)),
     Variant("ppo", "PPO with plain GAE", "ppo"),
-    # The drift study's remedies (README, "Why SAO drifted"): batch-mean-centred
+    # The drift study's remedies (docs/research/drift-notes.md): batch-mean-centred
     # advantages and no policy step on a batch whose rewards are all equal.
     Variant("sao_stable", "SAO + centring + contrast gate", "sao",
             (("advantage_centering", "batch_mean"), ("require_reward_contrast", True))),
@@ -66,7 +66,7 @@ CLAIMS = (
           "AIME25 97.3 (SAO) / 79.8 (running mean); BeyondAIME 74.8 / 55.3",
           "tool_math", "ordering", ("sao", "running_mean"), (("sao", "running_mean"),)),
     Claim("claim4_skip_obs_gae", 4, "skip-observation GAE beats plain GAE on multi-turn traces",
-          "the paper motivates skip-observation GAE for agent traces (SAO.md §3); here SAO is "
+          "the paper motivates skip-observation GAE for agent traces (docs/algorithm.md §3); here SAO is "
           "compared with itself on plain GAE (`algorithm.gae_span=response`: observation "
           "tokens inside the GAE recursion), and with PPO, which also uses plain GAE",
           "tool_math", "ordering", ("sao", "sao_plain_gae", "ppo"),

@@ -296,7 +296,7 @@ def main(claim: claims_lib.Claim, argv: Sequence[str] | None = None) -> None:
                       metavar="SECTION.FIELD=VALUE",
                       help="override for every run of every variant, e.g. learner.steps=60")
   parser.add_argument("--report", default=None,
-                      help="report to (re)write (default docs/results.md, every claim); another "
+                      help="report to (re)write (default docs/research/results.md, every claim); another "
                            "path gets this claim alone; plots go to <report dir>/results/")
   args = parser.parse_args(argv)
   if args.seeds < 1:

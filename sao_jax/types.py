@@ -3,7 +3,7 @@
 `Trajectory` is one finished rollout on the host: what the sampler records, the
 channel carries (`sao_jax.channel.records` encodes it) and the pipeline pads.
 `Batch` is what the learner's step consumes: `[B, T]` token-aligned arrays (index
-t of every array belongs to token t, SAO.md §1). Its `segment_ids` say which
+t of every array belongs to token t, docs/algorithm.md §1). Its `segment_ids` say which
 trajectory each token belongs to when rows are packed (`sao_jax.segments`).
 """
 

@@ -218,7 +218,12 @@ def test_a_config_path_that_is_no_python_file_is_named(tmp_path):
     ("run.eval_pass_k=(1.5,)", r"run.eval_pass_k='\(1.5,\)': cannot parse as tuple\[int, \.\.\.\]"),
     ("run.loggers=(1,)", r"run.loggers='\(1,\)': cannot parse as tuple\[str, \.\.\.\]"),
     ("data.length_buckets=(256, True)", r"data.length_buckets=.*cannot parse"),
-    ("run.eval_pass_k=4", r"expected a Python tuple literal"),
+    ("run.eval_pass_k=four", r"expected comma-separated items of that type"),
+    ("run.eval_pass_k=1,x", r"run.eval_pass_k='1,x': cannot parse as tuple\[int, \.\.\.\]"),
+    # A literal that does not parse is not split into items ('(a' and 'b)').
+    ("run.loggers=(a, b)", r"cannot parse as tuple\[str, \.\.\.\]"),
+    # Comma items only for tuples of scalars: pairs need a literal.
+    ("env.style_schedule=1,a", r"cannot parse"),
 ])
 def test_tuple_overrides_check_their_items(override, message):
   with pytest.raises(ValueError, match=message):
@@ -228,6 +233,24 @@ def test_tuple_overrides_check_their_items(override, message):
 def test_tuple_overrides_convert_their_items():
   config = cfg.apply_overrides(cfg.Config(), ["run.eval_pass_k=[1, 4]", "run.loggers=()"])
   assert config.run.eval_pass_k == (1, 4) and config.run.loggers == ()
+
+
+@pytest.mark.parametrize("override, field, value", [
+    # Issue #37: a person writes the value, not a Python literal of it.
+    ("run.loggers=tensorboard,wandb", "loggers", ("tensorboard", "wandb")),
+    ("run.loggers= tensorboard , wandb ", "loggers", ("tensorboard", "wandb")),
+    ("run.loggers=tensorboard", "loggers", ("tensorboard",)),
+    ("run.loggers=", "loggers", ()),
+    ("run.eval_pass_k=1,4,16", "eval_pass_k", (1, 4, 16)),
+    ("run.eval_pass_k=4", "eval_pass_k", (4,)),
+    ("run.run_dir=runs/x", "run_dir", "runs/x"),
+    # Python literals are still accepted.
+    ("run.loggers=('tensorboard', 'wandb')", "loggers", ("tensorboard", "wandb")),
+    ("run.eval_pass_k=(1, 4)", "eval_pass_k", (1, 4)),
+])
+def test_overrides_parse_by_the_fields_type(override, field, value):
+  config = cfg.apply_overrides(cfg.Config(), [override])
+  assert getattr(config.run, field) == value
 
 
 def test_load_config_applies_overrides_then_validates():

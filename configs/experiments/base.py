@@ -2,7 +2,7 @@
 
     (not run by itself: configs/experiments/{tool_math,stability,style}.py start here)
 
-The CPU demo's setting as it was when the runs in docs/results.md were made: a
+The CPU demo's setting as it was when the runs in docs/research/results.md were made: a
 0.36M-parameter Qwen3-style model, tool-integrated arithmetic (difficulty 1, up
 to 3 turns), a 300-step SFT warm-start of 32 demonstrations per step, SAO at
 policy lr 2e-5 / value lr 1e-4, 64 held-out episodes. `configs/demo_cpu.py` has

@@ -1,4 +1,4 @@
-"""Claim 6 of SAO.md §7 at small scale: a long (1000-step) run of SAO and of GRPO.
+"""Claim 6 of docs/algorithm.md §7 at small scale: a long (1000-step) run of SAO and of GRPO.
 
     .venv/bin/python -m experiments.claim6_stability --seeds 3 --jobs 2
 
@@ -15,13 +15,13 @@ fraction and value explained variance, and counts runs whose reward collapses
 (trailing mean ending below half its best). A stable run keeps its reward and
 shows no growth in KL or gradient norms.
 
-The runs in docs/results.md before the drift study (README, "Why SAO drifted")
+The runs in docs/research/results.md before the drift study (docs/research/drift-notes.md)
 trained the paper's SAO here, without an lr warm-up and with the critic warm-up
 of 3 steps that base.py sets; SAO collapsed on 1 of 3 seeds. Claim 6 now runs
 the remedies that study chose: SAO as the `sao_stable` variant
 (`experiments/claims.py`: batch-mean-centred advantages, no policy step on an
 all-equal-reward batch), and for every variant a 10-step lr warm-up and the 10
-critic warm-up steps SAO.md §4 gives (policy frozen while the critic fits the
+critic warm-up steps docs/algorithm.md §4 gives (policy frozen while the critic fits the
 warm-start's returns). The warm-starts are unchanged (they depend on the model,
 task and SFT fields only).
 """

@@ -1,4 +1,4 @@
-"""Claim 5 of SAO.md §7 at small scale: re-aligning after preference switches.
+"""Claim 5 of docs/algorithm.md §7 at small scale: re-aligning after preference switches.
 
     .venv/bin/python -m experiments.claim5_realignment --seeds 3
 
@@ -15,7 +15,7 @@ resuming the run from its checkpoint with the next style, so a switch lands
 exactly on its learner step (an in-run schedule switches by policy version,
 which trails the learner step by the critic warm-up). A run should show the
 reward rising within each phase, dropping at each switch and recovering;
-`docs/results.md` gives the steps to recover 90% of the pre-switch level.
+`docs/research/results.md` gives the steps to recover 90% of the pre-switch level.
 """
 
 import dataclasses

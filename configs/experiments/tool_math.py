@@ -1,4 +1,4 @@
-"""Claims 1-4 of SAO.md §7 at small scale: multi-turn tool-integrated arithmetic.
+"""Claims 1-4 of docs/algorithm.md §7 at small scale: multi-turn tool-integrated arithmetic.
 
     .venv/bin/python -m experiments.claim1_ordering --seeds 3 --jobs 2  # every variant and seed
     .venv/bin/sao-train --config configs/experiments/tool_math.py      # one SAO run, SFT included
@@ -23,7 +23,7 @@ initial weights. Sample budget: every variant trains `learner.steps` batches of
 `learner.batch_trajectories` trajectories (100 x 16 = 1,600 here); a GRPO batch
 holds 16 / 8 = 2 prompt groups, an SAO batch 16 prompts. Held-out accuracy:
 256 greedy episodes on tasks never trained on (binomial SE <= 0.031) every 25
-steps; the runs in docs/results.md evaluated 64 every 20 (SE ~0.06, more than
+steps; the runs in docs/research/results.md evaluated 64 every 20 (SE ~0.06, more than
 the variants differed). The SFT checks keep 64 validation episodes
 (`run.sft_check_episodes`), so the warm-starts are the ones those runs used.
 """

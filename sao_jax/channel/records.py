@@ -1,7 +1,7 @@
 """`Trajectory`: one finished rollout on the host, its validation and its bytes.
 
 A trajectory is one token sequence `x[0..T)` with per-token arrays aligned to
-it (index t belongs to token t, SAO.md §1) and per-trajectory metadata. It is
+it (index t belongs to token t, docs/algorithm.md §1) and per-trajectory metadata. It is
 what the sampler hands to the transport and what the learner's pipeline pads
 into a `Batch`.
 

@@ -1,7 +1,7 @@
 """`WeightChannel`: versioned policy weights from the learner to sampler processes.
 
 The learner `publish(params, version)`es after policy updates; a sampler `poll()`s
-between decode steps and adopts the newest version it finds (SAO.md §1: it never
+between decode steps and adopts the newest version it finds (docs/algorithm.md §1: it never
 waits for the learner). Three backends (`sampler.weights`), each a publisher
 plus a picklable subscriber spec that a sampler process turns into a subscriber:
 

@@ -10,7 +10,7 @@ signatures only through the real `signatures` directory; a subscriber lists the
 directory itself, opens only the heads listed (1 KiB at most), takes only
 versions orbax committed, skips a local version holding anything but regular
 files and directories unread, and bounds how often it retries one that failed.
-What a peer can still do is in README.md ("The directory channel is signed").
+What a peer can still do is in docs/explanation/data-path.md ("The directory channel is signed").
 """
 
 from __future__ import annotations

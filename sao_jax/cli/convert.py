@@ -2,10 +2,13 @@
 every architecture of `sao_jax.config.families` (Qwen3, Qwen3-MoE, Qwen2.5, Llama 3.x,
 Gemma 3 text).
 
-  sao-convert hf-to-sao --hf_dir ./Qwen3-0.6B --out ./params
-  sao-convert sao-to-hf --params ./params --out ./exported [--tokenizer_dir ./Qwen3-0.6B]
+  sao-convert hf-to-sao --hf-dir ./Qwen3-0.6B --out ./params
+  sao-convert sao-to-hf --params ./params --out ./exported [--tokenizer-dir ./Qwen3-0.6B]
   sao-convert lora-to-hf --config configs/x.py [--set ...] [--step N] --out ./merged
-                         [--peft_out ./adapter] [--tokenizer_dir ./Qwen3-0.6B]
+                         [--peft-out ./adapter] [--tokenizer-dir ./Qwen3-0.6B]
+
+The underscore spellings of earlier releases (--hf_dir, --tokenizer_dir,
+--max_shard_mb, --peft_out) still work, for one release.
 
 The sao_jax format is described in `sao_jax.models.params_io` (model_config.json
 plus params.safetensors keyed by param path). `sao-to-hf` writes a directory
@@ -22,8 +25,13 @@ import argparse
 import sys
 from typing import Sequence
 
+from sao_jax.cli import flags
 from sao_jax.config import load_config
 from sao_jax.models import hf, params_io, peft_io
+
+# Old spelling -> flag (hidden aliases, kept for one release).
+ALIASES = {"--hf_dir": "--hf-dir", "--tokenizer_dir": "--tokenizer-dir",
+           "--max_shard_mb": "--max-shard-mb", "--peft_out": "--peft-out"}
 
 
 def run(args: argparse.Namespace) -> None:
@@ -61,7 +69,7 @@ def export_lora(args: argparse.Namespace) -> None:
 
 
 def _shard_mb(text: str) -> int:
-  """--max_shard_mb: a whole number of MiB >= 1 (0 or less wrote one file per tensor)."""
+  """--max-shard-mb: a whole number of MiB >= 1 (0 or less wrote one file per tensor)."""
   try:
     value = int(text)
   except ValueError:
@@ -71,29 +79,42 @@ def _shard_mb(text: str) -> int:
   return value
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog="sao-convert", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-  sub = parser.add_subparsers(dest="command", required=True)
+  sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
   to_sao = sub.add_parser("hf-to-sao", help="HF directory -> sao_jax params directory")
-  to_sao.add_argument("--hf_dir", required=True)
-  to_sao.add_argument("--out", required=True)
+  to_sao.add_argument("--hf-dir", dest="hf_dir", required=True,
+                      help="Hugging Face checkpoint directory (config.json + safetensors)")
+  to_sao.add_argument("--out", required=True, help="sao_jax params directory to write")
   to_hf = sub.add_parser("sao-to-hf", help="sao_jax params directory -> HF directory")
-  to_hf.add_argument("--params", required=True)
-  to_hf.add_argument("--out", required=True)
-  to_hf.add_argument("--tokenizer_dir", default=None, help="copy tokenizer files from here")
-  to_hf.add_argument("--max_shard_mb", type=_shard_mb, default=5120)
+  to_hf.add_argument("--params", required=True,
+                     help="sao_jax params directory (hf-to-sao's --out, or a run's policy)")
+  to_hf.add_argument("--out", required=True, help="Hugging Face directory to write")
+  _export_flags(to_hf)
   from_lora = sub.add_parser("lora-to-hf", help="LoRA run checkpoint -> merged HF directory "
                             "(and a PEFT adapter directory)")
   from_lora.add_argument("--config", required=True, help="the run's configs/<name>.py")
-  from_lora.add_argument("--set", dest="overrides", action="append", default=[],
-                         metavar="SECTION.FIELD=VALUE", help="the run's overrides (repeatable)")
+  flags.add_set(from_lora, help="the run's overrides, as given to sao-train (repeatable)")
   from_lora.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
-  from_lora.add_argument("--out", required=True)
-  from_lora.add_argument("--peft_out", default=None)
-  from_lora.add_argument("--tokenizer_dir", default=None, help="copy tokenizer files from here")
-  from_lora.add_argument("--max_shard_mb", type=_shard_mb, default=5120)
-  args = parser.parse_args(argv)
+  from_lora.add_argument("--out", required=True,
+                         help="Hugging Face directory to write the merged policy to")
+  from_lora.add_argument("--peft-out", dest="peft_out", default=None,
+                         help="also write the adapters as a PEFT adapter directory here")
+  _export_flags(from_lora)
+  return parser
+
+
+def _export_flags(parser: argparse.ArgumentParser) -> None:
+  parser.add_argument("--tokenizer-dir", dest="tokenizer_dir", default=None,
+                      help="copy tokenizer files from here")
+  parser.add_argument("--max-shard-mb", dest="max_shard_mb", type=_shard_mb, default=5120,
+                      help="largest safetensors shard in MiB (default 5120)")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+  parser = build_parser()
+  args = flags.parse(parser, argv, ALIASES)
   try:
     run(args)
   except (ValueError, OSError) as err:  # OSError: a file where --out goes, a full disk

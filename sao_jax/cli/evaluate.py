@@ -21,15 +21,15 @@ import pathlib
 import sys
 from typing import Sequence
 
+from sao_jax.cli import flags
 from sao_jax.config import load_config
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog="sao-eval", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--config", required=True, help="the run's configs/<name>.py file")
-  parser.add_argument("--set", dest="overrides", action="append", default=[],
-                      metavar="SECTION.FIELD=VALUE")
+  flags.add_set(parser, help="the run's overrides, as given to sao-train (repeatable)")
   parser.add_argument("--step", type=int, help="checkpoint step (default: latest)")
   parser.add_argument("--episodes", type=int, help="at most this many tasks (default: every "
                       "dataset row, or run.eval_episodes generated tasks)")
@@ -37,6 +37,11 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument("--pass-k", help="comma-separated k for pass@k (run.eval_pass_k)")
   parser.add_argument("--temperature", help="sampling temperature (run.eval_temperature)")
   parser.add_argument("--output", help="JSON report path (default RUN_DIR/eval/step_<step>.json)")
+  return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+  parser = build_parser()
   args = parser.parse_args(argv)
   if args.episodes is not None and args.episodes < 1:
     parser.error(f"--episodes {args.episodes}: expected at least 1 task")
@@ -46,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                  f"{pathlib.Path(args.output) / 'report.json'}")
   overrides = list(args.overrides)
   for field, value in (("eval_samples", args.samples), ("eval_temperature", args.temperature),
-                       ("eval_pass_k", None if args.pass_k is None else f"({args.pass_k},)")):
+                       ("eval_pass_k", args.pass_k)):
     if value is not None:
       overrides.append(f"run.{field}={value}")
   try:

@@ -25,6 +25,7 @@ from typing import Sequence
 
 import jax
 
+from sao_jax.cli import flags
 from sao_jax.config import MeshConfig, load_config
 from sao_jax.planning import aot
 
@@ -51,13 +52,12 @@ def run(args: argparse.Namespace) -> int:
   return 0
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog="sao-plan", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--config", required=True, help="a configs/<name>.py file")
   parser.add_argument("--topology", required=True, help="TPU topology, e.g. v5p:4x4x4")
-  parser.add_argument("--set", dest="overrides", action="append", default=[],
-                      metavar="SECTION.FIELD=VALUE", help="override a config field (repeatable)")
+  flags.add_set(parser)
   parser.add_argument("--seq-len", type=int, default=None,
                       help="tokens per trajectory and KV-cache slots (default: "
                       "sampler.max_seq_len)")
@@ -77,6 +77,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                       help="assumed mean episode length for the paged engine's figures "
                       "(default: the config's sampler.expected_episode_tokens, else seq_len / 8)")
   parser.add_argument("--no-decode", action="store_true", help="plan the train step only")
+  return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+  parser = build_parser()
   args = parser.parse_args(argv)
   # Compile-only TPU devices need no accelerator: never let jax claim one (on a
   # TPU VM the chips may be busy training).

@@ -19,19 +19,24 @@ import sys
 import threading
 from typing import Sequence
 
+from sao_jax.cli import flags
 from sao_jax.config import load_config
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog="sao-sampler", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--config", required=True, help="the learner's configs/<name>.py file")
-  parser.add_argument("--set", dest="overrides", action="append", default=[],
-                      metavar="SECTION.FIELD=VALUE", help="override a config field (repeatable)")
+  flags.add_set(parser, help="the learner's overrides, as given to sao-train (repeatable)")
   parser.add_argument("--workers", type=int, default=1,
                       help="sampler processes on this host (default 1)")
   parser.add_argument("--first-worker", type=int, default=0,
                       help="id of this host's first worker; ids seed the episodes")
+  return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+  parser = build_parser()
   args = parser.parse_args(argv)
   import jax
 

@@ -1,28 +1,44 @@
 """`sao-train`: train with SAO (or a baseline variant) as a config file says.
 
   sao-train --config configs/demo_cpu.py [--set section.field=value ...] [--resume]
+  sao-train --config configs/demo_cpu.py [--set ...] --check   # validate, print, exit
   sao-train --plot RUN_DIR        # redraw RUN_DIR/curves.png from its metrics.jsonl
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import sys
 from typing import Sequence
 
+from sao_jax.cli import flags
 from sao_jax.config import load_config
 from sao_jax.run.metrics import plot_curves
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog="sao-train", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--config", help="a configs/<name>.py file")
-  parser.add_argument("--set", dest="overrides", action="append", default=[],
-                      metavar="SECTION.FIELD=VALUE", help="override a config field (repeatable)")
+  flags.add_set(parser)
   parser.add_argument("--resume", action="store_true",
                       help="continue from the latest checkpoint of run.run_dir")
+  parser.add_argument("--check", action="store_true",
+                      help="validate the config and the --set overrides, print the resolved "
+                      "config as JSON and exit, without compiling or starting anything")
   parser.add_argument("--plot", metavar="RUN_DIR", help="only redraw the curves of a run")
+  return parser
+
+
+def check(cfg) -> str:
+  """`--check`'s output: the resolved config (run paths filled in) as JSON."""
+  return json.dumps(dataclasses.asdict(cfg.with_run_paths()), indent=2)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+  parser = build_parser()
   args = parser.parse_args(argv)
   try:
     if args.plot:
@@ -31,6 +47,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not args.config:
       parser.error("--config is required (or --plot RUN_DIR)")
     cfg = load_config(args.config, args.overrides)
+    if args.check:
+      print(check(cfg))
+      print(f"sao-train: {args.config} is valid", file=sys.stderr)
+      return
     # After argument errors: importing JAX (with sao_jax.jobs.train) takes seconds.
     from sao_jax.jobs import train
 

@@ -1,4 +1,4 @@
-"""The RL objective: variant, advantages, policy loss, critic, baselines (SAO.md §2-§5)."""
+"""The RL objective: variant, advantages, policy loss, critic, baselines (docs/algorithm.md §2-§5)."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ POLICY_LOSSES = ("dis", "ppo_clip")
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Variant:
-  """One row of the variant table (SAO.md §5).
+  """One row of the variant table (docs/algorithm.md §5).
 
   advantage: which estimator turns rewards into per-token advantages ("gae"
     needs the critic's values; "group" needs `grouped`).
-  policy_loss: "dis" (SAO.md §2) or "ppo_clip".
+  policy_loss: "dis" (docs/algorithm.md §2) or "ppo_clip".
   grouped: n >= 2 rollouts per prompt, trained only as whole groups.
   preset: the paper's settings of the variant's other `AlgorithmConfig` fields.
   """
@@ -68,11 +68,11 @@ LOSS_AGGS = ("token_mean", "token_mean_kept", "seq_mean_token_mean")
 GAE_METHODS = ("auto", "associative", "scan")
 GAE_SPANS = ("actions", "response")
 # What is subtracted from a batch's advantages before the policy loss: "none" (the
-# paper) or "batch_mean", the mean over the batch's action tokens (README, #17).
+# paper) or "batch_mean", the mean over the batch's action tokens (docs/algorithm.md §8).
 ADVANTAGE_CENTERINGS = ("none", "batch_mean")
 # The value model's attention: q/k/v/o projections, their biases (qwen2) and q/k
 # norms (qwen3) of every layer (identical in dense and MoE), frozen during critic
-# training (SAO.md §4).
+# training (docs/algorithm.md §4).
 FROZEN_ATTENTION_PATTERNS = (
     r"^layers/\d+/attn/(q_proj|k_proj|v_proj|o_proj|q_bias|k_bias|v_bias|q_norm|k_norm)(/|$)",)
 
@@ -80,20 +80,20 @@ FROZEN_ATTENTION_PATTERNS = (
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class AlgorithmConfig:
-  """The RL objective (SAO.md §2-§5). `variant` picks the advantage estimator and
+  """The RL objective (docs/algorithm.md §2-§5). `variant` picks the advantage estimator and
   policy loss; use `AlgorithmConfig.for_variant(name)` for the paper's settings
   of each variant, then override individual fields.
   """
 
-  variant: str = "sao"
-  # Advantages (SAO.md §3): lam_policy = 1 - 1 / (lam_alpha * l) per trajectory,
+  variant: str = "sao"  # the algorithm: one row of VARIANTS (docs/algorithm.md §5)
+  # Advantages (docs/algorithm.md §3): lam_policy = 1 - 1 / (lam_alpha * l) per trajectory,
   # unless `lam_policy` is set to a fixed value.
-  gamma: float = 1.0
-  lam_alpha: float = 1.5
-  lam_policy: float | None = None
-  lam_critic: float = 1.0
-  gae_method: str = "auto"
-  # Tokens GAE runs over: "actions" skips observation tokens (SAO.md §3);
+  gamma: float = 1.0  # discount per action token (1: undiscounted)
+  lam_alpha: float = 1.5  # alpha of the length-adaptive lambda_policy = 1 - 1 / (alpha * l)
+  lam_policy: float | None = None  # fixed GAE lambda of the advantages (None: length-adaptive)
+  lam_critic: float = 1.0  # GAE lambda of the value targets (1: the return)
+  gae_method: str = "auto"  # GAE implementation: scan, associative, or auto (per backend)
+  # Tokens GAE runs over: "actions" skips observation tokens (docs/algorithm.md §3);
   # "response" is plain GAE over every token from a trajectory's first to its
   # last action, observations included (the ppo preset; the claim-4 ablation).
   gae_span: str = "actions"
@@ -105,28 +105,28 @@ class AlgorithmConfig:
   # trains) on a batch whose trajectories all earned the same reward. Its advantages
   # then hold no outcome contrast, only the critic's residual error, which Adam's
   # normalisation turns into full-size steps: SAO's random walk at a saturated (or
-  # all-failing) reward (README, "Why SAO drifted"). False: the paper's SAO.
+  # all-failing) reward (docs/algorithm.md §8). False: the paper's SAO.
   require_reward_contrast: bool = False
-  # Policy loss (SAO.md §2): DIS band (1 - eps_low, 1 + eps_high), PPO clip for grpo/ppo.
-  eps_low: float = 0.3
-  eps_high: float = 5.0
-  loss_agg: str = "token_mean"
-  # Critic (SAO.md §4).
-  value_updates_per_step: int = 2
-  value_clip: float | None = 0.2
-  frozen_attention: bool = True
+  # Policy loss (docs/algorithm.md §2): DIS band (1 - eps_low, 1 + eps_high), PPO clip for grpo/ppo.
+  eps_low: float = 0.3  # lower edge of the DIS band 1 - eps_low, or PPO's lower clip
+  eps_high: float = 5.0  # upper edge of the DIS band 1 + eps_high, or PPO's upper clip
+  loss_agg: str = "token_mean"  # the loss normaliser (docs/algorithm.md §2)
+  # Critic (docs/algorithm.md §4).
+  value_updates_per_step: int = 2  # K: value updates per policy update (0: no critic)
+  value_clip: float | None = 0.2  # eps_v of the clipped value loss (None: unclipped)
+  frozen_attention: bool = True  # freeze the value model's attention parameters (frozen_patterns)
   # Regexes over "/"-joined value-model param paths; matching leaves are frozen
   # (no gradient, no optimizer state) when `frozen_attention` is on.
   frozen_patterns: tuple[str, ...] = FROZEN_ATTENTION_PATTERNS
-  # Baselines (SAO.md §5).
-  group_size: int = 1
-  running_mean_window: int = 8
-  running_mean_scope: str = "prompt"
+  # Baselines (docs/algorithm.md §5).
+  group_size: int = 1  # rollouts per prompt (grouped variants: >= 2, paper 8)
+  running_mean_window: int = 8  # W: outcomes in a running-mean baseline's window
+  running_mean_scope: str = "prompt"  # one running-mean window per prompt, or one global window
   running_mean_slots: int = 4096  # prompt ids must lie in [0, slots) for scope "prompt"
 
   @classmethod
   def for_variant(cls, variant: str, **overrides: Any) -> "AlgorithmConfig":
-    """The paper's settings for `variant` (SAO.md §5), with `overrides` on top."""
+    """The paper's settings for `variant` (docs/algorithm.md §5), with `overrides` on top."""
     if variant not in VARIANTS:
       fail("algorithm", "variant", variant, f"allowed values are {', '.join(VARIANTS)}")
     return cls(variant=variant, **{**VARIANTS[variant].preset, **overrides})

@@ -11,7 +11,7 @@ TRANSPORTS = ("queue", "directory")
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DataConfig:
-  """How finished trajectories reach the learner (SAO.md §1).
+  """How finished trajectories reach the learner (docs/algorithm.md §1).
 
   A trajectory whose `lag = current policy version - first policy version`
   (policy updates since its first token was sampled) exceeds `max_lag` is
@@ -22,13 +22,15 @@ class DataConfig:
   tokens instead: the buckets are not used, and the row length is the limit.
   """
 
+  # Queue (samplers on this host) or directory (record files in transport_dir).
   transport: str = "queue"
   transport_dir: str = ""  # for transport="directory": a directory all hosts share
   transport_capacity: int = 256  # unread trajectories before a sampler blocks (per sampler
   # with the queue transport, each sampler writing its own queue; in all with a directory)
   max_lag: int = 4
+  # Padded batch lengths (one compiled step each); longer trajectories are dropped.
   length_buckets: tuple[int, ...] = (256, 512, 1024, 2048, 4096)
-  pad_id: int = 0
+  pad_id: int = 0  # token id of padding
 
   def validate(self) -> None:
     check_choice("data", self, "transport", TRANSPORTS)

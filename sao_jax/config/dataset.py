@@ -29,11 +29,13 @@ class DatasetConfig:
   `sao-eval`) is the dataset's name, the file or directory name without suffix.
   """
 
-  path: str = ""
-  prompt_column: str = "problem"
-  answer_column: str = "answer"
+  path: str = ""  # the Parquet file or directory, or the save_to_disk split directory
+  prompt_column: str = "problem"  # column holding the prompt
+  answer_column: str = "answer"  # column holding the reference answer
+  # How the reference is read: plain (the cell), gsm8k (after ####), boxed (last \boxed{}).
   answer_format: str = "plain"
-  id_column: str = ""
+  id_column: str = ""  # column of task ids ('': <name>:<row>)
+  # Column naming each row's source for sao-eval's breakdown ('': the dataset's name).
   source_column: str = ""
 
   def validate(self, source: str) -> None:

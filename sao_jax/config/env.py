@@ -34,12 +34,12 @@ class SandboxLimits:
   """Resource limits of one tool run (`sao_jax.envs.sandbox`; the `env.tool` section).
   Sizes in MiB / bytes, times in seconds."""
 
-  wall_time_s: float = 10.0
-  cpu_time_s: int = 5
-  memory_mb: int = 1024
-  file_size_mb: int = 16
-  max_open_files: int = 64
-  max_output_bytes: int = 16384
+  wall_time_s: float = 10.0  # wall-clock limit of one tool run, seconds
+  cpu_time_s: int = 5  # CPU-time limit of one tool run, seconds (RLIMIT_CPU)
+  memory_mb: int = 1024  # address-space limit of one tool run, MiB (RLIMIT_AS)
+  file_size_mb: int = 16  # largest file a tool run may write, MiB (RLIMIT_FSIZE)
+  max_open_files: int = 64  # open file descriptors of a tool run (RLIMIT_NOFILE)
+  max_output_bytes: int = 16384  # stdout + stderr bytes kept from a tool run
   # Each private tmpfs of a run (work directory, /tmp, /dev/shm) holds at most
   # disk_mb of data and max_files files, directories and links; their user xattrs
   # share the kernel's max_files KiB inode budget. The work directory also holds
@@ -47,7 +47,7 @@ class SandboxLimits:
   # environment refuses less than a full grading copy needs (48 MiB with 4 KiB
   # pages, 4002 files).
   disk_mb: int = 64
-  max_files: int = 4096
+  max_files: int = 4096  # files, directories and links per private tmpfs (see disk_mb)
   # Let the code import the caller's installed packages (e.g. sympy, numpy),
   # read-only. Off by default: the stdlib alone is the smaller surface.
   site_packages: bool = False
@@ -75,42 +75,44 @@ class EnvConfig:
   (`ENV_TASK_SOURCES`); `sao_jax.envs.registry` builds each of them.
   """
 
-  name: str = "math_tool"
+  name: str = "math_tool"  # the environment (registry name)
   task_source: str = ""  # "" = the environment's default (first in ENV_TASK_SOURCES).
   jsonl_path: str = ""  # task_source="jsonl" (coding: rows pointing at task dirs/archives).
   # task_source in DATASET_SOURCES ("parquet", "hf_disk"): the file and its column mapping.
   dataset: DatasetConfig = dataclasses.field(default_factory=DatasetConfig)
-  seed: int = 0
+  seed: int = 0  # seed of the task generator and shuffling
   max_turns: int = 8  # Assistant turns per episode (style is always single-turn).
+  # Characters of one observation kept (longer tool output is cut).
   max_observation_chars: int = 4096
   # Generated tasks (math_tool and coding).
-  difficulty: int = 2  # 1..5
-  problem_kind: str = "mixed"  # math_tool
+  difficulty: int = 2  # difficulty of generated tasks, 1..5
+  problem_kind: str = "mixed"  # math_tool's generated problems: arithmetic, word or both
   # math_tool: the share of SFT demonstrations that call the tool; the rest answer
   # at once without it (the demo's warm-start, so RL has a strategy to find).
   demo_tool_rate: float = 1.0
   # math_tool: the share of SFT demonstrations from a careless expert who guesses the
   # question's first number without the tool (imperfect data that only RL can correct).
   demo_guess_rate: float = 0.0
-  coding_bug_kind: str = "mixed"  # coding
+  coding_bug_kind: str = "mixed"  # the bug a generated coding task plants
   # Coding: a directory of task dirs/archives (task_source="dir"), and the reward
   # shape (False: 1 iff every hidden test passes; True: the fraction that pass).
   coding_task_dir: str = ""
+  # Coding reward: the fraction of hidden tests that pass (False: 1 iff all pass).
   coding_partial_reward: bool = False
   # Python tool sandbox (math_tool; coding's run_tests, python and grading).
   tool: SandboxLimits = dataclasses.field(default_factory=SandboxLimits)
-  sandbox: str = DEFAULT_SANDBOX  # One of SANDBOX_MODES.
+  sandbox: str = DEFAULT_SANDBOX  # tool isolation: bwrap (kernel sandbox) or unisolated
   # Style environment: (first policy version, style) phases, and the judge. The
   # sampler's policy version counts policy updates (= learner steps after critic warm-up).
   style_schedule: tuple[tuple[int, str], ...] = ((0, "academic"), (200, "cute"),
                                                  (400, "chuunibyou"))
-  judge: str = "rule"
-  judge_base_url: str = ""
-  judge_model: str = ""
+  judge: str = "rule"  # style reward: rule (built-in rules) or http (an LLM judge)
+  judge_base_url: str = ""  # judge=http: an OpenAI-compatible endpoint, e.g. http://host:8000/v1
+  judge_model: str = ""  # judge=http: the model name sent to the endpoint
   judge_api_key_env: str = ""  # Name of the variable holding the key; "" = no auth.
   judge_timeout_s: float = 30.0  # one deadline per verdict: connect, reads and retries together
-  judge_retries: int = 2
-  judge_max_tokens: int = JUDGE_MAX_TOKENS
+  judge_retries: int = 2  # judge=http: retries of a failed request within judge_timeout_s
+  judge_max_tokens: int = JUDGE_MAX_TOKENS  # judge=http: cap on the judge's answer in tokens
 
   @property
   def resolved_task_source(self) -> str:

@@ -23,23 +23,25 @@ class LearnerConfig:
   does not fit; trajectories longer than `row_length` are dropped as too long.
   """
 
-  batch_trajectories: int = 128
+  batch_trajectories: int = 128  # trajectories per batch (paper: 128)
   # Sequence packing: tokens per batch (None: one trajectory per row, padded).
   batch_tokens: int | None = None
   row_length: int | None = None  # tokens per packed row; required with batch_tokens
   micro_batches: int = 1  # gradient accumulation: the batch's rows are split into this many
-  steps: int = 1000
-  policy_lr: float = 1e-6
-  value_lr: float = 5e-6
+  steps: int = 1000  # learner steps of the run (value-only steps included)
+  policy_lr: float = 1e-6  # AdamW learning rate of the policy (paper: 1e-6)
+  value_lr: float = 5e-6  # AdamW learning rate of the critic (paper: 5e-6)
   lr_schedule: str = "constant"  # or "cosine" decay to 10% over `steps`
+  # Linear learning-rate warm-up from 0, in steps (a drift remedy, docs/algorithm.md §8).
   lr_warmup_steps: int = 0
-  adam_b1: float = 0.9
-  adam_b2: float = 0.999
-  adam_eps: float = 1e-8
-  weight_decay: float = 0.0
+  adam_b1: float = 0.9  # Adam's first-moment decay
+  adam_b2: float = 0.999  # Adam's second-moment decay
+  adam_eps: float = 1e-8  # Adam's epsilon
+  weight_decay: float = 0.0  # AdamW weight decay
   grad_clip: float | None = 1.0  # global-norm clip per model; None disables
-  # Critic schedule (SAO.md §4): value-only steps before the first policy update.
+  # Critic schedule (docs/algorithm.md §4): value-only steps before the first policy update.
   critic_warmup_steps: int = 10
+  # Value-only steps on rollouts of the initial policy, before the warm-up.
   value_pretrain_steps: int = 0
   # Which critic the advantages see: the one before this step's value updates
   # (default; advantages and value targets from the same V_old) or after them.
@@ -103,10 +105,10 @@ class LearnerConfig:
 class CheckpointConfig:
   """Orbax checkpoints of the learner: where, how often, how many."""
 
-  directory: str | None = None  # None: no checkpoints
-  save_every_steps: int = 50
-  keep: int = 3
-  async_save: bool = True
+  directory: str | None = None  # orbax directory or gs:// URL (None: RUN_DIR/checkpoints)
+  save_every_steps: int = 50  # steps between checkpoints
+  keep: int = 3  # checkpoints kept (older ones deleted)
+  async_save: bool = True  # write checkpoints in the background while training continues
 
   def validate(self) -> None:
     check_positive("checkpoint", self, "save_every_steps", "keep")

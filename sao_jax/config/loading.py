@@ -68,8 +68,18 @@ def _config_code(path: pathlib.Path, doing: str) -> Iterator[None]:
 
 
 def apply_overrides(config: Config, overrides: Sequence[str]) -> Config:
-  """Applies `section.field=value` strings (values parsed as Python literals; a mesh
-  field takes `MeshConfig.parse`'s text, e.g. `sampler.mesh=fsdp=1,tensor=4`)."""
+  """Applies `section.field=value` strings, each value parsed by the field's type.
+
+  - `str`: the text as written (`run.run_dir=runs/x`; no quotes needed).
+  - `int`, `float`: a number (`learner.policy_lr=3e-4`; an int is taken for a float).
+  - `bool`: `true` / `false`, any case (or `True` / `False`).
+  - `X | None`: `None`, `none` or `null` for None, else as X.
+  - a tuple of scalars: comma-separated items, each parsed by the item type
+    (`run.loggers=tensorboard,wandb`, `run.eval_pass_k=1,4,16`; `run.loggers=` is the
+    empty tuple), or a Python tuple / list literal (`run.eval_pass_k=(1, 4)`).
+  - other tuples (of tuples): a Python literal only.
+  - a mesh (`mesh`, `sampler.mesh`): `MeshConfig.parse`'s text, e.g. `fsdp=1,tensor=4`.
+  """
   for item in overrides:
     key, sep, raw = item.partition("=")
     if not sep or not key:
@@ -110,8 +120,9 @@ def _replace_path(obj: Any, parts: list[str], raw: str, full_key: str) -> Any:
 
 
 def _parse_value(raw: str, hint: Any, key: str) -> Any:
-  """Parses `raw` for a field annotated `hint` (int, float, str, bool, tuple, Optional);
-  a tuple's items must have the annotated item type (`(1.5,)` is no tuple[int, ...])."""
+  """Parses `raw` for a field annotated `hint` (int, float, str, bool, tuple, Optional),
+  by the rules of `apply_overrides`; a tuple's items must have the annotated item type
+  (`(1.5,)` is no tuple[int, ...])."""
   allowed = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
   if raw in ("None", "none", "null") and type(None) in allowed:
     return None
@@ -124,14 +135,37 @@ def _parse_value(raw: str, hint: Any, key: str) -> Any:
     try:
       value = ast.literal_eval(raw)
     except (ValueError, SyntaxError, MemoryError, RecursionError):
-      continue
-    converted = _conform(value, kind)
+      value = _MISMATCH
+    converted = _MISMATCH if value is _MISMATCH else _conform(value, kind)
+    if converted is _MISMATCH and origin is tuple:
+      converted = _comma_items(raw, kind)
     if converted is not _MISMATCH:
       return converted
   expected = " (expected true or false)" if bool in allowed else ""
   if any(typing.get_origin(kind) is tuple for kind in allowed):
-    expected = " (expected a Python tuple literal of those items, e.g. (1, 4) or ('a',))"
+    expected = (" (expected comma-separated items of that type, e.g. 1,4 or a,b, or a "
+                "Python tuple literal, e.g. (1, 4) or ('a',))")
   raise ValueError(f"override {key}={raw!r}: cannot parse as {_type_name(hint)}{expected}")
+
+
+_SCALARS = (int, float, str, bool)
+
+
+def _comma_items(raw: str, kind: Any) -> Any:
+  """`a,b,c` as a `tuple[X, ...]` of scalars X, each item parsed as a field of type X
+  (`tensorboard,wandb` -> ('tensorboard', 'wandb'); `1,4` -> (1, 4)); the empty text is
+  the empty tuple. `_MISMATCH` for tuples of other items or an item that does not parse."""
+  items = typing.get_args(kind)
+  if len(items) != 2 or items[1] is not Ellipsis or items[0] not in _SCALARS:
+    return _MISMATCH
+  if not raw.strip():
+    return ()
+  if raw.lstrip()[:1] in "([":  # meant as a literal, which did not parse: not items
+    return _MISMATCH
+  try:
+    return tuple(_parse_value(item.strip(), items[0], "") for item in raw.split(","))
+  except ValueError:
+    return _MISMATCH
 
 
 _MISMATCH = object()

@@ -18,14 +18,14 @@ class LoraConfig:
   """Train W' = W + (alpha / rank) * A B on each `targets` projection of the policy,
   with W frozen (`sao_jax.models.lora`). Off by default: the whole policy trains."""
 
-  enabled: bool = False
-  rank: int = 16
-  alpha: float = 32.0
-  targets: tuple[str, ...] = LORA_TARGETS
+  enabled: bool = False  # train adapters on the policy, base frozen
+  rank: int = 16  # r: the adapters' rank
+  alpha: float = 32.0  # scale s = alpha / rank on A B
+  targets: tuple[str, ...] = LORA_TARGETS  # projections that get adapters
   # "nf4": QLoRA, the targeted base kernels held as 4-bit NormalFloat codes with one
   # float32 scale per `quant_block` values of a row (`sao_jax.models.nf4`).
   base_quantization: str = "none"
-  quant_block: int = 64
+  quant_block: int = 64  # values of a kernel row per float32 NF4 scale
 
   @property
   def scale(self) -> float:

@@ -17,10 +17,10 @@ class MeshConfig:
   names onto these.
   """
 
-  data: int = 1
-  fsdp: int = -1
-  tensor: int = 1
-  expert: int = 1
+  data: int = 1  # data-parallel replicas (batch split, params replicated)
+  fsdp: int = -1  # fully-sharded data parallel: batch and params split (-1: the remaining devices)
+  tensor: int = 1  # tensor parallel: attention heads, MLP width and vocab split
+  expert: int = 1  # expert parallel: MoE experts split (needs model.num_experts)
 
   @classmethod
   def parse(cls, text: str) -> "MeshConfig":

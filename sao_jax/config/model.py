@@ -33,68 +33,78 @@ class ModelConfig:
   is a local Hugging Face directory whose config and weights replace these fields.
   """
 
-  family: str = "qwen3"
+  family: str = "qwen3"  # architecture family (sao_jax.config.families)
 
-  vocab_size: int = 512
-  hidden_size: int = 64
-  intermediate_size: int = 128
-  num_hidden_layers: int = 2
-  num_attention_heads: int = 4
+  vocab_size: int = 512  # tokens in the vocabulary (embedding and LM-head rows)
+  hidden_size: int = 64  # width of the residual stream
+  intermediate_size: int = 128  # width of the dense MLP's hidden layer
+  num_hidden_layers: int = 2  # decoder layers
+  num_attention_heads: int = 4  # query heads per layer
+  # Key/value heads per layer (grouped-query attention; divides the query heads).
   num_key_value_heads: int = 2
-  head_dim: int = 16
-  rope_theta: float = 1_000_000.0
+  head_dim: int = 16  # width of one attention head
+  rope_theta: float = 1_000_000.0  # RoPE base frequency (of the full_attention layers)
   # RoPE scaling (`sao_jax.models.rope` states the math of each type). rope_factor
   # is used by linear, llama3 and yarn; the original context length by llama3 and
   # yarn; low/high_freq_factor by llama3; beta_fast/slow, attention_factor (None:
   # 0.1 ln(factor) + 1) and truncate by yarn.
-  rope_type: str = "default"
-  rope_factor: float = 1.0
+  rope_type: str = "default"  # RoPE frequency rule (transformers' rope_type)
+  rope_factor: float = 1.0  # RoPE context-scaling factor (linear, llama3, yarn)
+  # The context length the checkpoint was pre-trained at (llama3, yarn).
   rope_original_max_position_embeddings: int = 4096
+  # Llama3 RoPE: wavelengths above original length / low_freq_factor are scaled fully.
   rope_low_freq_factor: float = 1.0
+  # Llama3 RoPE: wavelengths below original length / high_freq_factor are not scaled.
   rope_high_freq_factor: float = 4.0
+  # Yarn RoPE: rotations per context above which a dimension is not interpolated.
   rope_beta_fast: float = 32.0
+  # Yarn RoPE: rotations per context below which a dimension is fully interpolated.
   rope_beta_slow: float = 1.0
+  # Yarn RoPE: attention temperature (None: 0.1 ln(factor) + 1).
   rope_attention_factor: float | None = None
+  # Yarn RoPE: round the correction range to whole dimensions (transformers' truncate).
   rope_truncate: bool = True
   # Local/global attention (family gemma3). layer_types: one LAYER_TYPES entry per
   # layer, () for all full_attention. A "sliding_attention" layer lets query
   # position p read key positions q with p - sliding_window < q <= p and rotates
   # with default RoPE of base rope_local_base_freq; the rope_* fields above are
   # those of the full_attention layers.
-  layer_types: tuple[str, ...] = ()
+  layer_types: tuple[str, ...] = ()  # per-layer attention kind (Gemma 3); (): all full
+  # Positions a sliding_attention layer reads (None: no local layers).
   sliding_window: int | None = None
-  rope_local_base_freq: float = 10_000.0
+  rope_local_base_freq: float = 10_000.0  # RoPE base of the sliding_attention layers (Gemma 3)
   # Attention scores are q.k * query_pre_attn_scalar^-1/2 (None: head_dim, the usual 1/sqrt(H)).
   query_pre_attn_scalar: float | None = None
-  rms_norm_eps: float = 1e-6
-  max_position_embeddings: int = 4096
-  tie_word_embeddings: bool = True
+  rms_norm_eps: float = 1e-6  # epsilon of every RMSNorm
+  max_position_embeddings: int = 4096  # longest sequence the model is configured for
+  tie_word_embeddings: bool = True  # the LM head reuses the embedding matrix
   # Mixture of experts (Qwen3-MoE). 0 experts means a dense SwiGLU MLP everywhere.
-  num_experts: int = 0
-  num_experts_per_tok: int = 2
-  moe_intermediate_size: int = 64
-  norm_topk_prob: bool = True
-  decoder_sparse_step: int = 1
-  mlp_only_layers: tuple[int, ...] = ()
+  num_experts: int = 0  # experts per MoE layer (0: a dense MLP everywhere)
+  num_experts_per_tok: int = 2  # experts each token is routed to (top-k)
+  moe_intermediate_size: int = 64  # hidden width of one expert's MLP
+  norm_topk_prob: bool = True  # renormalise the top-k routing weights to sum to 1
+  decoder_sparse_step: int = 1  # every decoder_sparse_step-th layer is MoE, the rest dense
+  mlp_only_layers: tuple[int, ...] = ()  # layer indices that keep a dense MLP in an MoE model
   # Weight of the router's load-balancing loss in the policy loss (MoE only;
   # `sao_jax.models.moe.load_balancing_loss`); Qwen3-MoE checkpoints carry it in
   # config.json, and 0.001 is Qwen3-MoE's default.
   router_aux_loss_coef: float = 0.001
   # Numerics and memory.
-  param_dtype: str = "float32"
-  compute_dtype: str = "float32"
+  param_dtype: str = "float32"  # dtype the parameters are stored in
+  compute_dtype: str = "float32"  # dtype of activations and matmuls
   logits_chunk: int = 1024  # tokens per LM-head chunk: bounds [B, chunk, vocab] memory
   # "blocked": flash-style attention, O(T * block) memory; "dense": materialises
   # [B, heads, T, T] float32 scores (the reference). Decoding is always dense.
   attention_impl: str = "dense"
   attention_block: int = 512  # query/key positions per block of blocked attention
-  remat_policy: str = "none"
+  remat_policy: str = "none"  # what a layer keeps for the backward pass (REMAT_POLICIES above)
   # Run the decoder layers of a full forward (learner, evaluation) as one
   # `lax.scan` over their stacked params instead of unrolled: compile time and
   # program size stop growing with depth (a 48-layer MoE compiles in minutes, not
   # hours). Needs every layer to have the same structure (all dense or all MoE).
   # Decoding (KV cache) stays unrolled.
   scan_layers: bool = False
+  # A local Hugging Face directory whose config and weights replace these fields.
   hf_path: str | None = None
 
   def validate(self) -> None:

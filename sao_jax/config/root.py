@@ -21,8 +21,8 @@ from sao_jax.config.sampler import SamplerConfig, check_untruncated
 class Config:
   """The whole run: one field per concern."""
 
-  name: str = "default"
-  seed: int = 0
+  name: str = "default"  # the run's name (W&B run name, logs)
+  seed: int = 0  # seed of parameter initialisation and the learner's randomness
   mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
   model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
   algorithm: AlgorithmConfig = dataclasses.field(default_factory=AlgorithmConfig)

@@ -48,26 +48,30 @@ class RunConfig:
   `wandb_project` (mode, entity and key from the usual WANDB_* variables).
   """
 
+  # Directory of the run's outputs: metrics, checkpoints, tokenizer, plots.
   run_dir: str = "runs/default"
+  # Initial policy: random, a Hugging Face directory or a sao-convert params directory.
   init: str = "random"
-  tokenizer: str = ""
-  enable_thinking: bool = True
+  tokenizer: str = ""  # tokenizer.json or its directory ('': train a byte-level BPE for the run)
+  enable_thinking: bool = True  # passed to the chat template (false: Qwen3's non-thinking mode)
   sft_steps: int = 0  # supervised warm-start on environment demonstrations
-  sft_lr: float = 3e-3
-  sft_batch: int = 32
-  sft_target_accuracy: float = 0.0  # 0: all sft_steps
+  sft_lr: float = 3e-3  # learning rate of the SFT warm-start
+  sft_batch: int = 32  # demonstrations per SFT step
+  sft_target_accuracy: float = 0.0  # stop SFT at this validation accuracy (0: all sft_steps)
   sft_check_every: int = 25  # also the interval of SFT progress lines in a log file
   sft_check_episodes: int = 0  # validation episodes per SFT check; 0: eval_episodes
-  eval_every: int = 20
-  eval_episodes: int = 64
-  eval_seed: int = 1_000_003
-  eval_transcripts: int = 16
-  num_samplers: int = 1
+  eval_every: int = 20  # steps between held-out evaluations (0: none)
+  eval_episodes: int = 64  # held-out tasks per evaluation
+  eval_seed: int = 1_000_003  # task seed of the held-out set (disjoint from env.seed's)
+  eval_transcripts: int = 16  # held-out episodes written as text per evaluation (0: none)
+  num_samplers: int = 1  # sampler processes beside the learner (0: samplers elsewhere, sao-sampler)
+  # Sao-eval: sampled episodes per task besides the greedy one (0: greedy only).
   eval_samples: int = 0
-  eval_pass_k: tuple[int, ...] = (1,)
-  eval_temperature: float = 1.0
+  eval_pass_k: tuple[int, ...] = (1,)  # sao-eval: the k of pass@k
+  eval_temperature: float = 1.0  # sao-eval: temperature of the sampled episodes
+  # Metric sinks besides metrics.jsonl: tensorboard, wandb.
   loggers: tuple[str, ...] = DEFAULT_LOGGERS
-  wandb_project: str = "sao-jax"
+  wandb_project: str = "sao-jax"  # W&B project of the run (with loggers including wandb)
 
   @property
   def tokenizer_file(self) -> str:

@@ -36,7 +36,7 @@ class SamplerConfig:
   tokens (0 = no limit) and to the smallest set whose probability reaches `top_p`
   (1.0 = no limit). A training run refuses truncation (`check_untruncated`):
   `behavior_logp` is the full tempered distribution's, which DIS needs to be the
-  one the token was drawn from (SAO.md §2). The token for trajectory position t of an episode with seed
+  one the token was drawn from (docs/algorithm.md §2). The token for trajectory position t of an episode with seed
   s is drawn with the key fold_in(key(s), t); an episode's seed is
   `seed` + its index, chosen by the caller. A turn ends on one of
   `stop_tokens` (sampled and kept as the turn's last action token), when its
@@ -97,31 +97,40 @@ class SamplerConfig:
   `MeshConfig(fsdp=1, tensor=4)` on a 4-chip host (configs/qwen3_8b_v5p32.py).
   """
 
-  slots: int = 8
-  max_seq_len: int = 2048
+  slots: int = 8  # sequences decoded at once (the decode batch width)
+  max_seq_len: int = 2048  # tokens of one episode: prompt, turns and observations
+  # Padded prefill chunk lengths (one compiled prefill each).
   prefill_buckets: tuple[int, ...] = (32, 128, 512)
-  steps_per_call: int = 8
-  max_new_tokens: int = 512  # Per turn.
-  temperature: float = 1.0
-  top_p: float = 1.0
-  top_k: int = 0
-  seed: int = 0
+  steps_per_call: int = 8  # tokens decoded per slot per engine call before the host checks stops
+  max_new_tokens: int = 512  # tokens one turn may generate
+  temperature: float = 1.0  # sampling temperature (behavior_logp is the tempered distribution's)
+  top_p: float = 1.0  # nucleus sampling mass (1.0: off; refused in training)
+  top_k: int = 0  # sample from the k most likely tokens (0: off; refused in training)
+  seed: int = 0  # base seed of the episodes (episode i uses seed + i)
+  # Token strings that end a turn (kept as its last action token).
   stop_tokens: tuple[str, ...] = ("<|im_end|>", "<|endoftext|>")
+  # Regexes whose match ends a turn (default: a complete python tool call).
   stop_patterns: tuple[str, ...] = (PYTHON_TOOL_CALL,)
-  env_threads: int = 0  # 0: os.cpu_count()
-  weights: str = "shared_memory"
+  env_threads: int = 0  # threads stepping environments at once (0: one per CPU core)
+  weights: str = "shared_memory"  # weight channel: shared_memory, directory or network
+  # Weights=directory: the directory or bucket of weight versions all hosts share.
   weights_dir: str = ""
   weights_port: int = 0  # 0: any free port (same-host samplers learn it from the learner)
+  # Weights=network: host:port of every learner host, in process order.
   weights_addresses: tuple[str, ...] = ()
-  weights_secret_file: str = ""
-  weights_secret_env: str = ""
+  weights_secret_file: str = ""  # file holding the run's shared secret (weights and sealed records)
+  weights_secret_env: str = ""  # environment variable holding the run's shared secret instead
+  # Weights=network: authenticated subscribers a learner host serves.
   weights_max_connections: int = 64
-  sharded: bool = False
+  sharded: bool = False  # lay params and KV cache out over all the sampler process's devices (mesh)
+  # Paged (one page pool, the default) or dense (a max_seq_len row per slot).
   kv_layout: str = "paged"
-  kv_page_size: int = 16
+  kv_page_size: int = 16  # tokens per KV page
   kv_pages: int = 0  # 0: slots * ceil(max_seq_len / kv_page_size), the dense cache's memory
-  prefill_row_buckets: tuple[int, ...] = (1, 4)
+  prefill_row_buckets: tuple[int, ...] = (1, 4)  # rows per batched prefill call (paged engine)
+  # Share the KV pages of identical prompt prefixes (a GRPO group's prompt).
   kv_prefix_sharing: bool = True
+  # Paged attention path: auto, reference (pure JAX) or pallas (TPU kernel).
   paged_attention: str = "auto"
   # The mean episode length (tokens) the run expects; `sao-plan` sizes the paged
   # engine's figures with it (episodes that fit, decode bound). 0: max_seq_len // 8.
@@ -231,7 +240,7 @@ class SamplerConfig:
 
 
 def check_untruncated(sampler: SamplerConfig) -> None:
-  """Refuses top-k / top-p truncation in a training run's sampler (SAO.md §2).
+  """Refuses top-k / top-p truncation in a training run's sampler (docs/algorithm.md §2).
 
   The sampler records `behavior_logp` under the full tempered distribution p and
   the learner's DIS ratio compares against p; a truncated draw comes from q != p,
@@ -240,8 +249,8 @@ def check_untruncated(sampler: SamplerConfig) -> None:
   if sampler.top_k != 0:
     fail("sampler", "top_k", sampler.top_k,
          "training samples the full tempered distribution that behavior_logp and the DIS "
-         "ratio assume (SAO.md §2); set top_k=0 (evaluation decodes greedily on its own)")
+         "ratio assume (docs/algorithm.md §2); set top_k=0 (evaluation decodes greedily on its own)")
   if sampler.top_p < 1.0:
     fail("sampler", "top_p", sampler.top_p,
          "training samples the full tempered distribution that behavior_logp and the DIS "
-         "ratio assume (SAO.md §2); set top_p=1.0")
+         "ratio assume (docs/algorithm.md §2); set top_p=1.0")

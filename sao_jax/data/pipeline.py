@@ -31,10 +31,10 @@ Versions: a trajectory whose last policy version is past the learner's
 checkpoint it resumed from) is dropped; an unfinished group that can no longer
 be trained (stale or future) is let go when the next group opens (`GroupDataset`).
 
-Staleness (SAO.md §1): `lag = current policy version - first policy version`,
+Staleness (docs/algorithm.md §1): `lag = current policy version - first policy version`,
 checked when the trajectory is admitted and again when a unit held back for a
 later batch is taken into it (`StaleFilter`), so the check holds for the version
-the batch is trained at. SAO.md counts learner
+the batch is trained at. docs/algorithm.md counts learner
 steps; we count policy updates, which is the same once the critic warm-up is
 over, and does not age trajectories during value-only steps (value
 pretraining, critic warm-up), when the policy does not change. Nothing is dropped silently:
@@ -133,7 +133,7 @@ def _decode(texts: list[str]) -> list[Trajectory]:
 
 class StaleFilter:
   """Drops members of a unit with `lag = current_version() - first policy version >
-  max_lag`, counting each in `drops` (SAO.md §1)."""
+  max_lag`, counting each in `drops` (docs/algorithm.md §1)."""
 
   def __init__(self, current_version: Callable[[], int], max_lag: int, drops: Drops):
     self.current_version, self._max_lag, self.drops = current_version, max_lag, drops

@@ -11,7 +11,7 @@ call also earns another turn, so more turns alone do not mean tool use). Given
 a path, it also writes the first `run.eval_transcripts` episodes (in task order)
 as JSON lines: task id, reward, turns, environment failure and the whole
 conversation as text (`write_transcripts`), since what a
-collapsed policy writes says more than its accuracy (README, demo walk-through).
+collapsed policy writes says more than its accuracy (docs/get-started/demo.md).
 
 `benchmark` (what `sao-eval` runs) plays every task once greedily and, with
 `run.eval_samples` = n > 0, n more times sampled at `run.eval_temperature`;

@@ -6,7 +6,7 @@ update), the running-mean baseline windows and the count of updates skipped for
 non-finite loss or gradients.
 
 The value optimiser is an `optax.partition` of a trainable branch and
-`optax.set_to_zero()` for the frozen attention leaves (SAO.md §4), so frozen
+`optax.set_to_zero()` for the frozen attention leaves (docs/algorithm.md §4), so frozen
 leaves carry no optimizer state and never move.
 
 LoRA (`lora.enabled`, `sao_jax.models.lora`): `policy_params` is the frozen
@@ -144,7 +144,7 @@ def state_from_params(cfg: Config, policy_params: Params, value_params: Params) 
 
 
 def init_state(cfg: Config, rng: jax.Array) -> TrainState:
-  """Random policy; the critic copies its trunk with a fresh head (SAO.md §4)."""
+  """Random policy; the critic copies its trunk with a fresh head (docs/algorithm.md §4)."""
   policy_params = init_params(cfg.model, rng)
   return state_from_params(cfg, policy_params,
                            value_model.value_params_from_policy(policy_params, cfg.model))

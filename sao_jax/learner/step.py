@@ -1,7 +1,7 @@
 """The pure SAO train step: one batch in, one updated state and its metrics out.
 
     V_old      = value_forward(value_params)                     (critic variants)
-    advantages = skip-obs GAE(lam_policy)   sao, sao_dis_only    (SAO.md §3)
+    advantages = skip-obs GAE(lam_policy)   sao, sao_dis_only    (docs/algorithm.md §3)
                  plain GAE over the response ppo (algorithm.gae_span="response")
                  group-normalised outcome   grpo, grpo_dis       (§5)
                  outcome - running mean     running_mean         (§5)
@@ -10,7 +10,7 @@
     critic     <- K clipped value updates on the same batch       (§4), on the tokens
                   its GAE runs over: action tokens, or the whole response span
                   for gae_span="response", whose GAE bootstraps through
-                  observation-token values (SAO.md §5)
+                  observation-token values (docs/algorithm.md §5)
 
 `advantage_values="after_critic_update"` runs the K value updates first and
 computes the advantages from the updated critic (targets still from V_old).
@@ -220,7 +220,7 @@ def _policy_update(cfg: Config, state: state_lib.TrainState, batch: Batch, adv: 
                               segment_ids=mb.segment_ids)
     metrics["entropy"] = losses.aggregate.masked_mean(out.entropy_BxT, mb.action_mask)
     if cfg.model.num_experts:
-      # MoE: the router's load-balancing loss of the checkpoint's recipe (SAO.md §5),
+      # MoE: the router's load-balancing loss of the checkpoint's recipe (docs/algorithm.md §5),
       # per micro-batch, so 1/micro_batches of it each.
       aux = moe.load_balancing_loss(out.router_logits, mb.segment_ids,
                                     cfg.model.num_experts_per_tok)
@@ -339,7 +339,7 @@ def _opening_advantages(batch: Batch, adv: jax.Array) -> Metrics:
 
 def update_policy_at(cfg: Config, step: int) -> jax.Array:
   """The `update_policy` flag for learner step `step`: False during value
-  pretraining and critic warm-up (SAO.md §4) of critic variants, else True."""
+  pretraining and critic warm-up (docs/algorithm.md §4) of critic variants, else True."""
   value_only = cfg.learner.value_pretrain_steps + cfg.learner.critic_warmup_steps
   return jnp.asarray(not cfg.algorithm.uses_critic or step >= value_only)
 

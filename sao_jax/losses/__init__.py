@@ -1,6 +1,6 @@
 """Pure SAO losses on `[B, T]` arrays: no model inside, all jit-able.
 
-See SAO.md for the math; each module's docstring restates its part.
+See docs/algorithm.md for the math; each module's docstring restates its part.
 """
 
 from sao_jax.losses.advantages import (RunningMeanState, grpo_advantages, init_running_mean,

@@ -1,4 +1,4 @@
-"""Critic-free advantage baselines (SAO.md §5): GRPO groups and running means.
+"""Critic-free advantage baselines (docs/algorithm.md §5): GRPO groups and running means.
 
 Both take each trajectory's outcome `R = sum_t rewards_t` over its action tokens
 (the outcome reward on the last action token plus any per-turn rewards) and

@@ -1,4 +1,4 @@
-"""Reducing per-token losses to a scalar (`loss_agg`, SAO.md §2).
+"""Reducing per-token losses to a scalar (`loss_agg`, docs/algorithm.md §2).
 
 Every loss is `numerator / denominator` over the batch:
 

@@ -1,4 +1,4 @@
-"""Skip-observation token-level GAE (SAO.md §3).
+"""Skip-observation token-level GAE (docs/algorithm.md §3).
 
 GAE over action tokens only, as if observation tokens were absent. With
 `t_1 < ... < t_K` the positions where `action_mask == 1`:
@@ -14,7 +14,7 @@ turn to the first action token of the next; the gap costs no discount. On padded
 GAE is the all-ones-mask case, and skip-observation GAE equals plain GAE on the
 compacted action-only sequence.
 
-Rewards on tokens outside `action_mask` are not seen (SAO.md puts the outcome on
+Rewards on tokens outside `action_mask` are not seen (docs/algorithm.md puts the outcome on
 the last action token); the trajectory validator rejects such trajectories.
 
 Packed rows (`segment_ids`, `sao_jax.segments`): each segment is its own trajectory.

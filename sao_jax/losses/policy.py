@@ -1,4 +1,4 @@
-"""Policy losses: direct double-sided IS (DIS, SAO.md §2) and PPO clip (§5).
+"""Policy losses: direct double-sided IS (DIS, docs/algorithm.md §2) and PPO clip (§5).
 
 Both are "direct": the importance ratio is taken against the sampler's recorded
 `behavior_logp`, with no old-policy forward pass.

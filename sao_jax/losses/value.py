@@ -1,4 +1,4 @@
-"""Critic loss and diagnostics (SAO.md §4).
+"""Critic loss and diagnostics (docs/algorithm.md §4).
 
     loss_t = 0.5 * max((V_t - G_t)^2, (clip(V_t, V_old_t - eps_v, V_old_t + eps_v) - G_t)^2)
 

@@ -15,7 +15,7 @@ produced after reading the tokens of its segment before it, x[:t]:
   logp_BxT[b, t]    = log p(tokens[b, t] | x[:t])
   entropy_BxT[b, t] = H(p(. | x[:t]))
   values_BxT[b, t]  = V(x[:t]), the critic's estimate of the state before
-                      token t is emitted (SAO.md §1)
+                      token t is emitted (docs/algorithm.md §1)
 With `temperature` T the policy distribution is p = softmax(logits / T), the
 full distribution the sampler records `behavior_logp` from
 (`sao_jax.sampler.sampling`); logp and entropy are both of that p.

@@ -144,7 +144,7 @@ def _advice(cfg: Config, memory: MemoryUse, program: str, seq_len: int,
                    "over more of the sampler's chips (fsdp x tensor), or a larger "
                    "--sampler-topology"]
   if program == "paged_decode":
-    # The pool splits over tensor only (README, paged KV cache); the Pallas kernel holds
+    # The pool splits over tensor only (docs/explanation/paged-kv-cache.md); the Pallas kernel holds
     # its page tables in SMEM (1 MiB on v5p); the reference path gathers every listed page.
     activation_fixes = [f"--set sampler.mesh=fsdp=1,tensor=... (now tensor="
                         f"{sampler_mesh.tensor}; a divisor of the KV heads; with "

@@ -22,7 +22,7 @@ learner scores tokens with `policy_forward(..., temperature=T)`, which computes
 exactly p, so the DIS ratio exp(logp_theta - behavior_logp) is correct only when
 q = p: with truncation the token came from q, which neither the recorded log-prob
 nor the learner knows. Training configs therefore refuse top-k / top-p
-(`sao_jax.config.sampler.check_untruncated`, SAO.md §2); truncation is for
+(`sao_jax.config.sampler.check_untruncated`, docs/algorithm.md §2); truncation is for
 evaluation (greedy: top_k = 1), where no ratio is taken.
 
 Keys: token_keys folds the trajectory position of the token into the episode's

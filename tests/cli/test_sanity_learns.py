@@ -65,7 +65,7 @@ def test_centred_sao_with_lr_warmup_does_not_drift_where_plain_sao_collapses(tmp
   plain SAO fell from chance to reward 0 by step 7 and stayed there, and so did
   SAO with centred advantages alone (its first Adam update flattened the
   policy); with centred advantages and a 10-step learning-rate warm-up the same
-  seed learns (docs/drift.md). Fails if either remedy stops working."""
+  seed learns (docs/research/drift.md). Fails if either remedy stops working."""
   from experiments import drift
   from sao_jax.config.loading import apply_overrides
   cfg = apply_overrides(sanity_config("sao"), [

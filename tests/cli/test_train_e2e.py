@@ -60,6 +60,11 @@ def test_train_kill_sampler_then_resume(tmp_path, capsys, monkeypatch):
   steps = [r["step"] for r in rows if "reward/mean" in r]
   assert steps == [0, 1, 2]
   assert any("eval/accuracy" in r for r in rows) and any("sft/loss" in r for r in rows)
+  # Every key a real run logs is in the metrics reference (sao_jax/run/metric_docs.py).
+  from sao_jax.run import metric_docs
+  undocumented = {k for r in rows for k in r if k not in ("step", "time")
+                  and metric_docs.describe(k) is None}
+  assert not undocumented, f"add to sao_jax/run/metric_docs.py: {sorted(undocumented)}"
   assert all(r["staleness/max"] <= cfg.data.max_lag for r in rows if "staleness/max" in r)
   assert (run_dir / "curves.png").stat().st_size > 0
   assert list((run_dir / "tensorboard").iterdir())

@@ -201,7 +201,7 @@ def test_members_of_an_unfinished_group_survive_a_resume():
 
 @pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
 def test_a_held_back_unit_is_checked_for_staleness_again(packed):
-  """SAO.md §1: the lag check holds when a trajectory is trained. Version 0
+  """docs/algorithm.md §1: the lag check holds when a trajectory is trained. Version 0
   trajectories admitted at version 4 (lag 4 = max_lag) and held back while the
   policy moves to 5 have lag 5 when the next batch takes them: dropped, counted."""
   version = {"now": 4}

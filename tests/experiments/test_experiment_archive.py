@@ -163,7 +163,7 @@ def test_save_refuses_an_archive_git_would_leave_out(tmp_path):
   _claim6(tmp_path / "made", seeds=1)
   with pytest.raises(RuntimeError, match="git ignores .* archived file"):
     archive.save(tmp_path / "made", repo / "box")
-  ours = runner.ROOT / "docs/results/claim6_runs/runs/stability/grpo-seed0/config.json"
+  ours = runner.ROOT / "docs/research/results/claim6_runs/runs/stability/grpo-seed0/config.json"
   assert archive._git_ignored([ours]) == []  # this repository's .gitignore keeps them
 
 

@@ -145,7 +145,7 @@ def test_every_run_of_every_claim_has_a_valid_config(claim, tmp_path):
       assert resolved.algorithm.variant == claims.VARIANTS[name].preset
 
 
-# The warm-starts the runs in docs/results.md started from, per setting (seeds 0-4).
+# The warm-starts the runs in docs/research/results.md started from, per setting (seeds 0-4).
 REPORTED_WARM_STARTS = {
     "stability": ["math_tool-6e0b8b38-seed0", "math_tool-103c6f66-seed1",
                   "math_tool-a8227efd-seed2", "math_tool-5778acfd-seed3",
@@ -160,7 +160,7 @@ REPORTED_WARM_STARTS = {
 
 @pytest.mark.parametrize("setting", sorted(REPORTED_WARM_STARTS))
 def test_settings_keep_the_warm_starts_their_runs_started_from(setting):
-  """docs/results.md's runs started from these warm-starts. If this fails, a config
+  """docs/research/results.md's runs started from these warm-starts. If this fails, a config
   change moved the setting (the experiments derive from configs/experiments/base.py,
   not from the demo, for that reason): rerun its claims and update the keys, or undo
   the change."""

@@ -59,7 +59,7 @@ def test_bias_is_the_lambda_weighted_critic_error_along_the_path():
   for i, t in enumerate(trajs):
     values = np.asarray(forward(state.value_params, t.tokens[None]))[0]
     v = values[t.action_mask.astype(bool)]  # V_k over the action tokens, k = 0..K-1
-    lam = 1 - 1 / (cfg.algorithm.lam_alpha * v.size)  # SAO.md §3
+    lam = 1 - 1 / (cfg.algorithm.lam_alpha * v.size)  # docs/algorithm.md §3
     g = t.outcome
     want = (1 - lam) * sum(lam ** (k - 1) * (v[k] - g) for k in range(1, v.size))
     np.testing.assert_allclose(got["a_gae"][i] - got["a_mc"][i], want, rtol=1e-4, atol=1e-6)

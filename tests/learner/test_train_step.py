@@ -250,7 +250,7 @@ def test_dynamics_diagnostics_have_their_defined_values():
 
 def test_the_critic_trains_on_the_span_its_gae_reads():
   """gae_span="response" bootstraps through values on observation tokens, so the
-  value loss covers them too (SAO.md §5): the first update's loss (V = V_old, so
+  value loss covers them too (docs/algorithm.md §5): the first update's loss (V = V_old, so
   unclipped) is 0.5 (V - G)^2 averaged over the response span, not the action tokens."""
   from sao_jax import losses
   from sao_jax.learner import step as step_lib

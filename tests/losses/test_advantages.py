@@ -1,4 +1,4 @@
-"""GRPO and running-mean baselines (SAO.md §5)."""
+"""GRPO and running-mean baselines (docs/algorithm.md §5)."""
 
 import jax
 import numpy as np

@@ -1,4 +1,4 @@
-"""Skip-observation GAE against independent references (SAO.md §3)."""
+"""Skip-observation GAE against independent references (docs/algorithm.md §3)."""
 
 import hypothesis
 import hypothesis.extra.numpy as hnp
@@ -13,7 +13,7 @@ from sao_jax import losses
 
 
 def loop_reference(rewards, values, mask, gamma, lam):
-  """SAO.md §3 literally: a Python loop over the action positions t_1 < ... < t_K."""
+  """docs/algorithm.md §3 literally: a Python loop over the action positions t_1 < ... < t_K."""
   advantages = np.zeros(rewards.shape, np.float64)
   returns = np.zeros(rewards.shape, np.float64)
   for b in range(rewards.shape[0]):

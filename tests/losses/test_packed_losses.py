@@ -206,7 +206,7 @@ def test_gae_through_a_padding_hole_inside_a_segment(method):
   lam = losses.length_adaptive_lam(jnp.asarray(mask), alpha=1.5, segment_ids=jnp.asarray(seg))
   adv, ret = jax.jit(losses.gae, static_argnames="method")(
       rewards, values, mask, gamma=1.0, lam=lam, method=method, segment_ids=seg)
-  # Each segment alone, as a Python loop over its action tokens (SAO.md §3).
+  # Each segment alone, as a Python loop over its action tokens (docs/algorithm.md §3).
   want = np.zeros(12)
   for segment in (1, 2):
     positions = np.flatnonzero(mask[0] & (seg[0] == segment))

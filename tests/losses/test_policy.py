@@ -1,4 +1,4 @@
-"""DIS and PPO-clip policy losses (SAO.md §2, §5)."""
+"""DIS and PPO-clip policy losses (docs/algorithm.md §2, §5)."""
 
 import jax
 import jax.numpy as jnp

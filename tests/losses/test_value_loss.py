@@ -1,4 +1,4 @@
-"""Clipped value loss and explained variance (SAO.md §4)."""
+"""Clipped value loss and explained variance (docs/algorithm.md §4)."""
 
 import jax
 import numpy as np

@@ -150,9 +150,9 @@ def test_convert_cli_refuses_a_shard_size_below_one_mib(tmp_path, capsys, value)
 
   with pytest.raises(SystemExit) as exit_info:
     convert.main(["sao-to-hf", "--params", str(tmp_path), "--out", str(tmp_path / "hf"),
-                  "--max_shard_mb", value])
+                  "--max-shard-mb", value])
   assert exit_info.value.code == 2
-  assert f"--max_shard_mb: {value!r} is not a whole number of MiB >= 1" in capsys.readouterr().err
+  assert f"--max-shard-mb: {value!r} is not a whole number of MiB >= 1" in capsys.readouterr().err
 
 
 def _full_disk(monkeypatch):

@@ -82,7 +82,7 @@ def test_keys_depend_on_seed_and_position():
 @pytest.mark.parametrize("field,value", [("top_k", 5), ("top_p", 0.9)])
 def test_a_training_config_refuses_truncation(field, value):
   """behavior_logp is log p under the full tempered softmax; a truncated draw comes
-  from q != p, which the DIS ratio cannot correct (SAO.md §2): refused by name."""
+  from q != p, which the DIS ratio cannot correct (docs/algorithm.md §2): refused by name."""
   cfg = C.Config(sampler=C.SamplerConfig(**{field: value}))
   with pytest.raises(ValueError, match=rf"sampler\.{field}={value!r} is invalid: .*DIS"):
     cfg.validate()

@@ -1,4 +1,4 @@
-r"""Coding agent environment (SWE-style, SAO.md §6): fix a repository with tools.
+r"""Coding agent environment (SWE-style, docs/algorithm.md §6): fix a repository with tools.
 
 An episode works on a fresh copy of the task's repository with the visible
 tests at `<tests_dir>/` (task formats: `tasks`, generated tasks:

@@ -23,7 +23,7 @@ Test-file tasks (task directories and archives): each hidden test file runs
 through `runner` in its own sandbox on a fresh copy of the agent's `.py`
 sources plus the hidden tests. The kernel isolation holds, but the verdicts come
 from the interpreter that also runs the agent's code, so a determined agent
-could forge them (remaining risk, stated in the README); prefer call-form tasks.
+could forge them (remaining risk, stated in docs/explanation/environments.md); prefer call-form tasks.
 """
 
 from __future__ import annotations

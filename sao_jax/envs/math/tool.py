@@ -1,4 +1,4 @@
-r"""Tool-integrated math reasoning (SAO.md §6): Python tool calls, verified answer.
+r"""Tool-integrated math reasoning (docs/algorithm.md §6): Python tool calls, verified answer.
 
 Formats (also stated to the model in `SYSTEM_PROMPT`):
 

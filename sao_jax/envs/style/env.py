@@ -1,4 +1,4 @@
-"""Online learning with a drifting preference (SAO.md §6): reward = quality x style.
+"""Online learning with a drifting preference (docs/algorithm.md §6): reward = quality x style.
 
 One turn per episode: the model answers a writing request, the judge returns
 two 0/1 verdicts, and the reward is their product. The *preferred style* is not

@@ -1,0 +1,224 @@
+"""What every metric key a run logs means: the one table the metrics reference page
+(`docs/reference/metrics.md`, `python -m sao_jax.cli.docsgen`) is generated from.
+
+A key is a fixed name (`policy/loss`) or a pattern whose `<placeholder>` stands for
+one path segment (`staleness/lag_<k>`, `weights/errors/<reason>`) or, as the last
+segment of `dropped/<reason>`, the rest of the key. `describe(key)` finds a key's
+entry; tests check that every key the learner step, the host-side batch metrics, the
+SFT warm-start and the evaluations write has one (tests/docs/test_reference.py, and
+the end-to-end run in tests/cli/test_train_e2e.py).
+
+Units: `fraction` is a share in [0, 1]; `count` a number of items; `tokens` a
+number of tokens; `nats/token` a mean per action token; `reward` in the
+environment's reward units (0/1 for the built-ins).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+# When a key is written (the `when` column). Learner rows are one per training step.
+STEP = "every learner step"
+CRITIC = "every learner step, critic variants (sao, sao_dis_only, ppo)"
+POLICY = "every learner step (0 / NaN-free defaults on value-only steps)"
+DIS = "every learner step, DIS variants (sao, sao_dis_only, grpo_dis, running_mean)"
+PPO = "every learner step, PPO-clip variants (grpo, ppo)"
+HOST = "every learner step, from the host's data pipeline"
+EVAL = "every held-out evaluation (run.eval_every; before and after SFT)"
+SFT = "every SFT warm-start step (negative step numbers)"
+
+
+@dataclasses.dataclass(frozen=True)
+class MetricDoc:
+  key: str  # the key, or a pattern with <placeholders>
+  unit: str
+  when: str
+  meaning: str
+
+  @property
+  def pattern(self) -> re.Pattern:
+    parts = re.split(r"(<[a-z_]+>)", self.key)
+    regex = ""
+    for index, part in enumerate(parts):
+      if part.startswith("<"):
+        last = index == len(parts) - 2 and not parts[-1]
+        regex += ".+" if last and self.key.startswith("dropped/") else "[^/]+"
+      else:
+        regex += re.escape(part)
+    return re.compile(regex + r"\Z")
+
+
+METRICS: tuple[MetricDoc, ...] = (
+    # Rewards and tokens of the batch.
+    MetricDoc("reward/mean", "reward", STEP,
+              "mean outcome (summed reward) of the batch's trajectories, sampled at the "
+              "sampler's temperature"),
+    MetricDoc("reward/single_turn", "reward", STEP,
+              "mean outcome of trajectories with one assistant turn (answered at once); NaN "
+              "when the batch has none"),
+    MetricDoc("reward/multi_turn", "reward", STEP,
+              "mean outcome of trajectories with several assistant turns (a tool call "
+              "first); NaN when the batch has none"),
+    MetricDoc("tokens/action", "tokens", STEP, "action tokens in the batch"),
+    MetricDoc("tokens/total", "tokens", STEP,
+              "non-padding tokens in the batch (prompt, actions and observations); the "
+              "progress line's tok/s"),
+    MetricDoc("response/action_tokens_p50", "tokens", STEP,
+              "median number of action tokens per trajectory"),
+    MetricDoc("response/action_tokens_p90", "tokens", STEP,
+              "90th percentile of action tokens per trajectory"),
+    MetricDoc("response/action_tokens_max", "tokens", STEP,
+              "largest number of action tokens of a trajectory in the batch"),
+    MetricDoc("episodes/single_turn_frac", "fraction", STEP,
+              "share of the batch's trajectories with a single assistant turn"),
+    # Advantages.
+    MetricDoc("advantage/mean", "advantage", STEP,
+              "mean advantage over the batch's action tokens (0 with "
+              "algorithm.advantage_centering=batch_mean; a critic's bias shows here)"),
+    MetricDoc("advantage/std", "advantage", STEP, "standard deviation of the advantages over "
+              "action tokens"),
+    MetricDoc("advantage/neg_frac", "fraction", STEP,
+              "share of action tokens with a negative advantage"),
+    MetricDoc("advantage/opening_single_turn", "advantage", STEP,
+              "mean advantage on the first action token of single-turn trajectories; NaN "
+              "when there are none"),
+    MetricDoc("advantage/opening_multi_turn", "advantage", STEP,
+              "mean advantage on the first action token of multi-turn trajectories; the gap "
+              "to opening_single_turn beyond the rewards' gap is the critic choosing the path"),
+    # Policy update.
+    MetricDoc("policy/loss", "loss", POLICY, "the policy loss (DIS or PPO clip) of the step"),
+    MetricDoc("policy/grad_norm", "L2 norm", POLICY, "global norm of the policy gradient, "
+              "before clipping"),
+    MetricDoc("policy/update_norm", "L2 norm", POLICY,
+              "global norm of the change the step made to the policy's parameters"),
+    MetricDoc("policy/updated", "0 or 1", STEP,
+              "1 if the step updated the policy (0 on value-only steps, skipped non-finite "
+              "updates and batches without reward contrast)"),
+    MetricDoc("policy/entropy", "nats/token", POLICY,
+              "mean entropy of the policy's next-token distribution over action tokens"),
+    MetricDoc("policy/ratio_mean", "ratio", POLICY,
+              "mean importance ratio exp(logp - behavior_logp) over action tokens"),
+    MetricDoc("policy/ratio_max", "ratio", POLICY, "largest importance ratio over action tokens"),
+    MetricDoc("policy/kl_k1", "nats/token", POLICY,
+              "KL from the behaviour policy, k1 estimator E[log b - log p] on behaviour samples"),
+    MetricDoc("policy/kl_k3", "nats/token", POLICY,
+              "KL from the behaviour policy, k3 estimator E[r - 1 - log r] (non-negative)"),
+    MetricDoc("policy/kept_frac", "fraction", DIS,
+              "share of action tokens whose ratio lies inside the DIS band"),
+    MetricDoc("policy/mask_low_frac", "fraction", DIS,
+              "share of action tokens masked because the ratio is at or below 1 - eps_low"),
+    MetricDoc("policy/mask_high_frac", "fraction", DIS,
+              "share of action tokens masked because the ratio is at or above 1 + eps_high"),
+    MetricDoc("policy/clip_frac", "fraction", PPO,
+              "share of action tokens whose gradient the PPO clip stopped"),
+    MetricDoc("policy/no_contrast_skip", "0 or 1", "every learner step, with "
+              "algorithm.require_reward_contrast",
+              "1 if the policy update was skipped because every trajectory of the batch "
+              "earned the same reward"),
+    MetricDoc("policy/router_aux_loss", "loss", "every learner step, MoE policies",
+              "the router's load-balancing loss added to the policy loss"),
+    MetricDoc("policy/router_balance", "ratio", "every learner step, MoE policies",
+              "mean over MoE layers of E * sum_e f_e * P_e (f_e: share of routed slots, P_e: "
+              "mean router probability of expert e); 1.0 when perfectly balanced"),
+    MetricDoc("mismatch/lag0_abs_logp", "nats/token", STEP,
+              "mean |learner log-prob - sampler behavior_logp| over lag-0 action tokens: the "
+              "training-inference mismatch, ~0 unless numerics differ; NaN without lag-0 "
+              "tokens or without a policy update"),
+    MetricDoc("mismatch/lag0_tokens", "tokens", STEP,
+              "action tokens sampled entirely by the weights the step started from"),
+    # Critic.
+    MetricDoc("value/loss", "loss", CRITIC, "clipped value loss, mean over the step's K value updates"),
+    MetricDoc("value/grad_norm", "L2 norm", CRITIC, "global norm of the value gradient, mean over the K updates"),
+    MetricDoc("value/clip_frac", "fraction", CRITIC,
+              "share of tokens whose value the value clip (algorithm.value_clip) held back"),
+    MetricDoc("value/explained_variance", "ratio", CRITIC,
+              "1 - Var(G - V) / Var(G) over action tokens: 1 perfect, 0 no better than a "
+              "constant; NaN when the returns do not vary"),
+    MetricDoc("value/mean", "reward", CRITIC, "mean critic value V_old over action tokens"),
+    MetricDoc("value/bias", "reward", CRITIC, "mean of V_old - G over action tokens: the "
+              "critic's bias against the value targets"),
+    # Learner state.
+    MetricDoc("nonfinite_skips", "count", STEP,
+              "updates skipped so far because their loss or gradient was not finite"),
+    MetricDoc("policy_version", "version", STEP,
+              "policy updates made so far (the version samplers see)"),
+    # Host-side batch metrics (sao_jax.run.metrics.batch_metrics, sao_jax.jobs.train).
+    MetricDoc("staleness/mean", "policy updates", HOST,
+              "mean lag of the batch's trajectories: policy updates between their first token "
+              "and this step"),
+    MetricDoc("staleness/max", "policy updates", HOST, "largest lag in the batch"),
+    MetricDoc("staleness/lag_<k>", "count", HOST,
+              "trajectories of the batch with lag k, for k = 0 .. 15 (a histogram)"),
+    MetricDoc("staleness/lag_16_plus", "count", HOST, "trajectories of the batch with lag >= 16"),
+    MetricDoc("staleness/multi_version_frac", "fraction", HOST,
+              "share of trajectories sampled by more than one policy version"),
+    MetricDoc("batch/padding_rows", "count", HOST, "rows of the batch that hold no trajectory"),
+    MetricDoc("batch/mean_length", "tokens", HOST, "mean trajectory length in the batch"),
+    MetricDoc("batch/padding_frac", "fraction", HOST,
+              "share of the batch's token slots that are padding (what packing saves)"),
+    MetricDoc("episodes/max_turns_frac", "fraction", HOST,
+              "share of the batch's episodes ended by the turn budget (env.max_turns)"),
+    MetricDoc("episodes/length_cut_frac", "fraction", HOST,
+              "share of episodes ended by a length limit: out of context, or a last turn cut "
+              "at max_new_tokens / max_seq_len"),
+    MetricDoc("episodes/tool_call_frac", "fraction", HOST,
+              "share of episodes in which the environment ran a tool"),
+    MetricDoc("dropped/<reason>", "count", HOST,
+              "trajectories dropped so far, by reason (cumulative): stale, future_version, "
+              "too_long, prompt_id_out_of_range, writer_died, env_failure/<exception type> "
+              "(first 32 kinds, then env_failure/other), quarantined_<reason> for record files"),
+    MetricDoc("weights/errors/<reason>", "count", "every learner step, network weight channel",
+              "weight-channel peer errors so far, by the code's reason (e.g. a failed "
+              "handshake, handshake_evicted)"),
+    # Evaluation.
+    MetricDoc("eval/accuracy", "fraction", EVAL,
+              "held-out accuracy: mean final reward of greedy episodes that did not fail"),
+    MetricDoc("eval/failures", "count", EVAL,
+              "held-out episodes the environment could not judge"),
+    MetricDoc("eval/mean_turns", "turns", EVAL, "mean assistant turns per held-out episode"),
+    MetricDoc("eval/tool_call_rate", "fraction", EVAL,
+              "share of held-out episodes in which a tool ran"),
+    MetricDoc("eval/accuracy_after_sft", "fraction", "summary.json, at the end of a run",
+              "held-out accuracy at step 0 (after the SFT warm-start)"),
+    MetricDoc("eval/accuracy_after_rl", "fraction", "summary.json, at the end of a run",
+              "held-out accuracy at the last evaluation"),
+    MetricDoc("eval/rl_gain", "fraction", "summary.json, at the end of a run",
+              "accuracy after RL minus after SFT"),
+    # SFT warm-start.
+    MetricDoc("sft/loss", "nats/token", SFT, "cross-entropy of the demonstrations' action tokens"),
+    MetricDoc("sft/entropy", "nats/token", SFT, "mean entropy over the demonstrations' action "
+              "tokens"),
+    MetricDoc("sft/grad_norm", "L2 norm", SFT, "global norm of the SFT gradient"),
+    MetricDoc("sft/validation_accuracy", "fraction", "every run.sft_check_every SFT steps, with "
+              "run.sft_target_accuracy > 0",
+              "greedy accuracy on the SFT validation tasks (stops SFT at the target)"),
+)
+
+
+# The scores of a `sao-eval` report (RUN_DIR/eval/step_<step>.json), under "overall" and
+# per source under "sources" (`sao_jax.jobs.eval_scores.group_scores`).
+REPORT = "every sao-eval report, overall and per source"
+EVAL_REPORT: tuple[MetricDoc, ...] = (
+    MetricDoc("tasks", "count", REPORT, "tasks evaluated"),
+    MetricDoc("greedy_pass@1", "fraction", REPORT, "share of tasks the greedy episode solved"),
+    MetricDoc("failures", "count", REPORT,
+              "episodes (greedy and sampled) the environment could not judge; counted as "
+              "unsolved"),
+    MetricDoc("mean@<n>", "fraction", "with --samples n (run.eval_samples)",
+              "mean over tasks of c / n, the share of a task's n sampled episodes that solve it"),
+    MetricDoc("pass@<k>", "fraction", "with --samples n, for each k <= n of --pass-k",
+              "mean over tasks of the unbiased 1 - C(n - c, k) / C(n, k): the chance that one "
+              "of k samples solves the task (Chen et al. 2021)"),
+)
+
+
+def describe(key: str, table: tuple[MetricDoc, ...] = METRICS) -> MetricDoc | None:
+  """The entry of `table` documenting `key` (an exact key before a pattern), or None."""
+  for doc in table:
+    if doc.key == key:
+      return doc
+  for doc in table:
+    if "<" in doc.key and doc.pattern.match(key):
+      return doc
+  return None
