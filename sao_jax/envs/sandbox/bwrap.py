@@ -48,7 +48,9 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
+
+from sao_jax.envs.sandbox import files
+from sao_jax.envs.sandbox import scratch as scratch_dirs
 
 NOBODY = 65534
 HOW_TO_GET_IT = ("install bubblewrap (`apt-get install bubblewrap`) and run where user namespaces "
@@ -163,7 +165,8 @@ def unavailable_reason() -> str | None:
     return f"{' and '.join(missing)} not found on PATH; {HOW_TO_GET_IT}"
   python = os.path.realpath(sys.executable)
   roots = interpreter_roots()
-  with tempfile.TemporaryDirectory(prefix="sao_probe_") as scratch:
+  scratch = scratch_dirs.make("sao_probe_")
+  try:
     os.chmod(scratch, 0o711)
     probe = command([python, "-I", "-S", "-B", "-c", "import os, json; print('ok')"],
                     mount_points=make_mount_points(scratch), work_dir="/sao_probe",
@@ -174,6 +177,8 @@ def unavailable_reason() -> str | None:
                               env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
     except (OSError, subprocess.TimeoutExpired) as e:
       return f"the bwrap self-test could not run ({e}); {HOW_TO_GET_IT}"
+  finally:
+    files.remove_tree(scratch)
   if result.returncode != 0 or result.stdout.strip() != b"ok":
     detail = result.stderr.decode("utf-8", "replace").strip()[-500:]
     return (f"the bwrap self-test failed (exit {result.returncode}: {detail}). If it cannot "

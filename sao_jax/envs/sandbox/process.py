@@ -54,11 +54,11 @@ import signal
 import subprocess
 import sys
 import sysconfig
-import tempfile
 import time
 
 from sao_jax.config.env import DEFAULT_SANDBOX, SANDBOX_MODES, SandboxLimits
 from sao_jax.envs.sandbox import bwrap, files
+from sao_jax.envs.sandbox import scratch as scratch_dirs
 
 # The bootstrap writes this to stderr right before running the code; its absence
 # means the harness, not the model, failed.
@@ -128,7 +128,7 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
   require_isolation(isolation)
   if workdir is not None and not os.path.isdir(workdir):
     raise ValueError(f"workdir={os.fspath(workdir)!r} is not an existing directory.")
-  scratch = os.path.realpath(tempfile.mkdtemp(prefix="sao_sandbox_"))
+  scratch = scratch_dirs.make("sao_sandbox_")
   try:
     script_dir = os.path.join(scratch, "script")
     os.mkdir(script_dir)
