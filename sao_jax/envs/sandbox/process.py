@@ -57,7 +57,7 @@ import sysconfig
 import time
 
 from sao_jax.config.env import DEFAULT_SANDBOX, SANDBOX_MODES, SandboxLimits
-from sao_jax.envs.sandbox import bwrap, files
+from sao_jax.envs.sandbox import bwrap, files, nesting
 from sao_jax.envs.sandbox import scratch as scratch_dirs
 
 # The bootstrap writes this to stderr right before running the code; its absence
@@ -348,8 +348,10 @@ def _setup():
   with warnings.catch_warnings(record=True) as warned:
     try:
       code = compile(source, "main.py", "exec")
-    except (SyntaxError, ValueError, MemoryError, RecursionError) as error:
+    except (SyntaxError, ValueError) as error:
       code = error
+    except (MemoryError, RecursionError) as error:  # named with its line where it is found
+      code = too_deep(source, "main.py", error)
   if settings["copy_from"]:  # Into the capped work tmpfs, before the limits apply.
     import shutil
     try:
@@ -404,3 +406,6 @@ def _run(code, notes):
 _run(*_setup())
 ''' % {"ready": _READY, "cpu_exit": _CPU_EXIT, "max_notes": _MAX_WARNINGS,
        "note_chars": _WARNING_CHARS}
+# `too_deep` names the line of code nested past the compiler; called only when the
+# compile fails (tokenizing every run's code would cost tens of ms).
+_BOOTSTRAP = nesting.pasteable() + _BOOTSTRAP
