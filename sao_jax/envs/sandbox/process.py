@@ -158,11 +158,12 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
         files.readable_copy(os.path.realpath(workdir), copy_from)
         settings["copy_from"] = bwrap.COPY_SOURCE
         settings["workdir"] = work = os.path.realpath(workdir)
+      read_only = sorted({*bwrap.interpreter_paths(), script_dir,
+                          *filter(os.path.exists, read_roots)})
       command = bwrap.command(
           [python, "-I", "-S", "-B", "-c", _BOOTSTRAP, json.dumps(settings)],
           mount_points=bwrap.make_mount_points(scratch), work_dir=work, copy_from=copy_from,
-          read_only=sorted({*bwrap.interpreter_roots(), script_dir,
-                            *filter(os.path.exists, read_roots)}),
+          read_only=read_only, hidden=bwrap.hidden_paths(read_only, shown=read_roots),
           disk_bytes=limits.disk_mb << 20, max_files=limits.max_files, env=_CHILD_ENV)
       cwd = "/"
     else:
