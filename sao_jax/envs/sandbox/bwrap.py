@@ -43,6 +43,7 @@ cannot be used here (None when it works); the sandbox then refuses to run tools.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import pathlib
@@ -54,7 +55,7 @@ import sys
 import sysconfig
 import tempfile
 
-from sao_jax.envs.sandbox import files
+from sao_jax.envs.sandbox import files, seccomp
 from sao_jax.envs.sandbox import scratch as scratch_dirs
 
 NOBODY = 65534
@@ -116,7 +117,8 @@ def make_mount_points(parent: str) -> str:
 
 def command(inner: list[str], *, mount_points: str, work_dir: str, copy_from: str | None,
             read_only: list[str], disk_bytes: int, max_files: int,
-            env: dict[str, str], hidden: list[str] = ()) -> list[str]:
+            env: dict[str, str], hidden: list[str] = (),
+            seccomp_fd: int | None = None) -> list[str]:
   """`inner` wrapped in the prelude and bwrap (see the module docstring). The
   capped mounts go on the directories `make_mount_points` made in `mount_points`
   (this writes the fstab the prelude mounts them from there);
@@ -124,7 +126,9 @@ def command(inner: list[str], *, mount_points: str, work_dir: str, copy_from: st
   mounted read-only at `COPY_SOURCE` for the bootstrap to copy into it;
   `read_only` paths (files or directories) appear at the same place, bound by the
   prelude, so nobody need traverse the directories above them (a 0700 home);
-  `hidden` directories (below those) appear empty."""
+  `hidden` directories (below those) appear empty. `seccomp_fd`: an open file holding
+  the `seccomp.program()` bwrap loads before it starts `inner` (the caller passes it on
+  to the child)."""
   as_root = os.geteuid() == 0
   places = {"tmp": "/tmp", "shm": "/dev/shm", "work": work_dir}
   # Every namespace but IPC, which the prelude made and emptied (--unshare-all would
@@ -158,6 +162,8 @@ def command(inner: list[str], *, mount_points: str, work_dir: str, copy_from: st
   # After every mount: bwrap makes their mount points in / and /dev. Neither is
   # capped, so neither may stay writable.
   args += ["--remount-ro", "/", "--remount-ro", "/dev", "--chdir", work_dir, "--clearenv"]
+  if seccomp_fd is not None:
+    args += ["--seccomp", str(seccomp_fd)]
   for key, value in env.items():
     args += ["--setenv", key, value]
   # The mounts' owner as the prelude's namespace sees it: the user bwrap runs as.
@@ -202,21 +208,51 @@ def unavailable_reason() -> str | None:
   scratch = scratch_dirs.make("sao_probe_")
   try:
     os.chmod(scratch, 0o711)
-    probe = command([python, "-I", "-S", "-B", "-c", "import os, json; print('ok')"],
-                    mount_points=make_mount_points(scratch), work_dir="/sao_probe",
-                    copy_from=None, read_only=paths, disk_bytes=1 << 20, max_files=16,
-                    env={"PATH": "/usr/bin:/bin"}, hidden=hidden_paths(paths))
-    try:
-      result = subprocess.run(probe, stdin=subprocess.DEVNULL, capture_output=True, timeout=30,
-                              env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
-    except (OSError, subprocess.TimeoutExpired) as e:
-      return f"the bwrap self-test could not run ({e}); {HOW_TO_GET_IT}"
+    with seccomp_file(scratch) as fd:
+      probe = command([python, "-I", "-S", "-B", "-c", "import os, json; print('ok')"],
+                      mount_points=make_mount_points(scratch), work_dir="/sao_probe",
+                      copy_from=None, read_only=paths, disk_bytes=1 << 20, max_files=16,
+                      env={"PATH": "/usr/bin:/bin"}, hidden=hidden_paths(paths), seccomp_fd=fd)
+      try:
+        result = subprocess.run(probe, stdin=subprocess.DEVNULL, capture_output=True,
+                                timeout=30, pass_fds=() if fd is None else (fd,),
+                                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+      except (OSError, subprocess.TimeoutExpired) as e:
+        return f"the bwrap self-test could not run ({e}); {HOW_TO_GET_IT}"
   finally:
     files.remove_tree(scratch)
   if result.returncode != 0 or result.stdout.strip() != b"ok":
     detail = result.stderr.decode("utf-8", "replace").strip()[-500:]
     return f"the bwrap self-test failed (exit {result.returncode}: {detail}); {HOW_TO_GET_IT}"
   return None
+
+
+@contextlib.contextmanager
+def seccomp_file(directory: str):
+  """An fd open on `seccomp.program()` (written to `directory`), None where the machine
+  has no filter (`seccomp.supported()`); closed on exit."""
+  if not seccomp.supported():
+    yield None
+    return
+  path = os.path.join(directory, "seccomp.bpf")
+  with open(path, "wb") as f:
+    f.write(seccomp.program())
+  fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)  # pass_fds clears CLOEXEC in the child
+  try:
+    yield fd
+  finally:
+    os.close(fd)
+
+
+def memory_mode() -> str:
+  """How a tool run's memory is bounded here, in words (the self-test prints it)."""
+  if seccomp.supported():
+    return ("seccomp: rlimits (RLIMIT_AS: memory_mb) and the capped tmpfs mounts, with "
+            f"{', '.join(seccomp.DENIED)} and F_SETPIPE_SZ denied (memory they hold is "
+            "counted by no limit); a run holds at most memory_mb + 3 x disk_mb + "
+            "max_open_files x 32 KiB")
+  return ("rlimits only (no seccomp filter for this machine): memory held through memfd "
+          "files and pipe or socket buffers is not counted")
 
 
 def untraversable(paths: list[str]) -> list[pathlib.Path]:

@@ -11,8 +11,9 @@ world-readable files with guessable names under it.
 
 What it prints: which kernel isolation runs tool code here, or why none can
 and what would fix it (e.g. a `TMPDIR` that the sandbox's user cannot
-traverse); the interpreter paths the sandbox binds; and the site-packages
-directories it hides. `make test` and `make demo` call it.
+traverse); how a run's memory is bounded (`bwrap.memory_mode`: the seccomp
+filter of `seccomp`, or rlimits alone); the interpreter paths the sandbox
+binds; and the site-packages directories it hides. `make test` and `make demo` call it.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def main() -> int:
   reason = bwrap.unavailable_reason()
   if reason is None:
     print("sandbox: kernel isolation (bwrap) works here")
+    print(f"sandbox: memory of a tool run is bounded by {bwrap.memory_mode()}")
   else:
     print(f"sandbox: tool execution will be refused: {reason}", file=sys.stderr)
   return 0

@@ -160,32 +160,33 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
         settings["workdir"] = work = os.path.realpath(workdir)
       read_only = sorted({*bwrap.interpreter_paths(), script_dir,
                           *filter(os.path.exists, read_roots)})
-      command = bwrap.command(
-          [python, "-I", "-S", "-B", "-c", _BOOTSTRAP, json.dumps(settings)],
-          mount_points=bwrap.make_mount_points(scratch), work_dir=work, copy_from=copy_from,
-          read_only=read_only, hidden=bwrap.hidden_paths(read_only, shown=read_roots),
-          disk_bytes=limits.disk_mb << 20, max_files=limits.max_files, env=_CHILD_ENV)
-      cwd = "/"
+      with bwrap.seccomp_file(scratch) as seccomp_fd:
+        command = bwrap.command(
+            [python, "-I", "-S", "-B", "-c", _BOOTSTRAP, json.dumps(settings)],
+            mount_points=bwrap.make_mount_points(scratch), work_dir=work, copy_from=copy_from,
+            read_only=read_only, hidden=bwrap.hidden_paths(read_only, shown=read_roots),
+            disk_bytes=limits.disk_mb << 20, max_files=limits.max_files, env=_CHILD_ENV,
+            seccomp_fd=seccomp_fd)
+        return _supervise(command, "/", limits, wrapped=True,
+                          pass_fds=() if seccomp_fd is None else (seccomp_fd,))
+    if workdir is None:
+      os.mkdir(work)
     else:
-      if workdir is None:
-        os.mkdir(work)
-      else:
-        files.readable_copy(os.path.realpath(workdir), work)
-      command = [python, "-I", "-S", "-B", "-c", _BOOTSTRAP, json.dumps(settings)]
-      cwd = work
-    return _supervise(command, cwd, limits, wrapped=isolation == "bwrap")
+      files.readable_copy(os.path.realpath(workdir), work)
+    command = [python, "-I", "-S", "-B", "-c", _BOOTSTRAP, json.dumps(settings)]
+    return _supervise(command, work, limits, wrapped=False)
   finally:
     files.remove_tree(scratch)
 
 
 def _supervise(command: list[str], cwd: str, limits: SandboxLimits, *,
-              wrapped: bool) -> SandboxResult:
+              wrapped: bool, pass_fds: tuple[int, ...] = ()) -> SandboxResult:
   """Starts the child, collects capped output, enforces the wall-clock limit."""
   start = time.monotonic()
   try:
     proc = subprocess.Popen(command, cwd=cwd, env=_CHILD_ENV, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True, close_fds=True)
+                            start_new_session=True, close_fds=True, pass_fds=pass_fds)
   except OSError as e:
     raise SandboxError(f"could not start the sandbox interpreter {command[0]!r}: {e}") from e
   cap = limits.max_output_bytes + len(_READY)
@@ -372,6 +373,14 @@ def _setup():
     for name in ("pidfd_open", "pidfd_send_signal"):
       if hasattr(module, name):
         delattr(module, name)
+  # The kernel refuses it (seccomp, bwrap mode: EPERM); this says why.
+  def memfd_create(*args, **kwargs):
+    raise PermissionError("sandbox: memfd_create is not allowed (memory held in such files "
+                          "would count against no limit); write files in the working "
+                          "directory or /tmp instead")
+  for module in (os, sys.modules["posix"]):
+    if hasattr(module, "memfd_create"):
+      module.memfd_create = memfd_create
   sys.addaudithook(_make_hook(settings["workdir"], tuple(settings["read_roots"]),
                               frozenset(("/dev/null", "/dev/zero", "/dev/urandom"))))
   # Bounded: one long line can hold thousands of warnings, each quoting that line.

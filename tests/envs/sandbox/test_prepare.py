@@ -20,6 +20,7 @@ def test_prepare_reports_that_isolation_works_here(capsys):
   out = capsys.readouterr().out
   assert "kernel isolation (bwrap) works here" in out
   assert "no permissions are changed" in out
+  assert "memory of a tool run is bounded by " + bwrap.memory_mode() in out
 
 
 # In a private mount namespace (nothing here reaches the host's mounts): the top
