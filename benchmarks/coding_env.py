@@ -128,7 +128,7 @@ def bwrap_overhead(calls: int = 20) -> tuple[float, float]:
     os.chmod(scratch, 0o711)
     wrapped = bwrap.command(direct, mount_points=bwrap.make_mount_points(scratch),
                             work_dir="/sao_bench", copy_from=None,
-                            read_only=bwrap.interpreter_roots(), disk_bytes=limits.disk_mb << 20,
+                            read_only=bwrap.interpreter_paths(), disk_bytes=limits.disk_mb << 20,
                             max_files=limits.max_files, env={"PATH": "/usr/bin:/bin"})
     seconds = []
     for command in (direct, wrapped):

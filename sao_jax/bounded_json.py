@@ -31,11 +31,27 @@ _OPEN = np.frombuffer(b"[{", np.uint8)
 _CLOSE = np.frombuffer(b"]}", np.uint8)
 
 
-def depth(data: bytes) -> int:
-  """Deepest bracket nesting of the JSON text `data` (0 for a scalar)."""
+def _nesting(data: bytes) -> tuple[np.ndarray, np.ndarray]:
+  """`data` with its string literals blanked, and the bracket depth after each byte."""
   code = np.frombuffer(_STRING.sub(b'""', data), np.uint8)
   steps = np.isin(code, _OPEN).astype(np.int64) - np.isin(code, _CLOSE)
-  return int(np.cumsum(steps).max(initial=0))
+  return code, np.cumsum(steps)
+
+
+def depth(data: bytes) -> int:
+  """Deepest bracket nesting of the JSON text `data` (0 for a scalar)."""
+  return int(_nesting(data)[1].max(initial=0))
+
+
+def line_past(data: bytes, max_depth: int) -> int | None:
+  """The line (from 1) where the JSON text `data` first nests deeper than `max_depth`,
+  or None if it never does. A JSON string holds no raw line break, so blanking the
+  strings keeps every line break of the text."""
+  code, levels = _nesting(data)
+  deeper = np.flatnonzero(levels > max_depth)
+  if deeper.size == 0:
+    return None
+  return int(np.count_nonzero(code[:deeper[0]] == ord("\n"))) + 1
 
 
 def loads(data: bytes, *, max_bytes: int, max_depth: int, what: str) -> Any:
@@ -48,7 +64,8 @@ def loads(data: bytes, *, max_bytes: int, max_depth: int, what: str) -> Any:
     raise ValueError(f"{what}: not JSON (not UTF-8: {error})") from None
   nesting = depth(data)
   if nesting > max_depth:
-    raise ValueError(f"{what}: JSON nested {nesting} deep, more than the {max_depth} allowed")
+    raise ValueError(f"{what}: JSON nested {nesting} deep, more than the {max_depth} allowed "
+                     f"(from line {line_past(data, max_depth)})")
   try:
     return json.loads(text)
   except ValueError as error:  # JSONDecodeError

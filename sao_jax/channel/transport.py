@@ -46,7 +46,9 @@ nothing to read.
   and a `.traj` file whose name is not `<writer>-<seq>.p<prompt id>.traj`, is
   moved to `quarantine/<name>.<reason>` and counted in `drops` as
   `quarantined_<reason>` (the learner passes its `pipeline.Drops`, so these reach
-  the `dropped/...` metrics). Records are parsed by `records.from_bytes`, never
+  the `dropped/...` metrics). `quarantine/` is bounded (`QUARANTINE_FILES`,
+  `QUARANTINE_BYTES`): past either bound the files quarantined longest ago are
+  deleted, counted as `quarantine_pruned`. Records are parsed by `records.from_bytes`, never
   unpickled. Only regular files are read, opened without following links and
   without blocking (a FIFO named `*.traj` would otherwise stall the reader, a
   link loop crash it); anything else is `unreadable`. When `quarantine/` is not
@@ -66,6 +68,7 @@ import pathlib
 import queue
 import re
 import secrets
+import stat
 import threading
 import time
 import uuid
@@ -211,6 +214,10 @@ class DirectoryTransport:
   # the last REMEMBER records it consumed, so the staleness filter (`data.max_lag`)
   # drops it whenever REMEMBER > (max_lag + 1) x the trajectories of a batch.
   REMEMBER = 1 << 16
+  # What quarantine/ keeps (`_bound_quarantine`): evidence, not an archive; 20,000
+  # stray files otherwise stayed there for good.
+  QUARANTINE_FILES = 1000
+  QUARANTINE_BYTES = 256 << 20
 
   def __init__(self, directory: str | os.PathLike, capacity: int, writer_id: str | None = None,
                *, max_tokens: int, secret: bytes, shard: tuple[int, int] = (0, 1),
@@ -241,6 +248,9 @@ class DirectoryTransport:
     self._seq = 0
     self.shard, self.by_prompt = shard, by_prompt
     self._stuck: set[str] = set()  # bad entries that could be neither moved nor deleted
+    # (files, bytes) in quarantine/ as last listed plus what this reader added since, and
+    # how many it added since: set so that its first move lists the folder.
+    self._quarantine_tally = (0, 0, self.QUARANTINE_FILES)
     self._reading: bytes | None = None  # the run this reader reads for (`start_run`)
     self._announced: tuple[int, bytes] | None = None  # the run this reader announced
     self._writing: tuple[int, bytes] | None = None  # the newest run a writer saw (`_run`)
@@ -290,6 +300,7 @@ class DirectoryTransport:
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         try:
           os.rename(path, f"{path.name}.{reason}", dst_dir_fd=fd)
+          self._bound_quarantine(fd, f"{path.name}.{reason}")
         finally:
           os.close(fd)
       except FileNotFoundError:
@@ -309,6 +320,50 @@ class DirectoryTransport:
       # A name is any bytes a peer chose (escape sequences, line breaks); the log prints it.
       name = os.fsencode(path.name).decode(errors="backslashreplace")
       examples[key] = untrusted(f"{name}: {detail}"[:300])
+
+  def _bound_quarantine(self, fd: int, added: str) -> None:
+    """Keeps `quarantine/` (opened as `fd`) within `QUARANTINE_FILES` files and
+    `QUARANTINE_BYTES` bytes once `added` is in it: past either, the files
+    quarantined longest ago (by change time, which the move sets) are deleted
+    down to 3/4 of both bounds, counted as `quarantine_pruned`. The folder is
+    listed only then, or after this reader added a quarter of the bound since
+    (other readers add too): a listing per record cost O(n^2) for n strays."""
+    try:
+      size = os.stat(added, dir_fd=fd, follow_symlinks=False).st_size
+    except OSError:
+      size = 0
+    files, total, since = self._quarantine_tally
+    files, total, since = files + 1, total + size, since + 1
+    if files <= self.QUARANTINE_FILES and total <= self.QUARANTINE_BYTES and (
+        since < self.QUARANTINE_FILES // 4):
+      self._quarantine_tally = (files, total, since)
+      return
+    kept = []
+    with os.scandir(fd) as entries:
+      for entry in entries:
+        try:
+          info = entry.stat(follow_symlinks=False)
+        except OSError:
+          continue
+        if stat.S_ISREG(info.st_mode):
+          kept.append((info.st_ctime_ns, entry.name, info.st_size))
+    kept.sort()
+    files, total = len(kept), sum(size for _, _, size in kept)
+    if files > self.QUARANTINE_FILES or total > self.QUARANTINE_BYTES:
+      pruned = 0
+      for _, name, size in kept:
+        if files <= self.QUARANTINE_FILES * 3 // 4 and total <= self.QUARANTINE_BYTES * 3 // 4:
+          break
+        try:
+          os.unlink(name, dir_fd=fd)
+          pruned += 1
+        except FileNotFoundError:  # another reader pruned it
+          pass
+        except OSError:
+          continue  # not ours to delete: it still counts
+        files, total = files - 1, total - size
+      self.drops["quarantine_pruned"] += pruned
+    self._quarantine_tally = (files, total, 0)
 
   def _ready(self) -> list[tuple[pathlib.Path, re.Match]]:
     """This reader's records, oldest first; stray names are quarantined on the way."""

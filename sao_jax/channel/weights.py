@@ -39,6 +39,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from sao_jax import owner as process_owner
 from sao_jax.channel import run_secret
 from sao_jax.channel import weights_fetch, weights_net
 from sao_jax.channel.weights_directory import DirectorySpec, DirectorySubscriber, DirectoryWeights
@@ -79,21 +80,6 @@ def _block_owner(name: str, prefix: str) -> int | None:
   return int(pid) if sep and pid.isdigit() and token else None
 
 
-def _running(pid: int) -> bool:
-  """Whether `pid` is a live process (a zombie, killed but not yet reaped, is not)."""
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:  # another user's live process
-    return True
-  try:
-    with open(f"/proc/{pid}/stat", "rb") as f:  # "pid (comm) state ..."; comm may hold spaces
-      return f.read().rpartition(b")")[2].split()[0] != b"Z"
-  except (OSError, IndexError):  # no procfs (not Linux), or it exited meanwhile
-    return True
-
-
 def reclaim_stale_blocks(directory: str = SHM_DIR, prefix: str = BLOCK_PREFIX) -> list[str]:
   """Unlinks the weight blocks of `prefix` in `directory` whose owner process is gone (a
   learner killed before `close()`); returns their names. A live owner's block
@@ -107,7 +93,7 @@ def reclaim_stale_blocks(directory: str = SHM_DIR, prefix: str = BLOCK_PREFIX) -
   reclaimed = []
   for name in sorted(names):
     owner = _block_owner(name, prefix)
-    if owner is not None and not _running(owner):
+    if owner is not None and not process_owner.running(owner):
       try:
         os.unlink(os.path.join(directory, name))
         reclaimed.append(name)

@@ -226,3 +226,45 @@ def test_a_link_swapped_in_for_the_quarantine_folder_is_not_followed(tmp_path, m
   assert not list(elsewhere.iterdir())
   assert dict(reader.drops) == {"quarantined_bad_signature": 1}
   assert os.listdir(shared / "checked") == ["w-000000000000.p0.traj.bad_signature"]
+
+
+def test_stray_files_do_not_fill_quarantine_forever(tmp_path, monkeypatch):
+  # 20,000 stray files stayed in quarantine/ for good. Now it keeps at most
+  # QUARANTINE_FILES files (and QUARANTINE_BYTES bytes), the oldest dropped and counted.
+  monkeypatch.setattr(DirectoryTransport, "QUARANTINE_FILES", 40)
+  reader = reader_of(tmp_path)
+  for i in range(200):
+    (tmp_path / f"stray{i}.traj").write_bytes(b"x")
+    assert within(lambda: reader.get(timeout=0)) is None
+  kept = os.listdir(tmp_path / "quarantine")
+  assert len(kept) <= 40
+  assert reader.drops["quarantined_bad_name"] == 200
+  assert reader.drops["quarantine_pruned"] == 200 - len(kept)
+  assert "stray199.traj.bad_name" in kept and "stray0.traj.bad_name" not in kept
+
+
+def test_quarantine_is_bounded_in_bytes_too(tmp_path, monkeypatch):
+  monkeypatch.setattr(DirectoryTransport, "QUARANTINE_BYTES", 64 << 10)
+  reader = reader_of(tmp_path)
+  for i in range(40):
+    (tmp_path / f"big{i}.traj").write_bytes(os.urandom(8 << 10))
+    within(lambda: reader.get(timeout=0))
+  sizes = [os.path.getsize(tmp_path / "quarantine" / n) for n in os.listdir(tmp_path / "quarantine")]
+  assert sum(sizes) <= 64 << 10
+  assert reader.drops["quarantine_pruned"] == 40 - len(sizes) > 0
+
+
+def test_pruning_never_deletes_outside_quarantine(tmp_path, monkeypatch):
+  # A link a peer put into quarantine/ is unlinked as a name, its target never touched.
+  monkeypatch.setattr(DirectoryTransport, "QUARANTINE_FILES", 8)
+  outside = tmp_path.parent / f"{tmp_path.name}_outside"
+  outside.mkdir()
+  (outside / "precious").write_bytes(b"keep")
+  (tmp_path / "quarantine").mkdir()
+  os.symlink(outside / "precious", tmp_path / "quarantine" / "link")
+  reader = reader_of(tmp_path)
+  for i in range(40):
+    (tmp_path / f"stray{i}.traj").write_bytes(b"x")
+    within(lambda: reader.get(timeout=0))
+  assert (outside / "precious").read_bytes() == b"keep"
+  assert len(os.listdir(tmp_path / "quarantine")) <= 8 + 1

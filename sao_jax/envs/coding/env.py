@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import os
 import resource
-import tempfile
 import weakref
 
 from sao_jax.config.checks import fail
@@ -115,6 +114,8 @@ class CodingEnv(Environment):
       fail("env.tool", "max_files", sandbox_limits.max_files,
            f"the coding environment needs at least {MIN_SANDBOX_FILES} for a full copy")
     sandbox.require_isolation(isolation)
+    # Episode and tool-run directories of killed processes (`sandbox.scratch`).
+    self.reclaimed = sandbox.reclaim_scratch()
     self.sandbox_limits = sandbox_limits
     self.isolation = isolation
     self.partial_reward = partial_reward
@@ -126,7 +127,7 @@ class CodingEnv(Environment):
 
   def _reset(self, task: Task) -> list[Message]:
     self.close()
-    self.episode_dir = os.path.realpath(tempfile.mkdtemp(prefix="sao_coding_"))
+    self.episode_dir = sandbox.make_scratch("sao_coding_")
     self._cleanup = weakref.finalize(self, sandbox.remove_tree, self.episode_dir)
     self.tests_dir = task.metadata["tests_dir"]
     task_files = os.path.join(self.episode_dir, "task")

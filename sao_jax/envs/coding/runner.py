@@ -48,6 +48,8 @@ import os
 import secrets
 
 from sao_jax.envs import sandbox
+from sao_jax.envs.sandbox import nesting
+from sao_jax.envs.sandbox.nesting import too_deep
 
 # Failure details (captured output, traceback) kept per test, from the end.
 _DETAIL_CHARS = 2000
@@ -67,16 +69,20 @@ _emit(_MARK + " START\n")
 # unicodedata too, which parsing a "\N{...}" escape imports (a repository's own
 # unicodedata.py would otherwise run inside the parse, before the TESTS line).
 _root = sys.path.pop(0)
-import ast, contextlib, importlib.util, io, traceback, unicodedata
+import ast, contextlib, importlib.util, io, tokenize, traceback, unicodedata
 sys.path[:0] = [_root, os.path.dirname(os.path.abspath(_PATH))]
 '''
 
 _RUNNER = r'''
+_too_deep = None  # the file nests past the parser: named with its line, never loaded
 try:  # Before anything of the repository runs: no code of it can change the list.
   with open(_PATH, encoding="utf-8") as _file:
-    _NAMES = collect_tests(_file.read())
-except (OSError, ValueError):  # unreadable or not UTF-8: one whole-file test
+    _source = _file.read()
+  _NAMES = collect_tests(_source, _PATH)
+except (OSError, UnicodeDecodeError):  # unreadable or not UTF-8: one whole-file test
   _NAMES = []
+except ValueError as _error:
+  _NAMES, _too_deep = [], str(_error)
 _emit(_MARK + " TESTS" + "".join(" " + _name for _name in _NAMES) + "\n")
 
 def _tail(text):
@@ -116,7 +122,7 @@ def _load():
   spec.loader.exec_module(module)
   _modules.append(module)
 
-_load_failure = _call(_load)
+_load_failure = _too_deep or _call(_load)
 if not _NAMES:
   _report(_PATH, _load_failure)
 for _index, _name in enumerate(_NAMES):
@@ -138,13 +144,17 @@ class FileResult:
   report: str
 
 
-def collect_tests(source: str) -> list[str]:
+def collect_tests(source: str, path: str) -> list[str]:
   """The top-level `def test*` functions of `source`, in order; [] if there are none
-  or the file does not parse (it then counts as one whole-file test). The runner
-  calls it inside the sandbox (its source is pasted in: it may use only `ast`)."""
+  or the file does not parse (it then counts as one whole-file test). Source nested
+  past the parser raises ValueError naming `path` and the line (`nesting.too_deep`).
+  The runner calls it inside the sandbox (its source is pasted in, with `nesting`'s:
+  it may use only `ast` and `too_deep`)."""
   try:
     tree = ast.parse(source)
-  except (SyntaxError, ValueError, RecursionError, MemoryError):
+  except (RecursionError, MemoryError) as error:
+    raise too_deep(source, path, error) from None
+  except (SyntaxError, ValueError):
     return []
   names = [node.name for node in tree.body
            if isinstance(node, ast.FunctionDef) and node.name.startswith("test")]
@@ -189,7 +199,8 @@ def run_test_file(root: str, path: str, source: str, limits: sandbox.SandboxLimi
   # details (which the runner keeps within the limit) never push verdicts out.
   limits = dataclasses.replace(
       limits, max_output_bytes=limits.max_output_bytes + _runner_bytes(source, path, mark))
-  script = prelude + _RUNNER_START + inspect.getsource(collect_tests) + _RUNNER
+  script = (prelude + _RUNNER_START + nesting.pasteable() + inspect.getsource(collect_tests)
+            + _RUNNER)
   result = sandbox.run_python(script, limits, workdir=root, isolation=isolation)
   lines = result.stdout.split("\n")
   if f"{mark} START" not in lines:

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import json
 import os
 import shutil
 import stat
@@ -53,12 +52,15 @@ import tarfile
 import types
 from typing import Callable
 
+from sao_jax import bounded_json
 from sao_jax.envs import tasks
 from sao_jax.envs.base import Task
+from sao_jax.envs.sandbox import nesting
 
 PARTS = ("repo", "tests_visible", "tests_hidden")
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar")
 _RESERVED_KEYS = ("snapshot", "files", "fix")
+MAX_TASK_JSON_BYTES = 1 << 20  # a problem statement and metadata, not data
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,8 +149,13 @@ def _check_tests(path: str, listing: _Listing, part: str, parse: bool) -> None:
     raise ValueError(f"{path}: {part}/ has no test*.py file at its top level; add at least one.")
   for rel in tests if parse else ():
     try:
-      ast.parse(listing.read(rel).decode("utf-8"), filename=rel)
-    except (SyntaxError, UnicodeDecodeError, ValueError) as e:
+      source = listing.read(rel).decode("utf-8")
+      # Depth first, without recursion: the parser recurses once per level.
+      nesting.check(source, f"{path}: {rel}", nesting.MAX_DEPTH)
+      ast.parse(source, filename=rel)
+    except (RecursionError, MemoryError) as e:  # nested past the parser all the same
+      raise nesting.too_deep(source, f"{path}: {rel}", e) from None
+    except (SyntaxError, UnicodeDecodeError) as e:
       raise ValueError(f"{path}: {rel} is not valid Python ({e}); hidden tests must parse.") \
           from None
 
@@ -166,10 +173,9 @@ def load_task(path: str | os.PathLike, *, task_id: str | None = None) -> Task:
                      "of one.")
   if "task.json" not in listing.files:
     raise ValueError(f"{path}: missing task.json.")
-  try:
-    spec = json.loads(listing.read("task.json").decode("utf-8"))
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise ValueError(f"{path}/task.json: invalid JSON ({e}).") from None
+  # Bounded before parsing (the parser recurses once per level): errors name the line.
+  spec = bounded_json.loads(listing.read("task.json"), max_bytes=MAX_TASK_JSON_BYTES,
+                            max_depth=tasks.MAX_NESTING, what=f"{path}/task.json")
   if not isinstance(spec, dict):
     raise ValueError(f"{path}/task.json: expected a JSON object, got {type(spec).__name__}.")
   problem = spec.pop("problem", None)

@@ -50,6 +50,8 @@ class MathToolEnv(Environment):
     super().__init__(max_turns=max_turns, max_observation_chars=max_observation_chars)
     sandbox_limits.validate()
     sandbox.require_isolation(isolation)
+    # Scratch directories of tool runs whose process was killed (`sandbox.scratch`).
+    self.reclaimed = sandbox.reclaim_scratch()
     checker.start()
     self.sandbox_limits = sandbox_limits
     self.isolation = isolation

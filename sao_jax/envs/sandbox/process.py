@@ -54,11 +54,11 @@ import signal
 import subprocess
 import sys
 import sysconfig
-import tempfile
 import time
 
 from sao_jax.config.env import DEFAULT_SANDBOX, SANDBOX_MODES, SandboxLimits
-from sao_jax.envs.sandbox import bwrap, files
+from sao_jax.envs.sandbox import bwrap, files, nesting
+from sao_jax.envs.sandbox import scratch as scratch_dirs
 
 # The bootstrap writes this to stderr right before running the code; its absence
 # means the harness, not the model, failed.
@@ -128,7 +128,7 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
   require_isolation(isolation)
   if workdir is not None and not os.path.isdir(workdir):
     raise ValueError(f"workdir={os.fspath(workdir)!r} is not an existing directory.")
-  scratch = os.path.realpath(tempfile.mkdtemp(prefix="sao_sandbox_"))
+  scratch = scratch_dirs.make("sao_sandbox_")
   try:
     script_dir = os.path.join(scratch, "script")
     os.mkdir(script_dir)
@@ -158,33 +158,35 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *,
         files.readable_copy(os.path.realpath(workdir), copy_from)
         settings["copy_from"] = bwrap.COPY_SOURCE
         settings["workdir"] = work = os.path.realpath(workdir)
-      command = bwrap.command(
-          [python, "-I", "-S", "-B", "-c", _BOOTSTRAP, json.dumps(settings)],
-          mount_points=bwrap.make_mount_points(scratch), work_dir=work, copy_from=copy_from,
-          read_only=sorted({*bwrap.interpreter_roots(), script_dir,
-                            *filter(os.path.exists, read_roots)}),
-          disk_bytes=limits.disk_mb << 20, max_files=limits.max_files, env=_CHILD_ENV)
-      cwd = "/"
+      read_only = sorted({*bwrap.interpreter_paths(), script_dir,
+                          *filter(os.path.exists, read_roots)})
+      with bwrap.seccomp_file(scratch) as seccomp_fd:
+        command = bwrap.command(
+            [python, "-I", "-S", "-B", "-c", _BOOTSTRAP, json.dumps(settings)],
+            mount_points=bwrap.make_mount_points(scratch), work_dir=work, copy_from=copy_from,
+            read_only=read_only, hidden=bwrap.hidden_paths(read_only, shown=read_roots),
+            disk_bytes=limits.disk_mb << 20, max_files=limits.max_files, env=_CHILD_ENV,
+            seccomp_fd=seccomp_fd)
+        return _supervise(command, "/", limits, wrapped=True,
+                          pass_fds=() if seccomp_fd is None else (seccomp_fd,))
+    if workdir is None:
+      os.mkdir(work)
     else:
-      if workdir is None:
-        os.mkdir(work)
-      else:
-        files.readable_copy(os.path.realpath(workdir), work)
-      command = [python, "-I", "-S", "-B", "-c", _BOOTSTRAP, json.dumps(settings)]
-      cwd = work
-    return _supervise(command, cwd, limits, wrapped=isolation == "bwrap")
+      files.readable_copy(os.path.realpath(workdir), work)
+    command = [python, "-I", "-S", "-B", "-c", _BOOTSTRAP, json.dumps(settings)]
+    return _supervise(command, work, limits, wrapped=False)
   finally:
     files.remove_tree(scratch)
 
 
 def _supervise(command: list[str], cwd: str, limits: SandboxLimits, *,
-              wrapped: bool) -> SandboxResult:
+              wrapped: bool, pass_fds: tuple[int, ...] = ()) -> SandboxResult:
   """Starts the child, collects capped output, enforces the wall-clock limit."""
   start = time.monotonic()
   try:
     proc = subprocess.Popen(command, cwd=cwd, env=_CHILD_ENV, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True, close_fds=True)
+                            start_new_session=True, close_fds=True, pass_fds=pass_fds)
   except OSError as e:
     raise SandboxError(f"could not start the sandbox interpreter {command[0]!r}: {e}") from e
   cap = limits.max_output_bytes + len(_READY)
@@ -348,8 +350,10 @@ def _setup():
   with warnings.catch_warnings(record=True) as warned:
     try:
       code = compile(source, "main.py", "exec")
-    except (SyntaxError, ValueError, MemoryError, RecursionError) as error:
+    except (SyntaxError, ValueError) as error:
       code = error
+    except (MemoryError, RecursionError) as error:  # named with its line where it is found
+      code = too_deep(source, "main.py", error)
   if settings["copy_from"]:  # Into the capped work tmpfs, before the limits apply.
     import shutil
     try:
@@ -369,6 +373,14 @@ def _setup():
     for name in ("pidfd_open", "pidfd_send_signal"):
       if hasattr(module, name):
         delattr(module, name)
+  # The kernel refuses it (seccomp, bwrap mode: EPERM); this says why.
+  def memfd_create(*args, **kwargs):
+    raise PermissionError("sandbox: memfd_create is not allowed (memory held in such files "
+                          "would count against no limit); write files in the working "
+                          "directory or /tmp instead")
+  for module in (os, sys.modules["posix"]):
+    if hasattr(module, "memfd_create"):
+      module.memfd_create = memfd_create
   sys.addaudithook(_make_hook(settings["workdir"], tuple(settings["read_roots"]),
                               frozenset(("/dev/null", "/dev/zero", "/dev/urandom"))))
   # Bounded: one long line can hold thousands of warnings, each quoting that line.
@@ -404,3 +416,6 @@ def _run(code, notes):
 _run(*_setup())
 ''' % {"ready": _READY, "cpu_exit": _CPU_EXIT, "max_notes": _MAX_WARNINGS,
        "note_chars": _WARNING_CHARS}
+# `too_deep` names the line of code nested past the compiler; called only when the
+# compile fails (tokenizing every run's code would cost tens of ms).
+_BOOTSTRAP = nesting.pasteable() + _BOOTSTRAP

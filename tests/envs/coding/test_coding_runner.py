@@ -150,3 +150,17 @@ def test_repository_modules_do_not_shadow_the_runners_imports(tmp_path):
   for name in ("contextlib", "traceback", "io"):
     (tmp_path / f"{name}.py").write_text("raise RuntimeError('shadowed')\n")
   assert run(tmp_path, "def test_a():\n    pass\n").passed == {"test_a"}
+
+
+def test_a_test_file_nested_past_the_parser_fails_naming_its_line(tmp_path):
+  # Agents write test files too: inside the sandbox such a file is one failing test,
+  # reported with its line, not a RecursionError traceback from loading it.
+  result = run(tmp_path, "def test_a():\n    pass\n\nx = " + "-" * 5000 + "1\n")
+  assert result.names == ("tests/test_x.py",) and not result.passed
+  assert "tests/test_x.py, line 4: Python nested too deeply" in result.report, result.report
+
+
+def test_the_python_tool_names_the_line_of_code_nested_past_the_compiler():
+  result = sandbox.run_python("print(1)\n\nx = " + "1+" * 5000 + "1\n", LIMITS)
+  assert result.exit_code == 1 and result.stdout == ""
+  assert "main.py, line 3: Python nested too deeply" in result.stderr, result.stderr

@@ -125,7 +125,7 @@ def remove(path):
 
 @pytest.mark.parametrize("damage, message", [
     (lambda t: remove(t / "task.json"), "missing task.json"),
-    (lambda t: (t / "task.json").write_text("{"), r"task.json: invalid JSON"),
+    (lambda t: (t / "task.json").write_text("{"), r"task.json: not JSON"),
     (lambda t: (t / "task.json").write_text("[]"), "expected a JSON object, got list"),
     (lambda t: (t / "task.json").write_text("{}"), "'problem' must be a non-empty string"),
     (lambda t: (t / "task.json").write_text('{"problem": "p", "id": ""}'), "'id' must be"),
@@ -249,3 +249,45 @@ def test_every_bank_bug_is_unique_and_exposed_by_an_edge_case(template):
 def test_solution_actions_need_a_fix(tmp_path):
   with pytest.raises(ValueError, match="has no 'fix'"):
     coding_generator.solution_actions(coding_tasks.load_task(write_task(tmp_path)))
+
+
+# Nested past the parser: these raised RecursionError (task.json, `-` and `.` chains)
+# or MemoryError (`lambda` chains) from this process, naming no file.
+DEEP_TESTS = [
+    "x = 1\n\n" + "x = " + "-" * 5000 + "1\n",
+    "x = 1\n\n" + "x = " + "1+" * 5000 + "1\n",
+    "x = 1\n\n" + "x = a" + ".a" * 5000 + "\n",
+    "x = 1\n\n" + "x = " + "lambda: " * 3000 + "1\n",
+    "x = 1\n\n" + 'x = f"{' + "-" * 5000 + '1}"\n',
+]
+
+
+def test_a_deeply_nested_task_json_is_a_value_error_naming_file_and_line(tmp_path):
+  task = write_task(tmp_path)
+  (task / "task.json").write_text('{"problem": "p",\n "x": ' + "[" * 100_000 + "]" * 100_000 + "}")
+  with pytest.raises(ValueError, match=r"task.json: JSON nested 100001 deep, more than the 64 "
+                                       r"allowed \(from line 2\)") as error:
+    coding_tasks.load_task(task)
+  assert str(task) in str(error.value)
+
+
+@pytest.mark.parametrize("source", DEEP_TESTS)
+def test_a_deeply_nested_hidden_test_is_a_value_error_naming_file_and_line(tmp_path, source):
+  task = write_task(tmp_path)
+  (task / "tests_hidden" / "test_calc.py").write_text(source)
+  with pytest.raises(ValueError, match=r"tests_hidden/test_calc.py, line 3: Python nested too "
+                                       r"deeply") as error:
+    coding_tasks.load_task(task)
+  assert str(task) in str(error.value)
+  tar = tar_task(task, tmp_path / "t1.tar.gz")  # the same from an archive
+  with pytest.raises(ValueError, match=r"tests_hidden/test_calc.py, line 3: Python nested"):
+    coding_tasks.load_task(tar)
+
+
+def test_real_nesting_below_the_bound_still_loads(tmp_path):
+  """The depth bound is not a parser: long flat data and ordinary nesting pass."""
+  task = write_task(tmp_path)
+  (task / "tests_hidden" / "test_calc.py").write_text(
+      HIDDEN + "DATA = [" + ", ".join(f"({i} + 1, -{i})" for i in range(20000)) + "]\n"
+      + "Y = " + "(" * 150 + "1" + ")" * 150 + "\n" + "S = f'{DATA[0]!r:>{10}} {{literal}}'\n")
+  assert coding_tasks.load_task(task).prompt == "add subtracts"

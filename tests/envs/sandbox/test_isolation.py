@@ -13,6 +13,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import uuid
 
 import pytest
@@ -80,6 +81,7 @@ def _compile(c_body: str, tmp_path) -> bytes:
                     "#include <netinet/in.h>\n#include <signal.h>\n#include <string.h>\n"
                     "#include <sys/mount.h>\n#include <sys/msg.h>\n#include <sys/sem.h>\n"
                     "#include <sys/shm.h>\n#include <sys/socket.h>\n#include <unistd.h>\n"
+                    "#include <stdio.h>\n#include <sys/syscall.h>\n"
                     "static void say(const char *s) { write(1, s, strlen(s)); }\n"
                     f"__attribute__((constructor)) static void payload(void) {{\n{c_body}\n}}\n")
   library = source.with_suffix(".so")
@@ -205,9 +207,13 @@ def test_host_processes_are_invisible(tmp_path):
 
 
 def test_no_capabilities_and_an_unprivileged_uid(tmp_path):
-  result = native('char buf[4096] = {0}; int fd = open("/proc/self/status", O_RDONLY);\n'
-                  'read(fd, buf, 4095); char *cap = strstr(buf, "CapEff:");\n'
-                  'if (cap) { cap[24] = 0; say(cap); }\n'
+  # capget, not /proc/self/status: the sandbox has no /proc.
+  result = native('struct { unsigned version; int pid; } head = {0x20080522, 0};\n'
+                  'struct { unsigned effective, permitted, inheritable; } data[2] = {{0}};\n'
+                  'char line[64];\n'
+                  'if (syscall(SYS_capget, &head, data) == 0) {\n'
+                  '  snprintf(line, sizeof line, "CapEff: %08x%08x", data[1].effective,\n'
+                  '           data[0].effective); say(line); }\n'
                   'say(getuid() == 65534 ? " NOBODY" : " OTHER");', tmp_path)
   assert result.stdout.split() == ["CapEff:", "0000000000000000", "NOBODY"], result
 
@@ -258,3 +264,41 @@ def test_unisolated_is_an_explicit_loud_opt_in(monkeypatch, tmp_path, caplog):
     bwrap.unavailable_reason.cache_clear()
   with pytest.raises(ValueError, match="env.sandbox='none' is invalid"):
     EnvConfig(sandbox="none").validate()
+
+
+def test_only_the_interpreter_and_its_stdlib_are_there_no_host_details(tmp_path):
+  """Past the audit hook: no /proc (its mountinfo named the host's scratch paths, and
+  /proc/cmdline the host's boot line), an empty /dev/pts, and of the interpreter's
+  installation only its executable, shared library and stdlib, whose site-packages
+  is empty (it held the host's third-party packages)."""
+  prefix = os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))
+  code = HOOK_BYPASSES["rebind_builtin"] + f"""
+import os
+def show(path):
+  try:
+    print(path, sorted(os.listdir(path)) if os.path.isdir(path) else repr(read(path)[:40]))
+  except OSError as error:
+    print(path, type(error).__name__)
+for path in ('/proc/self/mountinfo', '/proc/cmdline', '/proc', '/dev/pts', {prefix!r},
+             {os.path.join(prefix, "bin")!r}, *{bwrap.site_directories()!r}):
+  show(path)
+import json, decimal, fractions, unicodedata  # the stdlib works
+try:
+  import numpy
+  print('numpy importable')
+except ImportError:
+  print('no numpy')
+"""
+  result = sandbox.run_python(code, LIMITS)
+  assert result.ok, result
+  seen = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
+  for path in ("/proc/self/mountinfo", "/proc/cmdline", "/proc"):
+    assert seen[path] == "FileNotFoundError", (path, seen[path])
+  assert seen["/dev/pts"] == "[]"
+  if not prefix.startswith("/usr/"):  # an installation of its own (pyenv, a venv's base)
+    assert set(eval(seen[prefix])) <= {"bin", "lib"}, seen[prefix]
+    assert eval(seen[os.path.join(prefix, "bin")]) == [os.path.basename(
+        os.path.realpath(sys.executable))]
+  for site_dir in bwrap.site_directories():
+    assert seen[site_dir] in ("[]", "FileNotFoundError"), (site_dir, seen[site_dir])
+  assert "no numpy" in result.stdout
