@@ -171,7 +171,7 @@ def resolve(config: EnvConfig) -> Resolved:
     raise ValueError(f"env.task_source={source!r} is invalid: {spec.name!r} accepts "
                      f"{', '.join(map(repr, sources))}")
   if source in DATASET_SOURCES:
-    config.dataset.validate(source)
+    dataset_tasks.check_columns(config.dataset, source)
   if source == "jsonl" and not config.jsonl_path:
     raise ValueError("env.jsonl_path='' is invalid: task_source='jsonl' needs an existing "
                      "JSONL file")
