@@ -108,6 +108,12 @@ class Environment(abc.ABC):
   """
 
   observation_role: str = "user"
+  # Native tools (`sao_jax.chat.tool_calls`): OpenAI-format function schemas the chat
+  # template is given (`tools=`), and how the policy calls them, which the sampler
+  # sets from the chat template before `reset` (`set_tool_format`): "hermes" (Qwen),
+  # "llama3_json" (Llama 3.1), or "fenced" (ChatML: the environment's own blocks).
+  tools: Sequence[Mapping[str, Any]] = ()
+  tool_format: str = "fenced"
 
   def __init__(self, *, max_turns: int, max_observation_chars: int):
     if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
@@ -127,6 +133,11 @@ class Environment(abc.ABC):
     """Training progress (the sampler passes its policy version before each episode),
     for environments that change during training; by default it changes nothing."""
     del step
+
+  def set_tool_format(self, tool_format: str) -> None:
+    """How the policy's chat template calls tools (class attribute `tool_format`);
+    the sampler calls it before `reset`. Environments without tools ignore it."""
+    self.tool_format = tool_format
 
   def close(self) -> None:
     """Releases what the current episode holds (files, processes). The sampler

@@ -121,8 +121,14 @@ class RewardFnEnv(Environment):
   tool_calls = property(lambda self: self.inner.tool_calls)
   done = property(lambda self: self.inner.done)
 
+  tools = property(lambda self: self.inner.tools)
+  tool_format = property(lambda self: self.inner.tool_format)
+
   def set_step(self, step: int) -> None:
     self.inner.set_step(step)
+
+  def set_tool_format(self, tool_format: str) -> None:
+    self.inner.set_tool_format(tool_format)
 
   def close(self) -> None:
     self.inner.close()

@@ -144,8 +144,11 @@ class EpisodeRunner:
       # Environments that change during training (the style schedule) see the policy
       # version the episode starts with.
       env.set_step(self.engine.version)
+      # Native tool calls: the environment parses the template's format, and the
+      # template is given the environment's tools (sao_jax.chat.tool_calls).
+      env.set_tool_format(self._chat.tool_format if env.tools else "fenced")
       messages = list(env.reset(task))
-      prompt = self._chat.prompt(messages)
+      prompt = self._chat.prompt(messages, tools=env.tools or None)
       self.engine.submit(self._next_id, prompt, seed=seed % 2**32)
     except Exception as error:  # this episode's fault, never the runner's
       self._release(env, task)
@@ -212,7 +215,8 @@ class EpisodeRunner:
     live.messages.append({"role": "assistant", "content": action})
     message = {"role": live.env.observation_role, "content": result.observation}
     try:
-      tokens = self._chat.continuation(live.messages, [message], closed=closed)
+      tokens = self._chat.continuation(live.messages, [message], closed=closed,
+                                       tools=live.env.tools or None)
     except TurnTextError:  # the policy's own text: scored 0, never an unscored failure
       return self._finish(turn.episode_id, reward=0.0, failure=None, reason="turn_text")
     except Exception as error:
