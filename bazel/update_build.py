@@ -38,7 +38,8 @@ py_library(
 
 
 # Non-Python files a test directory reads, beyond its helper modules.
-TEST_DATA = {"tests/chat": "tests/fixtures/chat_templates/*", "tests/benchmarks": "benchmarks/*"}
+TEST_DATA = {"tests/chat": "tests/fixtures/chat_templates/*", "tests/benchmarks": "benchmarks/*",
+             "tests/examples": "examples/**/*"}
 
 
 def runtime_requirements() -> list[str]:

@@ -18,8 +18,11 @@ tool follows from the template (`tool_format`):
 - "llama3_json" (a template that asks for `"parameters"`: Llama 3.1 / 3.2): the
   whole turn, optionally after `<|python_tag|>`, is one JSON object
   `{"name": ..., "parameters": {...}}`; a turn that starts with `{` is a call.
-- "fenced" (ChatML and templates without tools): no native format; the
-  environment's own fenced blocks (```` ```python ````, ```` ```tool ````), as before.
+- "fenced" (ChatML and templates without tools): no native format; a block
+  opened by ```` ```tool ```` holding `{"name": ..., "arguments": {...}}` (the
+  coding environment's format), which the environment's system prompt must
+  describe (`describe_fenced` writes that text); math_tool keeps its
+  ```` ```python ```` blocks.
 
 Results go back as `tool` messages, which the template renders (Qwen:
 `<tool_response>` in a user turn; Llama: an `ipython` turn) and whose text is
@@ -39,6 +42,7 @@ from typing import Any, Mapping, Sequence
 
 FORMATS = ("hermes", "llama3_json", "fenced")
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+_FENCED = re.compile(r"```tool[ \t]*\n(.*?)```", re.DOTALL)
 _PYTHON_TAG = "<|python_tag|>"
 _JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool,
                "object": dict, "array": list, "null": type(None)}
@@ -101,8 +105,7 @@ def _decode(payload: str, fmt: str) -> ToolCall:
 
 
 def parse(text: str, fmt: str) -> ToolCall | None:
-  """The first tool call of `text` in format `fmt` ("fenced": None, the environment
-  parses its own blocks); None if the turn makes none."""
+  """The first tool call of `text` in format `fmt`; None if the turn makes none."""
   if fmt == "hermes":
     match = _HERMES.search(text)
     return None if match is None else _decode(match.group(1), fmt)
@@ -112,8 +115,23 @@ def parse(text: str, fmt: str) -> ToolCall | None:
       body = body[len(_PYTHON_TAG):].strip()
     return _decode(body, fmt) if body.startswith("{") else None
   if fmt == "fenced":
-    return None
+    match = _FENCED.search(text)
+    return None if match is None else _decode(match.group(1).strip(), fmt)
   raise ValueError(f"tool format {fmt!r} is invalid: allowed values are {FORMATS}")
+
+
+def describe_fenced(tools: Sequence[Mapping[str, Any]]) -> str:
+  """What a system prompt says to teach the "fenced" format and `tools` (where the
+  chat template cannot: ChatML)."""
+  lines = ["To call a tool, write a block that starts with ```tool on its own line, holds one "
+           'JSON object {"name": <tool>, "arguments": {...}} and ends with ``` on its own line. '
+           "Only the first tool block of a message runs; its result is sent back to you. Tools:"]
+  for tool in tools:
+    spec = tool["function"]
+    arguments = ", ".join(f"{name}: {schema.get('type', 'any')}" for name, schema in
+                          spec.get("parameters", {}).get("properties", {}).items())
+    lines.append(f"- {spec['name']}({arguments}): {spec.get('description', '')}")
+  return "\n".join(lines)
 
 
 def check(call: ToolCall, tools: Sequence[Mapping[str, Any]]) -> None:

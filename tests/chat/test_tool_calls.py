@@ -7,13 +7,14 @@ import json
 import numpy as np
 import pytest
 
-from chat_fixtures import build_tokenizer_dir
-from test_episodes import ScriptedEngine, hf_tokenizer
-import test_episodes
+import transformers
+
+from chat_fixtures import FAMILIES, TEMPLATES, build_tokenizer_dir
 from sao_jax.chat import load_chat, tool_calls
 from sao_jax.chat.tool_calls import ToolCall, ToolCallError
 from sao_jax.envs.base import Environment, StepResult, Task, play
 from sao_jax.envs.math import tool as math_tool
+from sao_jax.sampler import engine as engine_lib
 from sao_jax.sampler.episodes import EpisodeRunner, run_to_completion
 
 ADD = tool_calls.function("add", "Add two integers.",
@@ -23,6 +24,49 @@ CALLS = {  # a call of add(2, 2) as each format writes it
     "hermes": '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 2}}\n</tool_call>',
     "llama3_json": '{"name": "add", "parameters": {"a": 2, "b": 2}}',
 }
+
+
+class ScriptedEngine:
+  """The part of `Engine` the runner uses; turn k samples the tokens of `actions[k]`
+  and the format's end token."""
+
+  def __init__(self, chat, actions):
+    self._chat, self._actions = chat, actions
+    self.version, self.episode = 0, {"tokens": [], "mask": [], "turns": 0}
+
+  def submit(self, episode_id, tokens, *, seed=None):
+    self.episode["tokens"] += list(tokens)
+    self.episode["mask"] += [0] * len(tokens)
+    self.episode["queued"] = episode_id
+
+  def step(self):
+    if "queued" not in self.episode:
+      return []
+    episode_id = self.episode.pop("queued")
+    ids = self._chat.tokenizer.encode(self._actions[self.episode["turns"]],
+                                      add_special_tokens=False).ids + [self._chat.end_token_id]
+    self.episode["turns"] += 1
+    self.episode["tokens"] += ids
+    self.episode["mask"] += [1] * len(ids)
+    return [engine_lib.Turn(episode_id, np.asarray(ids, np.int32),
+                            np.full(len(ids), -0.5, np.float32), "stop_token", (0, 0))]
+
+  def room(self, episode_id):
+    return 1 << 30
+
+  def finish(self, episode_id):
+    mask = np.asarray(self.episode["mask"], np.int32)
+    return engine_lib.Generation(episode_id, np.asarray(self.episode["tokens"], np.int32), mask,
+                                 -0.5 * mask.astype(np.float32), (0, 0), self.episode["turns"])
+
+
+def hf_tokenizer(directory, family):
+  template_file, _, _, special_tokens, _ = FAMILIES[family]
+  hf = transformers.PreTrainedTokenizerFast(
+      tokenizer_file=str(directory / "tokenizer.json"),
+      **{name: token for name, token in special_tokens.items() if token is not None})
+  hf.chat_template = (TEMPLATES / template_file).read_text(encoding="utf-8")
+  return hf
 
 
 class AddEnv(Environment):
@@ -63,16 +107,14 @@ def test_chatml_keeps_fenced_blocks():
 
 @pytest.mark.parametrize("family, fmt", [("qwen3", "hermes"), ("qwen2_5", "hermes"),
                                          ("llama3", "llama3_json")])
-def test_a_native_tool_episode_is_apply_chat_template_with_tools(family, fmt, tmp_path,
-                                                                 monkeypatch):
+def test_a_native_tool_episode_is_apply_chat_template_with_tools(family, fmt, tmp_path):
   directory = build_tokenizer_dir(tmp_path, family)
   chat, hf = load_chat(directory), hf_tokenizer(directory, family)
   actions = [CALLS[fmt], "The answer is 4."]
   if fmt == "hermes":  # Qwen3 writes an empty think block where a turn has none
     actions = ["<think>\nAdd them.\n</think>\n\n" + actions[0],
                "<think>\nIt said 4.\n</think>\n\n" + actions[1]]
-  monkeypatch.setattr(test_episodes, "ACTIONS", actions)
-  runner = EpisodeRunner(ScriptedEngine(chat), chat, AddEnv, max_episodes=1)
+  runner = EpisodeRunner(ScriptedEngine(chat, actions), chat, AddEnv, max_episodes=1)
   traj, = run_to_completion(runner, iter([TASK]), 1, num_slots=4, seed=0)
   assert traj.env_failure is None and traj.outcome == 1.0 and traj.info["tool_calls"] == 1
   conversation = [*AddEnv().reset(TASK), {"role": "assistant", "content": actions[0]},
@@ -130,6 +172,9 @@ def test_parsing_each_format():
   with pytest.raises(ToolCallError, match="not valid JSON"):
     tool_calls.parse("{not json", "llama3_json")
   assert tool_calls.parse(CALLS["hermes"], "fenced") is None
+  fenced = '```tool\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n```'
+  assert tool_calls.parse("Let me add.\n" + fenced, "fenced") == ToolCall("add", {"a": 1, "b": 2})
+  assert "- add(a: integer, b: integer): Add two integers." in tool_calls.describe_fenced([ADD])
   with pytest.raises(ToolCallError, match="characters long"):
     tool_calls.parse("<tool_call>" + json.dumps({"name": "add", "arguments": {
         "a": "x" * tool_calls.MAX_CALL_CHARS}}) + "</tool_call>", "hermes")
