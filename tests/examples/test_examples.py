@@ -2,10 +2,10 @@
 as its own package (entry point), a reward function over a verl-style Parquet file,
 and a native tool-calling run, each a few `sao-train` steps on the tiny CPU model."""
 
-import functools
 import importlib
 import json
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -39,10 +39,13 @@ def _train(config, overrides):
 def installed_unit_conversion(tmp_path, monkeypatch):
   """examples/unit_conversion pip-installed (offline) into a directory on sys.path, as
   `pip install` puts it in site-packages: its entry point is then what names it."""
-  target = tmp_path / "site"
+  target, source = tmp_path / "site", tmp_path / "unit_conversion"
+  # A copy: pip builds in the source tree (build/, *.egg-info), which stays untouched.
+  shutil.copytree(EXAMPLES / "unit_conversion", source,
+                  ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
   subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                  "--no-build-isolation", "--no-index", "--target", str(target),
-                  str(EXAMPLES / "unit_conversion")], check=True, cwd=tmp_path)
+                  "--no-build-isolation", "--no-index", "--target", str(target), str(source)],
+                 check=True, cwd=tmp_path)
   monkeypatch.syspath_prepend(str(target))
   importlib.invalidate_caches()
   plugins.entry_points.cache_clear()
