@@ -39,6 +39,7 @@ py_library(
 
 # Non-Python files a test directory reads, beyond its helper modules.
 TEST_DATA = {"tests/chat": ("tests/fixtures/chat_templates/*",), "tests/benchmarks": ("benchmarks/*",),
+             "tests/examples": ("examples/**/*",),
              # The docs tests read every page, the README, and the code and configs they cite.
              "tests/docs": ("docs/**", "README.md", "CONTRIBUTING.md", "LICENSE", "mkdocs.yml", "Makefile",
                             "pyproject.toml", "sao_jax/**/*.py", "configs/**/*.py",

@@ -6,7 +6,7 @@ From scratch on a 2-core CPU in about 16 minutes (docs/get-started/demo.md): a
 byte-level BPE tokenizer is trained on the environment's texts, a 0.36M-parameter
 model gets a 400-step SFT warm-start on demonstrations, then SAO trains it for 60
 steps with one sampler process streaming single rollouts. Half the demonstrations
-(a fixed per-task draw, `env.demo_guess_rate`) come from a careless expert who answers at once
+(a fixed per-task draw, `env.options.demo_guess_rate`) come from a careless expert who answers at once
 with the question's first number; the rest write a python block that prints
 the expression, read the tool output and answer in \\boxed{}. SFT imitates
 both: its policy calls the tool about half the time when sampled and never
@@ -37,8 +37,9 @@ def get_config() -> Config:
       algorithm=AlgorithmConfig.for_variant("sao", advantage_centering="batch_mean"),
       learner=LearnerConfig(batch_trajectories=16, steps=60, policy_lr=1e-4, value_lr=1e-4,
                             lr_warmup_steps=5, critic_warmup_steps=3, grad_clip=1.0),
-      env=EnvConfig(name="math_tool", difficulty=1, problem_kind="arithmetic", max_turns=3,
-                    demo_guess_rate=0.5, tool=SandboxLimits(wall_time_s=5.0)),
+      env=EnvConfig(name="math_tool", max_turns=3, tool=SandboxLimits(wall_time_s=5.0),
+                    options={"difficulty": 1, "problem_kind": "arithmetic",
+                             "demo_guess_rate": 0.5}),
       data=DataConfig(max_lag=4, length_buckets=(192, 256, 384), transport_capacity=16),
       sampler=SamplerConfig(slots=8, max_seq_len=384, prefill_buckets=(32, 128, 256),
                             max_new_tokens=48, temperature=1.0),

@@ -6,6 +6,11 @@
   chat.encode(messages, add_generation_prompt=False) -> (tokens_T, action_mask_T)
   chat.save(directory)                   -> the template files a run directory keeps
   chat.require_role(role, sender)        -> ValueError unless the template renders `role` turns
+  chat.tool_format                       -> how the policy calls tools (`tool_calls`)
+
+Every rendering method takes `tools=`: the OpenAI-format function schemas of
+the environment's tools (`Environment.tools`), given to the template as
+transformers' `apply_chat_template(..., tools=)` gives them (`sao_jax.chat.tool_calls`).
 
 Which format: a tokenizer directory (or the directory holding a tokenizer.json)
 that ships a chat template (`chat_template.jinja`, else `chat_template` in
@@ -64,7 +69,7 @@ import numpy as np
 import tokenizers
 
 from sao_jax import bounded_json
-from sao_jax.chat import jinja
+from sao_jax.chat import jinja, tool_calls
 from sao_jax.chat.untrusted import Protector
 from sao_jax.models.tokenizer import IM_END, IM_START, load_tokenizer
 
@@ -78,6 +83,7 @@ CHATML_TEMPLATE = (
     "{{ '" + IM_START + "' + message['role'] + '\n' + message['content'] + '" + IM_END + "\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '" + IM_START + "assistant\n' }}{% endif %}")
+Tools = Sequence[Mapping[str, Any]] | None  # OpenAI-format function schemas (`tool_calls`)
 _PROBE = "\ue001"  # probe assistant content: a private-use character no template contains
 
 
@@ -101,54 +107,58 @@ class ChatFormat:
     self._protector = Protector(tokenizer)
     self.end_token, self._trailer = self._probe()
     self.end_token_id = tokenizer.token_to_id(self.end_token)
+    self.tool_format = tool_calls.tool_format(template)
 
-  def render(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool) -> str:
+  def render(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool,
+             tools: Tools = None) -> str:
     """The template's text, untrusted contents marked (`sao_jax.chat.untrusted`)."""
     checked = [self._checked(i, message) for i, message in enumerate(messages)]
     try:
       return jinja.render(self._compiled, checked, add_generation_prompt=add_generation_prompt,
-                          variables=self._variables)
+                          variables=self._variables, tools=tools)
     except jinja2.TemplateError as error:
       roles = [message["role"] for message in checked]
       raise ValueError(f"the chat template of {self.name} refused a conversation with roles "
                        f"{roles}: {error}") from error
 
-  def prompt(self, messages: Sequence[Mapping[str, Any]]) -> np.ndarray:
+  def prompt(self, messages: Sequence[Mapping[str, Any]], *, tools: Tools = None) -> np.ndarray:
     """Tokens (int32 [T]) of `messages` and the generation prompt: the first turn's context."""
-    return self._ids(self.render(messages, add_generation_prompt=True))
+    return self._ids(self.render(messages, add_generation_prompt=True, tools=tools))
 
   def continuation(self, history: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]],
-                   *, closed: bool, add_generation_prompt: bool = True) -> np.ndarray:
+                   *, closed: bool, add_generation_prompt: bool = True,
+                   tools: Tools = None) -> np.ndarray:
     """Tokens (int32 [T]) to append after the policy's turn `history[-1]`: the rest
     of that turn's closing, `new` and the generation prompt. `closed`: the turn
     ended on the end token (otherwise the end token is the first appended token)."""
     if not history or history[-1].get("role") != "assistant":
       raise ValueError("continuation needs a history that ends with the policy's turn "
                        "(an assistant message)")
-    old = self.render(history, add_generation_prompt=False)
-    text = self.render([*history, *new], add_generation_prompt=add_generation_prompt)
+    old = self.render(history, add_generation_prompt=False, tools=tools)
+    text = self.render([*history, *new], add_generation_prompt=add_generation_prompt, tools=tools)
     end = self._turn_end(old, len(history) - 1)
     at = end if text.startswith(old[:end]) else self._realign(history, old[:end], text)
     return self._ids(text[at if closed else at - len(self.end_token):])
 
   def encode(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = False,
-             ) -> tuple[np.ndarray, np.ndarray]:
+             *, tools: Tools = None) -> tuple[np.ndarray, np.ndarray]:
     """Token ids (int32 [T]) and action mask (int32 [T]) of a conversation, built
     turn by turn as an episode (module docstring)."""
     turns = [i for i, message in enumerate(messages) if message.get("role") == "assistant"]
     if not turns:
-      ids = self._ids(self.render(messages, add_generation_prompt=add_generation_prompt))
+      ids = self._ids(self.render(messages, add_generation_prompt=add_generation_prompt,
+                                  tools=tools))
       return ids, np.zeros_like(ids)
     if turns[0] == 0:
       raise ValueError("messages[0] is an assistant message; a conversation starts with the "
                        "prompt the policy answers (system and/or user messages)")
-    pieces = [(self.prompt(messages[:turns[0]]), 0)]
+    pieces = [(self.prompt(messages[:turns[0]], tools=tools), 0)]
     for k, i in enumerate(turns):
-      pieces.append((self._ids(self._action_text(messages[:i], messages[i])), 1))
+      pieces.append((self._ids(self._action_text(messages[:i], messages[i], tools)), 1))
       following = turns[k + 1] if k + 1 < len(turns) else len(messages)
       generation = add_generation_prompt if k + 1 == len(turns) else True
       pieces.append((self.continuation(messages[:i + 1], messages[i + 1:following], closed=True,
-                                       add_generation_prompt=generation), 0))
+                                       add_generation_prompt=generation, tools=tools), 0))
     tokens = np.concatenate([ids for ids, _ in pieces]).astype(np.int32)
     mask = np.concatenate([np.full(ids.shape, flag, np.int32) for ids, flag in pieces])
     return tokens, mask
@@ -219,10 +229,11 @@ class ChatFormat:
                        f"with {self.end_token + self._trailer!r} as it closes other turns")
     return len(rendered) - len(self._trailer)
 
-  def _action_text(self, history: Sequence[Mapping[str, Any]], message: Mapping[str, Any]) -> str:
+  def _action_text(self, history: Sequence[Mapping[str, Any]], message: Mapping[str, Any],
+                   tools: Tools = None) -> str:
     """What the policy generates for `message` after `history`'s generation prompt."""
-    prompt = self.render(history, add_generation_prompt=True)
-    full = self.render([*history, message], add_generation_prompt=False)
+    prompt = self.render(history, add_generation_prompt=True, tools=tools)
+    full = self.render([*history, message], add_generation_prompt=False, tools=tools)
     if not full.startswith(prompt):
       raise ValueError(f"assistant message {len(history)} does not continue the generation prompt "
                        f"of the chat template of {self.name} (e.g. reasoning after a prompt that "

@@ -305,9 +305,11 @@ def compile_template(source: str) -> jinja2.Template:
 
 
 def render(template: jinja2.Template, messages: Sequence[Mapping[str, Any]], *,
-           add_generation_prompt: bool, variables: Mapping[str, Any]) -> str:
+           add_generation_prompt: bool, variables: Mapping[str, Any],
+           tools: Sequence[Mapping[str, Any]] | None = None) -> str:
   """The template's text for `messages`; `variables` are the special tokens and
-  template switches (`enable_thinking`). Messages are passed as plain dicts with
+  template switches (`enable_thinking`); `tools` the OpenAI-format function
+  schemas, as transformers passes them (None: no tools). Messages are passed as plain dicts with
   reasoning aliased the way transformers does (`reasoning_content`, `thinking`)."""
   plain = []
   for message in messages:
@@ -317,5 +319,6 @@ def render(template: jinja2.Template, messages: Sequence[Mapping[str, Any]], *,
     if reasoning is not None:
       message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
     plain.append(message)
-  return template.render(messages=plain, tools=None, documents=None,
+  return template.render(messages=plain, tools=[dict(t) for t in tools] if tools else None,
+                         documents=None,
                          add_generation_prompt=add_generation_prompt, **variables)

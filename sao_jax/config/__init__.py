@@ -11,8 +11,7 @@ a resolved config.
 from sao_jax.config.algorithm import (FROZEN_ATTENTION_PATTERNS, GAE_METHODS, LOSS_AGGS, VARIANTS,
                                       AlgorithmConfig)
 from sao_jax.config.data import TRANSPORTS, DataConfig
-from sao_jax.config.env import (ENV_JUDGES, ENV_PROBLEM_KINDS, ENV_STYLES, ENV_TASK_SOURCES,
-                                EnvConfig)
+from sao_jax.config.env import ENV_JUDGES, ENV_PROBLEM_KINDS, ENV_STYLES, EnvConfig
 from sao_jax.config.learner import (ADVANTAGE_VALUES, LR_SCHEDULES, CheckpointConfig,
                                     LearnerConfig)
 from sao_jax.config.loading import apply_overrides, load_config, main
@@ -25,7 +24,7 @@ from sao_jax.config.sampler import SamplerConfig
 
 __all__ = [
     "ADVANTAGE_VALUES", "BASE_QUANTIZATIONS", "DTYPES", "ENV_JUDGES", "ENV_PROBLEM_KINDS", "ENV_STYLES",
-    "ENV_TASK_SOURCES", "FROZEN_ATTENTION_PATTERNS", "GAE_METHODS", "LOSS_AGGS",
+    "FROZEN_ATTENTION_PATTERNS", "GAE_METHODS", "LOSS_AGGS",
     "LORA_TARGETS", "LR_SCHEDULES", "MESH_AXES", "TRANSPORTS", "VARIANTS", "AlgorithmConfig", "CheckpointConfig",
     "Config", "DataConfig",
     "EnvConfig", "LearnerConfig", "LoraConfig", "MeshConfig", "ModelConfig", "RunConfig", "SamplerConfig", "apply_overrides", "load_config",

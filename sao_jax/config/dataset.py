@@ -24,9 +24,14 @@ class DatasetConfig:
 
   Defaults fit MATH-500 (`problem`, `answer`); GSM8K is `prompt_column="question"`,
   `answer_format="gsm8k"`; AIME 2024 is `prompt_column="Problem"`,
-  `answer_column="Answer"`. `id_column` empty: ids are `<name>:<row>`;
-  `source_column` empty: every row's source (the per-source breakdown of
-  `sao-eval`) is the dataset's name, the file or directory name without suffix.
+  `answer_column="Answer"`; verl-style rows are `DatasetConfig.verl(path)`.
+  `id_column` empty: ids are `<name>:<row>`; `source_column` empty: every row's
+  source (metrics are broken down per source) is the dataset's name, the file
+  or directory name without suffix. A column name may walk into a struct
+  column with dots: `reward_model.ground_truth`. The prompt column holds text,
+  or a list of chat messages ({"role", "content"}). `metadata_columns`: more
+  columns copied into `Task.metadata` under their names (what a reward function
+  reads, e.g. verl's `extra_info`).
   """
 
   path: str = ""  # the Parquet file or directory, or the save_to_disk split directory
@@ -37,6 +42,21 @@ class DatasetConfig:
   id_column: str = ""  # column of task ids ('': <name>:<row>)
   # Column naming each row's source for sao-eval's breakdown ('': the dataset's name).
   source_column: str = ""
+  metadata_columns: tuple[str, ...] = ()
+
+  @classmethod
+  def verl(cls, path: str, **changes) -> DatasetConfig:
+    """The column mapping of verl / OpenRLHF parquet rows: a chat-message `prompt`,
+    `reward_model.ground_truth`, `data_source` and `extra_info`."""
+    fields = dict(prompt_column="prompt", answer_column="reward_model.ground_truth",
+                  source_column="data_source", metadata_columns=("extra_info",))
+    return cls(path=path, **{**fields, **changes})
+
+  def columns(self) -> tuple[str, ...]:
+    """The mapped column names (dotted ones whole), each once, in field order."""
+    named = (self.prompt_column, self.answer_column, self.id_column, self.source_column,
+             *self.metadata_columns)
+    return tuple(dict.fromkeys(c for c in named if c))
 
   def validate(self, source: str) -> None:
     """Checks the fields for task source `source` (one of DATASET_SOURCES)."""
@@ -52,4 +72,8 @@ class DatasetConfig:
     for name in ("id_column", "source_column"):
       if not isinstance(getattr(self, name), str):
         fail("env.dataset", name, getattr(self, name), "expected a column name or ''")
+    if not isinstance(self.metadata_columns, tuple) or not all(
+        isinstance(c, str) and c for c in self.metadata_columns):
+      fail("env.dataset", "metadata_columns", self.metadata_columns,
+           "expected a tuple of column names, e.g. ('extra_info',)")
     check_choice("env.dataset", self, "answer_format", ANSWER_FORMATS)

@@ -1,17 +1,14 @@
-"""Environments: which one, which task source, their limits."""
+"""Environments: which one, its options, which task source, their shared limits."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+from typing import Any, Mapping
 
 from sao_jax.config.checks import check_positive, fail
-from sao_jax.config.dataset import DATASET_SOURCES, DatasetConfig
+from sao_jax.config.dataset import DatasetConfig
 
-# Task sources each environment accepts; the first is the default.
-ENV_TASK_SOURCES = {"math_tool": ("generator", "jsonl") + DATASET_SOURCES,
-                    "style": ("builtin", "jsonl"),
-                    "coding": ("generator", "dir", "jsonl"), "sanity": ("generator",)}
 ENV_JUDGES = ("rule", "http")
 # The most tokens an HTTP judge may answer with (`sao_jax.envs.style.judge`): a verdict is
 # ~15 tokens, and a response must not be able to talk the judge into writing until its
@@ -67,79 +64,95 @@ class SandboxLimits:
       fail("env.tool", "site_packages", self.site_packages, "expected True or False")
 
 
+# Defaults the built-in options share with their deprecated EnvConfig spellings.
+DEFAULT_DIFFICULTY = 2
+DEFAULT_STYLE_SCHEDULE = ((0, "academic"), (200, "cute"), (400, "chuunibyou"))
+# Deprecated EnvConfig fields -> the option of the built-in environment they moved to
+# (`env.options.<name>`; `sao_jax.envs.registry.merged_options` carries them over with a
+# warning, for the environment whose options have that name).
+LEGACY_OPTIONS = {
+    "difficulty": "difficulty", "problem_kind": "problem_kind",
+    "demo_tool_rate": "demo_tool_rate", "demo_guess_rate": "demo_guess_rate",
+    "coding_bug_kind": "bug_kind", "coding_task_dir": "task_dir",
+    "coding_partial_reward": "partial_reward", "style_schedule": "schedule",
+    "judge": "judge", "judge_base_url": "judge_base_url", "judge_model": "judge_model",
+    "judge_api_key_env": "judge_api_key_env", "judge_timeout_s": "judge_timeout_s",
+    "judge_retries": "judge_retries", "judge_max_tokens": "judge_max_tokens",
+}
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EnvConfig:
-  """Which environment and task source, and their limits (semantics: `sao_jax.envs`).
+  """Which environment and task source, and what every environment shares
+  (semantics: `sao_jax.envs`; how `name` resolves: `sao_jax.envs.registry`).
 
-  The names accepted for `name` and `task_source` are defined here
-  (`ENV_TASK_SOURCES`); `sao_jax.envs.registry` builds each of them.
+  `name`: a built-in ("math_tool", "style", "coding", "sanity", "single_turn"),
+  an installed plugin's entry-point name, or an import path
+  "package.module:attribute". `options`: that environment's own options (its
+  options dataclass's fields; `--set env.options.FIELD=VALUE`). The fields
+  after `reward_timeout_s` are deprecated spellings of built-in options
+  (`LEGACY_OPTIONS`), with the options' defaults.
   """
 
-  name: str = "math_tool"  # the environment (registry name)
-  task_source: str = ""  # "" = the environment's default (first in ENV_TASK_SOURCES).
+  # The environment: a built-in name, an installed plugin's entry-point name, or an
+  # import path "package.module:attribute" (sao_jax.envs.registry).
+  name: str = "math_tool"
+  # The environment's own options (its options dataclass's fields), e.g.
+  # --set env.options.difficulty=3; validated against the environment at start-up.
+  options: dict[str, Any] = dataclasses.field(default_factory=dict)
+  task_source: str = ""  # "" = the environment's default (its first task source).
   jsonl_path: str = ""  # task_source="jsonl" (coding: rows pointing at task dirs/archives).
   # task_source in DATASET_SOURCES ("parquet", "hf_disk"): the file and its column mapping.
   dataset: DatasetConfig = dataclasses.field(default_factory=DatasetConfig)
   seed: int = 0  # seed of the task generator and shuffling
-  max_turns: int = 8  # Assistant turns per episode (style is always single-turn).
+  max_turns: int = 8  # Assistant turns per episode (style and single_turn: always one).
   # Characters of one observation kept (longer tool output is cut).
   max_observation_chars: int = 4096
-  # Generated tasks (math_tool and coding).
-  difficulty: int = 2  # difficulty of generated tasks, 1..5
-  problem_kind: str = "mixed"  # math_tool's generated problems: arithmetic, word or both
-  # math_tool: the share of SFT demonstrations that call the tool; the rest answer
-  # at once without it (the demo's warm-start, so RL has a strategy to find).
-  demo_tool_rate: float = 1.0
-  # math_tool: the share of SFT demonstrations from a careless expert who guesses the
-  # question's first number without the tool (imperfect data that only RL can correct).
-  demo_guess_rate: float = 0.0
-  coding_bug_kind: str = "mixed"  # the bug a generated coding task plants
-  # Coding: a directory of task dirs/archives (task_source="dir"), and the reward
-  # shape (False: 1 iff every hidden test passes; True: the fraction that pass).
-  coding_task_dir: str = ""
-  # Coding reward: the fraction of hidden tests that pass (False: 1 iff all pass).
-  coding_partial_reward: bool = False
-  # Python tool sandbox (math_tool; coding's run_tests, python and grading).
+  # Python tool sandbox (math_tool; coding's run_tests, python and grading; plugins).
   tool: SandboxLimits = dataclasses.field(default_factory=SandboxLimits)
-  sandbox: str = DEFAULT_SANDBOX  # tool isolation: bwrap (kernel sandbox) or unisolated
-  # Style environment: (first policy version, style) phases, and the judge. The
-  # sampler's policy version counts policy updates (= learner steps after critic warm-up).
-  style_schedule: tuple[tuple[int, str], ...] = ((0, "academic"), (200, "cute"),
-                                                 (400, "chuunibyou"))
-  judge: str = "rule"  # style reward: rule (built-in rules) or http (an LLM judge)
-  judge_base_url: str = ""  # judge=http: an OpenAI-compatible endpoint, e.g. http://host:8000/v1
-  judge_model: str = ""  # judge=http: the model name sent to the endpoint
-  judge_api_key_env: str = ""  # Name of the variable holding the key; "" = no auth.
-  judge_timeout_s: float = 30.0  # one deadline per verdict: connect, reads and retries together
-  judge_retries: int = 2  # judge=http: retries of a failed request within judge_timeout_s
-  judge_max_tokens: int = JUDGE_MAX_TOKENS  # judge=http: cap on the judge's answer in tokens
+  sandbox: str = DEFAULT_SANDBOX  # tool isolation, one of SANDBOX_MODES: bwrap or unisolated
+  # "package.module:function" grading each episode's last turn in place of the
+  # environment's reward (`sao_jax.envs.rewards`); "" = the environment's own reward.
+  reward_fn: str = ""
+  reward_timeout_s: float = 30.0  # per call of reward_fn; past it the episode fails
+  # Deprecated (LEGACY_OPTIONS): write env.options.<option> instead. A value other
+  # than the default is carried over to the option (the defaults are the options').
+  difficulty: int = DEFAULT_DIFFICULTY  # deprecated: env.options.difficulty
+  problem_kind: str = "mixed"  # deprecated: env.options.problem_kind (math_tool)
+  demo_tool_rate: float = 1.0  # deprecated: env.options.demo_tool_rate (math_tool)
+  demo_guess_rate: float = 0.0  # deprecated: env.options.demo_guess_rate (math_tool)
+  coding_bug_kind: str = "mixed"  # deprecated: env.options.bug_kind (coding)
+  coding_task_dir: str = ""  # deprecated: env.options.task_dir (coding)
+  coding_partial_reward: bool = False  # deprecated: env.options.partial_reward (coding)
+  # deprecated: env.options.schedule (style)
+  style_schedule: tuple[tuple[int, str], ...] = DEFAULT_STYLE_SCHEDULE
+  judge: str = "rule"  # deprecated: env.options.judge (style)
+  judge_base_url: str = ""  # deprecated: env.options.judge_base_url (style)
+  judge_model: str = ""  # deprecated: env.options.judge_model (style)
+  judge_api_key_env: str = ""  # deprecated: env.options.judge_api_key_env (style)
+  judge_timeout_s: float = 30.0  # deprecated: env.options.judge_timeout_s (style)
+  judge_retries: int = 2  # deprecated: env.options.judge_retries (style)
+  judge_max_tokens: int = JUDGE_MAX_TOKENS  # deprecated: env.options.judge_max_tokens (style)
 
   @property
   def resolved_task_source(self) -> str:
     """`task_source`, or the environment's default when it is empty."""
-    return self.task_source or ENV_TASK_SOURCES.get(self.name, ("",))[0]
+    from sao_jax.envs import registry  # the environment's spec decides
+    return registry.resolve(self).task_source
 
   def validate(self) -> None:
-    if self.name not in ENV_TASK_SOURCES:
-      fail("env", "name", self.name, f"known environments are {', '.join(map(repr, ENV_TASK_SOURCES))}")
-    sources = ENV_TASK_SOURCES[self.name]
-    if self.task_source and self.task_source not in sources:
-      fail("env", "task_source", self.task_source,
-            f"{self.name!r} accepts {', '.join(map(repr, sources))}")
-    if self.resolved_task_source == "jsonl" and not os.path.isfile(self.jsonl_path):
+    """The shared fields here; then the environment's own (`sao_jax.envs.registry.resolve`:
+    imports the environment and the reward function, checks options and task source)."""
+    if not isinstance(self.name, str) or not self.name:
+      fail("env", "name", self.name, "expected an environment name or an import path "
+           "'package.module:attribute'")
+    if not isinstance(self.options, Mapping):
+      fail("env", "options", self.options, "expected a mapping of option names to values")
+    if self.task_source == "jsonl" and not os.path.isfile(self.jsonl_path):
       fail("env", "jsonl_path", self.jsonl_path, "task_source='jsonl' needs an existing JSONL file")
     if not isinstance(self.dataset, DatasetConfig):
       fail("env", "dataset", self.dataset, "expected a DatasetConfig (sao_jax.config.dataset)")
-    if self.resolved_task_source in DATASET_SOURCES:
-      self.dataset.validate(self.resolved_task_source)
-    if self.resolved_task_source == "dir" and not os.path.isdir(self.coding_task_dir):
-      fail("env", "coding_task_dir", self.coding_task_dir,
-           "task_source='dir' needs an existing directory of task directories or archives")
     check_positive("env", self, "max_turns", "max_observation_chars")
-    for field in ("demo_tool_rate", "demo_guess_rate"):
-      rate = getattr(self, field)
-      if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate <= 1:
-        fail("env", field, rate, "expected a number in [0, 1]")
     if not isinstance(self.tool, SandboxLimits):
       fail("env", "tool", self.tool, "expected a SandboxLimits (sao_jax.config.env)")
     self.tool.validate()
@@ -148,46 +161,10 @@ class EnvConfig:
            f"allowed values are {', '.join(map(repr, SANDBOX_MODES))}")
     if isinstance(self.seed, bool) or not isinstance(self.seed, int):
       fail("env", "seed", self.seed, "expected an integer")
-    if isinstance(self.difficulty, bool) or self.difficulty not in range(1, 6):
-      fail("env", "difficulty", self.difficulty, "expected an integer in 1..5")
-    if self.problem_kind not in ENV_PROBLEM_KINDS:
-      fail("env", "problem_kind", self.problem_kind,
-            f"allowed values are {', '.join(map(repr, ENV_PROBLEM_KINDS))}")
-    if self.coding_bug_kind not in ENV_CODING_BUG_KINDS:
-      fail("env", "coding_bug_kind", self.coding_bug_kind,
-           f"allowed values are {', '.join(map(repr, ENV_CODING_BUG_KINDS))}")
-    if not isinstance(self.coding_partial_reward, bool):
-      fail("env", "coding_partial_reward", self.coding_partial_reward, "expected True or False")
-    value = self.judge_timeout_s
+    if not isinstance(self.reward_fn, str):
+      fail("env", "reward_fn", self.reward_fn, "expected '' or 'package.module:function'")
+    value = self.reward_timeout_s
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-      fail("env", "judge_timeout_s", value, "expected a number of seconds > 0")
-    if isinstance(self.judge_retries, bool) or not isinstance(self.judge_retries, int) or (
-        self.judge_retries < 0):
-      fail("env", "judge_retries", self.judge_retries, "expected an integer >= 0")
-    value = self.judge_max_tokens
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-      fail("env", "judge_max_tokens", value, "expected an integer >= 1 (tokens the judge may "
-           "answer with; raise it for a judge that reasons before its verdict)")
-    self._validate_style()
-
-  def _validate_style(self) -> None:
-    schedule = self.style_schedule
-    if (not schedule or not all(isinstance(p, tuple) and len(p) == 2 for p in schedule)
-        or schedule[0][0] != 0):
-      fail("env", "style_schedule", schedule, "expected ((0, style), (step, style), ...) starting at 0")
-    steps = [step for step, _ in schedule]
-    if any(isinstance(s, bool) or not isinstance(s, int) for s in steps) or (
-        steps != sorted(set(steps))):
-      fail("env", "style_schedule", schedule, "steps must be integers in strictly increasing order")
-    for _, style in schedule:
-      if style not in ENV_STYLES:
-        fail("env", "style_schedule", schedule,
-              f"unknown style {style!r}; styles are {', '.join(map(repr, ENV_STYLES))}")
-    if self.judge not in ENV_JUDGES:
-      fail("env", "judge", self.judge, f"allowed values are {', '.join(map(repr, ENV_JUDGES))}")
-    if self.judge == "http":
-      if not self.judge_base_url.startswith(("http://", "https://")):
-        fail("env", "judge_base_url", self.judge_base_url,
-              "judge='http' needs an http(s) URL such as 'http://127.0.0.1:8000/v1'")
-      if not self.judge_model:
-        fail("env", "judge_model", self.judge_model, "judge='http' needs the model name to request")
+      fail("env", "reward_timeout_s", value, "expected a number of seconds > 0")
+    from sao_jax.envs import registry  # imports the environment: after the cheap checks
+    registry.resolve(self)

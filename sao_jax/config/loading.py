@@ -98,6 +98,8 @@ def _replace_path(obj: Any, parts: list[str], raw: str, full_key: str) -> Any:
   current = getattr(obj, name)
   hint = typing.get_type_hints(type(obj))[name]
   allowed = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+  if len(parts) > 1 and isinstance(current, dict):  # a mapping field: env.options.KEY=VALUE
+    return dataclasses.replace(obj, **{name: {**current, ".".join(parts[1:]): _literal(raw)}})
   if len(parts) > 1:
     if current is None and MeshConfig in allowed:
       keys = full_key.split(".")
@@ -116,6 +118,12 @@ def _replace_path(obj: Any, parts: list[str], raw: str, full_key: str) -> Any:
       raise ValueError(f"override {full_key}={raw!r}: {error}") from None
   if dataclasses.is_dataclass(current):
     raise ValueError(f"override {full_key!r} names a whole section; set one of its fields")
+  if isinstance(current, dict):
+    value = _literal(raw)
+    if not isinstance(value, dict):
+      raise ValueError(f"override {full_key}={raw!r}: expected a Python dict literal, e.g. "
+                       f"{full_key}={{'difficulty': 3}}, or set one key: {full_key}.KEY=VALUE")
+    return dataclasses.replace(obj, **{name: value})
   return dataclasses.replace(obj, **{name: _parse_value(raw, hint, full_key)})
 
 
@@ -169,6 +177,15 @@ def _comma_items(raw: str, kind: Any) -> Any:
 
 
 _MISMATCH = object()
+
+
+def _literal(raw: str) -> Any:
+  """A mapping field's value: a Python literal, else the text itself (`word` = 'word');
+  the field's owner checks its type (an environment's options: `sao_jax.envs.options`)."""
+  try:
+    return ast.literal_eval(raw)
+  except (ValueError, SyntaxError, MemoryError, RecursionError):
+    return raw
 
 
 def _conform(value: Any, kind: Any) -> Any:

@@ -98,6 +98,12 @@ class BatchInfo:
   # [trajectories] tools the environment ran (`info["tool_calls"]`; 0 when not a
   # non-negative number, as from a peer that does not record it).
   tool_calls: tuple[int, ...] = ()
+  # [trajectories] the task's data source (`info["source"]`; "" when absent or not a
+  # short printable string), the outcome (final reward), and the episode's metrics
+  # (`info["metrics"]`, finite numbers by name; what a peer wrote is bounded here).
+  sources: tuple[str, ...] = ()
+  outcomes: tuple[float, ...] = ()
+  episode_metrics: tuple[dict[str, float], ...] = ()
 
   @property
   def padding_fraction(self) -> float:
@@ -396,7 +402,34 @@ def _info(trajs: list[Trajectory], version: int, padding_rows: int, capacity: in
       lengths=np.array([t.length for t in trajs]),
       padding_rows=padding_rows, capacity=capacity,
       ends=tuple((str(t.info.get("end", "")), str(t.info.get("last_turn_end", ""))) for t in trajs),
-      tool_calls=tuple(_count(t.info.get("tool_calls")) for t in trajs))
+      tool_calls=tuple(_count(t.info.get("tool_calls")) for t in trajs),
+      sources=tuple(_label(t.info.get("source")) for t in trajs),
+      outcomes=tuple(t.outcome for t in trajs),
+      episode_metrics=tuple(_numbers(t.info.get("metrics")) for t in trajs))
+
+
+MAX_LABEL_CHARS = 64  # of a source or a metric name read from a trajectory
+MAX_EPISODE_METRICS = 16  # metrics read from one trajectory
+
+
+def _label(value) -> str:
+  """`value` if it is a printable string of at most MAX_LABEL_CHARS, else ""."""
+  ok = isinstance(value, str) and 0 < len(value) <= MAX_LABEL_CHARS and value.isprintable()
+  return value if ok else ""
+
+
+def _numbers(value) -> dict[str, float]:
+  """The first MAX_EPISODE_METRICS (label, finite number) pairs of a mapping, else {}."""
+  if not isinstance(value, dict):
+    return {}
+  out = {}
+  for key, number in value.items():
+    if len(out) == MAX_EPISODE_METRICS:
+      break
+    if (_label(key) and isinstance(number, (int, float)) and not isinstance(number, bool)
+        and np.isfinite(number)):
+      out[key] = float(number)
+  return out
 
 
 def _count(value) -> int:

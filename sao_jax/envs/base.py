@@ -21,6 +21,14 @@ drop and count such episodes instead of learning from them.
 assistant turns (an action on the last turn that would continue the episode
 ends it with reward 0 and reason "max_turns" instead), and observations longer
 than `max_observation_chars` are cut with a note saying how much was dropped.
+
+`EnvironmentSpec` is how an environment is made known to the trainer: its
+name, how to build one (`make(options, config)`), its options (a frozen
+dataclass, filled from `env.options`), its task sources and, optionally, its
+scripted demonstrations. The built-in environments are specs like any other
+(`sao_jax.envs.registry` resolves `env.name` to one; docs/tutorials/your-own-environment.md).
+This module, `Task`, `StepResult`, `Environment` and `EnvironmentSpec` are the
+public interface for environments written outside `sao_jax`.
 """
 
 from __future__ import annotations
@@ -28,19 +36,29 @@ from __future__ import annotations
 import abc
 import dataclasses
 import types
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
-Message = dict[str, str]
+if TYPE_CHECKING:
+  from sao_jax.config.env import EnvConfig
+
+Message = dict[str, Any]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Task:
-  """One problem: `answer` is the reference the environment checks against."""
+  """One problem: `answer` is the reference the environment checks against.
+
+  `messages`: the prompt as chat messages when the task source gave it so (a
+  verl-style row); `prompt` is then the text of its last user message, for
+  environments that build their own conversation. `metadata["source"]` (when
+  present) names the data source the task's metrics are grouped under.
+  """
 
   id: str
   prompt: str
   answer: str
   metadata: Mapping[str, Any] = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
+  messages: tuple[Mapping[str, str], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -90,6 +108,12 @@ class Environment(abc.ABC):
   """
 
   observation_role: str = "user"
+  # Native tools (`sao_jax.chat.tool_calls`): OpenAI-format function schemas the chat
+  # template is given (`tools=`), and how the policy calls them, which the sampler
+  # sets from the chat template before `reset` (`set_tool_format`): "hermes" (Qwen),
+  # "llama3_json" (Llama 3.1), or "fenced" (ChatML: the environment's own blocks).
+  tools: Sequence[Mapping[str, Any]] = ()
+  tool_format: str = "fenced"
 
   def __init__(self, *, max_turns: int, max_observation_chars: int):
     if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
@@ -109,6 +133,11 @@ class Environment(abc.ABC):
     """Training progress (the sampler passes its policy version before each episode),
     for environments that change during training; by default it changes nothing."""
     del step
+
+  def set_tool_format(self, tool_format: str) -> None:
+    """How the policy's chat template calls tools (class attribute `tool_format`);
+    the sampler calls it before `reset`. Environments without tools ignore it."""
+    self.tool_format = tool_format
 
   def close(self) -> None:
     """Releases what the current episode holds (files, processes). The sampler
@@ -175,3 +204,38 @@ def play(env: Environment, task: Task, actions: Sequence[str]) -> Transcript:
       return Transcript(messages, result)
     messages.append({"role": env.observation_role, "content": result.observation})
   raise ValueError(f"task {task.id!r}: {len(actions)} actions did not finish the episode.")
+
+
+@dataclasses.dataclass(frozen=True)
+class NoOptions:
+  """The options of an environment that has none."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EnvironmentSpec:
+  """An environment as the trainer knows it (`env.name` resolves to one).
+
+  - `name`: what errors and logs call it.
+  - `make(options, config)`: a fresh `Environment` (one per episode); `options`
+    is an instance of `options`, `config` the `EnvConfig` (its shared fields:
+    `max_turns`, `max_observation_chars`, `tool`, `sandbox`, `seed`).
+  - `options`: a frozen dataclass whose fields (with defaults) are the
+    environment's options, set as `env.options` (`--set env.options.FIELD=VALUE`).
+    Values are type-checked against the annotations at start-up; a `validate()`
+    method, if the class has one, checks the rest (raise ValueError naming the field).
+  - `task_sources`: name -> `(options, config) -> endless Iterator[Task]`; the
+    first is the default. "jsonl", "parquet" and "hf_disk" (`env.jsonl_path`,
+    `env.dataset`) are offered to every environment unless it defines its own.
+  - `demonstration(task, options)`: scripted assistant turns that earn full
+    reward (the SFT warm-start imitates them); None if the environment has none.
+  - `check(options, config)`: start-up checks that need the whole config (a task
+    directory that must exist); raise ValueError.
+  """
+
+  name: str
+  make: Callable[[Any, "EnvConfig"], Environment]
+  options: type = NoOptions
+  task_sources: Mapping[str, Callable[[Any, "EnvConfig"], Iterator[Task]]] = dataclasses.field(
+      default_factory=dict)
+  demonstration: Callable[[Task, Any], list[str]] | None = None
+  check: Callable[[Any, "EnvConfig"], None] | None = None

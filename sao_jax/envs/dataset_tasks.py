@@ -1,13 +1,16 @@
 """Prompt/answer tasks from dataset files (`env.dataset`, task sources "parquet"
 and "hf_disk"), read row by row (`sao_jax.envs.tables`).
 
-Row i becomes `Task(id, prompt, answer, metadata={"source", "row"})`: the prompt
-column's text, the answer column read as `answer_format`
+Row i becomes `Task(id, prompt, answer, metadata={"source", "row", ...})`: the
+prompt column's text (or, for a list of chat messages, `Task.messages` and the
+text of its last user message), the answer column read as `answer_format`
 (`envs.math.answers.reference_answer`: GSM8K's `#### 72`, MATH's `\\boxed{}`,
 AIME's integers), the id column's value (text or integer) or `<name>:<row>`,
-the source column's value or the dataset's name. A bad cell (missing value,
-empty prompt, an answer not in the format, an id or source longer than
-`MAX_LABEL_CHARS`) raises ValueError naming the file,
+the source column's value or the dataset's name, and each of
+`metadata_columns` under its name. A dotted column (`reward_model.ground_truth`)
+walks into a struct column. A bad cell (missing value, a struct without the
+field, empty prompt, a message list that is not one, an answer not in the
+format, an id or source longer than `MAX_LABEL_CHARS`) raises ValueError naming the file,
 the row's index in it, the column and the value: no row is skipped. Rows are
 checked when read; `sao-eval` reads them all.
 
@@ -18,7 +21,10 @@ list is materialised), each row read when its turn comes.
 
 from __future__ import annotations
 
+import functools
 import itertools
+import os
+import pathlib
 import types
 from typing import Iterator
 
@@ -28,9 +34,11 @@ from sao_jax.config.dataset import DatasetConfig
 from sao_jax.envs import tables
 from sao_jax.envs.base import Task
 from sao_jax.envs.math import answers
+from sao_jax.envs.tasks import CHAT_ROLES
 
 _OPENERS = {"parquet": tables.open_parquet, "hf_disk": tables.open_saved_dataset}
 _SHOWN_CHARS = 200  # of a bad value in an error message
+_CELL = object()  # `_bad`'s default: show the cell  # of a chat-message prompt's messages
 MAX_LABEL_CHARS = 256  # of an id or source cell
 
 
@@ -40,8 +48,7 @@ class TaskTable:
   def __init__(self, config: DatasetConfig, source: str):
     config.validate(source)
     self._config = config
-    columns = dict.fromkeys(c for c in (config.prompt_column, config.answer_column,
-                                        config.id_column, config.source_column) if c)
+    columns = dict.fromkeys(c.split(".")[0] for c in config.columns())
     self._table = _OPENERS[source](config.path, list(columns))
 
   @property
@@ -54,9 +61,7 @@ class TaskTable:
   def __getitem__(self, index: int) -> Task:
     row = self._table.row(index)
     config = self._config
-    prompt = _cell(row, config.prompt_column)
-    if not isinstance(prompt, str) or not prompt.strip():
-      _bad(row, config.prompt_column, "expected non-empty text")
+    prompt, messages = _prompt(row, config.prompt_column)
     try:
       answer = answers.reference_answer(_cell(row, config.answer_column), config.answer_format)
     except ValueError as error:
@@ -66,15 +71,52 @@ class TaskTable:
     if config.id_column:
       task_id = _label(row, config.id_column)
     source = _label(row, config.source_column) if config.source_column else self.name
-    return Task(id=task_id, prompt=prompt, answer=answer,
-                metadata=types.MappingProxyType({"source": source, "row": index}))
+    extra = {column: _value(row, column) for column in config.metadata_columns}
+    return Task(id=task_id, prompt=prompt, answer=answer, messages=messages,
+                metadata=types.MappingProxyType({**extra, "source": source, "row": index}))
+
+
+def _value(row: tables.Row, column: str):
+  """The cell `column` names: a column, or a field of a struct column (`a.b`)."""
+  top, *fields = column.split(".")
+  value = row.values[top]
+  for depth, field in enumerate(fields):
+    if not isinstance(value, dict) or field not in value:
+      _bad(row, column, f"no field {field!r} in {'.'.join([top, *fields[:depth]])!r}",
+           value)
+    value = value[field]
+  return value
 
 
 def _cell(row: tables.Row, column: str):
-  value = row.values[column]
+  value = _value(row, column)
   if value is None:
     _bad(row, column, "missing value (null)")
   return value
+
+
+def _prompt(row: tables.Row, column: str) -> tuple[str, tuple]:
+  """(prompt text, chat messages or ()) of a prompt cell: text, or a list of
+  {"role", "content"} messages with a user message (the text is the last one's)."""
+  value = _cell(row, column)
+  if isinstance(value, str):
+    if not value.strip():
+      _bad(row, column, "expected non-empty text or a list of chat messages")
+    return value, ()
+  if not isinstance(value, list) or not value:
+    _bad(row, column, "expected non-empty text or a list of chat messages")
+  messages = []
+  for i, message in enumerate(value):
+    if (not isinstance(message, dict) or message.get("role") not in CHAT_ROLES
+        or not isinstance(message.get("content"), str)):
+      _bad(row, column, f"message {i} is not {{'role': one of {CHAT_ROLES}, 'content': text}}")
+    messages.append(types.MappingProxyType({"role": message["role"],
+                                            "content": message["content"]}))
+  users = [m["content"] for m in messages if m["role"] == "user"]
+  if not users or not users[-1].strip() or messages[-1]["role"] == "assistant":
+    _bad(row, column, "a chat prompt needs a non-empty user message and must not end with "
+                      "an assistant message (the policy writes that one)")
+  return users[-1], tuple(messages)
 
 
 def _label(row: tables.Row, column: str) -> str:
@@ -91,12 +133,30 @@ def _label(row: tables.Row, column: str) -> str:
   return value
 
 
-def _bad(row: tables.Row, column: str, problem: str):
-  shown = repr(row.values[column])
+def _bad(row: tables.Row, column: str, problem: str, value=_CELL):
+  """ValueError naming file, row, column, the problem and `value` (default: the cell)."""
+  shown = repr(_value(row, column) if value is _CELL else value)
   if len(shown) > _SHOWN_CHARS:
     shown = shown[:_SHOWN_CHARS] + f"... ({len(shown)} characters)"
   raise ValueError(f"{row.file} row {row.index}, column {column!r}: {problem}; "
                    f"the value is {shown}. Fix or remove the row.")
+
+
+def check_columns(config: DatasetConfig, source: str) -> None:
+  """Opens the dataset once per process and state of its files (a missing mapped column,
+  an unreadable file: ValueError naming the file), so that `EnvConfig.validate` refuses
+  it at start-up; cheap: Parquet footers, a save_to_disk directory's mapped columns."""
+  config.validate(source)
+  files = sorted(pathlib.Path(config.path).iterdir()) if os.path.isdir(config.path) else [
+      pathlib.Path(config.path)]
+  stamp = tuple((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files if f.is_file())
+  _opened(config, source, stamp)
+
+
+@functools.lru_cache(maxsize=16)
+def _opened(config: DatasetConfig, source: str, stamp: tuple) -> None:
+  del stamp  # part of the cache key: a file rewritten since is checked again
+  TaskTable(config, source)
 
 
 def iterate_shuffled(table: TaskTable, *, seed: int = 0) -> Iterator[Task]:

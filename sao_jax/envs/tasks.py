@@ -4,7 +4,10 @@
 `"prompt"`, an `"answer"` (string, or an integer/float written as text) and
 optionally `"id"` (string, unique across the file) and `"program"` (Python that
 prints the answer, used by `envs.math.tasks.demonstration`); any other keys go into
-`Task.metadata`. Any bad line, blank lines included, raises ValueError naming
+`Task.metadata`. Rows in the verl shape load too: `"prompt"` a list of chat
+messages (`Task.messages`; the prompt text is its last user message), the answer
+in `"reward_model": {"ground_truth": ...}` when there is no `"answer"`, and
+`"data_source"` kept as `metadata["source"]` (the per-source metrics' key). Any bad line, blank lines included, raises ValueError naming
 the file, the line number and the problem: nothing is skipped silently. Bad
 lines include invalid UTF-8, NaN / Infinity / overflowing numbers (`1e999`)
 anywhere in a row, and values nested deeper than `MAX_NESTING` levels.
@@ -97,8 +100,16 @@ def _parse_row(line: str, where: str, default_id: str) -> Task:
     raise ValueError(f"{where}: expected a JSON object with 'prompt' and 'answer', "
                      f"got {type(row).__name__}.")
   prompt, answer = row.pop("prompt", None), row.pop("answer", None)
+  messages = ()
+  if isinstance(prompt, list):
+    prompt, messages = _chat_prompt(prompt, where)
+  if answer is None and isinstance(row.get("reward_model"), dict):
+    answer = row["reward_model"].get("ground_truth")
+  if isinstance(row.get("data_source"), str) and "source" not in row:
+    row["source"] = row["data_source"]
   if not isinstance(prompt, str) or not prompt.strip():
-    raise ValueError(f"{where}: 'prompt' must be a non-empty string, got {prompt!r}.")
+    raise ValueError(f"{where}: 'prompt' must be a non-empty string or a list of chat "
+                     f"messages, got {prompt!r}.")
   if isinstance(answer, (int, float)) and not isinstance(answer, bool):
     answer = str(answer)
   if not isinstance(answer, str) or not answer.strip():
@@ -109,8 +120,27 @@ def _parse_row(line: str, where: str, default_id: str) -> Task:
   if not isinstance(row.get("program", ""), str):
     raise ValueError(f"{where}: 'program' must be a string of Python code, "
                      f"got {row['program']!r}.")
-  return Task(id=task_id, prompt=prompt, answer=answer.strip(),
+  return Task(id=task_id, prompt=prompt, answer=answer.strip(), messages=messages,
               metadata=types.MappingProxyType(row))
+
+
+CHAT_ROLES = ("system", "user", "assistant")  # of a chat-message prompt's messages
+
+
+def _chat_prompt(messages: list, where: str) -> tuple[str, tuple]:
+  """(the last user message's text, the messages) of a chat-message prompt."""
+  out = []
+  for i, message in enumerate(messages):
+    if (not isinstance(message, dict) or message.get("role") not in CHAT_ROLES
+        or not isinstance(message.get("content"), str)):
+      raise ValueError(f"{where}: 'prompt' message {i} is not {{'role': one of {CHAT_ROLES}, "
+                       f"'content': text}}, got {message!r:.200}.")
+    out.append(types.MappingProxyType({"role": message["role"], "content": message["content"]}))
+  users = [m["content"] for m in out if m["role"] == "user"]
+  if not users or out[-1]["role"] == "assistant":
+    raise ValueError(f"{where}: a chat 'prompt' needs a user message and must not end with an "
+                     "assistant message (the policy writes that one).")
+  return users[-1], tuple(out)
 
 
 def iterate_shuffled(tasks: list[Task], *, seed: int = 0) -> Iterator[Task]:

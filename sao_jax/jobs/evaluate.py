@@ -7,7 +7,8 @@ from the environment's task source with `run.eval_seed` in place of
 Reported: `eval/accuracy` (mean final reward over episodes that did not fail),
 `eval/failures`, `eval/mean_turns`, `eval/tool_call_rate` (episodes in which the
 environment ran at least one tool; a reply with neither an answer nor a tool
-call also earns another turn, so more turns alone do not mean tool use). Given
+call also earns another turn, so more turns alone do not mean tool use) and,
+for tasks that name their data source, `eval/source/<source>` (its accuracy). Given
 a path, it also writes the first `run.eval_transcripts` episodes (in task order)
 as JSON lines: task id, reward, turns, environment failure and the whole
 conversation as text (`write_transcripts`), since what a
@@ -95,10 +96,16 @@ class Evaluator:
     ok = [t for t in trajs if t.env_failure is None]
     turns = np.array([t.info["turns"] for t in ok]) if ok else np.zeros(0)
     tools = np.array([t.info["tool_calls"] for t in ok]) if ok else np.zeros(0)
+    by_source = collections.defaultdict(list)
+    for traj in ok:
+      if traj.info.get("source"):
+        by_source[traj.info["source"]].append(traj.outcome)
     return {"eval/accuracy": float(np.mean([t.outcome for t in ok])) if ok else 0.0,
             "eval/failures": float(len(trajs) - len(ok)),
             "eval/mean_turns": float(turns.mean()) if ok else 0.0,
-            "eval/tool_call_rate": float(np.mean(tools > 0)) if ok else 0.0}
+            "eval/tool_call_rate": float(np.mean(tools > 0)) if ok else 0.0,
+            **{f"eval/source/{source}": float(np.mean(outcomes))
+               for source, outcomes in sorted(by_source.items())}}
 
 
 class _BenchmarkTasks:

@@ -5,7 +5,7 @@
     policy, record = sft_warm_start(cfg, chat, policy, demonstrations(cfg))
 
 Demonstrations are the environment's scripted ideal turns
-(`sao_jax.envs.registry.DEMONSTRATIONS`), played through the environment so the
+(`sao_jax.envs.registry.demonstration`), played through the environment so the
 transcripts carry its real observations; they are encoded turn by turn in the
 run's chat format (`sao_jax.chat`), exactly as the sampler builds episodes. SFT minimises the next-token loss on
 action tokens only (`sao_jax.learner.sft`); with `run.sft_target_accuracy` it

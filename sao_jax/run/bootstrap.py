@@ -21,7 +21,7 @@ from sao_jax.chat import ChatFormat, chat_format
 from sao_jax.config import Config
 from sao_jax.config.dataset import DATASET_SOURCES
 from sao_jax.envs.base import play
-from sao_jax.envs.registry import DEMONSTRATIONS, make_env, make_tasks
+from sao_jax.envs.registry import demonstration, make_env, make_tasks
 from sao_jax.models import hf, params_io, tokenizer as tokenizer_lib
 from sao_jax.models.transformer import Params, init_params
 
@@ -30,17 +30,18 @@ TOKENIZER_DEMONSTRATIONS = 400  # transcripts a run's own tokenizer is trained o
 
 def demonstrations(cfg: Config) -> Iterator[list[dict]]:
   """Played demonstration transcripts (messages) of the training task source."""
-  if cfg.env.name not in DEMONSTRATIONS:
+  demo = demonstration(cfg.env)
+  if demo is None:
     raise ValueError(f"run.sft_steps={cfg.run.sft_steps} but env.name={cfg.env.name!r} has no "
-                     f"demonstrations (known: {sorted(DEMONSTRATIONS)}); set run.sft_steps=0")
+                     "demonstrations (its EnvironmentSpec.demonstration is None); set "
+                     "run.sft_steps=0")
   if cfg.env.resolved_task_source in DATASET_SOURCES:
     raise ValueError(f"env.task_source={cfg.env.resolved_task_source!r}: dataset rows hold no "
                      "demonstrations to warm-start on or to train a tokenizer from; set "
                      "run.sft_steps=0 and run.tokenizer (a tokenizer.json, or the model's "
                      "directory), and start from a trained policy (run.init)")
-  demo = DEMONSTRATIONS[cfg.env.name]
   for task in make_tasks(cfg.env):
-    yield play(make_env(cfg.env), task, demo(task, cfg.env)).messages
+    yield play(make_env(cfg.env), task, demo(task)).messages
 
 
 def train_run_tokenizer(cfg: Config, transcripts: int = TOKENIZER_DEMONSTRATIONS):

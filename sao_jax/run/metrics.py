@@ -50,6 +50,19 @@ LENGTH_CUTS = ("max_new_tokens", "max_seq_len")
 # old first version) cannot add a metric key per lag seen: every row and TensorBoard
 # series, for the rest of the run.
 LAG_KEYS = 16
+# Data sources (`reward/source/<name>`) and episode metrics (`episodes/metric/<name>`)
+# with keys of their own, the first seen in the process; later ones share
+# `.../other`: the names come from task files and trajectories, and each key is a
+# metrics column and a TensorBoard series for the rest of the run.
+MAX_NAMED_KEYS = 32
+_named: dict[str, dict[str, None]] = {"source": {}, "metric": {}}
+
+
+def _named_key(kind: str, name: str) -> str:
+  seen = _named[kind]
+  if name not in seen and len(seen) < MAX_NAMED_KEYS:
+    seen[name] = None
+  return name if name in seen else "other"
 
 
 def batch_metrics(info: BatchInfo, drops: Drops) -> dict[str, float]:
@@ -58,7 +71,10 @@ def batch_metrics(info: BatchInfo, drops: Drops) -> dict[str, float]:
   and the share of episodes that ended by the turn budget (`episodes/max_turns_frac`)
   or by a length limit: out of context, or a last turn cut at max_new_tokens /
   max_seq_len (`episodes/length_cut_frac`), and the share in which the environment
-  ran a tool (`episodes/tool_call_frac`)."""
+  ran a tool (`episodes/tool_call_frac`); the mean outcome per data source
+  (`reward/source/<source>`, tasks that name one) and the mean of each episode
+  metric (`episodes/metric/<name>`: the numbers an environment or reward function
+  reports beside the reward), over the episodes that report it."""
   out = {"staleness/mean": float(np.mean(info.lags)) if info.lags.size else 0.0,
          "staleness/max": float(np.max(info.lags)) if info.lags.size else 0.0,
          "staleness/multi_version_frac": float(np.mean(info.version_spans > 0))
@@ -76,6 +92,18 @@ def batch_metrics(info: BatchInfo, drops: Drops) -> dict[str, float]:
         [end == "truncated" or last in LENGTH_CUTS for end, last in info.ends]))
   if info.tool_calls:
     out["episodes/tool_call_frac"] = float(np.mean(np.asarray(info.tool_calls) > 0))
+  by_source: dict[str, list[float]] = {}
+  for source, outcome in zip(info.sources, info.outcomes):
+    if source:
+      by_source.setdefault(_named_key("source", source), []).append(outcome)
+  for source, values in by_source.items():
+    out[f"reward/source/{source}"] = float(np.mean(values))
+  by_metric: dict[str, list[float]] = {}
+  for metrics in info.episode_metrics:
+    for name, value in metrics.items():
+      by_metric.setdefault(_named_key("metric", name), []).append(value)
+  for name, values in by_metric.items():
+    out[f"episodes/metric/{name}"] = float(np.mean(values))
   for reason, count in drops.items():
     out[f"dropped/{reason}"] = float(count)
   return out

@@ -34,7 +34,10 @@ dropped, a way out of any episode the policy was losing. `info["end"]`
 is why the episode ended (the environment's reason, e.g. "answer" or
 "max_turns", "truncated" or "turn_text"), `info["last_turn_end"]` why its last turn did
 (the engine's finish_reason: "max_new_tokens" / "max_seq_len" = cut by length)
-and `info["tool_calls"]` how many tools the environment ran (`Environment.tool_calls`).
+and `info["tool_calls"]` how many tools the environment ran (`Environment.tool_calls`);
+`info["source"]` is the task's `metadata["source"]` (its data source, when it has
+one) and `info["metrics"]` the numbers of the final `StepResult.info`
+(`episode_metrics`), which the learner logs per batch.
 
 One episode's fault is never the runner's: any exception from `env.reset`,
 `env.step` (a judge, a tool, a parser inside it) or from encoding the prompt or
@@ -53,7 +56,8 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
-from typing import Callable, Iterator
+import math
+from typing import Any, Callable, Iterator, Mapping
 
 import jax
 import numpy as np
@@ -82,6 +86,22 @@ def make_engine(cfg: SamplerConfig, model_cfg: ModelConfig, params: Params, chat
 
 
 ENV_DECLARED = "env_declared"  # failure_kind of a failure the environment returned
+MAX_EPISODE_METRICS = 16  # numbers of a final StepResult.info kept as info["metrics"]
+MAX_LABEL_CHARS = 64  # of a metric name or a task's source kept in a trajectory
+
+
+def episode_metrics(result_info: Mapping[str, Any]) -> dict[str, float]:
+  """The finite numbers (booleans as 0/1) of a finished episode's `StepResult.info`, the
+  first `MAX_EPISODE_METRICS` with names of at most `MAX_LABEL_CHARS` characters: what
+  an environment or a reward function (`envs.rewards`) reports beside the reward."""
+  out = {}
+  for key, value in result_info.items():
+    if len(out) == MAX_EPISODE_METRICS:
+      break
+    if (isinstance(key, str) and 0 < len(key) <= MAX_LABEL_CHARS
+        and isinstance(value, (int, float)) and math.isfinite(value)):
+      out[key] = float(value)
+  return out
 
 
 @dataclasses.dataclass
@@ -124,8 +144,11 @@ class EpisodeRunner:
       # Environments that change during training (the style schedule) see the policy
       # version the episode starts with.
       env.set_step(self.engine.version)
+      # Native tool calls: the environment parses the template's format, and the
+      # template is given the environment's tools (sao_jax.chat.tool_calls).
+      env.set_tool_format(self._chat.tool_format if env.tools else "fenced")
       messages = list(env.reset(task))
-      prompt = self._chat.prompt(messages)
+      prompt = self._chat.prompt(messages, tools=env.tools or None)
       self.engine.submit(self._next_id, prompt, seed=seed % 2**32)
     except Exception as error:  # this episode's fault, never the runner's
       self._release(env, task)
@@ -186,12 +209,14 @@ class EpisodeRunner:
     if result.done:
       return self._finish(turn.episode_id, reward=result.reward or 0.0,
                           failure=result.failure, reason=result.reason,
-                          kind=None if result.failure is None else ENV_DECLARED)
+                          kind=None if result.failure is None else ENV_DECLARED,
+                          result_info=result.info)
     closed = bool(turn.tokens.size) and int(turn.tokens[-1]) == self._chat.end_token_id
     live.messages.append({"role": "assistant", "content": action})
     message = {"role": live.env.observation_role, "content": result.observation}
     try:
-      tokens = self._chat.continuation(live.messages, [message], closed=closed)
+      tokens = self._chat.continuation(live.messages, [message], closed=closed,
+                                       tools=live.env.tools or None)
     except TurnTextError:  # the policy's own text: scored 0, never an unscored failure
       return self._finish(turn.episode_id, reward=0.0, failure=None, reason="turn_text")
     except Exception as error:
@@ -233,7 +258,8 @@ class EpisodeRunner:
                         kind=type(error).__name__)
 
   def _finish(self, episode_id: int, *, reward: float, failure: str | None,
-              reason: str | None, kind: str | None = None) -> Trajectory:
+              reason: str | None, kind: str | None = None,
+              result_info: Mapping[str, Any] | None = None) -> Trajectory:
     live = self._live.pop(episode_id)
     tool_calls = live.env.tool_calls
     self._release(live.env, live.task)
@@ -248,6 +274,12 @@ class EpisodeRunner:
             "tool_calls": tool_calls}
     if kind is not None:
       info["failure_kind"] = kind
+    source = live.task.metadata.get("source")
+    if isinstance(source, str) and source:
+      info["source"] = source[:MAX_LABEL_CHARS]
+    metrics = episode_metrics(result_info or {})
+    if metrics:
+      info["metrics"] = metrics
     return Trajectory(tokens=out.tokens.astype(np.int32), action_mask=out.action_mask.astype(np.int8),
                       behavior_logp=out.behavior_logp.astype(np.float32), rewards=rewards,
                       prompt_id=live.prompt_id, policy_versions=tuple(versions),

@@ -269,3 +269,23 @@ def test_the_staleness_histogram_has_a_fixed_set_of_keys_whatever_the_lags():
   assert metrics["staleness/lag_0"] == metrics["staleness/lag_1"] == 1
   assert metrics[f"staleness/lag_{LAG_KEYS}_plus"] == 1 and metrics["staleness/max"] == 10_000
   assert sum(metrics[k] for k in lag_keys) == 3  # experiments.runs counts trained trajectories
+
+
+def test_the_metrics_break_rewards_down_by_data_source_and_average_episode_metrics():
+  """`reward/source/<source>`: mean outcome of the batch's episodes of that source
+  (verl's data_source); `episodes/metric/<name>`: mean of what the environment or
+  reward function reported. What a peer wrote that is not a short label or a finite
+  number is ignored."""
+  from sao_jax.run.metrics import batch_metrics
+  infos = [({"source": "gsm8k", "metrics": {"length": 3}}, 1.0),
+           ({"source": "gsm8k", "metrics": {"length": 5, "bad": "x"}}, 0.0),
+           ({"source": "math", "metrics": {"length": float("nan")}}, 1.0),
+           ({"source": "x" * 65, "metrics": "junk"}, 1.0)]
+  trajs = [make_traj(seed=s, info=info, outcome=r) for s, (info, r) in enumerate(infos)]
+  it, drops = build(trajs, batch_size=4)
+  _, info = next(it)
+  assert info.sources == ("gsm8k", "gsm8k", "math", "")
+  metrics = batch_metrics(info, drops)
+  assert metrics["reward/source/gsm8k"] == 0.5 and metrics["reward/source/math"] == 1.0
+  assert metrics["episodes/metric/length"] == 4.0
+  assert not any(key.endswith("/bad") or "xxx" in key for key in metrics)

@@ -13,7 +13,7 @@ import tqdm
 from sao_jax.chat import chat_format
 from sao_jax.config import load_config
 from sao_jax.envs.base import play
-from sao_jax.envs.registry import DEMONSTRATIONS, make_env, make_tasks
+from sao_jax.envs.registry import demonstration, make_env, make_tasks
 from sao_jax.jobs import evaluate as evaluation, train, warm_start
 from sao_jax.learner.sft import train_sft
 from sao_jax.models.transformer import init_params
@@ -154,7 +154,7 @@ def test_a_multi_host_learner_refuses_an_accuracy_target(monkeypatch, tmp_path):
 @pytest.mark.parametrize("env,config,overrides", [
     # The demo's deliberate guesses (env.demo_guess_rate) are off: the claim is about
     # the ideal demonstrations (the guesses' reward 0 is tests/envs/math's).
-    ("math_tool", "demo_cpu.py", ["env.demo_guess_rate=0"]),
+    ("math_tool", "demo_cpu.py", ["env.options.demo_guess_rate=0"]),
     ("style", "experiments/style.py", []),
     ("coding", "coding_cpu.py", [])])
 def test_every_environment_has_demonstrations_that_earn_full_reward(env, config, overrides):
@@ -164,7 +164,7 @@ def test_every_environment_has_demonstrations_that_earn_full_reward(env, config,
   cfg = load_config(ROOT / "configs" / config, overrides)
   assert cfg.env.name == env
   for task in itertools.islice(make_tasks(cfg.env), 3):
-    played = play(make_env(cfg.env), task, DEMONSTRATIONS[env](task, cfg.env))
+    played = play(make_env(cfg.env), task, demonstration(cfg.env)(task))
     if env == "style":
       assert played.result.info["quality"], played.messages
     else:

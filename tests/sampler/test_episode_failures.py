@@ -290,3 +290,13 @@ def test_a_base_exception_on_an_env_thread_reaches_the_caller_and_close_releases
   runner.close()
   assert sorted(InterruptedEnv.closed) == sorted(t.id for t in tasks)
   assert runner.in_flight == 0
+
+
+def test_finished_episodes_carry_their_source_and_numeric_metrics():
+  from sao_jax.sampler.episodes import MAX_EPISODE_METRICS, episode_metrics
+  info = {"correct": True, "score_parts": 0.5, "predicted": "42", "nan": float("nan"),
+          "x" * 65: 1.0, **{f"m{i}": i for i in range(30)}}
+  metrics = episode_metrics(info)
+  assert list(metrics)[:2] == ["correct", "score_parts"] and metrics["correct"] == 1.0
+  assert "predicted" not in metrics and "nan" not in metrics
+  assert len(metrics) == MAX_EPISODE_METRICS

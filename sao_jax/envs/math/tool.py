@@ -8,6 +8,12 @@ Formats (also stated to the model in `SYSTEM_PROMPT`):
   (`sao_jax.envs.sandbox`): no state carries over between calls.
 - Final answer: `\boxed{...}`; the last one in the turn counts.
 
+With a chat template that has a native tool-call format (`Environment.tool_format`:
+Qwen's `<tool_call>`, Llama 3.1's JSON; `sao_jax.chat.tool_calls`), the tool is
+offered as the function `PYTHON_TOOL` instead (`NATIVE_SYSTEM_PROMPT`), a call
+is `python(code=...)` in that format, and a malformed call, another tool's name
+or a bad argument gets an observation saying what was wrong (the turn counts).
+
 Per assistant turn: a final answer ends the episode with reward 1 if
 `answers.verify_answer` accepts it, else 0 (any tool call in the same turn is
 ignored). Otherwise a tool call runs and its output is the observation (role
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import re
 
+from sao_jax.chat import tool_calls
 from sao_jax.envs import sandbox
 from sao_jax.envs.base import Environment, Message, StepResult, Task
 from sao_jax.envs.math import answers, checker
@@ -30,6 +37,15 @@ SYSTEM_PROMPT = (
     "a fresh interpreter. When you are done, give the final answer as \\boxed{answer}.")
 NO_ACTION = ("No Python code block and no final answer found. Run code in a ```python block, "
              "or give the final answer as \\boxed{answer}.")
+PYTHON_TOOL = tool_calls.function(
+    "python", "Run Python code in a fresh interpreter (time-limited, no network) and return "
+    "what it prints.", {"code": {"type": "string", "description": "The Python program to run."}})
+NATIVE_SYSTEM_PROMPT = (
+    "Solve the math problem. You may call the python tool to run code; its printed output "
+    "will be sent back to you. Only the first tool call of a message runs, and each run starts "
+    "from a fresh interpreter. When you are done, give the final answer as \\boxed{answer}.")
+NATIVE_NO_ACTION = ("No tool call and no final answer found. Call the python tool, or give "
+                    "the final answer as \\boxed{answer}.")
 _CODE_BLOCK = re.compile(r"```(?:python|py)[ \t]*\n(.*?)```", re.DOTALL)
 
 
@@ -43,6 +59,7 @@ class MathToolEnv(Environment):
   """Reward 1 for a verified `\\boxed{}` answer, 0 otherwise; Python tool calls between."""
 
   observation_role = "tool"
+  tools = (PYTHON_TOOL,)
 
   def __init__(self, *, max_turns: int = 8, max_observation_chars: int = 4096,
                sandbox_limits: sandbox.SandboxLimits = sandbox.SandboxLimits(),
@@ -57,7 +74,22 @@ class MathToolEnv(Environment):
     self.isolation = isolation
 
   def _reset(self, task: Task) -> list[Message]:
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": task.prompt}]
+    system = SYSTEM_PROMPT if self.tool_format == "fenced" else NATIVE_SYSTEM_PROMPT
+    return [{"role": "system", "content": system}, {"role": "user", "content": task.prompt}]
+
+  def _code(self, action: str) -> str | StepResult:
+    """The code the turn runs, or the observation telling the model why there is none."""
+    if self.tool_format == "fenced":
+      code = extract_code(action)
+      return StepResult.next(NO_ACTION) if code is None else code
+    try:
+      call = tool_calls.parse(action, self.tool_format)
+      if call is None:
+        return StepResult.next(NATIVE_NO_ACTION)
+      tool_calls.check(call, self.tools)
+    except tool_calls.ToolCallError as error:
+      return StepResult.next(str(error))
+    return call.arguments["code"]
 
   def _step(self, action: str) -> StepResult:
     predicted = answers.extract_boxed(action)
@@ -65,9 +97,9 @@ class MathToolEnv(Environment):
       correct = answers.verify_answer(predicted, self.task.answer)
       return StepResult.finish(1.0 if correct else 0.0, "answer", predicted=predicted,
                                correct=correct, tool_calls=self.tool_calls, turns=self.turn)
-    code = extract_code(action)
-    if code is None:
-      return StepResult.next(NO_ACTION)
+    code = self._code(action)
+    if isinstance(code, StepResult):
+      return code
     try:
       result = sandbox.run_python(code, self.sandbox_limits, isolation=self.isolation)
     except sandbox.SandboxError as e:

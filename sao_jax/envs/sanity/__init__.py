@@ -28,7 +28,7 @@ import random
 import types
 from typing import Iterator
 
-from sao_jax.envs.base import Environment, Message, StepResult, Task
+from sao_jax.envs.base import Environment, EnvironmentSpec, Message, StepResult, Task
 
 WORDS = ("red", "blue", "green", "gold")
 TARGET = WORDS[0]
@@ -65,3 +65,10 @@ class SanityEnv(Environment):
   def _step(self, action: str) -> StepResult:
     correct = action.strip() == self.task.answer
     return StepResult.finish(float(correct), "answer", correct=correct)
+
+
+SPEC = EnvironmentSpec(
+    name="sanity", make=lambda options, config: SanityEnv(
+        max_observation_chars=config.max_observation_chars),
+    task_sources={"generator": lambda options, config: iterate_generated(seed=config.seed)},
+    demonstration=lambda task, options: demonstration(task))

@@ -184,7 +184,10 @@ def test_config_validation_names_the_field(tmp_path):
   with pytest.raises(ValueError, match=r"env.dataset.answer_format='latex' is invalid"):
     EnvConfig(task_source="hf_disk", dataset=DatasetConfig(
         path=str(tmp_path), answer_format="latex")).validate()
-  with pytest.raises(ValueError, match=r"env.task_source='parquet' is invalid"):
-    EnvConfig(name="style", task_source="parquet").validate()
-  assert dataclasses.replace(EnvConfig(), task_source="parquet", dataset=DatasetConfig(
-      path=str(write_parquet(tmp_path / "m.parquet", MATH500)))).validate() is None
+  with pytest.raises(ValueError, match=r"env.task_source='dir' is invalid: 'style' accepts "
+                                       "'builtin', 'jsonl', 'parquet', 'hf_disk'"):
+    EnvConfig(name="style", task_source="dir").validate()
+  dataset = DatasetConfig(path=str(write_parquet(tmp_path / "m.parquet", MATH500)))
+  assert dataclasses.replace(EnvConfig(), task_source="parquet", dataset=dataset).validate() is None
+  # Dataset sources serve every environment, not only math_tool.
+  assert EnvConfig(name="style", task_source="parquet", dataset=dataset).validate() is None

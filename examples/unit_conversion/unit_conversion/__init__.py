@@ -1,0 +1,1 @@
+"""Example sao_jax environment: convert a quantity between units with a `convert` tool."""

@@ -1,0 +1,156 @@
+"""Reward functions written as plain Python (`env.reward_fn="package.module:function"`).
+
+The function is called once per episode, on the episode's last assistant turn:
+
+    def reward(response: str, task: Task, messages: list[dict]) -> float | Mapping[str, float]
+
+- `response`: the text of the last assistant turn (untrusted: the policy wrote it);
+- `task`: the `Task` (`answer` = the reference, e.g. verl's `reward_model.ground_truth`;
+  `metadata` = the row's other fields: "source" (verl's `data_source`),
+  "extra_info", ...);
+- `messages`: the whole conversation, a copy, the last turn included.
+
+It returns the reward as a number, or a mapping with the reward under "score"
+and any other numbers, which are kept as the episode's metrics
+(`StepResult.info`). With `env.reward_fn` set, the function's score replaces the
+environment's own reward at the end of every episode the environment did not
+fail (the environment's reward is kept as `info["env_reward"]`).
+
+The function is user code and trusted; the text it grades is not: it must
+never `eval`/`exec` the response or run it except through the sandbox
+(`sao_jax.envs.sandbox.run_python`). A function that raises, does not return
+within `env.reward_timeout_s`, or returns something that is not a finite number
+(or such a mapping) fails that episode as an environment failure naming the
+function (dropped and counted, never reward 0); the sampler goes on. A function
+past its deadline cannot be stopped (Python threads cannot be killed): its
+thread is left to finish in the background, so a function that can hang should
+bound its own work.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import numbers
+import threading
+from typing import Any, Callable, Mapping
+
+from sao_jax.envs import plugins
+from sao_jax.envs.base import Environment, Message, StepResult, Task
+
+_SHOWN_CHARS = 200  # of an error or a bad value in a failure text
+
+
+def load_reward_fn(path: str) -> Callable[..., Any]:
+  """The callable `path` names; ValueError naming `env.reward_fn` otherwise."""
+  fn = plugins.load_object(path, what=f"env.reward_fn={path!r}")
+  if not callable(fn):
+    raise ValueError(f"env.reward_fn={path!r} names a {type(fn).__name__}, which is not "
+                     "callable; name a function reward(response, task, messages)")
+  return fn
+
+
+def _number(value: Any) -> float | None:
+  if isinstance(value, numbers.Real):
+    value = float(value)
+    return value if math.isfinite(value) else None
+  return None
+
+
+def _shown(value: Any) -> str:
+  text = repr(value)
+  return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "..."
+
+
+def grade(fn: Callable[..., Any], path: str, timeout_s: float, response: str, task: Task,
+          messages: list[Message], **info: Any) -> StepResult:
+  """`fn(response, task, messages)` as a finished or failed `StepResult` (module docstring)."""
+  box: dict[str, Any] = {}
+
+  def call() -> None:
+    try:
+      box["value"] = fn(response, task, copy.deepcopy(messages))
+    except BaseException as error:  # user code: whatever it raises fails the episode
+      box["error"] = error
+
+  thread = threading.Thread(target=call, name="reward-fn", daemon=True)
+  thread.start()
+  thread.join(timeout_s)
+  if thread.is_alive():
+    return StepResult.fail(f"reward function {path} did not return within "
+                           f"env.reward_timeout_s={timeout_s}s", **info)
+  if "error" in box:
+    error = box["error"]
+    return StepResult.fail(f"reward function {path} raised {type(error).__name__}: "
+                           f"{str(error)[:_SHOWN_CHARS]}", **info)
+  value = box["value"]
+  metrics: dict[str, float] = {}
+  if isinstance(value, Mapping):
+    for key, item in value.items():
+      if not isinstance(key, str) or _number(item) is None:
+        return StepResult.fail(f"reward function {path} returned {{{_shown(key)}: "
+                               f"{_shown(item)}}}: every value of its mapping must be a finite "
+                               "number", **info)
+      metrics[key] = _number(item)
+    if "score" not in metrics:
+      return StepResult.fail(f"reward function {path} returned a mapping without 'score' "
+                             f"(keys {sorted(map(str, value))[:10]})", **info)
+    score = metrics.pop("score")
+  else:
+    score = _number(value)
+    if score is None:
+      return StepResult.fail(f"reward function {path} returned {_shown(value)}: expected a "
+                             "finite number or a mapping with a 'score'", **info)
+  return StepResult.finish(score, "reward_fn", **info, **metrics)
+
+
+class RewardFnEnv(Environment):
+  """`inner` with its final reward replaced by `fn`'s (module docstring)."""
+
+  def __init__(self, inner: Environment, fn: Callable[..., Any], *, path: str,
+               timeout_s: float):
+    # Not Environment.__init__: the turn budget, observation cap and counters are `inner`'s.
+    self.inner, self.fn, self.path, self.timeout_s = inner, fn, path, timeout_s
+    self.observation_role = inner.observation_role
+    self._messages: list[Message] = []
+
+  max_turns = property(lambda self: self.inner.max_turns)
+  max_observation_chars = property(lambda self: self.inner.max_observation_chars)
+  task = property(lambda self: self.inner.task)
+  turn = property(lambda self: self.inner.turn)
+  tool_calls = property(lambda self: self.inner.tool_calls)
+  done = property(lambda self: self.inner.done)
+
+  tools = property(lambda self: self.inner.tools)
+  tool_format = property(lambda self: self.inner.tool_format)
+
+  def set_step(self, step: int) -> None:
+    self.inner.set_step(step)
+
+  def set_tool_format(self, tool_format: str) -> None:
+    self.inner.set_tool_format(tool_format)
+
+  def close(self) -> None:
+    self.inner.close()
+
+  def reset(self, task: Task) -> list[Message]:
+    messages = self.inner.reset(task)
+    self._messages = copy.deepcopy(list(messages))
+    return messages
+
+  def step(self, action: str) -> StepResult:
+    result = self.inner.step(action)
+    self._messages.append({"role": "assistant", "content": action})
+    if not result.done:
+      self._messages.append({"role": self.observation_role, "content": result.observation})
+      return result
+    if result.failure is not None:
+      return result
+    return grade(self.fn, self.path, self.timeout_s, action, self.inner.task, self._messages,
+                 env_reward=result.reward, env_reason=result.reason)
+
+  def _reset(self, task: Task) -> list[Message]:  # unused: reset is overridden
+    raise NotImplementedError
+
+  def _step(self, action: str) -> StepResult:  # unused: step is overridden
+    raise NotImplementedError
