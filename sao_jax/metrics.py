@@ -58,7 +58,10 @@ def batch_metrics(info: BatchInfo, drops: Drops) -> dict[str, float]:
   and the share of episodes that ended by the turn budget (`episodes/max_turns_frac`)
   or by a length limit: out of context, or a last turn cut at max_new_tokens /
   max_seq_len (`episodes/length_cut_frac`), and the share in which the environment
-  ran a tool (`episodes/tool_call_frac`)."""
+  ran a tool (`episodes/tool_call_frac`); the weight-channel network faults the
+  samplers waited out (`weights/sampler_waits`) and the peer errors and refused
+  versions they counted (`weights/sampler_errors`), as reported with this batch's
+  trajectories."""
   out = {"staleness/mean": float(np.mean(info.lags)) if info.lags.size else 0.0,
          "staleness/max": float(np.max(info.lags)) if info.lags.size else 0.0,
          "staleness/multi_version_frac": float(np.mean(info.version_spans > 0))
@@ -76,6 +79,9 @@ def batch_metrics(info: BatchInfo, drops: Drops) -> dict[str, float]:
         [end == "truncated" or last in LENGTH_CUTS for end, last in info.ends]))
   if info.tool_calls:
     out["episodes/tool_call_frac"] = float(np.mean(np.asarray(info.tool_calls) > 0))
+  if info.weight_waits or info.weight_errors:
+    out["weights/sampler_waits"] = float(sum(info.weight_waits))
+    out["weights/sampler_errors"] = float(sum(info.weight_errors))
   for reason, count in drops.items():
     out[f"dropped/{reason}"] = float(count)
   return out

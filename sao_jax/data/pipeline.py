@@ -98,6 +98,10 @@ class BatchInfo:
   # [trajectories] tools the environment ran (`info["tool_calls"]`; 0 when not a
   # non-negative number, as from a peer that does not record it).
   tool_calls: tuple[int, ...] = ()
+  # [trajectories] weight-channel network faults its sampler waited out, and peer errors
+  # or refused versions it counted, since its previous trajectory (`sampler.worker`).
+  weight_waits: tuple[int, ...] = ()
+  weight_errors: tuple[int, ...] = ()
 
   @property
   def padding_fraction(self) -> float:
@@ -396,7 +400,13 @@ def _info(trajs: list[Trajectory], version: int, padding_rows: int, capacity: in
       lengths=np.array([t.length for t in trajs]),
       padding_rows=padding_rows, capacity=capacity,
       ends=tuple((str(t.info.get("end", "")), str(t.info.get("last_turn_end", ""))) for t in trajs),
-      tool_calls=tuple(_count(t.info.get("tool_calls")) for t in trajs))
+      tool_calls=tuple(_count(t.info.get("tool_calls")) for t in trajs),
+      # Capped: a sum of them becomes a float metric (a 400-digit count would overflow).
+      weight_waits=tuple(min(_count(t.info.get("weight_waits")), _MAX_COUNT) for t in trajs),
+      weight_errors=tuple(min(_count(t.info.get("weight_errors")), _MAX_COUNT) for t in trajs))
+
+
+_MAX_COUNT = 1 << 30  # the most one trajectory's weight-channel counts add to a metric
 
 
 def _count(value) -> int:

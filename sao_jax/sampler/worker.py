@@ -18,13 +18,19 @@ failure, never the worker's (`sampler.episodes`).
 Under LoRA the channel carries only the adapters: the worker loads the frozen
 base once (`run.init`) and adopts each version as the base merged with them.
 
-Until the first weights arrive an unreachable weight channel (a learner on
-another slice that has not started serving) is waited for, not an error. After
-that, a channel that drops or refuses the connection (a learner restarting, a
-publisher at its subscriber cap, a network fault) is not the worker's end either:
-it keeps sampling with the weights it has, finishing the episodes in flight, and
-polls again after a wait that doubles from `_RECONNECT_FIRST_S` to
-`_RECONNECT_MAX_S` per consecutive failure (each logged), reset by a clean poll.
+A network fault on the weight channel is a wait, never the worker's end: a
+channel that drops or refuses the connection (a learner restarting, a publisher
+at its subscriber cap, a reset) or stops answering (a stalled learner, a
+partition mid-transfer: `TimeoutError` after the channel's deadline) makes the
+worker keep sampling with the weights it has, finishing the episodes in flight,
+and poll again after a wait that doubles from `_RECONNECT_FIRST_S` to
+`_RECONNECT_MAX_S` per consecutive fault (the 1st, 2nd, 4th, ... in a row logged),
+reset by a clean poll; before the first weights (a learner on another slice
+that has not started serving) it waits the same way. So the supervisor's restart
+budget counts crashes only. Each trajectory handed over carries the faults
+waited out (`info["weight_waits"]`) and the peer errors and refused versions its
+subscriber counted (`info["weight_errors"]`) since the one before, which the
+learner sums into `weights/sampler_waits` and `weights/sampler_errors`.
 
 Samplers die with their learner. `process_main` wraps the run:
 - the kernel SIGKILLs the worker when the learner dies by any signal (Linux
@@ -43,6 +49,7 @@ the newest weights.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import dataclasses
 import multiprocessing
@@ -60,6 +67,7 @@ from sao_jax.log_text import logged_at, traceback_text, untrusted
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # Waits before polling a weight channel again after it failed (module docstring).
 _RECONNECT_FIRST_S, _RECONNECT_MAX_S = 1.0, 30.0
+_FIRST_WEIGHTS_POLL_S = 0.05  # between polls while no version is published yet
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,15 +174,13 @@ def run_sampler(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
   subscriber = weights.subscribe(spec.weights)
   log = lambda line: print(f"sampler {spec.worker_id}: {line}", file=sys.stderr, flush=True)
   skips = _SkipLog(log)
+  reconnect = _Reconnect(log)
   got = None
   while got is None and alive():
-    try:
-      got = subscriber.poll()
-    except ConnectionError:  # a learner on another slice that is not serving yet
-      time.sleep(1.0)
-      continue
+    got = reconnect.poll(subscriber)  # a learner not serving yet is waited for
     skips.report(subscriber)
-    time.sleep(0.01 if got else 0.05)
+    if got is None:
+      time.sleep(_FIRST_WEIGHTS_POLL_S)  # off the network while `reconnect` waits
   if got is None:
     return
   to_policy = _published_to_policy(cfg)
@@ -189,7 +195,7 @@ def run_sampler(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
   prompt_ids = PromptIds(group, cfg.algorithm.running_mean_slots, spec.worker_id)
   seed = cfg.sampler.seed * 1_000_003 + spec.worker_id * 7919
   started = 0
-  reconnect = _Reconnect(log)
+  counts = _ChannelCounts(reconnect, subscriber)
   try:
     while alive():
       got = reconnect.poll(subscriber)
@@ -204,6 +210,7 @@ def run_sampler(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
           started += 1
       for traj in runner.step():
         traj.info["worker"] = spec.worker_id
+        traj.info["weight_waits"], traj.info["weight_errors"] = counts.take()
         if not hand_over(spec.transport, traj, alive):
           return
   finally:
@@ -242,25 +249,50 @@ class _SkipLog:
 
 class _Reconnect:
   """`subscriber.poll()`, or None without touching the network until the wait after a
-  ConnectionError has passed (module docstring)."""
+  network fault (ConnectionError: refused, reset, closed; TimeoutError: no answer within
+  the channel's deadline) has passed (module docstring). `waits` counts the faults by
+  kind ("connection", "timeout")."""
 
   def __init__(self, log: Callable[[str], None], clock: Callable[[], float] = time.monotonic):
     self._log, self._clock = log, clock
     self._wait, self._retry_at = 0.0, 0.0
+    self._streak = 0  # consecutive faults
+    self.waits: collections.Counter = collections.Counter()
 
   def poll(self, subscriber):
     if self._clock() < self._retry_at:
       return None
     try:
       got = subscriber.poll()
-    except ConnectionError as error:
+    except (ConnectionError, TimeoutError) as error:
+      kind = "timeout" if isinstance(error, TimeoutError) else "connection"
+      self.waits[kind] += 1
+      self._streak += 1
       self._wait = min(max(2 * self._wait, _RECONNECT_FIRST_S), _RECONNECT_MAX_S)
       self._retry_at = self._clock() + self._wait
-      self._log(f"weight channel unavailable ({untrusted(error, 500)}); sampling on with the "
-                f"current weights, polling again in {self._wait:.0f} s")
+      if logged_at(self._streak):
+        self._log(f"weight channel unavailable ({untrusted(error, 500)}); sampling on with "
+                  f"the current weights, polling again in {self._wait:.0f} s (fault "
+                  f"#{self._streak} in a row; logged at 1, 2, 4, 8, ...)")
       return None
-    self._wait = 0.0
+    self._wait, self._streak = 0.0, 0
     return got
+
+
+class _ChannelCounts:
+  """What the weight channel counted since the last `take()`: (network faults waited
+  out, peer errors and refused versions of the subscriber's `stats`)."""
+
+  def __init__(self, reconnect: _Reconnect, subscriber):
+    self._reconnect, self._subscriber = reconnect, subscriber
+    self._taken = (0, 0)
+
+  def take(self) -> tuple[int, int]:
+    now = (sum(self._reconnect.waits.values()),
+           sum(getattr(self._subscriber, "stats", {}).values()))
+    delta = (now[0] - self._taken[0], now[1] - self._taken[1])
+    self._taken = now
+    return delta
 
 
 def hand_over(transport, traj, alive: Callable[[], bool], poll_s: float = 1.0) -> bool:
