@@ -18,6 +18,9 @@ failure, never the worker's (`sampler.episodes`).
 Under LoRA the channel carries only the adapters: the worker loads the frozen
 base once (`run.init`) and adopts each version as the base merged with them.
 
+The weight channel is polled on a thread of its own (`_Poller`), every `_POLL_S`
+while nothing new comes: a poll, or the transfer of a version, never holds the
+sampling loop, which adopts a version between engine steps once it has arrived.
 A network fault on the weight channel is a wait, never the worker's end: a
 channel that drops or refuses the connection (a learner restarting, a publisher
 at its subscriber cap, a reset) or stops answering (a stalled learner, a
@@ -57,6 +60,7 @@ import os
 import queue
 import signal
 import sys
+import threading
 import time
 from typing import Any, Callable
 
@@ -67,7 +71,8 @@ from sao_jax.log_text import logged_at, traceback_text, untrusted
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # Waits before polling a weight channel again after it failed (module docstring).
 _RECONNECT_FIRST_S, _RECONNECT_MAX_S = 1.0, 30.0
-_FIRST_WEIGHTS_POLL_S = 0.05  # between polls while no version is published yet
+_POLL_S = 0.05  # between polls of the weight channel (`_Poller`) when nothing new came
+_POLL_JOIN_S = 1.0  # how long closing waits for a poll under way
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,25 +167,34 @@ def engine_mesh(cfg: Config):
 
 def run_sampler(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
   """The sampler loop (module docstring)."""
-  from sao_jax.envs.registry import make_env, make_tasks
+  from sao_jax.envs.registry import make_env
   from sao_jax.chat import load_chat
   from sao_jax.sampler import weights
-  from sao_jax.sampler.episodes import EpisodeRunner, make_engine
-  from sao_jax.sampler.prompt_ids import PromptIds
 
   cfg = spec.cfg
   chat = load_chat(spec.tokenizer_path, enable_thinking=cfg.run.enable_thinking)
   chat.require_role(make_env(cfg.env).observation_role, f"env.name={cfg.env.name!r}")
   subscriber = weights.subscribe(spec.weights)
   log = lambda line: print(f"sampler {spec.worker_id}: {line}", file=sys.stderr, flush=True)
-  skips = _SkipLog(log)
-  reconnect = _Reconnect(log)
+  poller = _Poller(subscriber, _Reconnect(log), _SkipLog(log))
+  try:
+    _sample(spec, alive, cfg, chat, poller, log)
+  finally:
+    poller.close()
+
+
+def _sample(spec: WorkerSpec, alive: Callable[[], bool], cfg: Config, chat, poller: _Poller,
+            log: Callable[[str], None]) -> None:
+  """`run_sampler` once its channel is polled (by `poller`, on its own thread)."""
+  from sao_jax.envs.registry import make_env, make_tasks
+  from sao_jax.sampler.episodes import EpisodeRunner, make_engine
+  from sao_jax.sampler.prompt_ids import PromptIds
+
   got = None
-  while got is None and alive():
-    got = reconnect.poll(subscriber)  # a learner not serving yet is waited for
-    skips.report(subscriber)
+  while got is None and alive():  # a learner not serving yet is waited for
+    got = poller.take()
     if got is None:
-      time.sleep(_FIRST_WEIGHTS_POLL_S)  # off the network while `reconnect` waits
+      time.sleep(_POLL_S)
   if got is None:
     return
   to_policy = _published_to_policy(cfg)
@@ -195,11 +209,10 @@ def run_sampler(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
   prompt_ids = PromptIds(group, cfg.algorithm.running_mean_slots, spec.worker_id)
   seed = cfg.sampler.seed * 1_000_003 + spec.worker_id * 7919
   started = 0
-  counts = _ChannelCounts(reconnect, subscriber)
+  counts = _ChannelCounts(poller)
   try:
     while alive():
-      got = reconnect.poll(subscriber)
-      skips.report(subscriber)
+      got = poller.take()
       if got is not None:
         engine.set_params(to_policy(got[0]), got[1])
       while runner.in_flight + group <= runner.max_episodes:
@@ -215,7 +228,6 @@ def run_sampler(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
           return
   finally:
     runner.close()
-    subscriber.close()
 
 
 class _SkipLog:
@@ -279,17 +291,67 @@ class _Reconnect:
     return got
 
 
+class _Poller:
+  """Polls the weight channel (`_Reconnect`) on a thread of its own, so that a learner
+  that stalls holds that thread for up to the channel's deadline, never the sampling
+  loop, and hands the newest version over through `take()`. It holds at most one
+  version not yet taken: it polls again only once that one is taken. An error that is
+  not a network fault (another model served, a bug) is raised by the next `take()`,
+  and ends the worker as before."""
+
+  def __init__(self, subscriber, reconnect: _Reconnect, skips: _SkipLog):
+    self._subscriber, self._reconnect, self._skips = subscriber, reconnect, skips
+    self._lock = threading.Lock()
+    self._ready: Any = None  # (params, version) not yet taken
+    self._error: BaseException | None = None
+    self._stop = threading.Event()
+    self.counts = (0, 0)  # (network faults waited out, the subscriber's peer errors)
+    self._thread = threading.Thread(target=self._run, name="sao-weights-poll", daemon=True)
+    self._thread.start()
+
+  def _run(self) -> None:
+    try:
+      while not self._stop.is_set():
+        with self._lock:
+          pending = self._ready is not None
+        got = None if pending else self._reconnect.poll(self._subscriber)
+        self._skips.report(self._subscriber)
+        self.counts = (sum(self._reconnect.waits.values()),
+                       sum(getattr(self._subscriber, "stats", {}).values()))
+        if got is not None:
+          with self._lock:
+            self._ready = got
+        else:
+          self._stop.wait(_POLL_S)
+    except BaseException as error:  # reported by take(), in the sampling thread
+      self._error = error
+
+  def take(self):
+    """The newest version polled since the last call, or None."""
+    if self._error is not None:
+      raise self._error
+    with self._lock:
+      got, self._ready = self._ready, None
+    return got
+
+  def close(self) -> None:
+    """Stops polling (a poll under way ends within the channel's deadline; the thread is
+    not waited for longer than `_POLL_JOIN_S`), then closes the subscriber."""
+    self._stop.set()
+    self._thread.join(_POLL_JOIN_S)
+    self._subscriber.close()
+
+
 class _ChannelCounts:
   """What the weight channel counted since the last `take()`: (network faults waited
   out, peer errors and refused versions of the subscriber's `stats`)."""
 
-  def __init__(self, reconnect: _Reconnect, subscriber):
-    self._reconnect, self._subscriber = reconnect, subscriber
+  def __init__(self, poller: _Poller):
+    self._poller = poller
     self._taken = (0, 0)
 
   def take(self) -> tuple[int, int]:
-    now = (sum(self._reconnect.waits.values()),
-           sum(getattr(self._subscriber, "stats", {}).values()))
+    now = self._poller.counts
     delta = (now[0] - self._taken[0], now[1] - self._taken[1])
     self._taken = now
     return delta

@@ -212,3 +212,73 @@ def test_a_sampler_samples_through_a_stalled_learner_and_adopts_its_next_version
   assert all(t.policy_versions == (1, 1) for t in during)  # sampled on through the stall
   waits = sum(t.info["weight_waits"] for t in done)
   assert waits >= 1 and all(t.info["weight_errors"] == 0 for t in done)
+
+
+class BlockingSubscriber:
+  """A subscriber whose polls after the first block until `answer` is set (a poll of a
+  learner that does not answer, within the channel's deadline)."""
+
+  def __init__(self):
+    self.answer, self.polls, self.stats = threading.Event(), 0, {}
+
+  def poll(self):
+    self.polls += 1
+    if self.polls == 1:
+      return "weights 1", 1
+    self.answer.wait(10)
+    if self.polls == 2:
+      raise TimeoutError("weight channel: learner host 10.0.0.2:5617 stalled for 10 s")
+    return ("weights 2", 2) if self.polls == 3 else None
+
+  def close(self):
+    self.answer.set()
+
+
+def test_a_poll_blocked_on_a_stalled_learner_never_holds_the_sampling_loop(monkeypatch):
+  """The channel is polled on a thread of its own (`worker._Poller`): while a poll waits
+  for a learner that does not answer (up to the channel's 60 s deadline by default),
+  `take()` returns at once, so the sampler keeps stepping its engine."""
+  monkeypatch.setattr(worker, "_RECONNECT_FIRST_S", 0.01)
+  subscriber = BlockingSubscriber()
+  poller = worker._Poller(subscriber, worker._Reconnect(lambda line: None), worker._SkipLog(print))
+  try:
+    deadline = time.monotonic() + 5
+    while (got := poller.take()) is None and time.monotonic() < deadline:
+      time.sleep(0.01)
+    assert got == ("weights 1", 1)
+    assert wait_until(lambda: subscriber.polls == 2)  # the poll now blocks
+    start = time.monotonic()
+    assert poller.take() is None and time.monotonic() - start < 0.05
+    subscriber.answer.set()  # the stalled poll times out, and the next one answers
+    assert wait_until(lambda: poller.counts == (1, 0))
+    taken = []
+    assert wait_until(lambda: taken.append(poller.take()) or ("weights 2", 2) in taken)
+  finally:
+    poller.close()
+
+
+def wait_until(condition, seconds: float = 5.0) -> bool:
+  deadline = time.monotonic() + seconds
+  while not condition():
+    if time.monotonic() > deadline:
+      return False
+    time.sleep(0.01)
+  return True
+
+
+def test_an_error_that_is_no_network_fault_still_ends_the_worker():
+  class Broken:
+    stats = {}
+
+    def poll(self):
+      raise ValueError("weight channel: learner host 10.0.0.2:5617 serves another model")
+
+    def close(self):
+      pass
+  poller = worker._Poller(Broken(), worker._Reconnect(lambda line: None), worker._SkipLog(print))
+  try:
+    assert wait_until(lambda: poller._error is not None)
+    with pytest.raises(ValueError, match="another model"):
+      poller.take()
+  finally:
+    poller.close()
