@@ -376,7 +376,9 @@ class SamplerSupervisor:
   """Starts, watches, restarts and stops sampler processes (learner side).
 
   `run` is what each process runs inside `process_main` (the sampler; a test
-  can script another, picklable by reference). Call `start` and `check` from a
+  can script another, picklable by reference). `max_restarts` counts crashes: a
+  weight channel that stalls or drops is waited out inside the worker (module
+  docstring), never a death. Call `start` and `check` from a
   thread that lives as long as the supervisor: a worker dies with the thread
   that spawned it (`die_with_parent`).
   """
