@@ -53,6 +53,7 @@ _SHARDS_PER_LEAF = 64  # most shards of one leaf a header may list (a host's dev
 _RETRY_FIRST_S = 0.05  # the wait after a peer broke the protocol, doubled per
 _RETRY_MAX_S = 5.0     # consecutive failure up to this
 _HASH_THREADS = min(4, os.cpu_count() or 1)  # hashlib releases the GIL on large buffers
+_MAX_RUN_CHARS = 64  # of a learner's run compared or logged (a run is 32 hex digits)
 
 
 class WeightChecksumError(PeerError):
@@ -77,9 +78,6 @@ def choose_version(held: list[list[int]], current: int) -> int | None:
   common = set(held[0]).intersection(*held[1:])
   newer = [v for v in common if v > current]
   return max(newer) if newer else None
-
-
-_MAX_RUN_CHARS = 64  # a run is 32 hex digits
 
 
 class NetworkSubscriber:

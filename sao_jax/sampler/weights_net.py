@@ -11,9 +11,10 @@ only `replica_id == 0`, so across all hosts each distinct shard is served
 exactly once), computes the SHA-256 of every chunk of every shard (on a few
 threads), builds the header that lists them, and makes the snapshot the newest
 of the `keep` versions it serves; each header is signed when a subscriber asks
-for it, for that request (`weights_wire`). A thread per connection sends snapshots; a transfer holds a reference
-to its snapshot, so `publish` (which only swaps references under a lock) never
-waits for a sampler and never changes bytes that are being sent. It listens
+for it, for that request (`weights_wire`). A thread per connection sends
+snapshots; a transfer holds a reference to its snapshot, so `publish` (which
+only swaps references under a lock) never waits for a sampler and never
+changes bytes that are being sent. It listens
 on one interface (`host`, loopback unless samplers on other hosts need this
 host's own address), serves at most `max_connections` subscribers at once,
 only after they prove the shared secret (`weights_wire` handshake, within a
