@@ -9,9 +9,11 @@ of a new version followed by a subscriber's `poll()` that adopts it and its
 timed until the placed arrays are ready. Both backends run in this process:
 
   * network   `NetworkWeights` serving over 127.0.0.1; the publisher copies the
-              params to host memory, checksums them (crc32) and signs the header
-              (HMAC-SHA256), the subscriber (authenticated once per connection)
-              fetches, checks the signature and checksums and assembles every leaf.
+              params to host memory and digests them (SHA-256 per 4 MiB chunk, on
+              a few threads), and signs each header for the request it answers
+              (HMAC-SHA256); the subscriber (authenticated once per connection)
+              fetches, checks the signature and every chunk's digest (hashed while
+              the next shard arrives) and assembles every leaf.
   * directory `DirectoryWeights`: one orbax checkpoint per version in `--dir`
               (default: a temporary directory on local disk; a bucket or NFS is
               slower), restored by the subscriber.
@@ -19,9 +21,12 @@ timed until the placed arrays are ready. Both backends run in this process:
 Each backend syncs a warm-up version, then `--reps` timed new versions; medians
 are reported, and the adopted params are checked bit-exact against the published
 ones. What authentication adds to a sync is timed on its own: signing the
-version's header at publish and checking it at adopt (the handshake happens once
-per connection, in the warm-up); `auth_overhead_ratio` is network sync time over
-that time minus it.
+version's header for a request and checking it at adopt (the handshake happens
+once per connection, in the warm-up), and digesting every shard's bytes once
+(`digest_seconds_per_sync`: done at publish and again at adopt, partly
+overlapped with the transfer; `crc32_seconds_per_sync`, the crc32 protocol 2
+computed in its place, is timed alongside); `auth_overhead_ratio` is network sync time over
+that time minus the signature's.
 
 LoRA (`lora.enabled`): the learner publishes only the adapters (rank 16 on all
 seven projections, float32) and samplers merge them into the base they hold.
@@ -38,6 +43,7 @@ import json
 import statistics
 import tempfile
 import time
+import zlib
 
 import jax
 import numpy as np
@@ -83,23 +89,35 @@ def sync_times(publisher, params, reps: int) -> dict[str, float]:
           "sync": statistics.median(total)}
 
 
-def auth_seconds(params, reps: int = 20) -> float:
-  """Median seconds of what authentication adds to one sync: sign + check the header."""
+def auth_seconds(params, reps: int = 20) -> tuple[float, float, float]:
+  """Median seconds of what authentication adds to one sync: (sign + check the header
+  for a request, SHA-256 of every chunk of every shard once on one thread, and the
+  crc32 of every shard it replaced, timed alongside)."""
   publisher = weights_net.NetworkWeights(params)
   try:
     publisher.publish(params, 0)
-    framed = publisher._snapshots[0].header  # header frame, then its signature frame
-    length = weights_wire.LENGTH.unpack_from(framed)[0]
-    header = framed[weights_wire.LENGTH.size:weights_wire.LENGTH.size + length]
+    header, payloads = publisher._snapshots[0].header, publisher._snapshots[0].payloads
     secret = publisher.spec.secret
   finally:
     publisher.close()
   times = []
   for _ in range(reps):
     start = time.perf_counter()
-    weights_wire.check_header(secret, header, weights_wire.sign_header(secret, header))
+    nonce = weights_wire.new_nonce()
+    weights_wire.check_reply(secret, b"header", nonce, header,
+                             weights_wire.sign_reply(secret, b"header", nonce, header))
     times.append(time.perf_counter() - start)
-  return statistics.median(times)
+  digests, crcs = [], []
+  for _ in range(3):  # interleaved with the crc32 that protocol 2 computed, same load
+    start = time.perf_counter()
+    for payload in payloads:
+      weights_wire.chunk_digests(payload)
+    digests.append(time.perf_counter() - start)
+    start = time.perf_counter()
+    for payload in payloads:
+      zlib.crc32(payload)
+    crcs.append(time.perf_counter() - start)
+  return statistics.median(times), statistics.median(digests), statistics.median(crcs)
 
 
 def main() -> None:
@@ -132,9 +150,10 @@ def main() -> None:
         f"{adapter_megabytes:.1f} MB per sync, {bytes_ratio:.4f} of the full policy; "
         f"network sync {lora_network['sync']:.3f} s "
         f"({network['sync'] / lora_network['sync']:.1f}x faster than full)")
-  auth = auth_seconds(params)
+  auth, digest, crc = auth_seconds(params)
   overhead = network["sync"] / (network["sync"] - auth)
-  print(f"authentication: {auth * 1e6:.0f} us per sync (x{overhead:.4f} of network sync)")
+  print(f"authentication: {auth * 1e6:.0f} us per sync (x{overhead:.4f} of network sync); "
+        f"SHA-256 of the shards, once, one thread: {digest:.2f} s (their crc32: {crc:.2f} s)")
   print("RESULT " + json.dumps({
       "name": "weight_sync", "params_millions": round(count / 1e6, 1),
       "param_dtype": args.param_dtype, "megabytes": round(megabytes),
@@ -146,6 +165,7 @@ def main() -> None:
       "adopt_seconds_directory": round(directory["adopt"], 3),
       "directory_over_network": round(ratio, 2),
       "auth_seconds_per_sync": round(auth, 6), "auth_overhead_ratio": round(overhead, 4),
+      "digest_seconds_per_sync": round(digest, 3), "crc32_seconds_per_sync": round(crc, 3),
       "lora_rank": LORA.rank, "lora_megabytes": round(adapter_megabytes, 2),
       "lora_sync_bytes_ratio": round(bytes_ratio, 4),
       "lora_sync_seconds_network": round(lora_network["sync"], 4)}))

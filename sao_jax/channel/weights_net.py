@@ -8,11 +8,13 @@ weights travel host to host.
 Publisher, one per learner host: `publish(params, version)` copies this host's
 addressable shards of every leaf to host memory (`jax.Array.addressable_shards`,
 only `replica_id == 0`, so across all hosts each distinct shard is served
-exactly once), computes a crc32 per shard, signs the header that lists them
-(`weights_wire`), and makes the snapshot the newest of the `keep` versions it
-serves. A thread per connection sends snapshots; a transfer holds a reference
-to its snapshot, so `publish` (which only swaps references under a lock) never
-waits for a sampler and never changes bytes that are being sent. It listens
+exactly once), computes the SHA-256 of every chunk of every shard (on a few
+threads), builds the header that lists them, and makes the snapshot the newest
+of the `keep` versions it serves; each header is signed when a subscriber asks
+for it, for that request (`weights_wire`). A thread per connection sends
+snapshots; a transfer holds a reference to its snapshot, so `publish` (which
+only swaps references under a lock) never waits for a sampler and never
+changes bytes that are being sent. It listens
 on one interface (`host`, loopback unless samplers on other hosts need this
 host's own address), serves at most `max_connections` subscribers at once,
 only after they prove the shared secret (`weights_wire` handshake, within a
@@ -36,27 +38,34 @@ served is refused (`too_many_connections`). The listen queue holds
 `2 * max_connections` connections, so a burst of that many waits to be accepted
 instead of losing seconds to retransmits.
 
-Wire protocol (frames, handshake and signature: `weights_wire`), after the handshake:
-  {"op": "versions"}          -> {"protocol", "process_index", "process_count", "versions"}
-  {"op": "get", "version": v} -> a header frame, its 32-byte signature frame, then
-                                 one frame of raw bytes per shard:
-     {"protocol", "version", "process_index", "process_count",
+Wire protocol (frames, handshake and signatures: `weights_wire`), after the handshake;
+N is the request's fresh nonce (hex), `run` the learner's (random, the same on
+every learner host, new for every publisher):
+  {"op": "versions", "nonce": N}
+      -> {"protocol", "run", "process_index", "process_count", "versions"}, then its
+         32-byte signature frame HMAC(K, "versions" | N | reply)
+  {"op": "get", "version": v, "nonce": N}
+      -> a header frame, its signature frame HMAC(K, "header" | N | header), then one
+         frame of raw bytes per shard:
+     {"protocol", "run", "version", "process_index", "process_count",
       "leaves": [{"path", "shape", "dtype"}, ...],
-      "shards": [{"leaf", "index": [[start, stop], ...], "nbytes", "crc32"}, ...]}
+      "shards": [{"leaf", "index": [[start, stop], ...], "nbytes",
+                  "sha256": [hex per DIGEST_CHUNK_BYTES chunk]}, ...]}
      or {"error": ...} when v is no longer held (the next poll takes a newer one).
 """
 
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import json
+import os
 import secrets
 import socket
 import socketserver
 import threading
 import time
-import zlib
 from typing import Any
 
 import jax
@@ -69,17 +78,28 @@ from sao_jax.channel.weights_wire import LENGTH, PROTOCOL, PeerError
 from sao_jax.config.sampler import SamplerConfig
 
 _IDLE_SECONDS = 60.0  # an authenticated subscriber with no request for this long is closed
+_HASH_THREADS = min(8, os.cpu_count() or 1)  # hashlib releases the GIL on large buffers
 
 
 @dataclasses.dataclass(frozen=True)
 class _Snapshot:
-  header: bytes  # the JSON header frame and its signature frame, length prefixes included
+  header: bytes  # the JSON header (signed per request)
   payloads: tuple[np.ndarray, ...]  # uint8, one per header shard entry
 
 
+def _run_id() -> str:
+  """A new publisher's run: random, the first learner host's on every host. All hosts
+  call it."""
+  run = secrets.token_bytes(16)
+  if jax.process_count() > 1:
+    from sao_jax.sharding import distributed
+    run = distributed.from_first_host(run)
+  return run.hex()
+
+
 def _snapshot(params: Any, version: int, leaves: list[dict], process: dict,
-              secret: bytes) -> _Snapshot:
-  """This host's shards of `params` copied to host memory, with their crc32s."""
+              pool: concurrent.futures.Executor) -> _Snapshot:
+  """This host's shards of `params` copied to host memory, with their chunk digests."""
   pieces = []  # (leaf id, index as [[start, stop]], data)
   for leaf_id, (leaf, meta) in enumerate(zip(jax.tree.leaves(params), leaves)):
     if isinstance(leaf, jax.Array):
@@ -92,17 +112,15 @@ def _snapshot(params: Any, version: int, leaves: list[dict], process: dict,
   for _, _, data in pieces:  # start every device-to-host copy before waiting for one
     if isinstance(data, jax.Array):
       data.copy_to_host_async()
-  entries, payloads = [], []
-  for leaf_id, index, data in pieces:
-    payload = np.array(data).reshape(-1).view(np.uint8)  # a copy: the learner donates its state
-    entries.append({"leaf": leaf_id, "index": index, "nbytes": payload.nbytes,
-                    "crc32": zlib.crc32(payload)})
-    payloads.append(payload)
+  # A copy: the learner donates its state.
+  payloads = [np.array(data).reshape(-1).view(np.uint8) for _, _, data in pieces]
+  digests = [pool.submit(wire.chunk_digests, payload) for payload in payloads]
+  entries = [{"leaf": leaf_id, "index": index, "nbytes": payload.nbytes,
+              "sha256": [d.hex() for d in digest.result()]}
+             for (leaf_id, index, _), payload, digest in zip(pieces, payloads, digests)]
   header = json.dumps({"protocol": PROTOCOL, "version": version, **process,
                        "leaves": leaves, "shards": entries}).encode()
-  mac = wire.sign_header(secret, header)
-  return _Snapshot(LENGTH.pack(len(header)) + header + LENGTH.pack(len(mac)) + mac,
-                   tuple(payloads))
+  return _Snapshot(header, tuple(payloads))
 
 
 class _Server(socketserver.ThreadingTCPServer):
@@ -233,7 +251,10 @@ class NetworkWeights:
     self._stats_lock = threading.Lock()
     self._keep, self.timeout = keep, timeout
     # Read once here: server threads must not touch the JAX runtime.
-    self._process = {"process_index": jax.process_index(), "process_count": jax.process_count()}
+    self.run = _run_id()
+    self._process = {"run": self.run, "process_index": jax.process_index(),
+                     "process_count": jax.process_count()}
+    self._pool = concurrent.futures.ThreadPoolExecutor(_HASH_THREADS, "sao-weights-digest")
     try:
       self._server = _Server((host, port), max_connections)
     except OSError as error:
@@ -267,7 +288,7 @@ class NetworkWeights:
     difference = wire.first_leaf_difference(wire.describe_leaves(params), self._leaves)
     if difference:
       raise ValueError(f"publish: params have {difference}; build a new channel for a new model")
-    snapshot = _snapshot(params, version, self._leaves, self._process, self._secret)
+    snapshot = _snapshot(params, version, self._leaves, self._process, self._pool)
     with self._lock:
       self._snapshots[version] = snapshot
       while len(self._snapshots) > self._keep:
@@ -276,13 +297,19 @@ class NetworkWeights:
   def _answer(self, sock: socket.socket, request: dict) -> None:
     op = request.get("op")
     get = op == "get" and type(request.get("version")) is int  # else an unknown request
+    if op in ("versions", "get"):
+      try:
+        nonce = wire.request_nonce(request)
+      except PeerError:
+        nonce, op, get = None, None, False  # answered as an unknown request
     with self._lock:
       versions = sorted(self._snapshots)
       snapshot = self._snapshots.get(request["version"]) if get else None
     if op == "versions":
-      wire.send_json(sock, {"protocol": PROTOCOL, **self._process, "versions": versions})
+      reply = json.dumps({"protocol": PROTOCOL, **self._process, "versions": versions}).encode()
+      self._send_signed(sock, b"versions", nonce, reply)
     elif get and snapshot is not None:
-      sock.sendall(snapshot.header)
+      self._send_signed(sock, b"header", nonce, snapshot.header)
       for payload in snapshot.payloads:
         sock.sendall(LENGTH.pack(payload.nbytes))
         sock.sendall(payload)
@@ -293,10 +320,15 @@ class NetworkWeights:
       wire.send_json(sock, {"error": f"unknown request {str(request)[:100]}"})
       raise PeerError("bad_request", f"unknown request {str(request)[:100]}")
 
+  def _send_signed(self, sock: socket.socket, label: bytes, nonce: bytes, reply: bytes) -> None:
+    mac = wire.sign_reply(self._secret, label, nonce, reply)
+    sock.sendall(LENGTH.pack(len(reply)) + reply + LENGTH.pack(len(mac)) + mac)
+
   def close(self) -> None:
     """Stops serving and disconnects every subscriber."""
     self._server.shutdown()
     self._server.server_close()
+    self._pool.shutdown(wait=False)
     with self._lock:
       connections = [*self._connections, *self._pending]
     for sock in connections:

@@ -14,13 +14,19 @@ fresh random bytes from `secrets`, so a recorded exchange cannot be replayed):
 Proofs are compared with `hmac.compare_digest`. The publisher serves nothing
 before the last step; the subscriber trusts nothing before the second.
 
-Each published version's header (shapes, shard indices, sizes, crc32s) is
-followed by a 32-byte frame HMAC(K, "header" | header bytes), so a subscriber
-adopts only shards the learner checksummed and signed; a relay that passes the
-handshake through to the real learner cannot substitute its own header. (The
-shard bytes are covered by their crc32 in the signed header: this detects
-corruption and impostors, not a man-in-the-middle forging crc32 collisions on a
-hostile network; run the channel on a private network.)
+After the handshake a relay that passed it through to the real learner still
+sits between the two, so every reply that decides what a sampler adopts is
+signed for the request it answers: each `versions` and `get` request carries a
+fresh 32-byte nonce N, and its reply is followed by a 32-byte frame
+HMAC(K, label | N | reply bytes) (`sign_reply`; label "versions" or "header").
+A reply recorded earlier (a retired version's header, an old list of versions)
+does not check against a new nonce, so a relay can neither forge nor replay
+one. A header names the learner's `run` (random, fixed when the publisher is
+made) and its version, and lists for each shard the SHA-256 of every
+`DIGEST_CHUNK_BYTES` chunk of its bytes (`chunk_digests`): the shard bytes are
+authenticated through the signed header (before, a crc32 there let a relay
+rewrite a shard keeping its crc32). What a relay can still do is stall or cut
+the connection: a wait for the sampler (`sampler.worker`), never other weights.
 
 Every violation raises `PeerError` with a short `reason`, which each side
 counts in its `stats` (`count_error`, logged at 1, 2, 4, 8, ... occurrences so
@@ -47,14 +53,17 @@ import numpy as np
 from sao_jax import bounded_json
 from sao_jax.log_text import logged_at, untrusted
 
-PROTOCOL = 2
+PROTOCOL = 3  # 3: nonce-signed replies, SHA-256 chunk digests, the learner's run
 LENGTH = struct.Struct("!Q")
 MAC_BYTES = hashlib.sha256().digest_size
 MAX_REQUEST_BYTES = 512  # the largest request a subscriber sends (the auth step: ~100 bytes)
 MAX_REPLY_BYTES = 1 << 16  # handshake, versions and error replies
 MAX_JSON_DEPTH = 6  # a header: {"shards": [{"index": [[start, stop]]}]}
 HANDSHAKE_SECONDS = 5.0  # the whole handshake, however the peer drips its bytes
-_NONCE_BYTES = 32
+NONCE_BYTES = 32
+# A shard's bytes are digested per chunk of this size: chunks hash in parallel, and
+# a subscriber hashes each one while it receives the next.
+DIGEST_CHUNK_BYTES = 4 << 20
 
 log = logging.getLogger(__name__)
 
@@ -81,14 +90,41 @@ def _mac(secret: bytes, label: bytes, *parts: bytes) -> bytes:
   return hmac.new(secret, b"|".join((label,) + parts), hashlib.sha256).digest()
 
 
-def sign_header(secret: bytes, header: bytes) -> bytes:
-  return _mac(secret, b"header", header)
+def sign_reply(secret: bytes, label: bytes, nonce: bytes, reply: bytes) -> bytes:
+  """The MAC frame that follows `reply` to the request that carried `nonce`."""
+  return _mac(secret, label, nonce, reply)
 
 
-def check_header(secret: bytes, header: bytes, mac: bytes) -> None:
-  if not hmac.compare_digest(sign_header(secret, header), mac):
-    raise PeerError("bad_mac", "a weights header the learner did not sign (wrong secret, or "
-                               "not the learner)")
+def check_reply(secret: bytes, label: bytes, nonce: bytes, reply: bytes,
+                mac: bytes | None) -> None:
+  if mac is None or len(mac) != MAC_BYTES or not hmac.compare_digest(
+      sign_reply(secret, label, nonce, reply), mac):
+    raise PeerError("bad_mac", f"a {label.decode()} reply the learner did not sign for this "
+                               "request (a forgery, a replay of an earlier reply, or the wrong "
+                               "secret)")
+
+
+def chunk_count(nbytes: int) -> int:
+  """How many digests a shard of `nbytes` bytes has (an empty one: one, of no bytes)."""
+  return max(1, -(-nbytes // DIGEST_CHUNK_BYTES))
+
+
+def chunk_digests(payload: np.ndarray, pool=None) -> list[bytes]:
+  """SHA-256 of each `DIGEST_CHUNK_BYTES` chunk of `payload` (uint8, 1-D), on `pool` (a
+  concurrent.futures executor; hashlib releases the GIL) when given."""
+  chunks = [payload[i * DIGEST_CHUNK_BYTES:(i + 1) * DIGEST_CHUNK_BYTES]
+            for i in range(chunk_count(payload.nbytes))]
+  digest = lambda chunk: hashlib.sha256(chunk).digest()
+  return list(pool.map(digest, chunks)) if pool is not None else [digest(c) for c in chunks]
+
+
+def new_nonce() -> bytes:
+  return secrets.token_bytes(NONCE_BYTES)
+
+
+def request_nonce(request: dict) -> bytes:
+  """The nonce of a subscriber's request (hex); PeerError without one."""
+  return _hex(request, "nonce", NONCE_BYTES, "request")
 
 
 def recv_exact(sock: socket.socket, view: memoryview, deadline: float | None = None) -> None:
@@ -166,8 +202,8 @@ def server_handshake(sock: socket.socket, secret: bytes, admit: Callable[[], Non
   if hello.get("op") != "hello" or hello.get("protocol") != PROTOCOL:
     send_json(sock, {"protocol": PROTOCOL, "error": f"expected a protocol {PROTOCOL} hello"})
     raise PeerError("bad_hello", f"a request before the handshake: {str(hello)[:80]}")
-  client_nonce = _hex(hello, "nonce", _NONCE_BYTES, "hello")
-  nonce = secrets.token_bytes(_NONCE_BYTES)
+  client_nonce = _hex(hello, "nonce", NONCE_BYTES, "hello")
+  nonce = secrets.token_bytes(NONCE_BYTES)
   send_json(sock, {"protocol": PROTOCOL, "nonce": nonce.hex(),
                    "proof": _mac(secret, b"publisher", client_nonce, nonce).hex()})
   auth = parse(recv_frame(sock, MAX_REQUEST_BYTES, deadline), MAX_REQUEST_BYTES, "auth")
@@ -182,13 +218,13 @@ def server_handshake(sock: socket.socket, secret: bytes, admit: Callable[[], Non
 def client_handshake(sock: socket.socket, secret: bytes, timeout: float) -> None:
   """The subscriber's side; returns once the publisher proved the secret."""
   deadline = time.monotonic() + timeout
-  nonce = secrets.token_bytes(_NONCE_BYTES)
+  nonce = secrets.token_bytes(NONCE_BYTES)
   send_json(sock, {"op": "hello", "protocol": PROTOCOL, "nonce": nonce.hex()})
   reply = parse(recv_frame(sock, MAX_REPLY_BYTES, deadline), MAX_REPLY_BYTES, "hello reply")
   if reply.get("protocol") != PROTOCOL:
     raise PeerError("protocol", f"the peer speaks protocol {str(reply.get('protocol'))[:20]}, "
                                 f"this sampler {PROTOCOL}; run the same sao_jax on both sides")
-  server_nonce = _hex(reply, "nonce", _NONCE_BYTES, "hello reply")
+  server_nonce = _hex(reply, "nonce", NONCE_BYTES, "hello reply")
   proof = _hex(reply, "proof", MAC_BYTES, "hello reply")
   if not hmac.compare_digest(proof, _mac(secret, b"publisher", nonce, server_nonce)):
     raise PeerError("auth_failed", "the peer did not prove the shared secret: not the learner, "
@@ -206,9 +242,9 @@ def is_loopback(host: str) -> bool:
     return host == "localhost"
 
 
-def shard_entry(entry: Any, leaves: list[dict]) -> tuple[int, tuple, int, int]:
-  """(leaf id, index ((start, stop), ...), nbytes, crc32) of a header entry, checked
-  against the leaf of `leaves` ({path, shape, dtype}) it names."""
+def shard_entry(entry: Any, leaves: list[dict]) -> tuple[int, tuple, int, list[bytes]]:
+  """(leaf id, index ((start, stop), ...), nbytes, chunk SHA-256s) of a header entry,
+  checked against the leaf of `leaves` ({path, shape, dtype}) it names."""
   if not isinstance(entry, dict):
     raise PeerError("bad_frame", f"header: a shard entry {str(entry)[:60]}")
   leaf_id = field(entry, "leaf", int, "shard entry")
@@ -224,8 +260,17 @@ def shard_entry(entry: Any, leaves: list[dict]) -> tuple[int, tuple, int, int]:
       or not all(0 <= start <= stop <= dim for (start, stop), dim in zip(key, shape))):
     raise PeerError("bad_frame", f"header: index {str(index)[:60]} outside leaf "
                                  f"{leaves[leaf_id]['path']} {tuple(shape)}")
-  return (leaf_id, key, field(entry, "nbytes", int, "shard entry"),
-          field(entry, "crc32", int, "shard entry"))
+  nbytes = field(entry, "nbytes", int, "shard entry")
+  digests = field(entry, "sha256", list, "shard entry")
+  if nbytes < 0 or len(digests) != chunk_count(nbytes):
+    raise PeerError("bad_frame", f"header: {len(digests)} digests for a shard of {nbytes} bytes")
+  try:
+    digests = [bytes.fromhex(d) for d in digests]
+  except (TypeError, ValueError):
+    digests = []
+  if len(digests) != chunk_count(nbytes) or any(len(d) != MAC_BYTES for d in digests):
+    raise PeerError("bad_frame", "header: a shard's digests are not SHA-256 hex")
+  return leaf_id, key, nbytes, digests
 
 
 class Connection:
@@ -271,39 +316,42 @@ class Connection:
       raise ConnectionError(f"weight channel: learner host {self.address} dropped the "
                             f"connection in {what} ({error})") from error
 
-  def call(self, request: dict) -> dict:
-    """Sends a request and reads its JSON reply. A kept-open connection the learner
-    has since closed (idle timeout, restart) is reopened once."""
+  def versions(self) -> dict:
+    """The learner host's signed {"protocol", "run", "process_index", "process_count",
+    "versions"}. A kept-open connection the learner has since closed (idle timeout,
+    restart) is reopened once."""
     reused = self._sock is not None
     try:
-      return self._exchange(request)
+      return self._versions()
     except ConnectionError:
       if not reused:
         raise
-      return self._exchange(request)
+      return self._versions()
 
-  def _exchange(self, request: dict) -> dict:
+  def _versions(self) -> dict:
     sock = self._open()
 
     def exchange():
-      send_json(sock, request)
-      return parse(recv_frame(sock, MAX_REPLY_BYTES), MAX_REPLY_BYTES, "reply")
-    return self._guard(exchange, f"the reply to {request}")
+      nonce = new_nonce()
+      send_json(sock, {"op": "versions", "nonce": nonce.hex()})
+      raw = recv_frame(sock, MAX_REPLY_BYTES)
+      reply = parse(raw, MAX_REPLY_BYTES, "versions reply")
+      check_reply(self._secret, b"versions", nonce, raw, recv_frame(sock, MAC_BYTES))
+      return reply
+    return self._guard(exchange, "the reply to {'op': 'versions'}")
 
   def get_header(self, version: int, max_bytes: int) -> dict:
-    """Requests `version`: its header, once its signature checks out (at most `max_bytes`),
-    or the publisher's {"error": ...} when it no longer holds it."""
+    """Requests `version`: its header, once its signature for this request checks out (at
+    most `max_bytes`), or the publisher's {"error": ...} when it no longer holds it."""
     sock = self._open()
 
     def get():
-      send_json(sock, {"op": "get", "version": version})
+      nonce = new_nonce()
+      send_json(sock, {"op": "get", "version": version, "nonce": nonce.hex()})
       raw = recv_frame(sock, max_bytes)
       header = parse(raw, max_bytes, "header")
       if "error" not in header:
-        mac = recv_frame(sock, MAC_BYTES)
-        if mac is None or len(mac) != MAC_BYTES:
-          raise PeerError("bad_mac", "no header signature")
-        check_header(self._secret, raw, mac)
+        check_reply(self._secret, b"header", nonce, raw, recv_frame(sock, MAC_BYTES))
       return header
     return self._guard(get, f"the header of version {version}")
 

@@ -22,6 +22,16 @@ content can neither forge a marker nor a token; assistant text is only
 e.g. Qwen3 splits reasoning at `</think>`). Text without control-token
 strings encodes exactly as the tokenizer encodes the whole rendered string.
 
+A tokenizer matches an added token declared `normalized=True` in the text *after*
+its normalizer, so where one exists (under NFKC, `＜|im_end|＞` with fullwidth
+brackets is `<|im_end|>`; under a lowercasing normalizer so is `<|IM_END|>`) the
+raw text can hold no control-token string and still become one. For such a
+tokenizer `mark` then asks the tokenizer itself where its added tokens fall in
+what is left (`encode`'s offsets, in the original text) and marks those spans
+too, as the control token they normalize to; what is marked is decided after
+the normalizer, as the tokenizer decides. Shipped families declare their
+control tokens `normalized=False` and pay nothing for this.
+
 Every untrusted content in this package is encoded through this module.
 """
 
@@ -79,10 +89,34 @@ class Protector:
     self._strings = [MARK] + sorted(control - {MARK})
     self._index = {string: i for i, string in enumerate(self._strings)}
     self._pattern = _longest_match(self._strings)
+    # Control tokens the tokenizer matches after its normalizer (module docstring).
+    self._normalized = ({i: token.content for i, token in tokenizer.get_added_tokens_decoder()
+                         .items() if token.content in control and token.normalized}
+                        if tokenizer.normalizer is not None else {})
 
   def mark(self, text: str) -> str:
-    """`text` (made valid UTF-8) with every control-token string replaced by its marker."""
-    return self._pattern.sub(lambda m: f"{MARK}{self._index[m.group()]:x}{MARK}", valid_utf8(text))
+    """`text` (made valid UTF-8) with every control-token string replaced by its marker,
+    and, under a normalizing tokenizer, every span its normalizer makes one of."""
+    marked = self._pattern.sub(lambda m: self._marker(m.group()), valid_utf8(text))
+    if not self._normalized:
+      return marked
+    pieces = _MARKER.split(marked)  # odd pieces: the markers' indices
+    return "".join(self._marker(self._strings[int(piece, 16)]) if i % 2
+                   else self._mark_normalized(piece) for i, piece in enumerate(pieces))
+
+  def _marker(self, string: str) -> str:
+    return f"{MARK}{self._index[string]:x}{MARK}"
+
+  def _mark_normalized(self, text: str) -> str:
+    """`text` (holding no marker) with each span the tokenizer encodes as a control token
+    that it matches after normalizing replaced by that token's marker."""
+    encoding = self._tokenizer.encode(text, add_special_tokens=False)
+    out, end = [], 0
+    for token_id, (start, stop) in zip(encoding.ids, encoding.offsets):
+      if token_id in self._normalized and start >= end:
+        out += [text[end:start], self._marker(self._normalized[token_id])]
+        end = stop
+    return "".join(out) + text[end:]
 
   def escape(self, text: str) -> str:
     """`text` (made valid UTF-8) with only the marker character replaced by its marker."""

@@ -104,6 +104,10 @@ class BatchInfo:
   sources: tuple[str, ...] = ()
   outcomes: tuple[float, ...] = ()
   episode_metrics: tuple[dict[str, float], ...] = ()
+  # [trajectories] weight-channel network faults its sampler waited out, and peer errors
+  # or refused versions it counted, since its previous trajectory (`sampler.worker`).
+  weight_waits: tuple[int, ...] = ()
+  weight_errors: tuple[int, ...] = ()
 
   @property
   def padding_fraction(self) -> float:
@@ -405,7 +409,10 @@ def _info(trajs: list[Trajectory], version: int, padding_rows: int, capacity: in
       tool_calls=tuple(_count(t.info.get("tool_calls")) for t in trajs),
       sources=tuple(_label(t.info.get("source")) for t in trajs),
       outcomes=tuple(t.outcome for t in trajs),
-      episode_metrics=tuple(_numbers(t.info.get("metrics")) for t in trajs))
+      episode_metrics=tuple(_numbers(t.info.get("metrics")) for t in trajs),
+      # Capped: a sum of them becomes a float metric (a 400-digit count would overflow).
+      weight_waits=tuple(min(_count(t.info.get("weight_waits")), _MAX_COUNT) for t in trajs),
+      weight_errors=tuple(min(_count(t.info.get("weight_errors")), _MAX_COUNT) for t in trajs))
 
 
 MAX_LABEL_CHARS = 64  # of a source or a metric name read from a trajectory
@@ -430,6 +437,9 @@ def _numbers(value) -> dict[str, float]:
         and np.isfinite(number)):
       out[key] = float(number)
   return out
+
+
+_MAX_COUNT = 1 << 30  # the most one trajectory's weight-channel counts add to a metric
 
 
 def _count(value) -> int:

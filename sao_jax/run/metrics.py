@@ -74,7 +74,10 @@ def batch_metrics(info: BatchInfo, drops: Drops) -> dict[str, float]:
   ran a tool (`episodes/tool_call_frac`); the mean outcome per data source
   (`reward/source/<source>`, tasks that name one) and the mean of each episode
   metric (`episodes/metric/<name>`: the numbers an environment or reward function
-  reports beside the reward), over the episodes that report it."""
+  reports beside the reward), over the episodes that report it; the weight-channel
+  network faults the samplers waited out (`weights/sampler_waits`) and the peer
+  errors and refused versions they counted (`weights/sampler_errors`), as reported
+  with this batch's trajectories."""
   out = {"staleness/mean": float(np.mean(info.lags)) if info.lags.size else 0.0,
          "staleness/max": float(np.max(info.lags)) if info.lags.size else 0.0,
          "staleness/multi_version_frac": float(np.mean(info.version_spans > 0))
@@ -104,6 +107,9 @@ def batch_metrics(info: BatchInfo, drops: Drops) -> dict[str, float]:
       by_metric.setdefault(_named_key("metric", name), []).append(value)
   for name, values in by_metric.items():
     out[f"episodes/metric/{name}"] = float(np.mean(values))
+  if info.weight_waits or info.weight_errors:
+    out["weights/sampler_waits"] = float(sum(info.weight_waits))
+    out["weights/sampler_errors"] = float(sum(info.weight_errors))
   for reason, count in drops.items():
     out[f"dropped/{reason}"] = float(count)
   return out

@@ -18,13 +18,22 @@ failure, never the worker's (`sampler.episodes`).
 Under LoRA the channel carries only the adapters: the worker loads the frozen
 base once (`run.init`) and adopts each version as the base merged with them.
 
-Until the first weights arrive an unreachable weight channel (a learner on
-another slice that has not started serving) is waited for, not an error. After
-that, a channel that drops or refuses the connection (a learner restarting, a
-publisher at its subscriber cap, a network fault) is not the worker's end either:
-it keeps sampling with the weights it has, finishing the episodes in flight, and
-polls again after a wait that doubles from `_RECONNECT_FIRST_S` to
-`_RECONNECT_MAX_S` per consecutive failure (each logged), reset by a clean poll.
+The weight channel is polled on a thread of its own (`_Poller`), every `_POLL_S`
+while nothing new comes: a poll, or the transfer of a version, never holds the
+sampling loop, which adopts a version between engine steps once it has arrived.
+A network fault on the weight channel is a wait, never the worker's end: a
+channel that drops or refuses the connection (a learner restarting, a publisher
+at its subscriber cap, a reset) or stops answering (a stalled learner, a
+partition mid-transfer: `TimeoutError` after the channel's deadline) makes the
+worker keep sampling with the weights it has, finishing the episodes in flight,
+and poll again after a wait that doubles from `_RECONNECT_FIRST_S` to
+`_RECONNECT_MAX_S` per consecutive fault (the 1st, 2nd, 4th, ... in a row logged),
+reset by a clean poll; before the first weights (a learner on another slice
+that has not started serving) it waits the same way. So the supervisor's restart
+budget counts crashes only. Each trajectory handed over carries the faults
+waited out (`info["weight_waits"]`) and the peer errors and refused versions its
+subscriber counted (`info["weight_errors"]`) since the one before, which the
+learner sums into `weights/sampler_waits` and `weights/sampler_errors`.
 
 Samplers die with their learner. `process_main` wraps the run:
 - the kernel SIGKILLs the worker when the learner dies by any signal (Linux
@@ -43,6 +52,7 @@ the newest weights.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import dataclasses
 import multiprocessing
@@ -50,6 +60,7 @@ import os
 import queue
 import signal
 import sys
+import threading
 import time
 from typing import Any, Callable
 
@@ -60,6 +71,8 @@ from sao_jax.log_text import logged_at, traceback_text, untrusted
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # Waits before polling a weight channel again after it failed (module docstring).
 _RECONNECT_FIRST_S, _RECONNECT_MAX_S = 1.0, 30.0
+_POLL_S = 0.05  # between polls of the weight channel (`_Poller`) when nothing new came
+_POLL_JOIN_S = 1.0  # how long closing waits for a poll under way
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,28 +152,35 @@ def engine_mesh(cfg: Config):
 def run_sampler(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
   """The sampler loop (module docstring)."""
   from sao_jax.channel import weights
-  from sao_jax.channel.published import published_to_policy
   from sao_jax.chat import load_chat
-  from sao_jax.envs.registry import make_env, make_tasks
-  from sao_jax.run.bootstrap import initial_policy
-  from sao_jax.sampler.episodes import EpisodeRunner, make_engine
-  from sao_jax.sampler.prompt_ids import PromptIds
+  from sao_jax.envs.registry import make_env
 
   cfg = spec.cfg
   chat = load_chat(spec.tokenizer_path, enable_thinking=cfg.run.enable_thinking)
   chat.require_role(make_env(cfg.env).observation_role, f"env.name={cfg.env.name!r}")
   subscriber = weights.subscribe(spec.weights)
   log = lambda line: print(f"sampler {spec.worker_id}: {line}", file=sys.stderr, flush=True)
-  skips = _SkipLog(log)
+  poller = _Poller(subscriber, _Reconnect(log), _SkipLog(log))
+  try:
+    _sample(spec, alive, cfg, chat, poller, log)
+  finally:
+    poller.close()
+
+
+def _sample(spec: WorkerSpec, alive: Callable[[], bool], cfg: Config, chat, poller: _Poller,
+            log: Callable[[str], None]) -> None:
+  """`run_sampler` once its channel is polled (by `poller`, on its own thread)."""
+  from sao_jax.channel.published import published_to_policy
+  from sao_jax.envs.registry import make_env, make_tasks
+  from sao_jax.run.bootstrap import initial_policy
+  from sao_jax.sampler.episodes import EpisodeRunner, make_engine
+  from sao_jax.sampler.prompt_ids import PromptIds
+
   got = None
-  while got is None and alive():
-    try:
-      got = subscriber.poll()
-    except ConnectionError:  # a learner on another slice that is not serving yet
-      time.sleep(1.0)
-      continue
-    skips.report(subscriber)
-    time.sleep(0.01 if got else 0.05)
+  while got is None and alive():  # a learner not serving yet is waited for
+    got = poller.take()
+    if got is None:
+      time.sleep(_POLL_S)
   if got is None:
     return
   to_policy = published_to_policy(cfg, lambda: initial_policy(cfg))
@@ -175,11 +195,10 @@ def run_sampler(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
   prompt_ids = PromptIds(group, cfg.algorithm.running_mean_slots, spec.worker_id)
   seed = cfg.sampler.seed * 1_000_003 + spec.worker_id * 7919
   started = 0
-  reconnect = _Reconnect(log)
+  counts = _ChannelCounts(poller)
   try:
     while alive():
-      got = reconnect.poll(subscriber)
-      skips.report(subscriber)
+      got = poller.take()
       if got is not None:
         engine.set_params(to_policy(got[0]), got[1])
       while runner.in_flight + group <= runner.max_episodes:
@@ -190,11 +209,11 @@ def run_sampler(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
           started += 1
       for traj in runner.step():
         traj.info["worker"] = spec.worker_id
+        traj.info["weight_waits"], traj.info["weight_errors"] = counts.take()
         if not hand_over(spec.transport, traj, alive):
           return
   finally:
     runner.close()
-    subscriber.close()
 
 
 class _SkipLog:
@@ -228,25 +247,100 @@ class _SkipLog:
 
 class _Reconnect:
   """`subscriber.poll()`, or None without touching the network until the wait after a
-  ConnectionError has passed (module docstring)."""
+  network fault (ConnectionError: refused, reset, closed; TimeoutError: no answer within
+  the channel's deadline) has passed (module docstring). `waits` counts the faults by
+  kind ("connection", "timeout")."""
 
   def __init__(self, log: Callable[[str], None], clock: Callable[[], float] = time.monotonic):
     self._log, self._clock = log, clock
     self._wait, self._retry_at = 0.0, 0.0
+    self._streak = 0  # consecutive faults
+    self.waits: collections.Counter = collections.Counter()
 
   def poll(self, subscriber):
     if self._clock() < self._retry_at:
       return None
     try:
       got = subscriber.poll()
-    except ConnectionError as error:
+    except (ConnectionError, TimeoutError) as error:
+      kind = "timeout" if isinstance(error, TimeoutError) else "connection"
+      self.waits[kind] += 1
+      self._streak += 1
       self._wait = min(max(2 * self._wait, _RECONNECT_FIRST_S), _RECONNECT_MAX_S)
       self._retry_at = self._clock() + self._wait
-      self._log(f"weight channel unavailable ({untrusted(error, 500)}); sampling on with the "
-                f"current weights, polling again in {self._wait:.0f} s")
+      if logged_at(self._streak):
+        self._log(f"weight channel unavailable ({untrusted(error, 500)}); sampling on with "
+                  f"the current weights, polling again in {self._wait:.0f} s (fault "
+                  f"#{self._streak} in a row; logged at 1, 2, 4, 8, ...)")
       return None
-    self._wait = 0.0
+    self._wait, self._streak = 0.0, 0
     return got
+
+
+class _Poller:
+  """Polls the weight channel (`_Reconnect`) on a thread of its own, so that a learner
+  that stalls holds that thread for up to the channel's deadline, never the sampling
+  loop, and hands the newest version over through `take()`. It holds at most one
+  version not yet taken: it polls again only once that one is taken. An error that is
+  not a network fault (another model served, a bug) is raised by the next `take()`,
+  and ends the worker as before."""
+
+  def __init__(self, subscriber, reconnect: _Reconnect, skips: _SkipLog):
+    self._subscriber, self._reconnect, self._skips = subscriber, reconnect, skips
+    self._lock = threading.Lock()
+    self._ready: Any = None  # (params, version) not yet taken
+    self._error: BaseException | None = None
+    self._stop = threading.Event()
+    self.counts = (0, 0)  # (network faults waited out, the subscriber's peer errors)
+    self._thread = threading.Thread(target=self._run, name="sao-weights-poll", daemon=True)
+    self._thread.start()
+
+  def _run(self) -> None:
+    try:
+      while not self._stop.is_set():
+        with self._lock:
+          pending = self._ready is not None
+        got = None if pending else self._reconnect.poll(self._subscriber)
+        self._skips.report(self._subscriber)
+        self.counts = (sum(self._reconnect.waits.values()),
+                       sum(getattr(self._subscriber, "stats", {}).values()))
+        if got is not None:
+          with self._lock:
+            self._ready = got
+        else:
+          self._stop.wait(_POLL_S)
+    except BaseException as error:  # reported by take(), in the sampling thread
+      self._error = error
+
+  def take(self):
+    """The newest version polled since the last call, or None."""
+    if self._error is not None:
+      raise self._error
+    with self._lock:
+      got, self._ready = self._ready, None
+    return got
+
+  def close(self) -> None:
+    """Stops polling (a poll under way ends within the channel's deadline; the thread is
+    not waited for longer than `_POLL_JOIN_S`), then closes the subscriber."""
+    self._stop.set()
+    self._thread.join(_POLL_JOIN_S)
+    self._subscriber.close()
+
+
+class _ChannelCounts:
+  """What the weight channel counted since the last `take()`: (network faults waited
+  out, peer errors and refused versions of the subscriber's `stats`)."""
+
+  def __init__(self, poller: _Poller):
+    self._poller = poller
+    self._taken = (0, 0)
+
+  def take(self) -> tuple[int, int]:
+    now = self._poller.counts
+    delta = (now[0] - self._taken[0], now[1] - self._taken[1])
+    self._taken = now
+    return delta
 
 
 def hand_over(transport, traj, alive: Callable[[], bool], poll_s: float = 1.0) -> bool:
@@ -268,7 +362,9 @@ class SamplerSupervisor:
   """Starts, watches, restarts and stops sampler processes (learner side).
 
   `run` is what each process runs inside `process_main` (the sampler; a test
-  can script another, picklable by reference). Call `start` and `check` from a
+  can script another, picklable by reference). `max_restarts` counts crashes: a
+  weight channel that stalls or drops is waited out inside the worker (module
+  docstring), never a death. Call `start` and `check` from a
   thread that lives as long as the supervisor: a worker dies with the thread
   that spawned it (`die_with_parent`).
   """

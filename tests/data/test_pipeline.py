@@ -254,6 +254,22 @@ def test_the_metrics_count_episodes_that_ran_a_tool_whatever_a_peer_wrote():
   assert batch_metrics(info, drops)["episodes/tool_call_frac"] == 0.25
 
 
+def test_the_metrics_sum_the_weight_channel_counts_the_samplers_report():
+  """`weights/sampler_waits` and `weights/sampler_errors`: the network faults and peer
+  errors each trajectory's sampler counted since its previous one (`sampler.worker`);
+  a peer's malformed or huge count adds nothing, or at most `_MAX_COUNT`."""
+  from sao_jax.run.metrics import batch_metrics
+  counts = [(2, 0), (0, 1), (None, None), (-1, True), (10 ** 400, "3")]
+  trajs = [make_traj(seed=s, info={} if w is None else {"weight_waits": w, "weight_errors": e})
+           for s, (w, e) in enumerate(counts)]
+  it, drops = build(trajs, batch_size=8)
+  _, info = next(it)
+  assert info.weight_waits == (2, 0, 0, 0, pipeline._MAX_COUNT)
+  metrics = batch_metrics(info, drops)
+  assert metrics["weights/sampler_waits"] == 2.0 + pipeline._MAX_COUNT
+  assert metrics["weights/sampler_errors"] == 1.0
+
+
 def test_the_staleness_histogram_has_a_fixed_set_of_keys_whatever_the_lags():
   """Before: one `staleness/lag_k` key for every k up to the largest lag in the batch, so
   with a large data.max_lag, records claiming an old first version (a peer's, or just a

@@ -42,6 +42,19 @@ def test_shared_memory_versions():
     publisher.close()
 
 
+def test_the_shared_memory_block_is_the_learner_users_alone():
+  """The shared-memory channel carries no signature: its block is readable and writable
+  by the learner's own user only (mode 0600), who could as well rewrite the sampler's
+  memory, and the sandbox has no /dev/shm (docs/explanation/peers.md)."""
+  import os
+  publisher = weights.SharedMemoryWeights(params(0.0))
+  try:
+    status = os.stat(os.path.join(weights.SHM_DIR, publisher.spec.name))
+    assert status.st_mode & 0o777 == 0o600 and status.st_uid == os.getuid()
+  finally:
+    publisher.close()
+
+
 def test_layout_mismatch_is_named():
   publisher = weights.SharedMemoryWeights(params(0.0))
   try:

@@ -117,13 +117,17 @@ def test_relayed_handshake_with_a_substituted_header_is_rejected(publisher):
       for source, target in [(client, upstream), (upstream, client)] * 2:  # the handshake
         target.sendall(frame(weights_wire.recv_frame(source, 1 << 16)))
       while (request := weights_wire.recv_frame(client, 1 << 16)) is not None:
-        if json.loads(request)["op"] == "get":  # the forged snapshot: header, signature, shards
-          client.sendall(forged._snapshots[1].header)
+        message = json.loads(request)
+        if message["op"] == "get":  # the forged snapshot: header, signature, shards
+          header = forged._snapshots[1].header
+          client.sendall(frame(header) + frame(weights_wire.sign_reply(
+              forged._secret, b"header", bytes.fromhex(message["nonce"]), header)))
           for payload in forged._snapshots[1].payloads:
             client.sendall(LENGTH.pack(payload.nbytes) + payload.tobytes())
-        else:
+        else:  # the versions reply and its signature
           upstream.sendall(frame(request))
-          client.sendall(frame(weights_wire.recv_frame(upstream, 1 << 16)))
+          for _ in range(2):
+            client.sendall(frame(weights_wire.recv_frame(upstream, 1 << 16)))
 
   thread = threading.Thread(target=relay, daemon=True)
   thread.start()
@@ -271,7 +275,7 @@ def test_a_flood_from_one_host_cannot_cut_a_handshake_from_another():
                  for _ in range(6)]
     assert wait_for(lambda: publisher.stats["handshake_evicted"] == 4), publisher.stats
     weights_wire.client_handshake(sampler, SECRET, 5)
-    weights_wire.send_json(sampler, {"op": "versions"})
+    weights_wire.send_json(sampler, {"op": "versions", "nonce": "ab" * 32})
     reply = json.loads(weights_wire.recv_frame(sampler, 1 << 16, time.monotonic() + 5))
     assert reply["versions"] == [1]
     assert all(closed_by_peer(sock, 2) for sock in squatters[:4]), "the flood's oldest stay"
@@ -333,7 +337,7 @@ def test_a_get_without_an_integer_version_is_answered_and_counted(publisher):
     (LENGTH.pack(1 << 62), "oversized"),  # before: MemoryError
     (frame(b"[" * 20_000 + b"]" * 20_000), "bad_frame"),  # before: RecursionError
     (frame(b'{"protocol": 1, "versions": [1]}'), "protocol"),  # before: KeyError
-    (frame(b'{"protocol": 2, "nonce": "zz", "proof": 5}'), "bad_frame"),
+    (frame(b'{"protocol": %d, "nonce": "zz", "proof": 5}' % weights_wire.PROTOCOL), "bad_frame"),
     (frame(b"\xff\xfe garbage"), "bad_frame"),
 ], ids=["huge_length", "nested", "missing_keys", "bad_types", "garbage"])
 def test_hostile_server_is_counted_not_a_crash(reply, reason):

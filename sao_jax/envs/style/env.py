@@ -22,13 +22,24 @@ free exit from one it was losing. So:
 - a judge that answers without a verdict (`judge.JudgeNoVerdict`: the response
   may have talked it out of its format) scores 0, reason "no_verdict";
 - a judge that fails on the response (an HTTP 4xx for a response it will not
-  take, a timeout on one that is slow to read, a crash) is asked again with
-  `CONTROL_RESPONSE` in its place: if it answers that, the judge works and the
-  failure is the response's, scored 0, reason "judge_failed_on_response"; only
-  when the control fails too is the episode an environment failure (after at
-  most two of `HttpJudge`'s deadlines). (A judge
-  that fails by chance on one response and not on the next costs that episode
-  0: noise, not an exit the policy can aim for.)
+  take, a timeout on one that is slow to read, a crash) scores 0, reason
+  "judge_failed_on_response", provided the judge is known to work without
+  this response: it answered something (any response's verdict, or
+  `CONTROL_RESPONSE`) within the last `JUDGE_HEALTH_S` seconds. When it has
+  not (the first episode, a quiet spell, or right after any response failed
+  it), `CONTROL_RESPONSE` is graded first, on its own call with its own
+  deadline, before the response is sent; only when that control fails is the
+  episode an environment failure, and then the response is not sent at all.
+  The control is never queued behind its own episode's response: on a judge
+  serving one request at a time, a long response kept it busy past the
+  response's deadline and then past the deadline of the control asked after
+  it, which made the episode a drop the response chose. A drop is now decided
+  before the response reaches the judge, so it cannot depend on the response.
+  (It can still depend on another episode's response that keeps a serial judge
+  busy: that drops episodes regardless of their outcome, not the ones a
+  policy was losing. A judge that starts failing scores the episodes already
+  past their check 0, then every new one asks the control, and the outage is
+  environment failures.)
 
 Built-in tasks (`builtin_task`) ask to explain a topic in a word range and to
 mention a keyword; JSONL tasks (`tasks.load_jsonl`) work too: `answer` is the
@@ -45,6 +56,8 @@ import bisect
 import itertools
 import random
 import re
+import threading
+import time
 import types
 from typing import Callable, Iterator, Sequence
 
@@ -67,6 +80,10 @@ SYSTEM_PROMPT = "You are a helpful writer. Answer the request directly."
 # What the judge grades instead of a response it failed on, to tell a broken judge
 # from a response that breaks it (module docstring).
 CONTROL_RESPONSE = "I do not know."
+# How long a judge's last answer stands in for the control (module docstring): long
+# enough that a judge in steady use is never asked one, short enough that a judge that
+# breaks quietly is found by the next episode's control.
+JUDGE_HEALTH_S = 60.0
 
 _TOPICS = (("why the sky is blue", "scattering"), ("how vaccines work", "immune"),
            ("what a black hole is", "gravity"), ("how bread rises", "yeast"),
@@ -82,6 +99,41 @@ _FILLER = ("It is a simple idea once you see it.", "Many people notice it every 
 _BUILTIN_PROMPT = re.compile(r"^Explain (?P<topic>.+?) in \d+ to \d+ words\.")
 
 Judge = Callable[[Task, str, str], tuple[bool, bool]]
+
+
+class JudgeHealth:
+  """When each judge last answered (time.monotonic), shared by a process's environments:
+  each episode makes its own `HttpJudge`, so a judge is known by its `endpoint` (URL and
+  model), any other callable by itself."""
+
+  def __init__(self):
+    self._lock = threading.Lock()
+    self._answered: dict = {}
+
+  @staticmethod
+  def key(judge: Judge):
+    return getattr(judge, "endpoint", judge)
+
+  def recent(self, judge: Judge) -> bool:
+    with self._lock:
+      answered = self._answered.get(self.key(judge))
+    return answered is not None and time.monotonic() - answered < JUDGE_HEALTH_S
+
+  def answered(self, judge: Judge) -> None:
+    with self._lock:
+      self._answered[self.key(judge)] = time.monotonic()
+
+  def failed(self, judge: Judge) -> None:
+    """A response failed the judge: the next episode asks the control first."""
+    with self._lock:
+      self._answered.pop(self.key(judge), None)
+
+  def clear(self) -> None:
+    with self._lock:
+      self._answered.clear()
+
+
+JUDGE_HEALTH = JudgeHealth()
 
 
 def _marker_pattern(marker: str) -> re.Pattern:
@@ -160,29 +212,34 @@ class StyleEnv(Environment):
 
   def _step(self, action: str) -> StepResult:
     style = self.style
+    if not JUDGE_HEALTH.recent(self.judge):
+      control = self._control(style)
+      if control is not None:
+        return StepResult.fail(f"the judge failed the control response, so the response was "
+                               f"not graded: {control}", style=style)
     try:
       quality, styled = self.judge(self.task, action, style)
     except judge_lib.JudgeNoVerdict as e:
+      JUDGE_HEALTH.answered(self.judge)
       return StepResult.finish(0.0, "no_verdict", quality=False, style_ok=False, style=style,
                                judge_error=str(e)[:300])
     except judge_lib.JudgeError as e:
-      control = self._control(style)
-      if control is not None:
-        return StepResult.fail(f"{e}; the control response failed too: {control}", style=style)
+      JUDGE_HEALTH.failed(self.judge)
       return StepResult.finish(0.0, "judge_failed_on_response", quality=False, style_ok=False,
                                style=style, judge_error=str(e)[:300])
+    JUDGE_HEALTH.answered(self.judge)
     return StepResult.finish(float(quality and styled), "judged", quality=quality,
                              style_ok=styled, style=style)
-
 
   def _control(self, style: str) -> str | None:
     """None if the judge answers `CONTROL_RESPONSE` (a verdict or not), else its error."""
     try:
       self.judge(self.task, CONTROL_RESPONSE, style)
     except judge_lib.JudgeNoVerdict:
-      return None
+      pass
     except judge_lib.JudgeError as e:
       return str(e)
+    JUDGE_HEALTH.answered(self.judge)
     return None
 
 

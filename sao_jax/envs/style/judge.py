@@ -42,9 +42,10 @@ are not. When no attempt succeeds, `JudgeError` is raised (and nothing else):
 `JudgeNoVerdict` when the last attempt got an answer without a verdict, which
 the environment scores 0 (the policy's response can talk a judge out of its
 format, and an environment failure is dropped unscored: a free exit from an
-episode it was losing); on any other `JudgeError` the environment asks the
-judge about a control response, to tell a broken judge (an environment
-failure) from a response that breaks it (scored 0; `sao_jax.envs.style.env`).
+episode it was losing); any other `JudgeError` is scored 0 by the environment
+when the judge is known to work without the response (it answered recently, or
+answered a control response graded first), and an environment failure only when
+that control fails (`sao_jax.envs.style.env`).
 """
 
 from __future__ import annotations
@@ -119,6 +120,8 @@ class HttpJudge:
     self._path = parts.path + (f"?{parts.query}" if parts.query else "")
     self.model, self.timeout_s, self.retries, self.backoff_s = model, timeout_s, retries, backoff_s
     self.max_tokens = max_tokens
+    # What the environments' shared health record knows this judge by (`env.JudgeHealth`).
+    self.endpoint = (self.url, model)
 
   def __call__(self, task: Task, response: str, style: str) -> tuple[bool, bool]:
     """(quality, style) verdicts; raises JudgeError when no attempt succeeded in time."""
