@@ -42,6 +42,7 @@ class DatasetConfig:
   id_column: str = ""  # column of task ids ('': <name>:<row>)
   # Column naming each row's source for sao-eval's breakdown ('': the dataset's name).
   source_column: str = ""
+  # Columns kept whole beside each task (e.g. verl's extra_info), for reward functions.
   metadata_columns: tuple[str, ...] = ()
 
   @classmethod
