@@ -396,7 +396,7 @@ def test_zero_advantage_trajectory_share_counts_grpo_groups_without_contrast():
   """advantage/zero_traj_frac: the share of trajectories whose every action token has A = 0.
   For GRPO that is the members of groups whose rewards are all equal (groups of 2 = row
   pairs here): rewards (0, 0), (1, 1), (0, 1), (1, 0) give 4 of 8 trajectories without
-  signal; every SAO trajectory has a critic advantage."""
+  signal; with every pair mixed, none."""
   batch = make_batch(4)
   positions = np.arange(batch.rewards.shape[1])
   last_action = np.max(np.where(batch.action_mask > 0, positions, -1), axis=1, keepdims=True)
