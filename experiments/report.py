@@ -288,16 +288,26 @@ def _ordering_check(manifest, groups) -> tuple[bool, str]:
 
 
 def _realignment_check(manifest, groups) -> tuple[bool, str]:
-  """Re-alignment can be compared only if, after the first switch, some reward comes back:
-  the mean training reward of every run over the first switch's phase above the floor."""
-  switches, bounds = manifest["switches"], [*manifest["switches"], manifest["steps"]]
+  """Re-alignment speed can be compared only if something re-aligns: after the first
+  switch, at least one run (of any variant) is back at 90% of its pre-switch reward
+  within the phase. If none is, every steps-to-recover is censored at the phase length
+  and a tie says nothing about the claim."""
+  switches = manifest["switches"]
   if not switches:
     return False, "no preference switch in the runs"
-  phase = [float(np.nanmean(r.reward[(r.steps >= bounds[0]) & (r.steps < bounds[1])]))
+  bounds = [0, *switches, manifest["steps"]]
+  switch, end = switches[0], bounds[2]
+  found = [stats.recovery_steps(r.steps, r.reward, switch, end,
+                                pre_window=max(1, switch // 4),
+                                window=max(1, (end - switch) // 10))
            for runs in groups.values() for r in runs]
-  reward = stats.summarize(phase).mean
-  return reward > FLOOR, (f"mean training reward after the first switch (steps {bounds[0]}-"
-                          f"{bounds[1] - 1}) over all runs {reward:.3f} (registered: > {FLOOR})")
+  recovered = sum(f.steps is not None for f in found)
+  after = stats.summarize([float(np.nanmean(r.reward[(r.steps >= switch) & (r.steps < end)]))
+                           for runs in groups.values() for r in runs]).mean
+  return recovered > 0, (f"after the first switch (step {switch}) {recovered} of {len(found)} "
+                         f"runs recovered 90% of their pre-switch reward within the phase "
+                         f"(registered: at least one); mean training reward over the phase "
+                         f"{after:.3f}")
 
 
 def _stability_check(manifest, groups) -> tuple[bool, str]:

@@ -221,9 +221,9 @@ def test_stability_without_any_reward_is_a_failed_setting(tmp_path):
 
 
 def test_claim5_whose_reward_stays_at_the_floor_after_the_switch_failed_its_setting(tmp_path):
-  """Claim 5's runs: reward at the floor after the first switch in every run, so nothing
-  re-aligned and the steps-to-recover comparison says nothing: "setting failed", not
-  "inconclusive"."""
+  """Claim 5's runs: reward at the floor after the first switch in every run (none back at
+  90% of its pre-switch level), so the steps-to-recover are all censored at the phase
+  length and their tie says nothing: "setting failed", not "inconclusive"."""
   out, doc = tmp_path / "runs", tmp_path / "results.md"
   switches, steps = (20, 40), 60
   runs = {}
@@ -236,8 +236,9 @@ def test_claim5_whose_reward_stays_at_the_floor_after_the_switch_failed_its_sett
   write_manifest(out, "claim5_realignment", "style", runs, steps=steps, switches=switches)
   text = report.write_report(out, doc).read_text()
   section = text.split("## Claim 5")[1]
-  assert ("**Verdict: setting failed.** Manipulation check FAILED: mean training reward after "
-          "the first switch (steps 20-39) over all runs 0.000 (registered: > 0.02)") in section
+  assert ("**Verdict: setting failed.** Manipulation check FAILED: after the first switch "
+          "(step 20) 0 of 10 runs recovered 90% of their pre-switch reward within the phase "
+          "(registered: at least one); mean training reward over the phase 0.000") in section
   assert "| 5 | style | 5 | 960 | setting failed |" in text
 
 
