@@ -133,8 +133,9 @@ def _stability_claim(out, collapses, *, seeds=8, steps=100, skip=None):
         rewards[60:] = 0.0
       kl = np.full(steps, 0.01) if variant == "sao_stable" else np.linspace(0.01, 0.1, steps)
       extra = {"policy/kl_k3": kl, "policy/entropy": np.full(steps, 0.5)}
-      if variant == "sao_stable" and skip is not None:
+      if variant == "sao_stable" and skip is not None:  # as the learner logs a gated step
         extra["policy/no_contrast_skip"] = skip
+        extra["policy/updated"] = 1 - np.asarray(skip, np.float64)
       rel = write_run(out, "stability", variant, seed, rewards.tolist(), extra=extra)
       runs.setdefault(variant, {})[str(seed)] = rel
   write_manifest(out, "claim6_stability", "stability", runs, steps=steps)
