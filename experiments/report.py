@@ -384,6 +384,24 @@ def _untested() -> list[str]:
             claims_lib.UNTESTED), ""]
 
 
+# Experiments registered apart from the claims, each with its own generated report.
+REGISTERED = (("E1: single rollout against groups where groups fail", "e1.md"),
+              ("E2: stability under the paper's semantics (paper SAO, GRPO, GRPO+DIS)", "e2.md"))
+
+
+def _registered(report: pathlib.Path) -> list[str]:
+  """Links to the registered experiments' reports (docs/research/), with their verdicts."""
+  lines = []
+  for title, name in REGISTERED:
+    path = NOTES.parent / name
+    verdict = "not run yet"
+    if path.is_file():
+      found = [line for line in path.read_text().splitlines() if line.startswith("**Verdict")]
+      verdict = found[0].split("): ")[-1].split(".**")[0] if found else "see the report"
+    lines.append(f"- [{title}]({_relative(path, report)}): **{verdict}**.")
+  return ["Experiments registered apart from the claims (issue #38):", "", *lines, ""]
+
+
 def _relative(target: pathlib.Path, report: pathlib.Path) -> str:
   return os.path.relpath(target.resolve(), report.resolve().parent)
 
@@ -484,8 +502,8 @@ def write_report(out: pathlib.Path, report: pathlib.Path, *, skip_missing: bool 
           "claim is about never arose) and every variant finished the seeds the claim "
           "registered (else **incomplete**); an inconclusive comparison states the smallest "
           "difference its seeds could have detected (80% power).", "", *summary, "",
-          *_untested(), f"Notes written by hand on these results: [{NOTES.name}]"
-          f"({_relative(NOTES, report)}).", "", *_warm_starts(out, used_warm_starts),
+          *_untested(), *_registered(report), f"Notes written by hand on these results: "
+          f"[{NOTES.name}]({_relative(NOTES, report)}).", "", *_warm_starts(out, used_warm_starts),
           *sections]
   report.parent.mkdir(parents=True, exist_ok=True)
   report.write_text("\n".join(text).rstrip() + "\n")
