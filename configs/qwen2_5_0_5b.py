@@ -13,6 +13,10 @@ The learner refuses a directory whose config.json differs from the `model`
 section. Plan it first (needs libtpu; tests/test_ready_configs.py runs this):
 
     .venv/bin/sao-plan --config configs/qwen2_5_0_5b.py --topology v5p:2x2x1
+
+Algorithm: the base config's, `sao_centered_gated` with a 10-step lr warm-up rather than
+the paper's `sao`; why, and the overrides that give the paper's SAO: the docstring of
+configs/qwen3_0_6b.py.
 """
 
 import dataclasses

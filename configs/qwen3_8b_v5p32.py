@@ -47,6 +47,24 @@ It prints (abridged; GiB per chip; measured 2026-12-02 with libtpu 0.0.42.1) and
 
 The train step's temporaries (71.5 GiB) leave ~13 GiB: a longer sequence or more
 trajectories per micro-batch needs a larger slice (more fsdp shards).
+
+Algorithm: `sao_centered_gated` (batch-mean-centred advantages, no policy step on a
+batch whose rewards are all equal) with a 10-step lr warm-up, not the paper's `sao`.
+Why (docs/research/variants.md has the numbers): in this project's own runs the
+paper's SAO collapsed from weak starts (7 of 8 seeds on the 4-token sanity task at lr
+3e-3, docs/drift.md; 1 of 3 on tool_math at lr 1e-4), through two routes that are Adam
+normalising tiny, one-signed gradients into full-size steps (a critic's bias pushing
+every sampled token; the critic's residual error on all-equal batches); centring and
+the warm-up removed the first (0 of 8 in 60 steps), the gate the second (1 of 8
+collapsed, then recovered, over 1000 steps against 7 of 8 without it,
+docs/drift1000.md), and `sao_stable` (the same two fields) ran 1000 tool_math steps
+on 8 of 8 seeds without collapse (docs/claim6.md) at no measured cost in learning
+speed. The gate only drops updates whose advantages are critic error (no outcome
+contrast); on a large, diverse batch it rarely fires (claim 6: 2.7% of steps). No run
+here was at this config's lr (1e-6) or scale, so this is a precaution, not a
+measurement. The paper's SAO: `--set algorithm.variant=sao --set
+algorithm.advantage_centering=none --set algorithm.require_reward_contrast=false --set
+learner.lr_warmup_steps=0`.
 """
 
 from sao_jax.config import (AlgorithmConfig, Config, LearnerConfig, MeshConfig, ModelConfig,
@@ -64,9 +82,9 @@ def get_config() -> Config:
                         param_dtype="bfloat16", compute_dtype="bfloat16", logits_chunk=1024,
                         attention_impl="blocked", attention_block=512, remat_policy="full",
                         scan_layers=True),
-      algorithm=AlgorithmConfig.for_variant("sao"),
+      algorithm=AlgorithmConfig.for_variant("sao_centered_gated"),
       learner=LearnerConfig(batch_trajectories=64, micro_batches=4, policy_lr=1e-6,
-                            value_lr=5e-6),
+                            value_lr=5e-6, lr_warmup_steps=10),
       # 512 episodes over the KV memory of 64 dense rows of 32K tokens (8,192 pages of 256).
       sampler=SamplerConfig(slots=512, max_seq_len=32768, prefill_buckets=(512, 2048, 8192),
                             sharded=True, mesh=MeshConfig(data=1, fsdp=1, tensor=4, expert=1),

@@ -22,6 +22,7 @@ import collections
 import datetime
 import json
 import math
+import os
 import pathlib
 from typing import Sequence
 
@@ -35,6 +36,7 @@ from experiments.runs import Run, load_run
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_REPORT = ROOT / "docs" / "research" / "results.md"
+NOTES = ROOT / "docs" / "research" / "results_notes.md"  # the hand-written part, linked
 PAPER_STABLE_STEPS = 1000
 # Ordering claims' steps-to-threshold: steps until held-out accuracy first reaches
 # the run's own step-0 accuracy plus this gain.
@@ -66,6 +68,9 @@ def _comparisons(claim: claims_lib.Claim, values: dict[str, dict[int, float]], w
                   stats.paired_difference(a, b))
     verdict = stats.verdict(difference)
     verdicts.append(verdict)
+    seeds = sorted(set(a) & set(b))
+    mdd = stats.minimum_detectable_difference(
+        [(b[s] - a[s]) if lower_is_better else (a[s] - b[s]) for s in seeds])
     order = (worse, better) if lower_is_better else (better, worse)
     per_variant = [stats.summarize(list(v.values())) for v in (a, b)]
     detail = (f"{_label(order[0])} - {_label(order[1])} on the same seed: "
@@ -74,6 +79,9 @@ def _comparisons(claim: claims_lib.Claim, values: dict[str, dict[int, float]], w
               f"{per_variant[0].format()} vs {per_variant[1].format()}, whose CIs "
               + ("overlap" if stats.intervals_overlap(*per_variant) else "do not overlap"))
     relation = "<" if lower_is_better else ">"
+    if verdict == stats.INCONCLUSIVE:  # what the seeds could have detected
+      detail += (f"; minimum detectable difference at 80% power {mdd:.3f}" if math.isfinite(mdd)
+                 else "; no minimum detectable difference (fewer than 2 seeds)")
     parts.append(f"{_label(better)} {relation} {_label(worse)}: **{verdict}** ({detail})")
   return stats.overall(verdicts), f"{what}: " + "; ".join(parts) + "."
 
@@ -126,7 +134,7 @@ def _ordering(claim, manifest, groups, figure: pathlib.Path) -> tuple[str, list[
   _, reward_sentence = _comparisons(claim, reward, "Training reward (last 25% of steps)")
   _, auc_sentence = _comparisons(claim, auc, "Held-out accuracy AUC (mean over the run)")
   plots.learning_curves({_label(n): r for n, r in groups.items()}, figure, window=window)
-  return verdict, [*rows, "", f"Verdict (on final held-out accuracy): **{verdict}**. "
+  return verdict, [*rows, "", f"Comparison (on final held-out accuracy): **{verdict}**. "
                    f"{sentence} {reward_sentence} {auc_sentence}", "",
                    _evaluation_noise(groups)]
 
@@ -183,7 +191,7 @@ def _realignment(claim, manifest, groups, figure: pathlib.Path) -> tuple[str, li
   window = max(1, min(b - a for a, b in zip(bounds, bounds[1:])) // 10)
   plots.realignment({_label(n): r for n, r in groups.items()}, figure, switches=switches,
                     recovery=annotations, window=window)
-  return verdict, [*rows, "", f"Verdict: **{verdict}**. " + " ".join(sentences)
+  return verdict, [*rows, "", f"Comparison: **{verdict}**. " + " ".join(sentences)
                    + " A pre-switch reward of 0 leaves nothing to recover (n/a)."]
 
 
@@ -219,32 +227,114 @@ def _stability(claim, manifest, groups, figure: pathlib.Path) -> tuple[str, list
         .format(2) for key, _ in GROWTH_METRICS) + " |")
   subject = claim.variants[0]  # the SAO variant the claim is about; the others run alongside
   sao = collapsed.get(subject, [])
-  # A run whose reward never rose above 0 cannot collapse: that says nothing about stability.
-  learned = [bool(np.nanmax(r.reward, initial=0.0) > 0) for r in groups.get(subject, [])]
-  # As for the other claims, one seed gives no verdict either way.
-  verdict = (stats.NOT_MEASURABLE if not any(learned) else stats.DISAGREES if any(sao)
-             else stats.AGREES if len(sao) >= 2 else stats.INCONCLUSIVE)
+  # Two halves: the subject does not collapse, and the paper's GRPO does (more often).
+  # A count of 0 of n is reported with its Clopper-Pearson upper bound: 0 of 8 still
+  # allows a true collapse rate up to ~37%.
+  sao_half = stats.DISAGREES if any(sao) else stats.AGREES if sao else stats.NOT_MEASURABLE
+  low, high = stats.clopper_pearson(sum(sao), len(sao)) if sao else (math.nan, math.nan)
   span = (f"over {steps} steps" + (f", shorter than the paper's ~{PAPER_STABLE_STEPS}: the "
                                    f"claim is tested only that far" if steps < PAPER_STABLE_STEPS
                                    else ""))
-  others = " ".join(
-      f"{_label(n)} collapsed in {sum(c)} of {len(c)} seeds (Fisher's exact test of the two "
-      f"collapse counts, two-sided: p = "
-      f"{stats.fisher_collapses(sum(sao), len(sao), sum(c), len(c)):.3f})."
-      for n, c in collapsed.items() if n != subject)
+  halves, sentences = [sao_half], [
+      f"{_label(subject)} does not collapse: **{sao_half}** — collapsed in {sum(sao)} of "
+      f"{len(sao)} seeds {span} (95% Clopper-Pearson interval of its collapse rate "
+      f"{low:.2f}-{high:.2f})."]
+  for name, counts in collapsed.items():
+    if name == subject:
+      continue
+    p = stats.fisher_fewer_collapses(sum(sao), len(sao), sum(counts), len(counts))
+    half = stats.AGREES if p < 0.05 else stats.INCONCLUSIVE
+    halves.append(half)
+    other_low, other_high = stats.clopper_pearson(sum(counts), len(counts))
+    sentences.append(
+        f"{_label(name)} collapses more often: **{half}** — collapsed in {sum(counts)} of "
+        f"{len(counts)} seeds (95% Clopper-Pearson {other_low:.2f}-{other_high:.2f}); "
+        f"one-sided Fisher's exact test that {_label(subject)} collapses less: p = {p:.3f}"
+        + ("; the collapse the paper reports for GRPO was not reproduced" if not any(counts)
+           else "") + ".")
+  skips = [float(np.nanmean(r.metrics["policy/no_contrast_skip"]))
+           for r in groups.get(subject, []) if "policy/no_contrast_skip" in r.metrics]
+  if skips:  # what the gate buys is partly not training
+    sentences.append(f"{_label(subject)}'s contrast gate skipped the policy update on "
+                     f"{stats.summarize(skips).format()} of its steps (mean ± 95% CI over "
+                     "seeds): on those steps it did not train the policy at all.")
+  verdict = stats.overall(halves)
   plots.stability({_label(n): r for n, r in groups.items()}, figure, window=window)
-  return verdict, [*rows, "", f"Verdict: **{verdict}** — {_label(subject)} collapsed in "
-                   f"{sum(sao)} of "
-                   f"{len(sao)} seeds {span} (reward above 0 at some step in {sum(learned)} of "
-                   f"{len(learned)}{'; fewer than 2 seeds' if len(sao) < 2 else ''}). {others} "
-                   f"Collapse: the trailing mean reward "
-                   f"({window} steps) ends below half its best value. Diagnostic columns: the "
-                   "median over the last 25% of steps per run, mean ± 95% CI across seeds.", "",
+  return verdict, [*rows, "", f"Comparison: **{verdict}** (both halves must agree). "
+                   + " ".join(sentences) + f" Collapse: the trailing mean reward ({window} "
+                   "steps) ends below half its best value. Diagnostic columns: the median over "
+                   "the last 25% of steps per run, mean ± 95% CI across seeds.", "",
                    *growth_rows, "",
                    "Growth: a run's median over the last quarter of its policy updates divided "
                    "by the median over the first quarter (1: steady; a run drifting toward "
                    "instability shows KL and gradient norms growing well above 1), mean ± 95% "
                    "CI across seeds."]
+
+
+# A training reward at or below this is at the floor: nothing was learned (or kept).
+FLOOR = 0.02
+
+
+def _ordering_check(manifest, groups) -> tuple[bool, str]:
+  """The variants can differ only if the policy moved: held-out accuracy at step 0 off
+  the floor and ceiling, and a training reward above the floor."""
+  start = stats.summarize([r.accuracy_at(0) for runs in groups.values() for r in runs]).mean
+  reward = stats.summarize([float(np.nanmean(r.reward)) for runs in groups.values()
+                            for r in runs if r.reward.size]).mean
+  ok = FLOOR < start < 1 - FLOOR and reward > FLOOR
+  return ok, (f"held-out accuracy at step 0 {start:.3f} (registered: within "
+              f"({FLOOR}, {1 - FLOOR})), mean training reward over all runs {reward:.3f} "
+              f"(registered: > {FLOOR})")
+
+
+def _realignment_check(manifest, groups) -> tuple[bool, str]:
+  """Re-alignment speed can be compared only if something re-aligns: after the first
+  switch, at least one run (of any variant) is back at 90% of its pre-switch reward
+  within the phase. If none is, every steps-to-recover is censored at the phase length
+  and a tie says nothing about the claim."""
+  switches = manifest["switches"]
+  if not switches:
+    return False, "no preference switch in the runs"
+  bounds = [0, *switches, manifest["steps"]]
+  switch, end = switches[0], bounds[2]
+  found = [stats.recovery_steps(r.steps, r.reward, switch, end,
+                                pre_window=max(1, switch // 4),
+                                window=max(1, (end - switch) // 10))
+           for runs in groups.values() for r in runs]
+  recovered = sum(f.steps is not None for f in found)
+  after = stats.summarize([float(np.nanmean(r.reward[(r.steps >= switch) & (r.steps < end)]))
+                           for runs in groups.values() for r in runs]).mean
+  return recovered > 0, (f"after the first switch (step {switch}) {recovered} of {len(found)} "
+                         f"runs recovered 90% of their pre-switch reward within the phase "
+                         f"(registered: at least one); mean training reward over the phase "
+                         f"{after:.3f}")
+
+
+def _stability_check(manifest, groups) -> tuple[bool, str]:
+  """A collapse can be seen only in a run that learned something: the subject's best
+  trailing reward above the floor in at least one run."""
+  window = max(1, manifest["steps"] // 20)
+  runs = groups.get(next(iter(groups)), [])
+  best = [float(stats.trailing_mean(r.reward, window).max()) for r in runs if r.reward.size]
+  learned = sum(b > FLOOR for b in best)
+  return learned > 0, (f"the subject's trailing {window}-step reward rose above {FLOOR} in "
+                       f"{learned} of {len(runs)} runs (registered: at least one)")
+
+
+CHECKS = {"ordering": _ordering_check, "realignment": _realignment_check,
+          "stability": _stability_check}
+
+
+def judge(claim: claims_lib.Claim, computed: str, check: tuple[bool, str], seeds: int) -> str:
+  """The claim's verdict: "setting failed" when its manipulation check fails (the contrast
+  the claim is about never arose, so the numbers cannot speak to it); "incomplete" with
+  fewer finished seeds per variant than the claim registered; else the verdict computed
+  from the numbers."""
+  if not check[0]:
+    return stats.SETTING_FAILED
+  if seeds < claim.seeds:
+    return f"{stats.INCOMPLETE} ({seeds} of {claim.seeds} seeds)"
+  return computed
 
 
 def _runs_table(groups: dict[str, list[Run]]) -> list[str]:
@@ -288,6 +378,34 @@ def _warm_starts(out: pathlib.Path, used: dict[str, set[str]]) -> list[str]:
           "|---|---|---|---|---|---|", *lines, ""]
 
 
+def _untested() -> list[str]:
+  return ["Claims of the paper not tested here:", "",
+          *(f"- {claim}: **{stats.NOT_TESTED}** — {reason}." for claim, reason in
+            claims_lib.UNTESTED), ""]
+
+
+# Experiments registered apart from the claims, each with its own generated report.
+REGISTERED = (("E1: single rollout against groups where groups fail", "e1.md"),
+              ("E2: stability under the paper's semantics (paper SAO, GRPO, GRPO+DIS)", "e2.md"))
+
+
+def _registered(report: pathlib.Path) -> list[str]:
+  """Links to the registered experiments' reports (docs/research/), with their verdicts."""
+  lines = []
+  for title, name in REGISTERED:
+    path = NOTES.parent / name
+    verdict = "not run yet"
+    if path.is_file():
+      found = [line for line in path.read_text().splitlines() if line.startswith("**Verdict")]
+      verdict = found[0].split("): ")[-1].split(".**")[0] if found else "see the report"
+    lines.append(f"- [{title}]({_relative(path, report)}): **{verdict}**.")
+  return ["Experiments registered apart from the claims (issue #38):", "", *lines, ""]
+
+
+def _relative(target: pathlib.Path, report: pathlib.Path) -> str:
+  return os.path.relpath(target.resolve(), report.resolve().parent)
+
+
 def check_report_path(report: pathlib.Path, flag: str = "--report") -> None:
   """ValueError unless a markdown report can be written at `report`: not a directory,
   and no file where one of its parent directories goes. The claim and drift scripts
@@ -325,16 +443,20 @@ def write_report(out: pathlib.Path, report: pathlib.Path, *, skip_missing: bool 
     if not path.is_file() and skip_missing:
       continue
     if not path.is_file():
-      summary.append(f"| {claim.number} | {claim.setting} | - | - | not run |")
-      sections += [header, "", f"Not run yet: {command}.", ""]
+      summary.append(f"| {claim.number} | {claim.setting} | - | - | {stats.NOT_TESTED} (no "
+                     "runs) |")
+      sections += [header, "", f"Not tested: no runs of it under `--out` (not run yet, or its "
+                   f"runs were not archived). Run: {command}.", ""]
       continue
     manifest = json.loads(path.read_text())
     groups = _load(out, manifest)
     for run in (r for runs in groups.values() for r in runs):
       used_warm_starts[pathlib.Path(run.init).parent.name].add(claim.setting)
     figure = figures / f"{prefix}{claim.name}.png"
-    verdict, body = ANALYSES[claim.kind](claim, manifest, groups, figure)
+    computed, body = ANALYSES[claim.kind](claim, manifest, groups, figure)
     seeds = min(len(runs) for runs in groups.values())
+    check = CHECKS[claim.kind](manifest, groups)
+    verdict = judge(claim, computed, check, seeds)
     budget = manifest["steps"] * manifest["batch_trajectories"]
     summary.append(f"| {claim.number} | {claim.setting} | {seeds} | {budget} | {verdict} |")
     wall = sum(r.wall_s for runs in groups.values() for r in runs)
@@ -348,6 +470,10 @@ def write_report(out: pathlib.Path, report: pathlib.Path, *, skip_missing: bool 
                  f"Budget: {_budget(manifest, groups)}. Init: {_shared_init(groups)}. "
                  f"Wall-clock of all its runs: {_fmt_wall(wall)}.", ""]
     sections += [f"Note: {claim.note}", ""] if claim.note else []
+    sections += [f"**Verdict: {verdict}.** Manipulation check "
+                 f"{'passed' if check[0] else 'FAILED'}: {check[1]}. Registered seeds: "
+                 f"{claim.seeds}; finished: {seeds}. Which SAO ran: "
+                 f"{', '.join(_label(n) for n in claim.variants if n.startswith('sao'))}.", ""]
     sections += [*body, "", f"![{claim.name}](results/{figure.name})", "",
                  *_runs_table(groups), ""]
   shown = out.relative_to(ROOT) if out.is_relative_to(ROOT) else out
@@ -371,7 +497,13 @@ def write_report(out: pathlib.Path, report: pathlib.Path, *, skip_missing: bool 
           "the per-variant CIs in the table overlap. Held-out accuracy: greedy decoding on a "
           "fixed set of generated "
           "tasks never trained on. Training reward: mean outcome of the batch's trajectories "
-          "(sampled, temperature 1).", "", *summary, "", *_warm_starts(out, used_warm_starts),
+          "(sampled, temperature 1). The verdict in the table is the comparison's only when "
+          "the claim's manipulation check passed (else **setting failed**: the contrast the "
+          "claim is about never arose) and every variant finished the seeds the claim "
+          "registered (else **incomplete**); an inconclusive comparison states the smallest "
+          "difference its seeds could have detected (80% power).", "", *summary, "",
+          *_untested(), *_registered(report), f"Notes written by hand on these results: "
+          f"[{NOTES.name}]({_relative(NOTES, report)}).", "", *_warm_starts(out, used_warm_starts),
           *sections]
   report.parent.mkdir(parents=True, exist_ok=True)
   report.write_text("\n".join(text).rstrip() + "\n")

@@ -9,7 +9,9 @@ batch's trajectories; the trajectories a step trained on are counted from its
 staleness histogram (`staleness/lag_k`: one count per trajectory), which holds
 with or without sequence packing and with partial GRPO groups. `policy/*`
 metrics are NaN on steps without a policy update (`policy/updated` 0: critic
-warm-up, or a skipped non-finite update), where the step logs zeros.
+warm-up, or a skipped non-finite update), where the step logs zeros; the flags of
+the skip itself (`KEPT_ON_SKIPPED_STEPS`: `policy/updated`, and the contrast gate's
+`policy/no_contrast_skip`, 1 exactly on such steps) are kept.
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ import numpy as np
 from sao_jax.run.metrics import read_metrics
 
 STATE_FILE = "experiment.json"  # the runner's record of a run: variant, seed, schedule, done
+
+
+# Policy metrics that describe the skip itself, kept on steps without a policy update.
+KEPT_ON_SKIPPED_STEPS = ("policy/updated", "policy/no_contrast_skip")
 
 
 @dataclasses.dataclass
@@ -92,7 +98,7 @@ def load_run(run_dir: str | pathlib.Path) -> Run:
   if "policy/updated" in metrics:
     skipped = metrics["policy/updated"] == 0
     for key in keys:
-      if key.startswith("policy/") and key != "policy/updated":
+      if key.startswith("policy/") and key not in KEPT_ON_SKIPPED_STEPS:
         metrics[key][skipped] = math.nan
   last = rows[-1] if rows else {}
   return Run(variant=state["variant"], seed=state["seed"], steps=steps,

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import pathlib
+import subprocess
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -32,6 +34,9 @@ from scipy import stats as scipy_stats
 CONFIDENCE = 0.95
 AGREES, DISAGREES, INCONCLUSIVE, NOT_MEASURABLE = (
     "agrees", "disagrees", "inconclusive", "not measurable")
+# The claim was not put to the test: its setting's manipulation check failed (the
+# contrast the claim is about never arose), or nothing ran; and too few seeds.
+SETTING_FAILED, NOT_TESTED, INCOMPLETE = "setting failed", "not tested", "incomplete"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,3 +205,68 @@ def growth(values: Sequence[float], *, min_points: int = 8) -> float:
   quarter = finite.size // 4
   first, last = float(np.median(finite[:quarter])), float(np.median(finite[-quarter:]))
   return last / first if first != 0 else math.nan
+
+
+def fisher_fewer_collapses(collapsed_a: int, runs_a: int, collapsed_b: int,
+                           runs_b: int) -> float:
+  """One-sided Fisher's exact p-value for "arm a collapses less often than arm b": the
+  probability, with both arms' runs drawn from one collapse rate and the margins fixed,
+  of a table with a's collapse count as small as observed or smaller."""
+  table = [[collapsed_a, runs_a - collapsed_a], [collapsed_b, runs_b - collapsed_b]]
+  return float(scipy_stats.fisher_exact(table, alternative="less").pvalue)
+
+
+def clopper_pearson(successes: int, trials: int,
+                    confidence: float = CONFIDENCE) -> tuple[float, float]:
+  """Exact two-sided `confidence` interval of a binomial rate (Clopper-Pearson):
+  low = Beta^-1(alpha/2; k, n-k+1), high = Beta^-1(1-alpha/2; k+1, n-k), with
+  low = 0 at k = 0 and high = 1 at k = n. "0 collapses in 8 runs" is compatible
+  with any true collapse rate below `high` (0.369 at 95%)."""
+  if trials < 1 or not 0 <= successes <= trials:
+    raise ValueError(f"clopper_pearson({successes}, {trials}): need 0 <= successes <= trials "
+                     "and trials >= 1")
+  alpha = 1 - confidence
+  low = 0.0 if successes == 0 else float(
+      scipy_stats.beta.ppf(alpha / 2, successes, trials - successes + 1))
+  high = 1.0 if successes == trials else float(
+      scipy_stats.beta.ppf(1 - alpha / 2, successes + 1, trials - successes))
+  return low, high
+
+
+def wilcoxon_greater(differences: Sequence[float]) -> float:
+  """One-sided exact Wilcoxon signed-rank p-value that the paired `differences` are
+  centred above 0 (scipy: zero differences dropped, `method="exact"`; with ties among
+  the |differences| scipy falls back to its normal approximation). NaN with no
+  non-zero difference."""
+  data = np.asarray([d for d in differences if math.isfinite(d) and d != 0], np.float64)
+  if data.size == 0:
+    return math.nan
+  method = "exact" if np.unique(np.abs(data)).size == data.size else "approx"
+  return float(scipy_stats.wilcoxon(data, alternative="greater", method=method).pvalue)
+
+
+def minimum_detectable_difference(differences: Sequence[float], *, power: float = 0.8,
+                                  alpha: float = 1 - CONFIDENCE) -> float:
+  """The smallest true mean paired difference that a two-sided one-sample t-test at
+  `alpha` on these seeds would detect with probability `power`, taking the observed
+  SD as the truth: (t_{1-alpha/2, n-1} + t_{power, n-1}) * s / sqrt(n). What
+  "inconclusive" can rule out: nothing smaller than this. NaN for n < 2."""
+  data = np.asarray([d for d in differences if d is not None and math.isfinite(d)], np.float64)
+  if data.size < 2:
+    return math.nan
+  df = data.size - 1
+  spread = (float(scipy_stats.t.ppf(1 - alpha / 2, df)) + float(scipy_stats.t.ppf(power, df)))
+  return spread * float(data.std(ddof=1)) / math.sqrt(data.size)
+
+
+def registration_commit(module: pathlib.Path) -> str:
+  """The commit that added `module` (an experiment's pre-registration is its docstring,
+  committed before any of its multi-seed runs): its short hash and date, from git."""
+  try:
+    result = subprocess.run(["git", "log", "--diff-filter=A", "--format=%h (%cs)", "--",
+                             module.name], cwd=module.parent, capture_output=True, text=True,
+                            check=False)
+  except FileNotFoundError:
+    return "unknown (no git)"
+  lines = result.stdout.split()
+  return " ".join(result.stdout.strip().splitlines()[-1:]) if lines else "not committed yet"

@@ -78,3 +78,34 @@ def test_no_path_or_zero_transcripts_writes_nothing(chat_and_params, tmp_path):
   evaluate(4, None, chat_and_params)
   evaluate(0, tmp_path / "none.jsonl", chat_and_params)
   assert list(tmp_path.iterdir()) == []
+
+
+def test_sampled_evaluation_plays_each_task_n_times_at_the_eval_temperature(chat_and_params,
+                                                                            monkeypatch):
+  """run.eval_samples = n > 0: a second engine samples every held-out task n times at
+  run.eval_temperature (no truncation) and eval/sampled_accuracy is their mean reward."""
+  chat, params = chat_and_params
+  cfg = load_config(ROOT / "configs" / "sanity_cpu.py",
+                    TINY + ["run.eval_transcripts=0", "run.eval_samples=2",
+                            "run.eval_temperature=0.7"])
+  assert evaluation.Evaluator(sanity(0), chat, params)._sampled is None  # greedy only
+  evaluator = evaluation.Evaluator(cfg, chat, params)
+  settings = evaluation.sampled_settings(cfg)
+  assert (settings.temperature, settings.top_k, settings.top_p) == (0.7, 0, 1.0)
+  played = {}
+
+  def fake_run(tasks, count, **kwargs):
+    played["tasks"], played["count"] = [t.id for t in tasks], count
+    return [Trajectory(tokens=np.zeros(1, np.int32), action_mask=np.ones(1, np.int8),
+                       behavior_logp=np.zeros(1, np.float32),
+                       rewards=np.array([float(i % 4 == 0)], np.float32), prompt_id=i,
+                       policy_versions=(0, 0), info={"task": f"t{i}", "turns": 1,
+                                                     "tool_calls": 0})
+            for i in range(count)]
+
+  monkeypatch.setattr(evaluator._sampled, "run", fake_run)
+  result = evaluator.evaluate(params, 0)
+  ids = played["tasks"]
+  assert played["count"] == 2 * cfg.run.eval_episodes and ids[0::2] == ids[1::2]
+  assert result["eval/sampled_accuracy"] == 0.25  # 3 of 12 sampled episodes earned 1
+  assert 0.0 <= result["eval/accuracy"] <= 1.0

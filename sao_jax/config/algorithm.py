@@ -58,6 +58,14 @@ VARIANTS: Mapping[str, Variant] = types.MappingProxyType({
                             "value_updates_per_step": 0}),
     "grpo_dis": Variant(advantage="group", policy_loss="dis", grouped=True,
                         preset={"group_size": 8, "value_updates_per_step": 0}),
+    # Not the paper's: SAO with the two remedies the drift study found necessary for
+    # long runs from weak or saturated starts (README, "Why SAO drifted";
+    # docs/research/variants.md): batch-mean-centred advantages (a critic's bias is a net
+    # push on every sampled token) and no policy step on a batch whose rewards are all
+    # equal (Adam turns the critic's residual error there into full-size steps).
+    "sao_centered_gated": Variant(advantage="gae", policy_loss="dis",
+                                  preset={"advantage_centering": "batch_mean",
+                                          "require_reward_contrast": True}),
     "running_mean": Variant(advantage="running_mean", policy_loss="dis",
                             preset={"value_updates_per_step": 0}),
     "ppo": Variant(advantage="gae", policy_loss="ppo_clip",

@@ -13,6 +13,9 @@ a path, it also writes the first `run.eval_transcripts` episodes (in task order)
 as JSON lines: task id, reward, turns, environment failure and the whole
 conversation as text (`write_transcripts`), since what a
 collapsed policy writes says more than its accuracy (docs/get-started/demo.md).
+With `run.eval_samples` = n > 0 it also plays each task n times sampled at
+`run.eval_temperature` (a second engine) and reports `eval/sampled_accuracy`,
+their mean reward: the accuracy of the policy as training samples it.
 
 `benchmark` (what `sao-eval` runs) plays every task once greedily and, with
 `run.eval_samples` = n > 0, n more times sampled at `run.eval_temperature`;
@@ -79,6 +82,8 @@ class Evaluator:
         cfg.env, seed=cfg.run.eval_seed if seed is None else seed)
     self._episodes = _Episodes(cfg, dataclasses.replace(cfg.sampler, **GREEDY), self._env_cfg,
                                chat, params, version)
+    self._sampled = (_Episodes(cfg, sampled_settings(cfg), self._env_cfg, chat, params, version)
+                     if cfg.run.eval_samples else None)
     self._chat = chat
 
   def evaluate(self, params: Params, version: int, *,
@@ -96,16 +101,38 @@ class Evaluator:
     ok = [t for t in trajs if t.env_failure is None]
     turns = np.array([t.info["turns"] for t in ok]) if ok else np.zeros(0)
     tools = np.array([t.info["tool_calls"] for t in ok]) if ok else np.zeros(0)
+    result = {"eval/accuracy": float(np.mean([t.outcome for t in ok])) if ok else 0.0,
+              "eval/failures": float(len(trajs) - len(ok)),
+              "eval/mean_turns": float(turns.mean()) if ok else 0.0,
+              "eval/tool_call_rate": float(np.mean(tools > 0)) if ok else 0.0}
     by_source = collections.defaultdict(list)
     for traj in ok:
       if traj.info.get("source"):
         by_source[traj.info["source"]].append(traj.outcome)
-    return {"eval/accuracy": float(np.mean([t.outcome for t in ok])) if ok else 0.0,
-            "eval/failures": float(len(trajs) - len(ok)),
-            "eval/mean_turns": float(turns.mean()) if ok else 0.0,
-            "eval/tool_call_rate": float(np.mean(tools > 0)) if ok else 0.0,
-            **{f"eval/source/{source}": float(np.mean(outcomes))
-               for source, outcomes in sorted(by_source.items())}}
+    result.update({f"eval/source/{source}": float(np.mean(outcomes))
+                   for source, outcomes in sorted(by_source.items())})
+    if self._sampled is not None:
+      result.update(self._sampled_accuracy(params, version, tasks))
+    return result
+
+  def _sampled_accuracy(self, params: Params, version: int, tasks: list[Task]
+                        ) -> dict[str, float]:
+    """Mean reward of `run.eval_samples` episodes per task sampled at
+    `run.eval_temperature` (the training sampler's distribution at temperature 1): what
+    the policy earns when it samples, as it does in training. Greedy accuracy can jump
+    from 0 to 1 on one near-tied opening token; this moves with the probabilities."""
+    n = self._cfg.run.eval_samples
+    self._sampled.engine.set_params(jax.device_put(params), version)
+    trajs = self._sampled.run((task for task in tasks for _ in range(n)), len(tasks) * n,
+                              seed=1, desc=f"eval sampled x{n}", leave=False)
+    ok = [t for t in trajs if t.env_failure is None]
+    return {"eval/sampled_accuracy": float(np.mean([t.outcome for t in ok])) if ok else 0.0}
+
+
+def sampled_settings(cfg: Config) -> SamplerConfig:
+  """The sampler of sampled evaluation: `run.eval_temperature`, no top-k / top-p truncation."""
+  return dataclasses.replace(cfg.sampler, temperature=cfg.run.eval_temperature, top_k=0,
+                             top_p=1.0)
 
 
 class _BenchmarkTasks:
@@ -150,9 +177,7 @@ def benchmark(cfg: Config, chat: ChatFormat, params: Params, *, version: int = 0
   del greedy  # its KV cache, before the sampling engine allocates one
   n = run.eval_samples
   if n:
-    sampler = dataclasses.replace(cfg.sampler, temperature=run.eval_temperature, top_k=0,
-                                  top_p=1.0)
-    sampled = _Episodes(cfg, sampler, tasks.env_cfg, chat, params, version)
+    sampled = _Episodes(cfg, sampled_settings(cfg), tasks.env_cfg, chat, params, version)
     repeated = (task for task in tasks for _ in range(n))
     for traj in sampled.run(repeated, tasks.count * n, seed=run.eval_seed + 1,
                             desc=f"sampled x{n}"):

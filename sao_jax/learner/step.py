@@ -36,8 +36,10 @@ log-prob should equal the sampler's `behavior_logp`;
 over them, summed over micro-batches before dividing; NaN (undefined, skipped by
 plots and means) when the step has no lag-0 tokens or updates no policy.
 
-Diagnostics of the training dynamics, every step: `advantage/mean`, `/std` and
-`/neg_frac` (share of action tokens with A < 0); `value/bias` = mean(V_old - G)
+Diagnostics of the training dynamics, every step: `advantage/mean`, `/std`,
+`/neg_frac` (share of action tokens with A < 0), `/zero_traj_frac` (share of
+trajectories with A = 0 on every action token: for GRPO, those in groups whose
+rewards are all equal); `value/bias` = mean(V_old - G)
 over action tokens (critic variants; G the value target); `policy/update_norm`,
 the global L2 norm of the policy's parameter change (0 when no update was
 applied; with LoRA the adapters' change, as only they train);
@@ -380,6 +382,11 @@ def train_step(state: state_lib.TrainState, batch: Batch, update_policy: jax.Arr
       jnp.square(adv - metrics["advantage/mean"]), action))
   metrics["advantage/neg_frac"] = losses.aggregate.masked_mean(
       (adv < 0).astype(jnp.float32), action)
+  # Trajectories whose every action token has A = 0: for group variants, the members of
+  # groups whose rewards are all equal (no contrast, no gradient), e.g. all-fail groups.
+  signal = segments.reduce(jnp.where(action & (adv != 0), 1.0, 0.0), seg)
+  metrics["advantage/zero_traj_frac"] = (jnp.sum(jnp.where(signal == 0, exists, 0.0))
+                                         / jnp.maximum(jnp.sum(exists), 1.0))
   metrics.update(_opening_advantages(batch, adv))
 
   if alg.require_reward_contrast:

@@ -80,6 +80,9 @@ METRICS: tuple[MetricDoc, ...] = (
               "action tokens"),
     MetricDoc("advantage/neg_frac", "fraction", STEP,
               "share of action tokens with a negative advantage"),
+    MetricDoc("advantage/zero_traj_frac", "fraction", STEP,
+              "share of trajectories whose every action token has advantage 0: for group "
+              "variants, the members of groups whose rewards are all equal (no gradient)"),
     MetricDoc("advantage/opening_single_turn", "advantage", STEP,
               "mean advantage on the first action token of single-turn trajectories; NaN "
               "when there are none"),
@@ -179,6 +182,16 @@ METRICS: tuple[MetricDoc, ...] = (
     MetricDoc("eval/mean_turns", "turns", EVAL, "mean assistant turns per held-out episode"),
     MetricDoc("eval/tool_call_rate", "fraction", EVAL,
               "share of held-out episodes in which a tool ran"),
+    MetricDoc("eval/sampled_accuracy", "fraction", EVAL,
+              "with run.eval_samples = n > 0: mean final reward of n episodes per held-out "
+              "task sampled at run.eval_temperature (what the policy earns as training "
+              "samples it; greedy accuracy can flip on one near-tied token)"),
+    MetricDoc("eval/sampled_accuracy_after_sft", "fraction", "summary.json, at the end of a run",
+              "sampled held-out accuracy at step 0 (with run.eval_samples > 0)"),
+    MetricDoc("eval/sampled_accuracy_after_rl", "fraction", "summary.json, at the end of a run",
+              "sampled held-out accuracy at the last evaluation (with run.eval_samples > 0)"),
+    MetricDoc("eval/sampled_rl_gain", "fraction", "summary.json, at the end of a run",
+              "sampled accuracy after RL minus after SFT: RL's honest gain"),
     MetricDoc("eval/accuracy_after_sft", "fraction", "summary.json, at the end of a run",
               "held-out accuracy at step 0 (after the SFT warm-start)"),
     MetricDoc("eval/accuracy_after_rl", "fraction", "summary.json, at the end of a run",

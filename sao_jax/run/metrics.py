@@ -266,6 +266,12 @@ def plot_curves(run_dir: str | pathlib.Path) -> pathlib.Path:
   fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
   series = [("reward/mean", "training reward (batch mean, sampled)"),
             ("eval/accuracy", "held-out accuracy (greedy)")]
+  sampled = sorted({r["step"]: r["eval/sampled_accuracy"] for r in rows
+                    if "eval/sampled_accuracy" in r}.items())
+  if sampled:  # beside the greedy one: what the policy earns as training samples it
+    steps, values = np.array(sampled).T
+    axes[1].plot(steps, values, marker=".", label="sampled (run.eval_temperature)")
+    series[1] = ("eval/accuracy", "held-out accuracy (greedy and sampled)")
   for ax, (key, title) in zip(axes, series):
     # One point per step, the last written: a resumed run's rows replace replayed ones
     # even in files from before `MetricsLogger.resume`.
@@ -282,6 +288,9 @@ def plot_curves(run_dir: str | pathlib.Path) -> pathlib.Path:
       if steps.min() < 0:  # SFT warm-start steps are logged before step 0
         ax.axvspan(steps.min(), 0, color="0.9")
         ax.text(steps.min(), ax.get_ylim()[1], " SFT", va="top")
+    if key == "eval/accuracy" and sampled:
+      ax.lines[-1].set_label("greedy")
+      ax.legend(loc="lower right")
     ax.set_title(title)
     ax.set_xlabel("learner step (negative: SFT warm-start)")
     ax.grid(alpha=0.3)

@@ -50,3 +50,21 @@ def test_rl_gain_is_measured_from_rl_step_zero(tmp_path):
       {"eval/accuracy_after_sft": 0.41, "eval/accuracy_after_rl": 0.62, "eval/rl_gain": 0.21})
   (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 5, "eval/accuracy": 0.3}) + "\n")
   assert train.rl_gain(tmp_path) == {}  # no evaluation at RL step 0 (e.g. eval_every=0)
+
+
+def test_rl_gain_reports_the_sampled_accuracy_beside_the_greedy_one(tmp_path):
+  """The honest RL gain: greedy accuracy can flip 0 -> 1 on one opening token, the sampled
+  (training-temperature) accuracy moves with the probabilities; both are in the summary."""
+  rows = [{"step": 0, "eval/accuracy": 0.0, "eval/sampled_accuracy": 0.39},
+          {"step": 60, "eval/accuracy": 1.0, "eval/sampled_accuracy": 0.79}]
+  (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  gain = train.rl_gain(tmp_path)
+  assert gain == pytest.approx({
+      "eval/accuracy_after_sft": 0.0, "eval/accuracy_after_rl": 1.0, "eval/rl_gain": 1.0,
+      "eval/sampled_accuracy_after_sft": 0.39, "eval/sampled_accuracy_after_rl": 0.79,
+      "eval/sampled_rl_gain": 0.40})
+  assert train.rl_gain_line(gain, 256, 1.0) == (
+      "held-out accuracy (256 episodes): greedy after SFT 0.000, after RL 1.000, RL gain "
+      "+1.000; sampled (temperature 1) after SFT 0.390, after RL 0.790, RL gain +0.400")
+  from sao_jax.run import metrics
+  assert metrics.plot_curves(tmp_path).stat().st_size > 0  # greedy and sampled, one panel

@@ -390,3 +390,21 @@ def test_opening_advantages_split_trajectories_by_their_number_of_turns():
                                      jnp.asarray(adv * action))
   assert np.isnan(got["advantage/opening_single_turn"])
   assert got["episodes/single_turn_frac"] == 0.0
+
+
+def test_zero_advantage_trajectory_share_counts_grpo_groups_without_contrast():
+  """advantage/zero_traj_frac: the share of trajectories whose every action token has A = 0.
+  For GRPO that is the members of groups whose rewards are all equal (groups of 2 = row
+  pairs here): rewards (0, 0), (1, 1), (0, 1), (1, 0) give 4 of 8 trajectories without
+  signal; with every pair mixed, none."""
+  batch = make_batch(4)
+  positions = np.arange(batch.rewards.shape[1])
+  last_action = np.max(np.where(batch.action_mask > 0, positions, -1), axis=1, keepdims=True)
+  outcome = np.array([0, 0, 1, 1, 0, 1, 1, 0], np.float32)[:, None]
+  batch = batch._replace(rewards=((positions == last_action) * outcome).astype(np.float32))
+  _, metrics = run(make_config("grpo"), batch)
+  assert float(metrics["advantage/zero_traj_frac"]) == pytest.approx(4 / 8)
+  mixed = np.array([0, 1, 1, 0, 0, 1, 1, 0], np.float32)[:, None]
+  batch = batch._replace(rewards=((positions == last_action) * mixed).astype(np.float32))
+  _, metrics = run(make_config("grpo"), batch)
+  assert float(metrics["advantage/zero_traj_frac"]) == 0.0
