@@ -97,6 +97,10 @@ class EnvConfig:
   # shape (False: 1 iff every hidden test passes; True: the fraction that pass).
   coding_task_dir: str = ""
   coding_partial_reward: bool = False
+  # Coding task directories whose hidden tests cannot be rewritten into calls graded
+  # outside the agent's interpreter (`coding.convert`) are refused at load; True grades
+  # them in that interpreter instead, where an always-equal object passes `assert f(x) == y`.
+  allow_forgeable_grading: bool = False
   # Python tool sandbox (math_tool; coding's run_tests, python and grading).
   tool: SandboxLimits = dataclasses.field(default_factory=SandboxLimits)
   sandbox: str = DEFAULT_SANDBOX  # One of SANDBOX_MODES.
@@ -156,6 +160,8 @@ class EnvConfig:
            f"allowed values are {', '.join(map(repr, ENV_CODING_BUG_KINDS))}")
     if not isinstance(self.coding_partial_reward, bool):
       fail("env", "coding_partial_reward", self.coding_partial_reward, "expected True or False")
+    if not isinstance(self.allow_forgeable_grading, bool):
+      fail("env", "allow_forgeable_grading", self.allow_forgeable_grading, "expected True or False")
     value = self.judge_timeout_s
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
       fail("env", "judge_timeout_s", value, "expected a number of seconds > 0")

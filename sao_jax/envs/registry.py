@@ -98,10 +98,10 @@ TASK_SOURCES: dict[str, dict[str, Callable[[EnvConfig], Iterator[Task]]]] = {
     "coding": {
         "generator": lambda c: coding_generator.iterate_generated(
             seed=c.seed, difficulty=c.difficulty, kind=c.coding_bug_kind),
-        "dir": lambda c: tasks.iterate_shuffled(coding_tasks.load_task_root(c.coding_task_dir),
-                                                seed=c.seed),
-        "jsonl": lambda c: tasks.iterate_shuffled(coding_tasks.load_jsonl(c.jsonl_path),
-                                                  seed=c.seed),
+        "dir": lambda c: tasks.iterate_shuffled(coding_tasks.load_task_root(
+            c.coding_task_dir, allow_forgeable_grading=c.allow_forgeable_grading), seed=c.seed),
+        "jsonl": lambda c: tasks.iterate_shuffled(coding_tasks.load_jsonl(
+            c.jsonl_path, allow_forgeable_grading=c.allow_forgeable_grading), seed=c.seed),
     },
     "sanity": {"generator": lambda c: sanity.iterate_generated(seed=c.seed)},
 }
