@@ -75,11 +75,13 @@ class _File:
     self.rel, self.local_modules = rel, local_modules
     self.functions: dict[str, tuple[str, str]] = {}  # name -> (module, function)
     self.modules: dict[str, str] = {}  # bound name -> module path
+    self.imported: set[str] = set()  # every module path an `import` statement names
     tests, asserts = [], []
     for node in tree.body:
       if isinstance(node, ast.Import):
         for alias in node.names:
           self._module(node, alias.name)
+          self.imported.add(alias.name)
           bound = alias.asname or alias.name.split(".")[0]
           self.functions.pop(bound, None)  # the later binding of a name wins, as in Python
           self.modules[bound] = alias.name if alias.asname else bound
@@ -121,7 +123,14 @@ class _File:
       func = func.value
     if isinstance(func, ast.Name) and func.id in self.modules and parts:
       path = [self.modules[func.id], *reversed(parts)]
-      return ".".join(path[:-1]), path[-1]
+      module = ".".join(path[:-1])
+      # `m.Class.method(...)` is no function of a module `m.Class`: only a chain ending
+      # in an imported module's own function is known to be one.
+      if module in self.imported:
+        return module, path[-1]
+      raise _fail(self.rel, node, f"calls {'.'.join(path)}, not a function of a module an "
+                                  f"import names (write `from {module.rpartition('.')[0] or module} "
+                                  "import ...`)")
     raise _fail(self.rel, node, "calls something other than an imported function")
 
   def call(self, node: ast.Assert, name: str) -> dict[str, Any]:

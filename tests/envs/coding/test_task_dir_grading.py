@@ -165,6 +165,8 @@ def test_values_are_compared_typed(tmp_path):
     ("from calc import add\nX = 1\n\ndef test_a():\n    assert add(X, 2) == 3\n",
      r"line 2: a top-level Assign statement"),
     ("from calc import add\n\ndef test_a():\n    pass\n", r"line 3: test_a has no assert"),
+    ("import calc\n\ndef test_a():\n    assert calc.Adder.add(1, 2) == 3\n",
+     r"line 4: calls calc.Adder.add, not a function of a module an import names"),
 ])
 def test_tests_that_do_not_convert_are_refused_at_load_with_the_reason(tmp_path, hidden, reason):
   task_dir = write_task(tmp_path, hidden=hidden, extra={"helpers.py": "def add(a, b): pass\n"})
