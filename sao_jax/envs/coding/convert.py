@@ -129,8 +129,7 @@ class _File:
       if module in self.imported:
         return module, path[-1]
       raise _fail(self.rel, node, f"calls {'.'.join(path)}, not a function of a module an "
-                                  f"import names (write `from {module.rpartition('.')[0] or module} "
-                                  "import ...`)")
+                                  "import names (import the function: `from <module> import f`)")
     raise _fail(self.rel, node, "calls something other than an imported function")
 
   def call(self, node: ast.Assert, name: str) -> dict[str, Any]:
