@@ -69,7 +69,8 @@ def test_make_coding_env_and_tasks(tmp_path):
       0, seed=0, difficulty=3, kind="off_by_one")
   for name in ("a", "b"):
     for rel, text in {"task.json": json.dumps({"problem": name}), "repo/m.py": "",
-                      "tests_visible/test_m.py": "", "tests_hidden/test_m.py": ""}.items():
+                      "tests_visible/test_m.py": "",
+                      "tests_hidden/test_m.py": "import m\nassert m.f(1) == 1\n"}.items():
       (tmp_path / "tasks" / name / rel).parent.mkdir(parents=True, exist_ok=True)
       (tmp_path / "tasks" / name / rel).write_text(text)
   stream = registry.make_tasks(dataclasses.replace(

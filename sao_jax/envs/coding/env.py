@@ -30,9 +30,11 @@ observation. Either way the episode goes on and the turn counts.
 
 Reward, at `submit` or when the turn budget runs out (the last turn's tool runs
 first), by `grader`: only the agent's `.py` files outside `<tests_dir>/` (the
-walk bounded by `walk`) reach a fresh grading copy. Generated tasks are graded
-by calls whose expected values never leave this process; task directories run
-each hidden test file on its own copy plus the hidden tests. Reward 1 if every
+walk bounded by `walk`) reach a fresh grading copy. Generated tasks, and task
+directories whose hidden tests `convert` rewrites into calls, are graded by
+calls whose expected values never leave this process; only task directories
+loaded with `allow_forgeable_grading` run each hidden test file on its own copy
+plus the hidden tests, in the agent's interpreter. Reward 1 if every
 hidden test passes, else 0; with `partial_reward=True` the fraction that pass.
 A working copy over the limits (too many or too deep files, too long paths, too
 many bytes) is reward 0 with `info["grading_error"]`: the agent's own doing. A
@@ -221,7 +223,11 @@ class CodingEnv(Environment):
       if calls:
         verdicts = grader.grade_calls(self._grading_copy(sources), calls, self.sandbox_limits,
                                       isolation=self.isolation)
-        passed, total = sum(verdicts), len(verdicts)
+        # A test passes when every call in it does (a task directory's test may make several).
+        tests: dict[str, bool] = {}
+        for row, verdict in zip(calls, verdicts):
+          tests[row["name"]] = tests.get(row["name"], True) and verdict
+        passed, total = sum(tests.values()), len(tests)
       else:
         passed, total = self._run_hidden_test_files(sources)
     except walk.WalkLimit as e:  # The agent's own files: a failed episode, not the env's.

@@ -19,11 +19,13 @@ objects whose `==` always holds, `True` for `1`) can pass a call it does not
 answer correctly; a crash, timeout, malformed or truncated output fails every
 call it covers.
 
-Test-file tasks (task directories and archives): each hidden test file runs
-through `runner` in its own sandbox on a fresh copy of the agent's `.py`
-sources plus the hidden tests. The kernel isolation holds, but the verdicts come
-from the interpreter that also runs the agent's code, so a determined agent
-could forge them (remaining risk, stated in docs/explanation/environments.md); prefer call-form tasks.
+Task directories and archives: their hidden `assert f(x) == y` tests are
+rewritten into the same call rows at load (`convert`), so they are graded this
+way too. Only a task loaded with `env.options.allow_forgeable_grading` (its tests do not
+convert) runs each hidden test file through `runner` in its own sandbox on a
+fresh copy of the agent's `.py` sources plus the hidden tests: the kernel
+isolation holds, but the verdicts come from the interpreter that also runs the
+agent's code, so an always-equal return value passes them.
 """
 
 from __future__ import annotations

@@ -23,6 +23,10 @@ class CodingOptions:
   task_dir: str = ""  # task_source="dir": a directory of task dirs/archives
   # The reward: False = 1 iff every hidden test passes; True = the fraction that pass.
   partial_reward: bool = False
+  # Task directories whose hidden tests cannot be rewritten into calls graded outside
+  # the agent's interpreter (`coding.convert`) are refused at load; True grades them in
+  # that interpreter instead, where an always-equal object passes `assert f(x) == y`.
+  allow_forgeable_grading: bool = False
 
   def validate(self) -> None:
     if self.difficulty not in range(1, generator.MAX_DIFFICULTY + 1):
@@ -51,10 +55,10 @@ SPEC = EnvironmentSpec(
     task_sources={
         "generator": lambda o, c: generator.iterate_generated(
             seed=c.seed, difficulty=o.difficulty, kind=o.bug_kind),
-        "dir": lambda o, c: tasks.iterate_shuffled(coding_tasks.load_task_root(o.task_dir),
-                                                   seed=c.seed),
+        "dir": lambda o, c: tasks.iterate_shuffled(coding_tasks.load_task_root(
+            o.task_dir, allow_forgeable_grading=o.allow_forgeable_grading), seed=c.seed),
         # Rows pointing at task dirs/archives: another format than the shared "jsonl".
-        "jsonl": lambda o, c: tasks.iterate_shuffled(coding_tasks.load_jsonl(c.jsonl_path),
-                                                     seed=c.seed),
+        "jsonl": lambda o, c: tasks.iterate_shuffled(coding_tasks.load_jsonl(
+            c.jsonl_path, allow_forgeable_grading=o.allow_forgeable_grading), seed=c.seed),
     },
     demonstration=lambda task, o: generator.solution_actions(task))

@@ -55,11 +55,12 @@ from typing import Callable
 from sao_jax import bounded_json
 from sao_jax.envs import tasks
 from sao_jax.envs.base import Task
+from sao_jax.envs.coding import convert
 from sao_jax.envs.sandbox import nesting
 
 PARTS = ("repo", "tests_visible", "tests_hidden")
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar")
-_RESERVED_KEYS = ("snapshot", "files", "fix")
+_RESERVED_KEYS = ("snapshot", "files", "fix", "hidden_calls", "forgeable_grading")
 MAX_TASK_JSON_BYTES = 1 << 20  # a problem statement and metadata, not data
 
 
@@ -141,12 +142,14 @@ def _read_archive(path: str) -> _Listing:
   return _Listing(frozenset(contents), frozenset(dirs), contents.__getitem__)
 
 
-def _check_tests(path: str, listing: _Listing, part: str, parse: bool) -> None:
+def _check_tests(path: str, listing: _Listing, part: str, parse: bool) -> dict[str, str]:
+  """The top-level test files of `part`/ (relative path -> source, when `parse`d)."""
   tests = sorted(rel for rel in listing.files
                  if os.path.dirname(rel) == part and os.path.basename(rel).startswith("test")
                  and rel.endswith(".py"))
   if not tests:
     raise ValueError(f"{path}: {part}/ has no test*.py file at its top level; add at least one.")
+  sources = {}
   for rel in tests if parse else ():
     try:
       source = listing.read(rel).decode("utf-8")
@@ -158,10 +161,15 @@ def _check_tests(path: str, listing: _Listing, part: str, parse: bool) -> None:
     except (SyntaxError, UnicodeDecodeError) as e:
       raise ValueError(f"{path}: {rel} is not valid Python ({e}); hidden tests must parse.") \
           from None
+    sources[rel] = source
+  return sources
 
 
-def load_task(path: str | os.PathLike, *, task_id: str | None = None) -> Task:
-  """One task directory or archive (format in the module docstring)."""
+def load_task(path: str | os.PathLike, *, task_id: str | None = None,
+              allow_forgeable_grading: bool = False) -> Task:
+  """One task directory or archive (format in the module docstring). Its hidden tests
+  become `hidden_calls` (`convert`); tests that do not convert refuse the task unless
+  `allow_forgeable_grading`, which grades them in the agent's interpreter instead."""
   path = os.path.abspath(os.fspath(path))
   if os.path.isdir(path):
     listing, name = _walk_dir(path), os.path.basename(path)
@@ -200,12 +208,25 @@ def load_task(path: str | os.PathLike, *, task_id: str | None = None) -> Task:
     raise ValueError(f"{path}: repo/{tests_dir} already exists, but the visible tests go there; "
                      "set 'tests_dir' in task.json to a name repo/ does not use.")
   _check_tests(path, listing, "tests_visible", parse=False)
-  _check_tests(path, listing, "tests_hidden", parse=True)
+  hidden = _check_tests(path, listing, "tests_hidden", parse=True)
+  graded: dict = {"hidden_calls": None, "forgeable_grading": False}
+  try:
+    graded["hidden_calls"] = convert.hidden_calls(hidden, convert.local_modules(
+        [*listing.files, *listing.dirs], "tests_hidden"))
+  except convert.Unconvertible as error:
+    if not allow_forgeable_grading:
+      raise ValueError(
+          f"{path}: {error}: this hidden test cannot be graded outside the agent's "
+          "interpreter, where an object whose == always holds passes it. Write its checks as "
+          "`assert f(<literals>) == <literal>` in `def test*():` functions, or set "
+          "env.options.allow_forgeable_grading=True to grade it in-process (forgeable).") from None
+    graded = {"hidden_calls": None, "forgeable_grading": True}
   return Task(id=task_id, prompt=problem, answer="", metadata=types.MappingProxyType(
-      {**spec, "snapshot": path, "tests_dir": tests_dir}))
+      {**spec, "snapshot": path, "tests_dir": tests_dir, **graded}))
 
 
-def load_task_root(path: str | os.PathLike) -> list[Task]:
+def load_task_root(path: str | os.PathLike, *,
+                   allow_forgeable_grading: bool = False) -> list[Task]:
   """Every task directory and archive directly inside `path`, sorted by name."""
   path = os.fspath(path)
   if not os.path.isdir(path):
@@ -216,7 +237,7 @@ def load_task_root(path: str | os.PathLike) -> list[Task]:
     raise ValueError(f"{path}: no task directories or {'/'.join(ARCHIVE_SUFFIXES)} archives.")
   loaded, seen = [], {}
   for entry in entries:
-    task = load_task(os.path.join(path, entry))
+    task = load_task(os.path.join(path, entry), allow_forgeable_grading=allow_forgeable_grading)
     if task.id in seen:
       raise ValueError(f"{os.path.join(path, entry)}: id {task.id!r} is also used by "
                        f"{seen[task.id]}; ids must be unique.")
@@ -225,7 +246,7 @@ def load_task_root(path: str | os.PathLike) -> list[Task]:
   return loaded
 
 
-def load_jsonl(path: str | os.PathLike) -> list[Task]:
+def load_jsonl(path: str | os.PathLike, *, allow_forgeable_grading: bool = False) -> list[Task]:
   """Tasks listed in a JSONL file (format in the module docstring)."""
   path = os.fspath(path)
   base = os.path.dirname(os.path.abspath(path))
@@ -241,7 +262,8 @@ def load_jsonl(path: str | os.PathLike) -> list[Task]:
     if "id" in row and (not isinstance(row["id"], str) or not row["id"]):
       raise ValueError(f"{where}: 'id' must be a non-empty string, got {row['id']!r}.")
     try:
-      task = load_task(os.path.join(base, row["path"]), task_id=row.get("id"))
+      task = load_task(os.path.join(base, row["path"]), task_id=row.get("id"),
+                       allow_forgeable_grading=allow_forgeable_grading)
     except ValueError as e:
       raise ValueError(f"{where}: {e}") from None
     tasks.claim_id(task, seen, where, line_no)

@@ -198,11 +198,11 @@ def unavailable_reason() -> str | None:
   if os.geteuid() == 0:
     blocked = untraversable([tempfile.gettempdir()])
     if blocked:
+      modes = ", ".join(f"{d} (mode {stat.S_IMODE(d.stat().st_mode):04o})" for d in blocked)
       return (f"the temporary directory {tempfile.gettempdir()} cannot be reached by the "
               f"sandbox's unprivileged user (nobody), who reads each run's scratch directory "
-              f"there: {', '.join(f'{d} (mode {stat.S_IMODE(d.stat().st_mode):04o})' for d in blocked)} "
-              f"lacks the traverse bit for others. Set TMPDIR to a directory every user can "
-              f"traverse, such as /tmp")
+              f"there: {modes} lacks the traverse bit for others. Set TMPDIR to a directory "
+              f"every user can traverse, such as /tmp")
   python = os.path.realpath(sys.executable)
   paths = interpreter_paths()
   scratch = scratch_dirs.make("sao_probe_")
@@ -269,7 +269,8 @@ def _outside_usr(path: str) -> bool:
   return not (path == "/usr" or path.startswith("/usr/"))
 
 
-def interpreter_paths() -> list[str]:
+@functools.cache  # per process: the interpreter does not move
+def interpreter_paths() -> tuple[str, ...]:
   """What this interpreter needs to start, outside /usr (bound whole): its executable,
   its shared libpython, its stdlib (with lib-dynload and the zipped stdlib). Not its
   prefix: that holds site-packages and whatever else was installed there."""
@@ -280,15 +281,17 @@ def interpreter_paths() -> list[str]:
     libdir, name = sysconfig.get_config_var("LIBDIR"), sysconfig.get_config_var("INSTSONAME")
     if libdir and name:
       paths.add(os.path.join(libdir, name))
-  return sorted(p for p in map(os.path.realpath, paths) if os.path.exists(p) and _outside_usr(p))
+  return tuple(sorted(p for p in map(os.path.realpath, paths)
+                     if os.path.exists(p) and _outside_usr(p)))
 
 
-def site_directories() -> list[str]:
+@functools.cache
+def site_directories() -> tuple[str, ...]:
   """Where this interpreter's third-party packages live (its base's and its venv's)."""
   found = set(site.getsitepackages([sys.base_prefix, sys.base_exec_prefix, sys.prefix]))
   for scheme_vars in ({}, {"base": sys.base_prefix, "platbase": sys.base_exec_prefix}):
     found.update(sysconfig.get_paths(vars=scheme_vars)[key] for key in ("purelib", "platlib"))
-  return sorted({os.path.realpath(p) for p in found if os.path.isdir(p)})
+  return tuple(sorted({os.path.realpath(p) for p in found if os.path.isdir(p)}))
 
 
 def hidden_paths(bound: list[str], shown: list[str] = ()) -> list[str]:

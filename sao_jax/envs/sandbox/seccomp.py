@@ -11,7 +11,8 @@ neither counts, which one tool run used to hold ~2 GiB of host RAM with
 - `fcntl(F_SETPIPE_SZ)`: pipe buffers of up to 1 MiB each instead of 64 KiB.
 - `socket` / `socketpair`: socket buffers (the code has no network anyway; the
   audit hook already refuses Python's `socket`).
-- `io_uring_setup`, `bpf`: rings, registered buffers and maps.
+- `io_uring_setup`, `bpf`: rings, registered buffers and maps; `inotify_init`:
+  watches, each pinning kernel memory up to a host-wide per-user limit.
 
 `program()` compiles a classic-BPF filter that makes each of them fail with
 EPERM (so the code sees an ordinary error, not a kill), and fails every system
@@ -40,13 +41,17 @@ _LD_W_ABS, _JEQ, _JGE, _RET = 0x20, 0x15, 0x35, 0x06
 _ALLOW, _ERRNO = 0x7FFF0000, 0x00050000
 _X32_BIT = 0x40000000
 F_SETPIPE_SZ = 1031
-DENIED = ("memfd_create", "memfd_secret", "socket", "socketpair", "io_uring_setup", "bpf")
+# inotify: each watch pins kernel memory, up to the (host-wide, per-uid) watch limit.
+DENIED = ("memfd_create", "memfd_secret", "socket", "socketpair", "io_uring_setup", "bpf",
+          "inotify_init", "inotify_init1")
 # Per machine: (AUDIT_ARCH_*, {system call: number}).
 _MACHINES = {
     "x86_64": (0xC000003E, {"memfd_create": 319, "memfd_secret": 447, "socket": 41,
-                            "socketpair": 53, "io_uring_setup": 425, "bpf": 321, "fcntl": 72}),
+                            "socketpair": 53, "io_uring_setup": 425, "bpf": 321, "fcntl": 72,
+                            "inotify_init": 253, "inotify_init1": 294}),
     "aarch64": (0xC00000B7, {"memfd_create": 279, "memfd_secret": 447, "socket": 198,
-                             "socketpair": 199, "io_uring_setup": 425, "bpf": 280, "fcntl": 25}),
+                             "socketpair": 199, "io_uring_setup": 425, "bpf": 280, "fcntl": 25,
+                             "inotify_init1": 26}),  # aarch64 has no inotify_init
 }
 PIPE_BYTES = 64 << 10  # a pipe's default buffer, which F_SETPIPE_SZ could raise
 
@@ -82,7 +87,7 @@ def program() -> bytes:
   code: list[tuple] = [(_LD_W_ABS, _ARCH), (_JEQ, arch, 0, "deny"), (_LD_W_ABS, _NR)]
   if platform.machine() == "x86_64":
     code.append((_JGE, _X32_BIT, "deny", 0))
-  code += [(_JEQ, numbers[name], "deny", 0) for name in DENIED]
+  code += [(_JEQ, numbers[name], "deny", 0) for name in DENIED if name in numbers]
   code += [(_JEQ, numbers["fcntl"], 0, "allow"), (_LD_W_ABS, _ARG1_LOW),
            (_JEQ, F_SETPIPE_SZ, "deny", "allow"),
            ("label", "allow"), (_RET, _ALLOW),

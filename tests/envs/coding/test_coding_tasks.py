@@ -46,7 +46,11 @@ def test_directory_task_loads_and_materializes(tmp_path):
   path = write_task(tmp_path, source="unit", tests_dir="checks")
   task = coding_tasks.load_task(path)
   assert (task.id, task.prompt, task.answer) == ("t1", "add subtracts", "")
-  assert dict(task.metadata) == {"source": "unit", "snapshot": str(path), "tests_dir": "checks"}
+  assert dict(task.metadata) == {
+      "source": "unit", "snapshot": str(path), "tests_dir": "checks", "forgeable_grading": False,
+      "hidden_calls": ({"name": "tests_hidden/test_calc.py::test_small", "module": "calc",
+                        "function": "add", "args": ["tuple", [["int", 1], ["int", 2]]],
+                        "expected": ["int", 3]},)}
   coding_tasks.materialize(task, str(tmp_path / "out"))
   assert read_tree(tmp_path / "out") == {
       "repo/calc.py": "def add(a, b):\n    return a - b\n",
@@ -290,4 +294,5 @@ def test_real_nesting_below_the_bound_still_loads(tmp_path):
   (task / "tests_hidden" / "test_calc.py").write_text(
       HIDDEN + "DATA = [" + ", ".join(f"({i} + 1, -{i})" for i in range(20000)) + "]\n"
       + "Y = " + "(" * 150 + "1" + ")" * 150 + "\n" + "S = f'{DATA[0]!r:>{10}} {{literal}}'\n")
-  assert coding_tasks.load_task(task).prompt == "add subtracts"
+  # Top-level data does not convert into graded calls (`convert`): loaded as forgeable.
+  assert coding_tasks.load_task(task, allow_forgeable_grading=True).prompt == "add subtracts"

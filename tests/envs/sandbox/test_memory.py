@@ -139,7 +139,8 @@ def test_the_filter_denies_exactly_the_listed_calls():
   arch, numbers = seccomp._MACHINES[platform.machine()]
   deny, allow = 0x00050000 | errno.EPERM, 0x7FFF0000
   for name in seccomp.DENIED:
-    assert decide(arch, numbers[name]) == deny, name
+    if name in numbers:  # aarch64 has no inotify_init
+      assert decide(arch, numbers[name]) == deny, name
   assert decide(arch, numbers["fcntl"], seccomp.F_SETPIPE_SZ) == deny
   assert decide(arch, numbers["fcntl"], 1032) == allow  # F_GETPIPE_SZ
   assert decide(arch, 0) == decide(arch, 1) == allow  # read, write
