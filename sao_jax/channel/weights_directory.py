@@ -15,6 +15,7 @@ What a peer can still do is in docs/explanation/data-path.md ("The directory cha
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 import pathlib
@@ -211,8 +212,11 @@ class DirectorySubscriber:
   whose files hold anything but regular files and directories (a FIFO hung the
   restore, a link names any file of the host) is skipped unread.
   Versions order by (run start, version): a restarted learner's version 0 is newer
-  than every version of the run before. A poll lists the directory once and reads
-  at most `weights_digest.MAX_HEAD_BYTES` of each version's head.
+  than every version of the run before. A validly signed version no newer than the
+  one adopted that appears in the directory after it (a retired version, or an
+  earlier run's, put back) is never taken and is counted in `stats["stale_version"]`.
+  A poll lists the directory once and reads at most `weights_digest.MAX_HEAD_BYTES`
+  of each version's head.
   """
 
   RETRY_S = 5.0
@@ -229,6 +233,8 @@ class DirectorySubscriber:
     self._target = jax.tree.map(
         lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=device), spec.template)
     self.run, self.version = -1, -1
+    self.stats: collections.Counter = collections.Counter()  # refused versions by reason
+    self._listed: set[int] = set()  # the versions the last poll listed
     self.skipped: dict[int, str] = {}  # version -> why it did not restore or check
     self._skipped_as: dict[int, tuple] = {}  # the (head, entry, clock) it had then
     self._checkpointer = ocp.StandardCheckpointer()
@@ -279,8 +285,12 @@ class DirectorySubscriber:
       except weights_digest.DigestError as error:
         self._skip(step, (head, None, None), str(error))
         continue
-      if (run, step) > (self.run, self.version) and self._committed(step):
-        candidates.append((run, step, processes, head))
+      if (run, step) > (self.run, self.version):
+        if self._committed(step):
+          candidates.append((run, step, processes, head))
+      elif self.version >= 0 and step not in self._listed:  # put back after we moved on
+        self.stats["stale_version"] += 1
+    self._listed = set(listed)
     for run, step, processes, head in sorted(candidates, reverse=True):
       entry = self._entry(step)  # before the restore: a save that lands later is retried
       try:

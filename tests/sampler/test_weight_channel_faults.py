@@ -189,14 +189,16 @@ def test_a_sampler_samples_through_a_stalled_learner_and_adopts_its_next_version
 
   def alive() -> bool:
     """Scripts the learner from the worker's loop: stall once version 1 is sampled, resume
-    after 3 more trajectories, stop once one of version 2 is handed over."""
+    after 3 more trajectories and a poll timed out, stop once one of version 2 is handed
+    over."""
     done = transport.trajectories
     if state["stalled_at"] is None and done:
       proxy.stall()
       publisher.publish(second, 2)
       state["stalled_at"] = len(done)
     elif not state["resumed"] and state["stalled_at"] is not None and (
-        len(done) >= state["stalled_at"] + 3):
+        len(done) >= state["stalled_at"] + 3
+        and sum(t.info["weight_waits"] for t in done) >= 1):  # stalled past the deadline
       proxy.resume()
       state["resumed"] = True
     return time.monotonic() < state["deadline"] and not any(

@@ -407,3 +407,27 @@ def test_a_failed_version_touched_at_every_poll_is_restored_at_most_every_retry_
   assert restores == [2, 1]  # tried once, then version 1 taken
   now[0] += weights.DirectorySubscriber.RETRY_S
   assert subscriber.poll() is None and restores == [2, 1, 2]
+
+
+def test_a_retired_version_put_back_is_refused_and_counted(channel, tmp_path):
+  """A writer of the directory keeps a copy of version 1 (signed, this run) and puts it
+  back once the learner retired it: a sampler that moved on never returns to it, and
+  counts it (`stats`, which the worker reports as `weights/sampler_errors`)."""
+  directory, publisher, subscriber = channel
+  publisher.publish(params(1.0), version=1)
+  assert subscriber.poll()[1] == 1
+  saved = tmp_path / "saved"
+  shutil.copytree(directory / "1", saved / "1")
+  for path in (directory / "signatures").glob("1.*"):
+    shutil.copyfile(path, saved / path.name)
+  for version in (2, 3):  # version 1 is retired (KEEP = 2)
+    publisher.publish(params(float(version)), version=version)
+  tree, version = subscriber.poll()
+  assert (version, values(tree)) == (3, [3.0]) and not (directory / "1").exists()
+  assert subscriber.stats == {}  # version 2, listed with 3, is the learner's own
+  shutil.copytree(saved / "1", directory / "1")
+  for path in saved.glob("1.*"):
+    shutil.copyfile(path, directory / "signatures" / path.name)
+  assert subscriber.poll() is None and subscriber.version == 3
+  assert subscriber.stats == {"stale_version": 1}
+  assert subscriber.poll() is None and subscriber.stats == {"stale_version": 1}  # once
