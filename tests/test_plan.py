@@ -11,6 +11,7 @@ import pytest
 from sao_jax.cli import plan as plan_cli
 from sao_jax.config import (AlgorithmConfig, Config, LearnerConfig, MeshConfig, ModelConfig,
                             load_config)
+from sao_jax.models.paged_blocks import KernelBlocks, KernelShapes, kernel_blocks
 from sao_jax.planning import aot, estimate, hardware
 
 GiB = 2**30
@@ -193,8 +194,11 @@ def test_plan_table_shows_paged_beside_dense():
                     hbm_fraction=0.95, train=train, decode=decode,
                     paged_decode=dataclasses.replace(decode, name="paged_decode"), sampler_batch=64,
                     mean_episode_tokens=4096, model_flops=1e15, hardware_flops=1.2e15,
-                    roofline=estimate.roofline(1e15, 1.2e15, 1000, 4, 459e12))
+                    roofline=estimate.roofline(1e15, 1.2e15, 1000, 4, 459e12),
+                    kernel_blocks=(KernelBlocks(16, 32, 48 * 2**20),))
   table = aot.format_plan(result)
+  assert ("paged_decode attention kernel on v5p (per device): 16 KV pages x 32 queries per "
+          "block, VMEM limit 48 MiB") in table
   assert "decode step (batch 64, cache 32768)" in table
   assert ("paged decode (same KV memory, mean episode 4096 tokens, pages of 16): 512 episodes"
           in table)
@@ -375,3 +379,29 @@ def test_paged_steps_compile_the_pallas_kernel_for_tpu():
                            arg(4, 32), arg(4, 32), arg(4), arg(4, dtype=jax.numpy.uint32)).compile()
   assert "ragged_paged_attention_kernel" in compiled.as_text()
   assert estimate.MemoryUse.from_stats(compiled.memory_analysis()).aliased > 0  # pool donated
+
+
+@pytest.mark.slow
+def test_plan_compiles_and_prints_the_kernel_sizes_a_tpu_run_uses():
+  """sao-plan runs on a CPU backend; the paged decode call it compiles holds the kernel
+  with the block sizes of the topology's generation at the per-device shapes (what a
+  sampler on those chips computes), not the off-TPU ones, and the table prints them."""
+  _libtpu()
+  small = _small_config()
+  cfg = dataclasses.replace(
+      small, model=dataclasses.replace(small.model, head_dim=128, num_attention_heads=4,
+                                       num_key_value_heads=2),
+      sampler=dataclasses.replace(small.sampler, sharded=True,
+                                  mesh=MeshConfig(data=1, fsdp=2, tensor=2)))
+  result = aot.plan(cfg, "v5e:2x2", 64)
+  page = cfg.sampler.kv_page_size
+  slots = max(estimate.paged_episodes(result.sampler_batch, 64, result.mean_episode_tokens, page),
+              cfg.sampler.slots)
+  per_device = KernelShapes(page_size=page, pages_per_seq=64 // page, num_q_tokens=slots,
+                            num_q_heads=2, num_kv_heads=1, head_dim=128,
+                            q_dtype=jax.numpy.bfloat16, kv_dtype=jax.numpy.bfloat16)
+  run = kernel_blocks("v5e", per_device)
+  assert result.kernel_blocks == (run,)
+  assert run != kernel_blocks(None, per_device)  # the off-TPU sizes it compiled before
+  assert f"paged_decode attention kernel on v5e (per device): {run.describe()}" in \
+      aot.format_plan(result)

@@ -14,7 +14,10 @@ engine (`sampler.kv_layout="paged"`), its own decode call
 compiled too, at the concurrency the paged figures claim: as many slots as
 episodes of the assumed mean length fit in the dense cache's memory, over a
 pool of exactly that memory, so the claim is checked by the compiler rather
-than only estimated. Nothing is ever allocated, so a 30B-parameter plan runs on
+than only estimated. The Pallas kernel's block sizes in that call are the ones a
+TPU of the topology's generation runs (`sao_jax.models.paged_blocks`): the plan
+traces on the topology's devices, records them (`Plan.kernel_blocks`) and prints
+them. Nothing is ever allocated, so a 30B-parameter plan runs on
 a laptop CPU once libtpu is installed.
 """
 
@@ -31,6 +34,8 @@ from sao_jax.config import Config, MeshConfig
 from sao_jax.learner import compile as compile_lib
 from sao_jax.learner import state as state_lib
 from sao_jax.models import decode, paged
+from sao_jax.models.paged_blocks import KernelBlocks
+from sao_jax.models.paged_kernel import record_blocks
 from sao_jax.models.transformer import abstract_params, param_shardings
 from sao_jax.planning import estimate, hardware
 from sao_jax.sampler import paged_steps
@@ -71,6 +76,7 @@ class Plan:
   model_flops: float
   hardware_flops: float
   roofline: estimate.Roofline
+  kernel_blocks: tuple[KernelBlocks, ...] = ()  # the Pallas kernel's sizes in paged_decode
 
   @property
   def limit_bytes(self) -> float:
@@ -200,6 +206,7 @@ def plan(cfg: Config, topology: str, seq_len: int, *, sampler_topology: str | No
   mean_episode_tokens = (mean_episode_tokens or cfg.sampler.expected_episode_tokens
                          or max(seq_len // 8, 1))
   decode_program = paged_program = None
+  kernel_blocks: list[KernelBlocks] = []
   if with_decode:
     sampler_topology = sampler_topology or topology
     if hardware.parse_topology(sampler_topology)[0] != generation:
@@ -217,9 +224,10 @@ def plan(cfg: Config, topology: str, seq_len: int, *, sampler_topology: str | No
       episodes = max(estimate.paged_episodes(sampler_batch, seq_len, mean_episode_tokens, page),
                      cfg.sampler.slots)
       pages = estimate.paged_pool_pages(sampler_batch, seq_len, page)
+      with record_blocks() as kernel_blocks:
+        lowered = lower_paged_decode(cfg, sampler, episodes, pages, seq_len)
       paged_program = _program("paged_decode", sampler_topology, sampler, _compile(
-          lower_paged_decode(cfg, sampler, episodes, pages, seq_len), cfg, "paged_decode",
-          sampler, device.name, seq_len))
+          lowered, cfg, "paged_decode", sampler, device.name, seq_len))
   model_flops, hardware_flops = estimate.step_flops(cfg, seq_len)
   tokens = cfg.learner.batch_rows * seq_len  # token slots: packed rows count whole
   return Plan(cfg=cfg, seq_len=seq_len, device=device, devices=len(devices),
@@ -228,7 +236,8 @@ def plan(cfg: Config, topology: str, seq_len: int, *, sampler_topology: str | No
               mean_episode_tokens=mean_episode_tokens, model_flops=model_flops,
               hardware_flops=hardware_flops,
               roofline=estimate.roofline(model_flops, hardware_flops, tokens, len(devices),
-                                         device.peak_bf16_flops))
+                                         device.peak_bf16_flops),
+              kernel_blocks=tuple(dict.fromkeys(kernel_blocks)))
 
 
 def check_fits(result: Plan) -> None:
@@ -297,4 +306,7 @@ def format_plan(result: Plan) -> str:
                  f"{result.sampler_batch} dense, step >= {paged.seconds * 1e3:.2f} ms -> <= "
                  f"{paged.tokens_per_s:,.0f} tokens/s (estimated from the dense step's bytes and "
                  "FLOPs)")
+  if result.paged_decode is not None:
+    blocks = "; ".join(b.describe() for b in result.kernel_blocks) or "none (reference path)"
+    lines.append(f"paged_decode attention kernel on {result.device.name} (per device): {blocks}")
   return "\n".join(lines)
