@@ -5,7 +5,7 @@ pure-JAX gathered attention vs jax's Pallas ragged paged attention kernel.
       [--topology v5p:2x2x1] [--tensor 4] [--page 256] [--rows 4] [--chunks 512 8192]
 
 Needs libtpu at the jax version (`pip install "jax[tpu]==<jax version>"`), no TPU.
-Compiles `paged_steps.compile_paged_steps(...).prefill` for the config's model on one
+Compiles `paged_steps.compile_steps(...).prefill` for the config's model on one
 sampler host (the config's sampler mesh, `Config.sampler_mesh`, or with `--tensor`
 fsdp x tensor over its chips), `--rows` rows (default: the largest
 prefill_row_buckets) of each chunk length (default: every prefill bucket) over a
@@ -58,10 +58,10 @@ def compile_prefill(cfg, mesh, attention: str, page: int, rows: int, chunk: int)
   params = aot._abstract(abstract_params(cfg.model, "lm"), param_shardings(cfg.model, mesh, "lm"))
   cache = jax.eval_shape(lambda: paged.init_paged_cache(cfg.model, sampler.num_kv_pages(), page,
                                                         sampler.slots))
-  cache = aot._abstract(cache, paged_steps.paged_cache_shardings(cache, mesh))
+  cache = aot._abstract(cache, paged_steps.cache_shardings(cache, mesh))
   host = NamedSharding(mesh, PartitionSpec())  # the engine's numpy arguments: replicated
   arg = lambda *shape, dtype=jnp.int32: jax.ShapeDtypeStruct(shape, dtype, sharding=host)
-  prefill = paged_steps.compile_paged_steps(cfg.model, sampler, (), mesh).prefill
+  prefill = paged_steps.compile_steps(cfg.model, sampler, (), mesh).prefill
   return prefill.lower(params, cache, arg(sampler.slots, columns), arg(rows), arg(rows, chunk),
                        arg(rows, chunk), arg(rows), arg(rows, dtype=jnp.uint32)).compile()
 

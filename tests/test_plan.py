@@ -214,7 +214,7 @@ def test_paged_decode_compiles_at_the_claimed_concurrency_in_the_dense_memory():
   episodes = estimate.paged_episodes(8, 256, 64, cfg.sampler.kv_page_size)
   pages = estimate.paged_pool_pages(8, 256, cfg.sampler.kv_page_size)
   assert (episodes, pages) == (32, 128)  # 8 rows of 256 tokens = 128 pages of 16; 4 a episode
-  compiled = aot.lower_paged_decode(cfg, mesh, episodes, pages, 256).compile()
+  compiled = aot.lower_engine_decode(cfg, mesh, episodes, pages, 256).compile()
   memory = estimate.MemoryUse.from_stats(compiled.memory_analysis())
   m = cfg.model  # K and V pools per layer, bf16; KV heads are not split on an fsdp mesh
   pool = 2 * m.num_hidden_layers * pages * 16 * m.num_key_value_heads * m.head_dim * 2
@@ -253,7 +253,7 @@ def test_plan_lays_the_sampler_out_on_the_configs_sampler_mesh(monkeypatch):
 
   monkeypatch.setattr(aot, "lower_train", record("train_step"))
   monkeypatch.setattr(aot, "lower_decode", record("decode_step"))
-  monkeypatch.setattr(aot, "lower_paged_decode", record("paged_decode"))
+  monkeypatch.setattr(aot, "lower_engine_decode", record("paged_decode"))
   monkeypatch.setattr(aot, "_compile", lambda lowered_name, *args: lowered_name)
   monkeypatch.setattr(aot, "_program", lambda name, topology, mesh, compiled: aot.Program(
       name=name, topology=topology, mesh_shape=dict(mesh.shape), memory=_memory(1, 1),
@@ -281,7 +281,7 @@ def test_a_paged_pod_config_plans_the_engine_it_runs(monkeypatch, config):
   monkeypatch.setattr(aot, "lower_train", lambda cfg, mesh, *args: "train_step")
   monkeypatch.setattr(aot, "lower_decode",
                       lambda cfg, mesh, batch, seq_len: lowered.setdefault("dense", batch))
-  monkeypatch.setattr(aot, "lower_paged_decode", lambda cfg, mesh, slots, pages, seq_len:
+  monkeypatch.setattr(aot, "lower_engine_decode", lambda cfg, mesh, slots, pages, seq_len:
                       lowered.setdefault("paged", (slots, pages)))
   monkeypatch.setattr(aot, "_compile", lambda lowered_name, *args: lowered_name)
   monkeypatch.setattr(aot, "_program", lambda name, topology, mesh, compiled: aot.Program(
@@ -364,17 +364,17 @@ def test_paged_steps_compile_the_pallas_kernel_for_tpu():
       small.model, head_dim=128, num_attention_heads=4, num_key_value_heads=2))
   mesh = make_mesh(cfg.mesh, hardware.topology_devices("v5e:2x2"))
   assert paged_steps.attention_path(cfg.sampler, cfg.model, mesh) == "pallas"
-  compiled = aot.lower_paged_decode(cfg, mesh, slots=8, pages=64, max_len=64).compile()
+  compiled = aot.lower_engine_decode(cfg, mesh, slots=8, pages=64, max_len=64).compile()
   assert "ragged_paged_attention_kernel" in compiled.as_text()
   assert estimate.MemoryUse.from_stats(compiled.memory_analysis()).aliased > 0  # pool donated
 
   # The batched prefill: 4 rows of 32-token chunks into 8 slots of 64 tokens.
   params = aot._abstract(abstract_params(cfg.model, "lm"), param_shardings(cfg.model, mesh, "lm"))
   cache = jax.eval_shape(lambda: paged.init_paged_cache(cfg.model, 64, cfg.sampler.kv_page_size, 8))
-  cache = aot._abstract(cache, paged_steps.paged_cache_shardings(cache, mesh))
+  cache = aot._abstract(cache, paged_steps.cache_shardings(cache, mesh))
   host = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   arg = lambda *shape, dtype=jax.numpy.int32: jax.ShapeDtypeStruct(shape, dtype, sharding=host)
-  prefill = paged_steps.compile_paged_steps(cfg.model, cfg.sampler, (), mesh).prefill
+  prefill = paged_steps.compile_steps(cfg.model, cfg.sampler, (), mesh).prefill
   compiled = prefill.lower(params, cache, arg(8, 64 // cfg.sampler.kv_page_size), arg(4),
                            arg(4, 32), arg(4, 32), arg(4), arg(4, dtype=jax.numpy.uint32)).compile()
   assert "ragged_paged_attention_kernel" in compiled.as_text()

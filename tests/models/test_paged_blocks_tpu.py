@@ -112,7 +112,7 @@ def test_paged_decode_step_compiles_with_the_run_sizes(topology, config):
   cfg = _pod_attention_config(config)
   mesh = make_mesh(cfg.sampler_mesh(), _device(topology))
   with record_blocks() as used:
-    lowered = aot.lower_paged_decode(cfg, mesh, SLOTS, 256, MAX_LEN)
+    lowered = aot.lower_engine_decode(cfg, mesh, SLOTS, 256, MAX_LEN)
   generation = topology.split(":")[0]
   assert set(used) == {kernel_blocks(generation, _shapes(config, SLOTS))}
   compiled = lowered.compile()

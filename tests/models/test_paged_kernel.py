@@ -21,7 +21,7 @@ from sao_jax.models.paged_attention import gathered_attention, ragged_attention
 from sao_jax.models.paged_blocks import KernelBlocks
 from sao_jax.models.paged_kernel import kernel_attention, kernel_unsupported, record_blocks
 from sao_jax.sampler.paged_engine import PagedEngine
-from sao_jax.sampler.paged_steps import attention_path, compile_paged_steps, new_paged_cache
+from sao_jax.sampler.paged_steps import attention_path, compile_steps, new_cache
 from sao_jax.sharding.mesh import make_mesh, traced_on
 from tpu_interpret import interpret
 
@@ -174,7 +174,7 @@ def test_kernel_support_names_what_it_cannot_take():
 @pytest.mark.slow  # the kernel interpreted on 8 devices
 def test_kernel_on_a_mesh_splits_heads_over_tensor():
   """Under shard_map each device runs the kernel on its tensor shard of the heads
-  (pool split as paged_cache_shardings splits it): the same prefill output."""
+  (pool split as cache_shardings splits it): the same prefill output."""
   q_BxCxNxH, kv_pages = _inputs(seed=1, tokens=CHUNK)
   args = (np.arange(CHUNK)[None, :] < NEW_B[:, None], START_B + NEW_B, PREFILL_TABLE_BxM)
   mesh = make_mesh(MeshConfig(fsdp=4, tensor=2))
@@ -237,13 +237,13 @@ def test_paged_engine_through_the_kernel_matches_the_reference():
 
 @pytest.mark.parametrize("choice", ["pallas", "reference"])
 def test_paged_prefill_program_holds_the_kernel_as_chosen(choice):
-  """The prefill step `compile_paged_steps` builds calls the kernel under "pallas" and
+  """The prefill step `compile_steps` builds calls the kernel under "pallas" and
   not under "reference" (traced only: a TPU kernel lowers on CPU in interpret mode alone)."""
   sampler = dataclasses.replace(KERNEL_SAMPLER, paged_attention=choice)
-  prefill = compile_paged_steps(KERNEL_MODEL, sampler, (5,)).prefill
+  prefill = compile_steps(KERNEL_MODEL, sampler, (5,)).prefill
   params = jax.eval_shape(functools.partial(transformer.init_params, KERNEL_MODEL,
                                             jax.random.key(0)))
-  cache = jax.eval_shape(functools.partial(new_paged_cache, KERNEL_MODEL, sampler))
+  cache = jax.eval_shape(functools.partial(new_cache, KERNEL_MODEL, sampler))
   i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
   jaxpr = jax.make_jaxpr(prefill)(params, cache, i32(3, 12), i32(4), i32(4, 8), i32(4, 8), i32(4),
                                   jax.ShapeDtypeStruct((4,), jnp.uint32))
