@@ -19,9 +19,9 @@ at that many slots over that memory. `kernel_blocks`: the Pallas kernel's block
 sizes the plan compiled into that call (`Plan.kernel_blocks`); `plan_block_sizes_match_run`
 is 1 when they are exactly the sizes the engine's decode call gets on a chip of the
 sampler topology (`paged_blocks.kernel_blocks` for that chip's device kind and the
-config's per-chip shapes: slots, pages per slot, heads over `tensor`). `hbm_fraction` is the largest program's
-per-device total over HBM (> 0.95 does not fit); `estimated_mfu` and `tokens_per_s`
-are compute-roofline bounds.
+config's per-chip shapes: slots, pages per slot, heads over `tensor`). `hbm_fraction`
+is the largest program's per-device total over HBM (> 0.95 does not fit);
+`estimated_mfu` and `tokens_per_s` are compute-roofline bounds.
 """
 
 from __future__ import annotations

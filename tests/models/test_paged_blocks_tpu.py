@@ -5,7 +5,6 @@ inside the paged decode step; at the VMEM model's own need as the limit it still
 compiles (the model bounds the compiler's use); and jax's own off-table choice,
 128 pages x 32 queries, does not fit (the failure this replaced)."""
 
-import dataclasses
 import os
 
 import jax

@@ -102,10 +102,10 @@ def test_kernel_prefill_matches_the_gathered_prefill_on_ragged_rows(window):
   np.testing.assert_array_equal(got[~query_BxC], 0.0)  # padding tokens and the padding row
 
 
-# Blocks smaller than a row (the default suite runs the first case, ~15 s): decode rows of 3 pages read 3 KV blocks of one page and
-# the 3 live queries span 2 query blocks; prefill rows read 2 KV blocks of 2 pages and
-# the 13 packed query tokens (rows of 4, 6 and 3) span 4 query blocks of 4, rows
-# starting and ending inside a block.
+# Blocks smaller than a row (the default suite runs the first case, ~15 s): decode rows
+# of 3 pages read 3 KV blocks of one page and the 3 live queries span 2 query blocks;
+# prefill rows read 2 KV blocks of 2 pages and the 13 packed query tokens (rows of 4,
+# 6 and 3) span 4 query blocks of 4, rows starting and ending inside a block.
 DECODE_BLOCKS = KernelBlocks(num_kv_pages_per_block=1, num_queries_per_block=2,
                              vmem_limit_bytes=None)
 PREFILL_BLOCKS = KernelBlocks(num_kv_pages_per_block=2, num_queries_per_block=4,
@@ -130,7 +130,8 @@ def test_kernel_with_several_blocks_per_row_matches_the_reference(mode, pool_dty
   q_BxTxNxH, kv_pages = _inputs(seed=3, tokens=tokens)
   kv_pages = jnp.asarray(kv_pages, pool_dtype)
   if mode == "decode":
-    query_BxT, kv_len_B, table_BxM, blocks = (KV_LEN_B > 0)[:, None], KV_LEN_B, TABLE_BxM, DECODE_BLOCKS
+    query_BxT, kv_len_B, table_BxM = (KV_LEN_B > 0)[:, None], KV_LEN_B, TABLE_BxM
+    blocks = DECODE_BLOCKS
     rows, cols = np.nonzero(table_BxM >= 0)
     want = ragged_attention(jnp.asarray(q_BxTxNxH), kv_pages, jnp.asarray((KV_LEN_B - 1)[:, None]),
                             jnp.asarray(rows, jnp.int32), jnp.asarray(table_BxM[rows, cols]),
