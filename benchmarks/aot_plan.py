@@ -15,9 +15,13 @@ one line per config:
 sampler.kv_page_size, episodes of sampler.expected_episode_tokens on average, else
 seq_len / 8) vs dense, at the dense cache's memory (`aot.paged_decode`);
 `paged_decode_gib_per_chip` (configs on the paged engine): its decode call compiled
-at that many slots over that memory. `hbm_fraction` is the largest program's
-per-device total over HBM (> 0.95 does not fit); `estimated_mfu` and `tokens_per_s`
-are compute-roofline bounds.
+at that many slots over that memory. `kernel_blocks`: the Pallas kernel's block
+sizes the plan compiled into that call (`Plan.kernel_blocks`); `plan_block_sizes_match_run`
+is 1 when they are exactly the sizes the engine's decode call gets on a chip of the
+sampler topology (`paged_blocks.kernel_blocks` for that chip's device kind and the
+config's per-chip shapes: slots, pages per slot, heads over `tensor`). `hbm_fraction`
+is the largest program's per-device total over HBM (> 0.95 does not fit);
+`estimated_mfu` and `tokens_per_s` are compute-roofline bounds.
 """
 
 from __future__ import annotations
@@ -28,14 +32,34 @@ import pathlib
 import time
 
 import jax
+import jax.numpy as jnp
 
 from sao_jax.config import load_config
-from sao_jax.planning import aot
+from sao_jax.models import paged_blocks
+from sao_jax.models.paged_kernel import pool_head_axis
+from sao_jax.planning import aot, hardware
 
 # config -> (learner topology, one sampler host: sao-sampler runs an engine per host)
 CONFIGS = {"qwen3_8b_v5p32": ("v5p:2x2x4", "v5p:2x2x1"),
            "qwen3_30b_a3b_v5p128": ("v5p:4x4x4", "v5p:2x2x1")}
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def run_kernel_blocks(cfg, sampler_topology: str) -> paged_blocks.KernelBlocks:
+  """The sizes the engine's decode call uses on a chip of `sampler_topology`: one query
+  per slot, the config's page table width, its heads split over the sampler mesh's
+  `tensor` as the pool is."""
+  model, sampler = cfg.model, cfg.sampler
+  mesh = cfg.sampler_mesh()
+  shards = mesh.tensor if pool_head_axis({"tensor": mesh.tensor}, model.num_key_value_heads) else 1
+  device = hardware.topology_devices(sampler_topology)[0]
+  dtype = jnp.dtype(model.compute_dtype)
+  return paged_blocks.kernel_blocks(paged_blocks.generation_of(device.device_kind),
+                                    paged_blocks.KernelShapes(
+      page_size=sampler.kv_page_size, pages_per_seq=-(-sampler.max_seq_len // sampler.kv_page_size),
+      num_q_tokens=sampler.slots, num_q_heads=model.num_attention_heads // shards,
+      num_kv_heads=model.num_key_value_heads // shards, head_dim=model.head_dim,
+      q_dtype=dtype, kv_dtype=dtype))
 
 
 def plan_one(name: str, topology: str, sampler_topology: str) -> dict:
@@ -50,6 +74,9 @@ def plan_one(name: str, topology: str, sampler_topology: str) -> dict:
   except aot.DoesNotFit as error:
     print(f"DOES NOT FIT: {error}")
   fraction = max(p.memory.total for p in result.programs()) / result.device.hbm_bytes
+  run_blocks = run_kernel_blocks(cfg, sampler_topology)
+  print(f"kernel blocks: plan {[b.describe() for b in result.kernel_blocks]}, "
+        f"run {run_blocks.describe()}")
   return {"name": "aot_plan", "config": name, "topology": topology,
           "sampler_topology": sampler_topology,
           "hbm_fraction": round(fraction, 4), "estimated_mfu": round(result.roofline.mfu, 4),
@@ -62,6 +89,8 @@ def plan_one(name: str, topology: str, sampler_topology: str) -> dict:
                                             / result.sampler_batch, 3),
           "paged_decode_tokens_per_s": round(aot.paged_decode(result).tokens_per_s),
           "compile_s": round(seconds, 1),
+          "kernel_blocks": [list(b) for b in result.kernel_blocks],
+          "plan_block_sizes_match_run": int(set(result.kernel_blocks) == {run_blocks}),
           **({"paged_decode_gib_per_chip": round(result.paged_decode.memory.total / 2**30, 2)}
              if result.paged_decode else {})}
 

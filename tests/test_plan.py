@@ -11,6 +11,7 @@ import pytest
 from sao_jax.cli import plan as plan_cli
 from sao_jax.config import (AlgorithmConfig, Config, LearnerConfig, MeshConfig, ModelConfig,
                             load_config)
+from sao_jax.models.paged_blocks import KernelBlocks, KernelShapes, kernel_blocks
 from sao_jax.planning import aot, estimate, hardware
 
 GiB = 2**30
@@ -193,8 +194,11 @@ def test_plan_table_shows_paged_beside_dense():
                     hbm_fraction=0.95, train=train, decode=decode,
                     paged_decode=dataclasses.replace(decode, name="paged_decode"), sampler_batch=64,
                     mean_episode_tokens=4096, model_flops=1e15, hardware_flops=1.2e15,
-                    roofline=estimate.roofline(1e15, 1.2e15, 1000, 4, 459e12))
+                    roofline=estimate.roofline(1e15, 1.2e15, 1000, 4, 459e12),
+                    kernel_blocks=(KernelBlocks(16, 32, 48 * 2**20),))
   table = aot.format_plan(result)
+  assert ("paged_decode attention kernel on v5p (per device): 16 KV pages x 32 queries per "
+          "block, VMEM limit 48 MiB") in table
   assert "decode step (batch 64, cache 32768)" in table
   assert ("paged decode (same KV memory, mean episode 4096 tokens, pages of 16): 512 episodes"
           in table)
@@ -210,7 +214,7 @@ def test_paged_decode_compiles_at_the_claimed_concurrency_in_the_dense_memory():
   episodes = estimate.paged_episodes(8, 256, 64, cfg.sampler.kv_page_size)
   pages = estimate.paged_pool_pages(8, 256, cfg.sampler.kv_page_size)
   assert (episodes, pages) == (32, 128)  # 8 rows of 256 tokens = 128 pages of 16; 4 a episode
-  compiled = aot.lower_paged_decode(cfg, mesh, episodes, pages, 256).compile()
+  compiled = aot.lower_engine_decode(cfg, mesh, episodes, pages, 256).compile()
   memory = estimate.MemoryUse.from_stats(compiled.memory_analysis())
   m = cfg.model  # K and V pools per layer, bf16; KV heads are not split on an fsdp mesh
   pool = 2 * m.num_hidden_layers * pages * 16 * m.num_key_value_heads * m.head_dim * 2
@@ -249,7 +253,7 @@ def test_plan_lays_the_sampler_out_on_the_configs_sampler_mesh(monkeypatch):
 
   monkeypatch.setattr(aot, "lower_train", record("train_step"))
   monkeypatch.setattr(aot, "lower_decode", record("decode_step"))
-  monkeypatch.setattr(aot, "lower_paged_decode", record("paged_decode"))
+  monkeypatch.setattr(aot, "lower_engine_decode", record("paged_decode"))
   monkeypatch.setattr(aot, "_compile", lambda lowered_name, *args: lowered_name)
   monkeypatch.setattr(aot, "_program", lambda name, topology, mesh, compiled: aot.Program(
       name=name, topology=topology, mesh_shape=dict(mesh.shape), memory=_memory(1, 1),
@@ -277,7 +281,7 @@ def test_a_paged_pod_config_plans_the_engine_it_runs(monkeypatch, config):
   monkeypatch.setattr(aot, "lower_train", lambda cfg, mesh, *args: "train_step")
   monkeypatch.setattr(aot, "lower_decode",
                       lambda cfg, mesh, batch, seq_len: lowered.setdefault("dense", batch))
-  monkeypatch.setattr(aot, "lower_paged_decode", lambda cfg, mesh, slots, pages, seq_len:
+  monkeypatch.setattr(aot, "lower_engine_decode", lambda cfg, mesh, slots, pages, seq_len:
                       lowered.setdefault("paged", (slots, pages)))
   monkeypatch.setattr(aot, "_compile", lambda lowered_name, *args: lowered_name)
   monkeypatch.setattr(aot, "_program", lambda name, topology, mesh, compiled: aot.Program(
@@ -363,18 +367,44 @@ def test_paged_steps_compile_the_pallas_kernel_for_tpu():
       small.model, head_dim=128, num_attention_heads=4, num_key_value_heads=2))
   mesh = make_mesh(cfg.mesh, hardware.topology_devices("v5e:2x2"))
   assert paged_steps.attention_path(cfg.sampler, cfg.model, mesh) == "pallas"
-  compiled = aot.lower_paged_decode(cfg, mesh, slots=8, pages=64, max_len=64).compile()
+  compiled = aot.lower_engine_decode(cfg, mesh, slots=8, pages=64, max_len=64).compile()
   assert "ragged_paged_attention_kernel" in compiled.as_text()
   assert estimate.MemoryUse.from_stats(compiled.memory_analysis()).aliased > 0  # pool donated
 
   # The batched prefill: 4 rows of 32-token chunks into 8 slots of 64 tokens.
   params = aot._abstract(abstract_params(cfg.model, "lm"), param_shardings(cfg.model, mesh, "lm"))
   cache = jax.eval_shape(lambda: paged.init_paged_cache(cfg.model, 64, cfg.sampler.kv_page_size, 8))
-  cache = aot._abstract(cache, paged_steps.paged_cache_shardings(cache, mesh))
+  cache = aot._abstract(cache, paged_steps.cache_shardings(cache, mesh))
   host = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   arg = lambda *shape, dtype=jax.numpy.int32: jax.ShapeDtypeStruct(shape, dtype, sharding=host)
-  prefill = paged_steps.compile_paged_steps(cfg.model, cfg.sampler, (), mesh).prefill
+  prefill = paged_steps.compile_steps(cfg.model, cfg.sampler, (), mesh).prefill
   compiled = prefill.lower(params, cache, arg(8, 64 // cfg.sampler.kv_page_size), arg(4),
                            arg(4, 32), arg(4, 32), arg(4), arg(4, dtype=jax.numpy.uint32)).compile()
   assert "ragged_paged_attention_kernel" in compiled.as_text()
   assert estimate.MemoryUse.from_stats(compiled.memory_analysis()).aliased > 0  # pool donated
+
+
+@pytest.mark.slow
+def test_plan_compiles_and_prints_the_kernel_sizes_a_tpu_run_uses():
+  """sao-plan runs on a CPU backend; the paged decode call it compiles holds the kernel
+  with the block sizes of the topology's generation at the per-device shapes (what a
+  sampler on those chips computes), not the off-TPU ones, and the table prints them."""
+  _libtpu()
+  small = _small_config()
+  cfg = dataclasses.replace(
+      small, model=dataclasses.replace(small.model, head_dim=128, num_attention_heads=4,
+                                       num_key_value_heads=2),
+      sampler=dataclasses.replace(small.sampler, sharded=True,
+                                  mesh=MeshConfig(data=1, fsdp=2, tensor=2)))
+  result = aot.plan(cfg, "v5e:2x2", 64)
+  page = cfg.sampler.kv_page_size
+  slots = max(estimate.paged_episodes(result.sampler_batch, 64, result.mean_episode_tokens, page),
+              cfg.sampler.slots)
+  per_device = KernelShapes(page_size=page, pages_per_seq=64 // page, num_q_tokens=slots,
+                            num_q_heads=2, num_kv_heads=1, head_dim=128,
+                            q_dtype=jax.numpy.bfloat16, kv_dtype=jax.numpy.bfloat16)
+  run = kernel_blocks("v5e", per_device)
+  assert result.kernel_blocks == (run,)
+  assert run != kernel_blocks(None, per_device)  # the off-TPU sizes it compiled before
+  assert f"paged_decode attention kernel on v5e (per device): {run.describe()}" in \
+      aot.format_plan(result)

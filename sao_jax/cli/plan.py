@@ -14,7 +14,9 @@ decode figures it prints the paged engine's: episodes that fit in the same KV
 memory and the decode tokens/s bound, for episodes of --mean-episode-tokens
 (default the config's `sampler.expected_episode_tokens`, else seq_len / 8); with `sampler.kv_layout="paged"` it also compiles the
 paged engine's decode call at that many slots over that memory (the
-`paged_decode` row), so the concurrency it claims is one the compiler fits.
+`paged_decode` row), so the concurrency it claims is one the compiler fits, and
+prints the Pallas attention kernel's block sizes and VMEM limit in that call: the
+ones a TPU of the topology's generation runs (`sao_jax.models.paged_blocks`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """Paged attention (prefill and decode) through jax's Pallas TPU ragged paged attention kernel.
 
-  kernel_attention(q_BxTxNxH, kv_pages, query_BxT, kv_len_B, table_BxM, window) -> out_BxTxNxH
+  kernel_attention(q_BxTxNxH, kv_pages, query_BxT, kv_len_B, table_BxM, window, blocks)
+                                                                               -> out_BxTxNxH
+  record_blocks()                                          -> the KernelBlocks traced inside
   kernel_unsupported(num_heads, num_kv_heads, head_dim, dtype)                 -> reason or None
   pool_head_axis(mesh_shape, num_kv_heads)                                     -> mesh axis or None
 
@@ -37,10 +39,17 @@ sequence of one query and one key, whose output is set to 0. On a mesh the
 kernel runs per device under `shard_map`, heads split over `tensor` as the
 pool is (`pool_head_axis`); rows, pages and positions are whole on every
 device (the pool is not split over the batch axes).
+
+Block sizes (KV pages and queries per block, VMEM limit) are
+`paged_blocks.kernel_blocks` for the generation and per-device shapes being
+traced, never jax's own choice, so that `sao-plan` compiles what a TPU runs;
+`blocks` overrides them (tests: blocks smaller than a row). Inside
+`record_blocks()` every traced call appends the sizes it used.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import jax
@@ -48,13 +57,23 @@ import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as rpa
 from jax.sharding import PartitionSpec
 
+from sao_jax.models.paged_blocks import KernelBlocks, KernelShapes, kernel_blocks, trace_generation
 from sao_jax.sharding.rules import logical_to_spec
 
-# Off a TPU (interpret mode on CPU, sao-plan compiling for a TPU topology) the
-# kernel's tuned block sizes are not reachable (it reads jax.devices()[0]);
-# these sit in the range its v5/v6 tables choose for 16-token pages.
-_PAGES_PER_BLOCK = 16
-_QUERIES_PER_BLOCK = 32
+_recorded: list[list[KernelBlocks]] = []  # one list per open record_blocks()
+
+
+@contextlib.contextmanager
+def record_blocks():
+  """Yields a list of the `KernelBlocks` of every kernel call traced inside. jax's
+  caches are cleared first: a program whose trace is cached is not traced again."""
+  jax.clear_caches()
+  blocks: list[KernelBlocks] = []
+  _recorded.append(blocks)
+  try:
+    yield blocks
+  finally:
+    _recorded.remove(blocks)
 
 
 def pool_head_axis(mesh_shape: dict[str, int], num_kv_heads: int):
@@ -79,10 +98,11 @@ def kernel_unsupported(num_heads: int, num_kv_heads: int, head_dim: int, dtype) 
 
 def kernel_attention(q_BxTxNxH: jax.Array, kv_pages: jax.Array, query_BxT: jax.Array,
                      kv_len_B: jax.Array, table_BxM: jax.Array,
-                     window: int | None = None) -> jax.Array:
+                     window: int | None = None, blocks: KernelBlocks | None = None
+                     ) -> jax.Array:
   """Each row's query tokens, causal over its first kv_len_B[b] positions (module docstring)."""
   mesh = jax.sharding.get_abstract_mesh()
-  local = functools.partial(_kernel_rows, window=window)
+  local = functools.partial(_kernel_rows, window=window, blocks=blocks)
   if mesh.empty:
     return local(q_BxTxNxH, kv_pages, query_BxT, kv_len_B, table_BxM)
   heads = pool_head_axis(dict(mesh.shape), kv_pages.shape[2] // 2)
@@ -93,7 +113,7 @@ def kernel_attention(q_BxTxNxH: jax.Array, kv_pages: jax.Array, query_BxT: jax.A
                                                               kv_len_B, table_BxM)
 
 
-def _kernel_rows(q_BxTxNxH, kv_pages, query_BxT, kv_len_B, table_BxM, *, window):
+def _kernel_rows(q_BxTxNxH, kv_pages, query_BxT, kv_len_B, table_BxM, *, window, blocks):
   b, t, n, h = q_BxTxNxH.shape
   query_BxT = query_BxT.astype(bool)
   q_len_B = jnp.sum(query_BxT, axis=1, dtype=jnp.int32)
@@ -106,14 +126,20 @@ def _kernel_rows(q_BxTxNxH, kv_pages, query_BxT, kv_len_B, table_BxM, *, window)
   q_len_S = q_len_B[order_B].at[0].max(1)
   cu_q_lens = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(q_len_S, dtype=jnp.int32)])
   num_seqs = jnp.maximum(jnp.sum(live_B, dtype=jnp.int32), 1)[None]
-  pages_per_seq = table_BxM.shape[1]
-  tuned = jax.default_backend() == "tpu"
+  if blocks is None:
+    blocks = kernel_blocks(trace_generation(), KernelShapes(
+        page_size=kv_pages.shape[1], pages_per_seq=table_BxM.shape[1], num_q_tokens=b * t,
+        num_q_heads=n, num_kv_heads=kv_pages.shape[2] // 2, head_dim=h,
+        q_dtype=q_BxTxNxH.dtype, kv_dtype=kv_pages.dtype))
+  for recorded in _recorded:
+    recorded.append(blocks)
   out = rpa.ragged_paged_attention(
       q_BxTxNxH.reshape(b * t, n, h)[order_T], kv_pages,
       jnp.maximum(kv_len_B, 1)[order_B].astype(jnp.int32),
       jnp.maximum(table_BxM, 0)[order_B].astype(jnp.int32), cu_q_lens, num_seqs,
       sm_scale=h ** -0.5, sliding_window=window,
-      num_kv_pages_per_block=None if tuned else min(pages_per_seq, _PAGES_PER_BLOCK),
-      num_queries_per_block=None if tuned else min(b * t, _QUERIES_PER_BLOCK))
+      num_kv_pages_per_block=blocks.num_kv_pages_per_block,
+      num_queries_per_block=blocks.num_queries_per_block,
+      vmem_limit_bytes=blocks.vmem_limit_bytes)
   out_BxTxNxH = jnp.zeros_like(out).at[order_T].set(out).reshape(b, t, n, h)
   return jnp.where(query_BxT[:, :, None, None], out_BxTxNxH, 0).astype(q_BxTxNxH.dtype)

@@ -10,11 +10,15 @@ state's and batch's shardings over a mesh of compile-only TPU devices from
 `jax.experimental.topologies`; the decode step is `sao_jax.models.decode.
 decode_step` on an abstract KV cache for the sampler's slice. With the paged
 engine (`sampler.kv_layout="paged"`), its own decode call
-(`sao_jax.sampler.paged_steps.decode`, `sampler.steps_per_call` steps) is
+(`sao_jax.sampler.paged_steps.decode`, `sampler.steps_per_call` steps, built
+through the KV-layout seam `sao_jax.sampler.kv_layout` as the engine builds it) is
 compiled too, at the concurrency the paged figures claim: as many slots as
 episodes of the assumed mean length fit in the dense cache's memory, over a
 pool of exactly that memory, so the claim is checked by the compiler rather
-than only estimated. Nothing is ever allocated, so a 30B-parameter plan runs on
+than only estimated. The Pallas kernel's block sizes in that call are the ones a
+TPU of the topology's generation runs (`sao_jax.models.paged_blocks`): the plan
+traces on the topology's devices, records them (`Plan.kernel_blocks`) and prints
+them. Nothing is ever allocated, so a 30B-parameter plan runs on
 a laptop CPU once libtpu is installed.
 """
 
@@ -30,11 +34,13 @@ from jax.sharding import NamedSharding, PartitionSpec
 from sao_jax.config import Config, MeshConfig
 from sao_jax.learner import compile as compile_lib
 from sao_jax.learner import state as state_lib
-from sao_jax.models import decode, paged
+from sao_jax.models import decode
+from sao_jax.models.paged_blocks import KernelBlocks
+from sao_jax.models.paged_kernel import record_blocks
 from sao_jax.models.transformer import abstract_params, param_shardings
 from sao_jax.planning import estimate, hardware
-from sao_jax.sampler import paged_steps
 from sao_jax.sampler import steps as sampler_steps
+from sao_jax.sampler.kv_layout import kv_layout
 from sao_jax.sharding.mesh import make_mesh, traced_on
 from sao_jax.sharding.rules import RULES, logical_to_spec
 
@@ -71,6 +77,7 @@ class Plan:
   model_flops: float
   hardware_flops: float
   roofline: estimate.Roofline
+  kernel_blocks: tuple[KernelBlocks, ...] = ()  # the Pallas kernel's sizes in paged_decode
 
   @property
   def limit_bytes(self) -> float:
@@ -138,21 +145,19 @@ def lower_decode(cfg: Config, mesh: jax.sharding.Mesh, batch: int, max_len: int)
   return step.lower(params, cache, tokens)
 
 
-def lower_paged_decode(cfg: Config, mesh: jax.sharding.Mesh, slots: int, pages: int,
-                       max_len: int):
-  """The paged engine's decode call (`paged_steps.decode`: `sampler.steps_per_call`
-  steps over `slots` slots) on an abstract pool of `pages` pages, every page listed."""
-  model, page = cfg.model, cfg.sampler.kv_page_size
-  params = _abstract(abstract_params(model, "lm"), param_shardings(model, mesh, "lm"))
-  cache_shapes = jax.eval_shape(functools.partial(paged.init_paged_cache, model, pages, page,
-                                                  slots))
-  cache = _abstract(cache_shapes, paged_steps.paged_cache_shardings(cache_shapes, mesh))
-  host = NamedSharding(mesh, PartitionSpec())  # the engine's numpy arguments: replicated
-  arg = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=host)
-  step = paged_steps.compile_paged_steps(model, cfg.sampler, (), mesh).decode
-  return step.lower(params, cache, arg((slots, -(-max_len // page)), jnp.int32),
-                    arg((slots,), jnp.int32), arg((slots,), jnp.bool_),
-                    arg((slots,), jnp.int32), arg((slots,), jnp.uint32), entries=pages)
+def lower_engine_decode(cfg: Config, mesh: jax.sharding.Mesh, slots: int, pages: int,
+                        max_len: int):
+  """The sampler engine's own decode call (`sampler.steps_per_call` steps over `slots`
+  slots of `max_len` tokens; for the paged layout over a pool of `pages` pages, every
+  page listed), lowered on abstract params and cache through the KV-layout seam
+  (`sao_jax.sampler.kv_layout`): the programs, cache and shardings the engine builds."""
+  sampler = dataclasses.replace(cfg.sampler, slots=slots, kv_pages=pages, max_seq_len=max_len)
+  layout = kv_layout(sampler)
+  params = _abstract(abstract_params(cfg.model, "lm"), param_shardings(cfg.model, mesh, "lm"))
+  cache = layout.abstract_cache(cfg.model, sampler, mesh)
+  args, static = layout.programs.abstract_decode_args(sampler, mesh)
+  step = layout.programs.compile_steps(cfg.model, sampler, (), mesh).decode
+  return step.lower(params, cache, *args, **static)
 
 
 def batch_shards(mesh_shape: dict[str, int]) -> int:
@@ -164,13 +169,11 @@ def batch_shards(mesh_shape: dict[str, int]) -> int:
 
 
 def dense_rows(cfg: Config, seq_len: int) -> int:
-  """The dense decode plan's batch: `sampler.slots`, or for a paged engine with its
-  own pool size (`sampler.kv_pages`) the seq_len-token rows that pool's memory
-  holds, so the dense figures and the paged engine's compare at one KV memory."""
-  sampler = cfg.sampler
-  if sampler.kv_layout != "paged" or not sampler.kv_pages:
-    return sampler.slots
-  return max(sampler.kv_pages * sampler.kv_page_size // seq_len, 1)
+  """The dense decode plan's batch: the seq_len-token rows the engine's KV memory holds
+  (`programs.cache_rows`: `sampler.slots`, or for a paged engine with its own pool
+  size the rows of that pool), so the dense figures and the paged engine's compare
+  at one KV memory."""
+  return kv_layout(cfg.sampler).programs.cache_rows(cfg.sampler, seq_len)
 
 
 def plan(cfg: Config, topology: str, seq_len: int, *, sampler_topology: str | None = None,
@@ -200,6 +203,7 @@ def plan(cfg: Config, topology: str, seq_len: int, *, sampler_topology: str | No
   mean_episode_tokens = (mean_episode_tokens or cfg.sampler.expected_episode_tokens
                          or max(seq_len // 8, 1))
   decode_program = paged_program = None
+  kernel_blocks: list[KernelBlocks] = []
   if with_decode:
     sampler_topology = sampler_topology or topology
     if hardware.parse_topology(sampler_topology)[0] != generation:
@@ -210,16 +214,18 @@ def plan(cfg: Config, topology: str, seq_len: int, *, sampler_topology: str | No
     decode_program = _program("decode_step", sampler_topology, sampler, _compile(
         lower_decode(cfg, sampler, sampler_batch, seq_len), cfg, "decode_step", sampler,
         device.name, seq_len))
-    if cfg.sampler.kv_layout == "paged":
+    plan_program = kv_layout(cfg.sampler).plan_program
+    if plan_program is not None:  # the engine's own decode call, beside the dense step
       page = cfg.sampler.kv_page_size
       # Compiled for the episodes the figures claim, or the config's own slots when it
       # runs more: the call that runs must fit too.
       episodes = max(estimate.paged_episodes(sampler_batch, seq_len, mean_episode_tokens, page),
                      cfg.sampler.slots)
       pages = estimate.paged_pool_pages(sampler_batch, seq_len, page)
-      paged_program = _program("paged_decode", sampler_topology, sampler, _compile(
-          lower_paged_decode(cfg, sampler, episodes, pages, seq_len), cfg, "paged_decode",
-          sampler, device.name, seq_len))
+      with record_blocks() as kernel_blocks:
+        lowered = lower_engine_decode(cfg, sampler, episodes, pages, seq_len)
+      paged_program = _program(plan_program, sampler_topology, sampler, _compile(
+          lowered, cfg, plan_program, sampler, device.name, seq_len))
   model_flops, hardware_flops = estimate.step_flops(cfg, seq_len)
   tokens = cfg.learner.batch_rows * seq_len  # token slots: packed rows count whole
   return Plan(cfg=cfg, seq_len=seq_len, device=device, devices=len(devices),
@@ -228,7 +234,8 @@ def plan(cfg: Config, topology: str, seq_len: int, *, sampler_topology: str | No
               mean_episode_tokens=mean_episode_tokens, model_flops=model_flops,
               hardware_flops=hardware_flops,
               roofline=estimate.roofline(model_flops, hardware_flops, tokens, len(devices),
-                                         device.peak_bf16_flops))
+                                         device.peak_bf16_flops),
+              kernel_blocks=tuple(dict.fromkeys(kernel_blocks)))
 
 
 def check_fits(result: Plan) -> None:
@@ -297,4 +304,7 @@ def format_plan(result: Plan) -> str:
                  f"{result.sampler_batch} dense, step >= {paged.seconds * 1e3:.2f} ms -> <= "
                  f"{paged.tokens_per_s:,.0f} tokens/s (estimated from the dense step's bytes and "
                  "FLOPs)")
+  if result.paged_decode is not None:
+    blocks = "; ".join(b.describe() for b in result.kernel_blocks) or "none (reference path)"
+    lines.append(f"paged_decode attention kernel on {result.device.name} (per device): {blocks}")
   return "\n".join(lines)

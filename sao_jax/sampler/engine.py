@@ -53,7 +53,11 @@ distribution only without truncation, which training configs therefore refuse
 (`sampling` module docstring); evaluation may truncate (greedy top_k = 1).
 
 KV layout: this engine keeps a dense row per slot (`sampler.kv_layout="dense"`);
-`sao_jax.sampler.paged_engine.PagedEngine` is the same engine over a paged cache.
+`sao_jax.sampler.paged_engine.PagedEngine`, the sampler's engine, is the same
+engine over a paged cache. This one is kept as the paged engine's exactness
+reference (its tests compare tokens and behavior_logp against it) and for runs
+whose every episode fills max_seq_len; `sao_jax.sampler.kv_layout` maps the
+config's layout to the engine class and its device programs (`programs`).
 
 Versions: `set_params` takes effect at the next prefill or decode call; every
 sampled token records the version that produced it, and turns and trajectories
@@ -131,6 +135,9 @@ def stop_token_ids(tokenizer, names: Sequence[str]) -> tuple[int, ...]:
 class Engine:
   """Continuous-batching generation engine (module docstring)."""
 
+  kv_layout = "dense"     # the sampler.kv_layout this engine runs
+  programs = device_steps  # its device programs (interface: sao_jax.sampler.kv_layout)
+
   def __init__(self, cfg: SamplerConfig, model_cfg: ModelConfig, params: Params, *,
                version: int = 0, stop_token_ids: Sequence[int] = (),
                detokenize: Callable[[Sequence[int]], str] | None = None,
@@ -163,12 +170,14 @@ class Engine:
     self.stats = {"prefill_calls": 0, "decode_calls": 0, "decode_steps": 0, "sampled_tokens": 0}
 
   def _init_device(self, model_cfg: ModelConfig, mesh: jax.sharding.Mesh | None) -> None:
-    """The device programs and the empty cache (the paged engine has its own)."""
-    if self.cfg.kv_layout != "dense":
-      raise ValueError(f"sampler.kv_layout={self.cfg.kv_layout!r} needs the paged engine: build "
-                       "engines with sao_jax.sampler.episodes.make_engine (or PagedEngine)")
-    self._steps = device_steps.compile_steps(model_cfg, self.cfg, tuple(self._stops), mesh)
-    self._cache = device_steps.new_cache(model_cfg, self.cfg, mesh)
+    """The device programs and the empty cache of this engine's layout."""
+    if self.cfg.kv_layout != self.kv_layout:
+      raise ValueError(f"sampler.kv_layout={self.cfg.kv_layout!r} is not the layout of "
+                       f"{type(self).__name__} ({self.kv_layout!r}): build engines with "
+                       "sao_jax.sampler.episodes.make_engine, which picks the engine for the "
+                       "config (sao_jax.sampler.kv_layout)")
+    self._steps = self.programs.compile_steps(model_cfg, self.cfg, tuple(self._stops), mesh)
+    self._cache = self.programs.new_cache(model_cfg, self.cfg, mesh)
 
   # ---- public API ----
 

@@ -68,21 +68,21 @@ from sao_jax.envs.base import Environment, Message, StepResult, Task
 from sao_jax.log_text import traceback_text
 from sao_jax.models.transformer import Params
 from sao_jax.sampler.engine import Engine, Turn, stop_token_ids
-from sao_jax.sampler.paged_engine import PagedEngine
+from sao_jax.sampler.kv_layout import kv_layout
 from sao_jax.sampler.prompt_ids import prompt_slot
 from sao_jax.types import Trajectory
 
 
 def make_engine(cfg: SamplerConfig, model_cfg: ModelConfig, params: Params, chat: ChatFormat, *,
                 version: int = 0, mesh: jax.sharding.Mesh | None = None) -> Engine:
-  """An `Engine` (a `PagedEngine` for kv_layout="paged") that stops on the chat
-  format's end token and `sampler.stop_tokens`, its stop-pattern text decoded by
-  the format's tokenizer."""
+  """The engine of `sampler.kv_layout` (`sao_jax.sampler.kv_layout`: a `PagedEngine`
+  for "paged") that stops on the chat format's end token and `sampler.stop_tokens`,
+  its stop-pattern text decoded by the format's tokenizer."""
   tokenizer = chat.tokenizer
-  engine = PagedEngine if cfg.kv_layout == "paged" else Engine
-  return engine(cfg, model_cfg, params, version=version, mesh=mesh,
-                stop_token_ids=stop_token_ids(tokenizer, (chat.end_token, *cfg.stop_tokens)),
-                detokenize=lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False))
+  return kv_layout(cfg).engine(
+      cfg, model_cfg, params, version=version, mesh=mesh,
+      stop_token_ids=stop_token_ids(tokenizer, (chat.end_token, *cfg.stop_tokens)),
+      detokenize=lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False))
 
 
 ENV_DECLARED = "env_declared"  # failure_kind of a failure the environment returned

@@ -56,6 +56,9 @@ from sao_jax.sampler.pages import PagePool
 class PagedEngine(Engine):
   """Continuous batching over a paged KV cache (module docstring)."""
 
+  kv_layout = "paged"
+  programs = paged_steps
+
   def __init__(self, *args, **kwargs):
     super().__init__(*args, **kwargs)
     self._resume: set[Hashable] = set()  # preempted mid-turn: re-prefill, then decode on
@@ -66,9 +69,8 @@ class PagedEngine(Engine):
     self.stats.update(preemptions=0, prefill_rows=0, shared_pages=0)
 
   def _init_device(self, model_cfg: ModelConfig, mesh: jax.sharding.Mesh | None) -> None:
+    super()._init_device(model_cfg, mesh)
     cfg = self.cfg
-    self._steps = paged_steps.compile_paged_steps(model_cfg, cfg, tuple(self._stops), mesh)
-    self._cache = paged_steps.new_paged_cache(model_cfg, cfg, mesh)
     self._pool = PagePool(cfg.num_kv_pages(), cfg.kv_page_size, cfg.slots, cfg.max_seq_len)
 
   @property

@@ -1,4 +1,4 @@
-"""The paged engine's two device programs, pure and jitted once in `compile_paged_steps`.
+"""The paged engine's two device programs, pure and jitted once in `compile_steps`.
 
   prefill(params, cache, pages_NxM, rows_B, tokens_BxC, mask_BxC, start_B, seed_B)
       -> (cache, token_B, behavior_logp_B)
@@ -17,6 +17,10 @@ pages listed in pages_NxM (the host lists only active slots' pages), at most
 `behavior_logp` are exactly the dense engine's. The cache argument is donated.
 Both attend through jax's Pallas TPU kernel or the pure-JAX reference as
 `attention_path` decides.
+
+Module interface, shared with `sao_jax.sampler.steps` (the dense layout) so that
+`sao_jax.sampler.kv_layout` can treat both alike: `compile_steps`, `init_cache`,
+`new_cache`, `cache_shardings`, `abstract_decode_args`, `cache_rows`.
 """
 
 from __future__ import annotations
@@ -100,7 +104,7 @@ def attention_path(sampler: SamplerConfig, cfg: ModelConfig,
   return "reference"
 
 
-def compile_paged_steps(cfg: ModelConfig, sampler: SamplerConfig, stop_token_ids: tuple[int, ...],
+def compile_steps(cfg: ModelConfig, sampler: SamplerConfig, stop_token_ids: tuple[int, ...],
                         mesh: jax.sharding.Mesh | None = None) -> PagedSteps:
   """`prefill` and `decode` jitted with the configs bound and the cache donated."""
   return _compiled(cfg, Sampling(float(sampler.temperature), sampler.top_k, float(sampler.top_p),
@@ -121,7 +125,7 @@ def _compiled(cfg: ModelConfig, sampling: Sampling, mesh: jax.sharding.Mesh | No
                                   static_argnames="entries"))
 
 
-def paged_cache_shardings(cache, mesh: jax.sharding.Mesh):
+def cache_shardings(cache, mesh: jax.sharding.Mesh):
   """Pools [P, page, 2K, H]: the combined-head axis over tensor where tensor divides K (each
   device then holds whole (k, v) pairs), pages and positions whole; lengths over the batch axes."""
   mesh_shape = dict(mesh.shape)
@@ -136,11 +140,34 @@ def paged_cache_shardings(cache, mesh: jax.sharding.Mesh):
   return jax.tree.map(one, cache)
 
 
-def new_paged_cache(cfg: ModelConfig, sampler: SamplerConfig,
-                    mesh: jax.sharding.Mesh | None = None) -> paged.PagedKVCache:
-  """An empty pool of `sampler.num_kv_pages()` pages (created sharded on `mesh`)."""
-  init = functools.partial(paged.init_paged_cache, cfg, sampler.num_kv_pages(),
-                           sampler.kv_page_size, sampler.slots)
+def init_cache(cfg: ModelConfig, sampler: SamplerConfig) -> paged.PagedKVCache:
+  """An empty pool of `sampler.num_kv_pages()` pages, lengths for `sampler.slots` slots."""
+  return paged.init_paged_cache(cfg, sampler.num_kv_pages(), sampler.kv_page_size, sampler.slots)
+
+
+def new_cache(cfg: ModelConfig, sampler: SamplerConfig,
+              mesh: jax.sharding.Mesh | None = None) -> paged.PagedKVCache:
+  """`init_cache`, created sharded on `mesh` (`cache_shardings`)."""
+  init = functools.partial(init_cache, cfg, sampler)
   if mesh is None:
     return init()
-  return jax.jit(init, out_shardings=paged_cache_shardings(jax.eval_shape(init), mesh))()
+  return jax.jit(init, out_shardings=cache_shardings(jax.eval_shape(init), mesh))()
+
+
+def abstract_decode_args(sampler: SamplerConfig, mesh: jax.sharding.Mesh):
+  """The host arguments of `decode` after (params, cache), as the engine passes them
+  (numpy: replicated), and its static keywords, every page listed: for lowering."""
+  host = jax.sharding.NamedSharding(mesh, PartitionSpec())
+  arg = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=host)
+  n = sampler.slots
+  columns = -(-sampler.max_seq_len // sampler.kv_page_size)
+  return ((arg((n, columns), jnp.int32), arg((n,), jnp.int32), arg((n,), jnp.bool_),
+           arg((n,), jnp.int32), arg((n,), jnp.uint32)), {"entries": sampler.num_kv_pages()})
+
+
+def cache_rows(sampler: SamplerConfig, seq_len: int) -> int:
+  """Rows of `seq_len` tokens the cache's memory holds: `slots`, or for a pool sized on
+  its own (`kv_pages`) the rows of its pages."""
+  if not sampler.kv_pages:
+    return sampler.slots
+  return max(sampler.kv_pages * sampler.kv_page_size // seq_len, 1)

@@ -27,6 +27,10 @@ On a mesh (`sampler.sharded`), params are laid out by the sharding rules and
 the cache by `cache_shardings` (slots over the batch axes, KV heads over
 tensor); both programs are traced on the mesh, so MoE layers run expert
 parallel, and their results equal the single-device programs'.
+
+Module interface, shared with `sao_jax.sampler.paged_steps` (`sao_jax.sampler.
+kv_layout`): `compile_steps`, `init_cache`, `new_cache`, `cache_shardings`,
+`abstract_decode_args`, `cache_rows`.
 """
 
 from __future__ import annotations
@@ -152,10 +156,29 @@ def cache_shardings(cache, mesh: jax.sharding.Mesh):
   return jax.tree.map(one, cache)
 
 
+def init_cache(cfg: ModelConfig, sampler: SamplerConfig) -> kv.KVCache:
+  """An empty cache of `slots` rows of `max_seq_len` tokens."""
+  return kv.init_cache(cfg, sampler.slots, sampler.max_seq_len)
+
+
 def new_cache(cfg: ModelConfig, sampler: SamplerConfig,
               mesh: jax.sharding.Mesh | None = None) -> kv.KVCache:
-  """An empty cache of `slots` rows of `max_seq_len` tokens (created sharded on `mesh`)."""
-  init = functools.partial(kv.init_cache, cfg, sampler.slots, sampler.max_seq_len)
+  """`init_cache`, created sharded on `mesh` (`cache_shardings`)."""
+  init = functools.partial(init_cache, cfg, sampler)
   if mesh is None:
     return init()
   return jax.jit(init, out_shardings=cache_shardings(jax.eval_shape(init), mesh))()
+
+
+def abstract_decode_args(sampler: SamplerConfig, mesh: jax.sharding.Mesh):
+  """The host arguments of `decode` after (params, cache), as the engine passes them
+  (numpy: replicated), and its static keywords (none): for lowering."""
+  host = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  arg = lambda dtype: jax.ShapeDtypeStruct((sampler.slots,), dtype, sharding=host)
+  return (arg(jnp.int32), arg(jnp.bool_), arg(jnp.int32), arg(jnp.uint32)), {}
+
+
+def cache_rows(sampler: SamplerConfig, seq_len: int) -> int:
+  """Rows of `seq_len` tokens the cache's memory holds: its `slots`."""
+  del seq_len  # a dense row is max_seq_len tokens whatever the plan's length
+  return sampler.slots

@@ -18,9 +18,10 @@ from sao_jax.config import MeshConfig, ModelConfig
 from sao_jax.config.sampler import SamplerConfig
 from sao_jax.models import transformer
 from sao_jax.models.paged_attention import gathered_attention, ragged_attention
-from sao_jax.models.paged_kernel import kernel_attention, kernel_unsupported
+from sao_jax.models.paged_blocks import KernelBlocks
+from sao_jax.models.paged_kernel import kernel_attention, kernel_unsupported, record_blocks
 from sao_jax.sampler.paged_engine import PagedEngine
-from sao_jax.sampler.paged_steps import attention_path, compile_paged_steps, new_paged_cache
+from sao_jax.sampler.paged_steps import attention_path, compile_steps, new_cache
 from sao_jax.sharding.mesh import make_mesh, traced_on
 from tpu_interpret import interpret
 
@@ -101,6 +102,59 @@ def test_kernel_prefill_matches_the_gathered_prefill_on_ragged_rows(window):
   np.testing.assert_array_equal(got[~query_BxC], 0.0)  # padding tokens and the padding row
 
 
+# Blocks smaller than a row (the default suite runs the first case, ~15 s): decode rows
+# of 3 pages read 3 KV blocks of one page and the 3 live queries span 2 query blocks;
+# prefill rows read 2 KV blocks of 2 pages and the 13 packed query tokens (rows of 4,
+# 6 and 3) span 4 query blocks of 4, rows starting and ending inside a block.
+DECODE_BLOCKS = KernelBlocks(num_kv_pages_per_block=1, num_queries_per_block=2,
+                             vmem_limit_bytes=None)
+PREFILL_BLOCKS = KernelBlocks(num_kv_pages_per_block=2, num_queries_per_block=4,
+                              vmem_limit_bytes=None)
+MULTI_BLOCK_CASES = [
+    pytest.param("prefill", "bfloat16", 3, id="prefill-bf16pool-window"),
+    pytest.param("decode", "float32", None, id="decode-f32", marks=pytest.mark.slow),
+    pytest.param("decode", "bfloat16", 3, id="decode-bf16pool-window", marks=pytest.mark.slow),
+    pytest.param("prefill", "float32", None, id="prefill-f32", marks=pytest.mark.slow),
+    pytest.param("decode", "float32", 3, id="decode-f32-window", marks=pytest.mark.slow),
+    pytest.param("prefill", "bfloat16", None, id="prefill-bf16pool", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("mode, pool_dtype, window", MULTI_BLOCK_CASES)
+def test_kernel_with_several_blocks_per_row_matches_the_reference(mode, pool_dtype, window):
+  """Several KV blocks and query blocks per row (the online softmax across blocks, rows
+  packed across query blocks) give the reference paths' softmax to float rounding, for
+  a float32 and a bfloat16 pool (float32 queries; the reference reads the same bf16
+  keys and values), with and without a sliding window."""
+  tokens = 1 if mode == "decode" else CHUNK
+  q_BxTxNxH, kv_pages = _inputs(seed=3, tokens=tokens)
+  kv_pages = jnp.asarray(kv_pages, pool_dtype)
+  if mode == "decode":
+    query_BxT, kv_len_B, table_BxM = (KV_LEN_B > 0)[:, None], KV_LEN_B, TABLE_BxM
+    blocks = DECODE_BLOCKS
+    rows, cols = np.nonzero(table_BxM >= 0)
+    want = ragged_attention(jnp.asarray(q_BxTxNxH), kv_pages, jnp.asarray((KV_LEN_B - 1)[:, None]),
+                            jnp.asarray(rows, jnp.int32), jnp.asarray(table_BxM[rows, cols]),
+                            jnp.asarray(cols * PAGE, jnp.int32), window)
+  else:
+    query_BxT = np.arange(CHUNK)[None, :] < NEW_B[:, None]
+    kv_len_B, table_BxM, blocks = START_B + NEW_B, PREFILL_TABLE_BxM, PREFILL_BLOCKS
+    pos_BxC = (START_B[:, None] + np.arange(CHUNK)[None, :]).astype(np.int32)
+    want = gathered_attention(jnp.asarray(q_BxTxNxH), kv_pages, jnp.asarray(pos_BxC),
+                              jnp.asarray(table_BxM), window)
+  assert blocks.num_kv_pages_per_block < int((table_BxM >= 0).sum(axis=1).max())
+  assert blocks.num_queries_per_block < int(query_BxT.sum())
+  with interpret(), record_blocks() as used:
+    got = np.asarray(kernel_attention(jnp.asarray(q_BxTxNxH), kv_pages, jnp.asarray(query_BxT),
+                                      jnp.asarray(kv_len_B), jnp.asarray(table_BxM), window,
+                                      blocks=blocks))
+  assert used == [blocks]
+  want = np.asarray(want)
+  assert np.isfinite(got).all()
+  assert _relative_error(got[query_BxT], want[query_BxT]) <= 1e-6
+  np.testing.assert_array_equal(got[~query_BxT], 0.0)
+
+
 @pytest.mark.slow  # a third interpreted kernel in this module
 def test_kernel_call_without_queries_gives_zeros():
   """All rows padding (the engine's warm-up prefill): one dead sequence is listed so
@@ -121,7 +175,7 @@ def test_kernel_support_names_what_it_cannot_take():
 @pytest.mark.slow  # the kernel interpreted on 8 devices
 def test_kernel_on_a_mesh_splits_heads_over_tensor():
   """Under shard_map each device runs the kernel on its tensor shard of the heads
-  (pool split as paged_cache_shardings splits it): the same prefill output."""
+  (pool split as cache_shardings splits it): the same prefill output."""
   q_BxCxNxH, kv_pages = _inputs(seed=1, tokens=CHUNK)
   args = (np.arange(CHUNK)[None, :] < NEW_B[:, None], START_B + NEW_B, PREFILL_TABLE_BxM)
   mesh = make_mesh(MeshConfig(fsdp=4, tensor=2))
@@ -184,13 +238,13 @@ def test_paged_engine_through_the_kernel_matches_the_reference():
 
 @pytest.mark.parametrize("choice", ["pallas", "reference"])
 def test_paged_prefill_program_holds_the_kernel_as_chosen(choice):
-  """The prefill step `compile_paged_steps` builds calls the kernel under "pallas" and
+  """The prefill step `compile_steps` builds calls the kernel under "pallas" and
   not under "reference" (traced only: a TPU kernel lowers on CPU in interpret mode alone)."""
   sampler = dataclasses.replace(KERNEL_SAMPLER, paged_attention=choice)
-  prefill = compile_paged_steps(KERNEL_MODEL, sampler, (5,)).prefill
+  prefill = compile_steps(KERNEL_MODEL, sampler, (5,)).prefill
   params = jax.eval_shape(functools.partial(transformer.init_params, KERNEL_MODEL,
                                             jax.random.key(0)))
-  cache = jax.eval_shape(functools.partial(new_paged_cache, KERNEL_MODEL, sampler))
+  cache = jax.eval_shape(functools.partial(new_cache, KERNEL_MODEL, sampler))
   i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
   jaxpr = jax.make_jaxpr(prefill)(params, cache, i32(3, 12), i32(4), i32(4, 8), i32(4, 8), i32(4),
                                   jax.ShapeDtypeStruct((4,), jnp.uint32))

@@ -144,5 +144,5 @@ def test_page_pool_hands_out_and_takes_back_pages():
 
 
 def test_dense_engine_refuses_a_paged_config(weights):
-  with pytest.raises(ValueError, match="kv_layout='paged' needs the paged engine"):
+  with pytest.raises(ValueError, match="kv_layout='paged' is not the layout of Engine"):
     engine(weights, PAGED)
