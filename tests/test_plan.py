@@ -385,6 +385,7 @@ def test_paged_steps_compile_the_pallas_kernel_for_tpu():
 
 
 @pytest.mark.slow
+@pytest.mark.tpu_compile
 def test_plan_compiles_and_prints_the_kernel_sizes_a_tpu_run_uses():
   """sao-plan runs on a CPU backend; the paged decode call it compiles holds the kernel
   with the block sizes of the topology's generation at the per-device shapes (what a

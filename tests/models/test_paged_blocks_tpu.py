@@ -18,7 +18,7 @@ from sao_jax.models.paged_blocks import (KernelBlocks, KernelShapes, generation_
                                          vmem_need)
 from sao_jax.models.paged_kernel import kernel_attention, record_blocks
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.tpu_compile]
 
 TOPOLOGIES = ["v5p:2x2x1", "v5e:2x2"]
 # Per chip on a tensor=4 sampler host: 32 query heads / 4, KV heads 8 / 4 (8B), 4 / 4 (30B).
