@@ -111,6 +111,9 @@ class EnvConfig:
   judge_timeout_s: float = 30.0  # one deadline per verdict: connect, reads and retries together
   judge_retries: int = 2
   judge_max_tokens: int = JUDGE_MAX_TOKENS
+  # One environment step's wall-time bound (a tool run, a judge's verdict with its
+  # retries): past it the episode fails as StepTimeout (sao_jax.sampler.env_steps). 0: none.
+  step_timeout_s: float = 300.0
 
   @property
   def resolved_task_source(self) -> str:
@@ -134,6 +137,9 @@ class EnvConfig:
       fail("env", "coding_task_dir", self.coding_task_dir,
            "task_source='dir' needs an existing directory of task directories or archives")
     check_positive("env", self, "max_turns", "max_observation_chars")
+    timeout = self.step_timeout_s
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
+      fail("env", "step_timeout_s", timeout, "expected seconds >= 0 (0: no timeout)")
     for field in ("demo_tool_rate", "demo_guess_rate"):
       rate = getattr(self, field)
       if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate <= 1:
