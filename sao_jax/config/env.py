@@ -111,6 +111,9 @@ class EnvConfig:
   # Python tool sandbox (math_tool; coding's run_tests, python and grading; plugins).
   tool: SandboxLimits = dataclasses.field(default_factory=SandboxLimits)
   sandbox: str = DEFAULT_SANDBOX  # tool isolation, one of SANDBOX_MODES: bwrap or unisolated
+  # One environment step's wall-time bound (a tool run, a judge's verdict with its
+  # retries): past it the episode fails as StepTimeout (sao_jax.sampler.env_steps). 0: none.
+  step_timeout_s: float = 300.0
   # "package.module:function" grading each episode's last turn in place of the
   # environment's reward (`sao_jax.envs.rewards`); "" = the environment's own reward.
   reward_fn: str = ""
@@ -153,6 +156,9 @@ class EnvConfig:
     if not isinstance(self.dataset, DatasetConfig):
       fail("env", "dataset", self.dataset, "expected a DatasetConfig (sao_jax.config.dataset)")
     check_positive("env", self, "max_turns", "max_observation_chars")
+    timeout = self.step_timeout_s
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
+      fail("env", "step_timeout_s", timeout, "expected seconds >= 0 (0: no timeout)")
     if not isinstance(self.tool, SandboxLimits):
       fail("env", "tool", self.tool, "expected a SandboxLimits (sao_jax.config.env)")
     self.tool.validate()

@@ -14,6 +14,9 @@ KV_LAYOUTS = ("dense", "paged")
 # How to make the run secret that `sampler.weights_secret_file` names (said in errors).
 SECRET_CREATE_HINT = "head -c 32 /dev/urandom > weights.secret"
 PAGED_ATTENTIONS = ("auto", "reference", "pallas")
+# The order finished trajectories leave the sampler (sao_jax.sampler.episodes): as they
+# finish, or in the order their episodes started (deterministic, head-of-line blocking).
+RELEASE_ORDERS = ("finish", "start")
 
 # Ends a turn at the fence that closes a ```python tool-call block (sao_jax.envs.math.tool),
 # not at the opening fence.
@@ -44,13 +47,20 @@ class SamplerConfig:
   with re.DOTALL; the turn ends at the token that completes the match), after
   `max_new_tokens`, or when the episode reaches `max_seq_len`.
 
-  Environments: the turns one engine step ends (a burst of tool calls) have
-  their `env.step` run on up to `env_threads` threads at once (0: one per CPU
-  core of the host, `num_env_threads`), results taken in turn order, so the
-  rollout is the same as one at a time (`sao_jax.sampler.episodes`); 1 runs
-  them one at a time on the caller. More threads than cores would stretch each
-  sandboxed tool run's wall time, and a CPU-bound run could then hit its
-  `env.tool.wall_time_s` (2x its CPU limit by default) where it would not alone.
+  Environments: a turn that ends hands its `env.step` to a pool of at most
+  `env_threads` step threads (0: one per CPU core of the host,
+  `num_env_threads`) while the engine decodes the other episodes; its slot stays
+  parked until the observation comes back (`sao_jax.sampler.episodes`, the
+  episode lifecycle in docs/explanation/episode-lifecycle.md). Tokens and
+  behavior_logp do not depend on when a step returns; the order finished
+  trajectories leave the sampler does: `release_order` "finish" (as they
+  finish) or "start" (in the order their episodes started, the same in every
+  run; a slow episode then holds back every later one, and held trajectories
+  count against the episodes in flight). CPU-bound steps (sandboxed tool runs)
+  want no more threads than cores: more would stretch each run's wall time,
+  which could then hit its `env.tool.wall_time_s` (2x its CPU limit by default)
+  where it would not alone; steps that mostly wait (a judge's HTTP call) can
+  have many more.
 
   Weights reach samplers through `weights` (`sao_jax.channel.weights`):
   "shared_memory" (samplers on the learner's host), "directory" (orbax versions
@@ -112,6 +122,9 @@ class SamplerConfig:
   # Regexes whose match ends a turn (default: a complete python tool call).
   stop_patterns: tuple[str, ...] = (PYTHON_TOOL_CALL,)
   env_threads: int = 0  # threads stepping environments at once (0: one per CPU core)
+  # Order finished trajectories leave the sampler: "finish" (as they end) or "start"
+  # (in start order, identical whatever the tool latencies; a finished episode may wait).
+  release_order: str = "finish"
   weights: str = "shared_memory"  # weight channel: shared_memory, directory or network
   # Weights=directory: the directory or bucket of weight versions all hosts share.
   weights_dir: str = ""
@@ -151,6 +164,7 @@ class SamplerConfig:
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
       fail("sampler", "env_threads", threads,
            "expected 0 (one per CPU core) or a positive number of threads (1: one at a time)")
+    check_choice("sampler", self, "release_order", RELEASE_ORDERS)
     check_choice("sampler", self, "weights", WEIGHT_CHANNELS)
     if self.weights == "directory" and not self.weights_dir:
       fail("sampler", "weights_dir", self.weights_dir,

@@ -16,13 +16,33 @@ already closed its message; a turn cut by a stop pattern (a complete python tool
 call) or a length limit gets the end token first, as observation glue: the
 policy is credited only for tokens it sampled.
 
-Environments step in parallel: the turns one engine step ends have their
-action decoded and `env.step` run on up to `env_threads` threads
-(`sampler.env_threads`), so a burst of tool calls (each a sandboxed process, a
-judge's HTTP call) waits for the slowest, not for their sum; the results are
-then taken in turn order, so the trajectories, their order and every engine
-call are what one at a time gives. Each episode has its own `Environment`;
-what they share is thread-safe (the math checker takes turns under a lock).
+Environments never stall decoding (`overlap=True`, docs/explanation/
+episode-lifecycle.md): a turn that ends hands its action's detokenisation and
+`env.step` to a pool of at most `env_threads` step threads
+(`sao_jax.sampler.env_steps`); its slot stays parked (the engine keeps its
+cache) and `step` returns after the engine step without waiting. The next
+`step` first collects the environment steps that completed and submits their
+observations, then steps the engine, which prefills them with the decoding it
+does anyway. The runner waits for an environment only when the engine has
+nothing to run (every episode in flight is waiting on one), and then only for
+the first to complete. An episode's tokens and behavior_logp depend on its seed,
+its task and the weights, never on when its steps returned (the engine's
+sampling keys are per episode and position); which episodes finish first does
+depend on timing: `info["episode"]` is each trajectory's start index, and
+`release="start"` hands trajectories out in start order instead of finish
+order (holding each until every earlier-started one is out; the held ones count
+in `in_flight`, so a slow episode also pauses admission). `overlap=False` is
+the runner before: every step's env steps run (on the same pool) before `step`
+returns and are applied in turn order. Each episode has its own `Environment`;
+what they share must be thread-safe (the math checker's pool of processes).
+
+A step that runs past `step_timeout_s` (`env.step_timeout_s`) fails its episode
+as `StepTimeout` and frees its slot; the step's thread cannot be killed, so it
+is abandoned (`env_steps.abandoned`) and the environment closed on a thread of
+its own. `can_start` refuses new episodes while `max_episodes` are in flight
+(decoding, queued, waiting on an environment or held for release) or while
+steps wait for a free step thread. `close` ends within `close_grace_s` plus the
+environments' own close.
 
 An environment failure ends the episode with `env_failure` set, so the learner
 counts and drops it instead of training on reward 0. An episode that runs out of
@@ -54,9 +74,11 @@ trajectory, so a GRPO group stays complete.
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import dataclasses
+import functools
 import math
+import threading
+import time
 from typing import Any, Callable, Iterator, Mapping
 
 import jax
@@ -64,10 +86,12 @@ import numpy as np
 
 from sao_jax.chat import ChatFormat, TurnTextError
 from sao_jax.config import ModelConfig, SamplerConfig
+from sao_jax.config.sampler import RELEASE_ORDERS
 from sao_jax.envs.base import Environment, Message, StepResult, Task
 from sao_jax.log_text import traceback_text
 from sao_jax.models.transformer import Params
 from sao_jax.sampler.engine import Engine, Turn, stop_token_ids
+from sao_jax.sampler.env_steps import EnvSteps, StepTimeout
 from sao_jax.sampler.kv_layout import kv_layout
 from sao_jax.sampler.prompt_ids import prompt_slot
 from sao_jax.types import Trajectory
@@ -112,34 +136,54 @@ class _Live:
   messages: list[Message]  # the conversation so far, the policy's turns as decoded text
   turns: int = 0
   last_turn_end: str = ""  # the engine's finish_reason of the latest turn
+  closed: bool = False  # the latest turn ended on the format's end token
 
 
 class EpisodeRunner:
   """Drives episodes of `make_env()` environments through `engine`.
 
   `failures` counts episodes that raised, by exception type; `log` receives the
-  first traceback of each type.
+  first traceback of each type. `env_wait_s` is the wall time `step` spent
+  waiting on environments with nothing to decode (overlap) or after every engine
+  step (overlap=False).
   """
 
   def __init__(self, engine: Engine, chat: ChatFormat, make_env: Callable[[], Environment], *,
-               max_episodes: int, env_threads: int = 1, log: Callable[[str], None] = print):
+               max_episodes: int, env_threads: int = 1, overlap: bool = True,
+               step_timeout_s: float = 0.0, release: str = "finish",
+               close_grace_s: float = 5.0, log: Callable[[str], None] = print):
     if env_threads < 1:
       raise ValueError(f"env_threads={env_threads!r}: expected >= 1 (1: one at a time)")
+    if release not in RELEASE_ORDERS:
+      raise ValueError(f"release={release!r}: expected one of {RELEASE_ORDERS} "
+                       "(sampler.release_order)")
     self.engine, self._chat, self._make_env = engine, chat, make_env
     self.max_episodes, self.env_threads = max_episodes, env_threads
+    self.overlap, self.release, self._close_grace_s = overlap, release, close_grace_s
+    self.env_steps = EnvSteps(env_threads, step_timeout_s)
     self.failures: collections.Counter[str] = collections.Counter()
+    self.env_wait_s = 0.0
     self._log = log
     self._logged: set[str] = set()
     self._live: dict[int, _Live] = {}
-    self._failed: list[Trajectory] = []  # failed before reaching the engine; out at next step
+    self._failed: list[tuple[int, Trajectory]] = []  # failed before the engine; out next step
+    self._held: dict[int, Trajectory] = {}  # release="start": finished, not yet released
+    self._next_release = 0
     self._next_id = 0
 
   @property
   def in_flight(self) -> int:
-    return len(self._live) + len(self._failed)
+    """Episodes started and not yet handed out by `step` (held ones included)."""
+    return len(self._live) + len(self._failed) + len(self._held)
+
+  def can_start(self, n: int = 1) -> bool:
+    """Whether `n` more episodes may start: room under `max_episodes`, and no
+    environment step waiting for a free step thread."""
+    return self.in_flight + n <= self.max_episodes and not self.env_steps.backlog
 
   def start(self, task: Task, *, prompt_id: int, seed: int) -> None:
     env = self._make_env()
+    episode_id, self._next_id = self._next_id, self._next_id + 1
     try:
       # Environments that change during training (the style schedule) see the policy
       # version the episode starts with.
@@ -149,82 +193,118 @@ class EpisodeRunner:
       env.set_tool_format(self._chat.tool_format if env.tools else "fenced")
       messages = list(env.reset(task))
       prompt = self._chat.prompt(messages, tools=env.tools or None)
-      self.engine.submit(self._next_id, prompt, seed=seed % 2**32)
+      self.engine.submit(episode_id, prompt, seed=seed % 2**32)
     except Exception as error:  # this episode's fault, never the runner's
       self._release(env, task)
       version = self.engine.version
       empty = np.zeros(0, np.float32)
-      self._failed.append(Trajectory(
+      self._failed.append((episode_id, Trajectory(
           tokens=np.zeros(0, np.int32), action_mask=np.zeros(0, np.int8), behavior_logp=empty,
           rewards=empty, prompt_id=prompt_id, policy_versions=(version, version),
           env_failure=self._failure("reset", task, error),
-          info={"task": task.id, "turns": 0, "end": "env_failure", "truncated": False,
-                "tool_calls": 0, "failure_kind": type(error).__name__}))
+          info={"task": task.id, "episode": episode_id, "turns": 0, "end": "env_failure",
+                "truncated": False, "tool_calls": 0, "failure_kind": type(error).__name__})))
       return
-    self._live[self._next_id] = _Live(env, task, prompt_id, messages)
-    self._next_id += 1
+    self._live[episode_id] = _Live(env, task, prompt_id, messages)
 
   def step(self) -> list[Trajectory]:
-    """One engine step; returns the episodes that finished."""
+    """Applies the environment steps that completed, steps the engine and hands
+    the turns that ended to the step threads; returns the episodes released
+    (module docstring)."""
     finished, self._failed = self._failed, []
-    turns = self.engine.step()
-    for turn, outcome in zip(turns, self._env_steps(turns)):
-      done = self._advance(turn, *outcome)
-      if done is not None:
-        finished.append(done)
-    return finished
+    if not self.overlap:
+      turns = self.engine.step()
+      self._hand_over(turns)
+      outcomes = dict(self._wait_for_env(until_all=True))
+      for turn in turns:  # turn order: what one at a time gives
+        if turn.episode_id in outcomes:
+          self._advance(turn.episode_id, outcomes[turn.episode_id], finished)
+      return self._released(finished)
+    outcomes = self.env_steps.collect(wait=False)
+    if not outcomes and self.env_steps.pending and not self.engine.busy:
+      outcomes = self._wait_for_env(until_all=False)  # nothing else can run
+    for episode_id, outcome in outcomes:
+      self._advance(episode_id, outcome, finished)
+    self._hand_over(self.engine.step())
+    return self._released(finished)
 
-  def _env_steps(self, turns: list[Turn]) -> list[tuple[str, StepResult | Exception]]:
-    """Each turn's action text and its environment's step result (or the exception it
-    raised), on up to `env_threads` threads, in turn order (module docstring)."""
-    def env_step(turn: Turn) -> tuple[str, StepResult | Exception]:
-      action = ""
-      try:
-        action = self._chat.tokenizer.decode(turn.tokens.tolist(), skip_special_tokens=True)
-        return action, self._live[turn.episode_id].env.step(action)
-      except Exception as error:  # this episode's fault, never the runner's
-        return action, error
-    threads = min(self.env_threads, len(turns))
-    if threads <= 1:
-      return [env_step(turn) for turn in turns]
-    with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="env-step") as pool:
-      return list(pool.map(env_step, turns))
+  def _wait_for_env(self, *, until_all: bool) -> list[tuple[int, object]]:
+    start = time.monotonic()
+    outcomes = self.env_steps.collect(wait=True)
+    while until_all and self.env_steps.pending:
+      outcomes += self.env_steps.collect(wait=True)
+    self.env_wait_s += time.monotonic() - start
+    return outcomes
+
+  def _hand_over(self, turns: list[Turn]) -> None:
+    """Queues each turn's detokenisation and env step on the step threads."""
+    for turn in turns:
+      live = self._live[turn.episode_id]
+      live.turns += 1
+      live.last_turn_end = turn.finish_reason
+      live.closed = bool(turn.tokens.size) and int(turn.tokens[-1]) == self._chat.end_token_id
+      self.env_steps.submit(turn.episode_id, functools.partial(self._env_step, live.env,
+                                                               turn.tokens))
+
+  def _env_step(self, env: Environment, tokens: np.ndarray) -> tuple[str, StepResult]:
+    """On a step thread: the action's text and the environment's answer to it."""
+    action = self._chat.tokenizer.decode(tokens.tolist(), skip_special_tokens=True)
+    return action, env.step(action)
+
+  def _released(self, finished: list[tuple[int, Trajectory]]) -> list[Trajectory]:
+    """The trajectories `step` hands out: all of `finished` in finish order, or
+    (release="start") those whose every earlier-started episode is out."""
+    if self.release == "finish":
+      return [traj for _, traj in finished]
+    self._held.update(finished)
+    out = []
+    while self._next_release in self._held:
+      out.append(self._held.pop(self._next_release))
+      self._next_release += 1
+    return out
 
   def close(self) -> None:
     """Ends every episode in flight without a trajectory, releasing what its
-    environment holds (files, processes)."""
+    environment holds (files, processes): waits up to `close_grace_s` for the
+    environment steps running, closes the environments of those that do not
+    return on threads of their own (their steps are abandoned)."""
+    stuck = set(self.env_steps.close(self._close_grace_s))
     for episode_id in list(self._live):
       self.engine.finish(episode_id)
       live = self._live.pop(episode_id)
-      self._release(live.env, live.task)
-    self._failed = []
+      self._release(live.env, live.task, background=episode_id in stuck)
+    self._failed, self._held = [], {}
 
-  def _advance(self, turn: Turn, action: str, result: StepResult | Exception
-               ) -> Trajectory | None:
-    live = self._live[turn.episode_id]
-    live.turns += 1
-    if isinstance(result, Exception):
-      return self._fail(turn.episode_id, "step", result)
-    live.last_turn_end = turn.finish_reason
+  def _advance(self, episode_id: int, outcome, finished: list[tuple[int, Trajectory]]) -> None:
+    """Applies an environment step's outcome ((action, StepResult) or the exception
+    it raised): the episode finishes, fails, or its observation is submitted."""
+    done = self._apply(episode_id, outcome)
+    if done is not None:
+      finished.append((episode_id, done))
+
+  def _apply(self, episode_id: int, outcome) -> Trajectory | None:
+    live = self._live[episode_id]
+    if isinstance(outcome, Exception):
+      return self._fail(episode_id, "step", outcome)
+    action, result = outcome
     if result.done:
-      return self._finish(turn.episode_id, reward=result.reward or 0.0,
+      return self._finish(episode_id, reward=result.reward or 0.0,
                           failure=result.failure, reason=result.reason,
                           kind=None if result.failure is None else ENV_DECLARED,
                           result_info=result.info)
-    closed = bool(turn.tokens.size) and int(turn.tokens[-1]) == self._chat.end_token_id
     live.messages.append({"role": "assistant", "content": action})
     message = {"role": live.env.observation_role, "content": result.observation}
     try:
-      tokens = self._chat.continuation(live.messages, [message], closed=closed,
+      tokens = self._chat.continuation(live.messages, [message], closed=live.closed,
                                        tools=live.env.tools or None)
     except TurnTextError:  # the policy's own text: scored 0, never an unscored failure
-      return self._finish(turn.episode_id, reward=0.0, failure=None, reason="turn_text")
+      return self._finish(episode_id, reward=0.0, failure=None, reason="turn_text")
     except Exception as error:
-      return self._fail(turn.episode_id, "encode", error)
+      return self._fail(episode_id, "encode", error)
     live.messages.append(message)
-    if tokens.size >= self.engine.room(turn.episode_id):
-      return self._finish(turn.episode_id, reward=0.0, failure=None, reason="truncated")
-    self.engine.submit(turn.episode_id, tokens)
+    if tokens.size >= self.engine.room(episode_id):
+      return self._finish(episode_id, reward=0.0, failure=None, reason="truncated")
+    self.engine.submit(episode_id, tokens)
     return None
 
   def _failure(self, stage: str, task: Task, error: Exception) -> str:
@@ -236,9 +316,14 @@ class EpisodeRunner:
                    f"dropped/env_failure/{kind})", error)
     return f"{stage} raised {kind}: {str(error)[:200]}"
 
-  def _release(self, env: Environment, task: Task) -> None:
+  def _release(self, env: Environment, task: Task, *, background: bool = False) -> None:
     """`env.close()`; an error there leaks the episode's files at worst, so it is
-    logged (once per type) and the episode's outcome stands."""
+    logged (once per type) and the episode's outcome stands. `background`: on a
+    daemon thread of its own (its step is abandoned, and may hold what close needs)."""
+    if background:
+      threading.Thread(target=self._release, args=(env, task), daemon=True,
+                       name="env-close").start()
+      return
     try:
       env.close()
     except Exception as error:
@@ -254,22 +339,24 @@ class EpisodeRunner:
 
   def _fail(self, episode_id: int, stage: str, error: Exception) -> Trajectory:
     failure = self._failure(stage, self._live[episode_id].task, error)
+    # A timed-out step still runs on its abandoned thread, using the environment.
     return self._finish(episode_id, reward=0.0, failure=failure, reason="env_failure",
-                        kind=type(error).__name__)
+                        kind=type(error).__name__, background=isinstance(error, StepTimeout))
 
   def _finish(self, episode_id: int, *, reward: float, failure: str | None,
               reason: str | None, kind: str | None = None,
-              result_info: Mapping[str, Any] | None = None) -> Trajectory:
+              result_info: Mapping[str, Any] | None = None,
+              background: bool = False) -> Trajectory:
     live = self._live.pop(episode_id)
     tool_calls = live.env.tool_calls
-    self._release(live.env, live.task)
+    self._release(live.env, live.task, background=background)
     out = self.engine.finish(episode_id)
     rewards = np.zeros(out.tokens.shape, np.float32)
     action_positions = np.flatnonzero(out.action_mask)
     if action_positions.size:
       rewards[action_positions[-1]] = reward
     versions = out.policy_versions or (self.engine.version, self.engine.version)
-    info = {"task": live.task.id, "turns": live.turns, "end": reason or "",
+    info = {"task": live.task.id, "episode": episode_id, "turns": live.turns, "end": reason or "",
             "truncated": reason == "truncated", "last_turn_end": live.last_turn_end,
             "tool_calls": tool_calls}
     if kind is not None:
@@ -295,7 +382,7 @@ def run_to_completion(runner: EpisodeRunner, tasks: Iterator[Task], count: int, 
   done: list[Trajectory] = []
   started = 0
   while len(done) < count:
-    while started < count and runner.in_flight < runner.max_episodes:
+    while started < count and runner.can_start():
       task = next(tasks)
       runner.start(task, prompt_id=prompt_slot(task, num_slots), seed=seed + started)
       started += 1

@@ -4,7 +4,7 @@
   runner = EpisodeRunner(engine, chat, make_env, max_episodes=4)
 
 It implements what `sao_jax.sampler.episodes.EpisodeRunner` calls (`version`,
-`submit`, `step`, `room`, `finish`) without a model: turn k of episode e
+`submit`, `step`, `busy`, `room`, `finish`) without a model: turn k of episode e
 "samples" the tokens of `script(e, k)` followed by the chat format's end token,
 with behavior_logp `LOGP` on every sampled token. Every queued episode's turn
 ends in the same `step`, as when a decode call finishes many tool calls at
@@ -50,6 +50,11 @@ class ScriptedEngine:
         turns.append(Turn(episode_id, np.asarray(ids, np.int32),
                           np.full(len(ids), LOGP, np.float32), "stop_token", (0, 0)))
     return turns
+
+  @property
+  def busy(self) -> bool:
+    """Whether `step` has a turn to play."""
+    return any(episode.get("queued", False) for episode in self.episodes.values())
 
   def room(self, episode_id: Hashable) -> int:
     return 1 << 30

@@ -189,7 +189,9 @@ def _sample(spec: WorkerSpec, alive: Callable[[], bool], cfg: Config, chat, poll
                        mesh=engine_mesh(cfg))
   runner = EpisodeRunner(engine, chat, lambda: make_env(cfg.env),
                          max_episodes=cfg.sampler.slots * 2,
-                         env_threads=cfg.sampler.num_env_threads(), log=log)
+                         env_threads=cfg.sampler.num_env_threads(),
+                         step_timeout_s=cfg.env.step_timeout_s,
+                         release=cfg.sampler.release_order, log=log)
   tasks = make_tasks(cfg.env)
   group = cfg.algorithm.group_size
   prompt_ids = PromptIds(group, cfg.algorithm.running_mean_slots, spec.worker_id)
@@ -201,7 +203,7 @@ def _sample(spec: WorkerSpec, alive: Callable[[], bool], cfg: Config, chat, poll
       got = poller.take()
       if got is not None:
         engine.set_params(to_policy(got[0]), got[1])
-      while runner.in_flight + group <= runner.max_episodes:
+      while runner.can_start(group):
         task = next(tasks)
         prompt_id = prompt_ids(task)
         for _ in range(group):
