@@ -174,7 +174,10 @@ def test_text_is_forced_to_valid_utf8_before_encoding():
 def test_a_judge_that_returns_garbage_fails_the_episode_not_the_sampler():
   cfg = C.EnvConfig(name="style")
   style_tasks = make_tasks(cfg)
-  replies = iter(["garbage", None, (1, 1), (1, 1)])
+  # Each episode's judge is new, so each asks the control response first (envs.style):
+  # the first two controls get garbage and fail their episodes; the last two
+  # episodes' controls and responses get verdicts.
+  replies = iter(["garbage", None, (1, 1), (1, 1), (1, 1), (1, 1)])
 
   def make():
     env = make_env(cfg)
