@@ -4,16 +4,19 @@
 namespace holding only
 
 - read-only: `/usr` (with the `/lib*`, `/bin` links of a merged-/usr system),
-  and the directories the caller names (the interpreter's prefix and stdlib,
-  site-packages when allowed, the run's script directory, the files to copy in);
-  the namespace's own root and `/dev` are remounted read-only too;
+  and the paths the caller names (the interpreter's executable, shared library
+  and stdlib, `interpreter_paths`; site-packages when allowed, the run's script
+  directory, the files to copy in), with the interpreter's other site-packages
+  directories shown empty (`hidden_paths`); the namespace's own root and `/dev`
+  are remounted read-only too;
 - writable: `/tmp`, `/dev/shm` and the work directory, each a private tmpfs
   capped by the kernel at `disk_bytes` of data and `max_files` files,
   directories and links (`size=`, `nr_inodes=`); since Linux 6.6 a tmpfs
   charges its user xattrs to the same inode budget (`nr_inodes` KiB), so one
   mount holds at most `disk_bytes + (max_files + 1)` KiB of host memory. They
   vanish with the run, so nothing the code writes outlives it;
-- a fresh `/proc` (its own PID namespace) and a minimal `/dev`;
+- a minimal `/dev` with an empty `/dev/pts`, and no `/proc` (its `mountinfo`
+  names the host paths of every bind; `/proc/cmdline` the host's boot line);
 
 with every namespace unshared (no network: only a down loopback; own PID, IPC,
 UTS, cgroup namespaces; no SysV shared memory, message queues or semaphores,
@@ -24,16 +27,20 @@ capped mounts (that needs `CAP_SYS_ADMIN` over them; they are also locked, being
 made in a more privileged namespace than bwrap's). When the caller is root,
 bwrap itself runs as uid/gid nobody (`setpriv`), so outside the namespace the
 code is an unprivileged user too (no `CAP_DAC_READ_SEARCH`, and `RLIMIT_NPROC`
-applies, which the kernel ignores for uid 0). Files the code must read are
-therefore read as "other": their directories must be world-readable (`chmod
-o+rx`) and traversable, instead of granting capabilities.
+applies, which the kernel ignores for uid 0). The read-only paths are bound by
+the prelude (below), which runs with the caller's rights, so nobody need
+traverse the directories above them (an interpreter under a 0700 home works,
+and no host permission is changed); what nobody must reach itself is each run's
+scratch directory, so a root caller's `$TMPDIR` must be traversable by others
+(the self-test says so otherwise). bwrap also loads the `seccomp` filter
+(`seccomp_fd`) before it starts the code.
 
 bwrap (0.8) cannot set `nr_inodes`, so the capped mounts are made before it
 starts, by `_PRELUDE`: `unshare` gives it private IPC and mount namespaces (as
 root) or user + IPC + mount namespaces (otherwise: it is root there and may
 mount a tmpfs); it sets the IPC namespace's SysV limits to 0, mounts a tmpfs
-on each mount point (`mount -a` of a per-run fstab), then execs bwrap, which
-binds them in. Those mounts exist only in that namespace, which dies with its
+on each mount point and binds each read-only path onto a point of its own
+(`mount -a` of a per-run fstab), then execs bwrap, which binds them in. Those mounts exist only in that namespace, which dies with its
 last process: nothing is left mounted after the run, even when the caller is
 SIGKILLed.
 

@@ -19,10 +19,12 @@ What is enforced, and by what:
   namespace with only `/usr`, the interpreter and stdlib (+ site-packages with
   `site_packages=True`) read-only, the work directory, `/tmp` and `/dev/shm` as
   private tmpfs capped at `disk_mb` and `max_files` each (user xattrs included)
-  and gone after the run; no SysV IPC objects; no network;
+  and gone after the run; no `/proc`; no SysV IPC objects; no network;
   own PID namespace; new session; dies with its parent; uid nobody with no
-  capabilities and no further user namespaces. No host file outside those
-  mounts exists for the code, whatever it does in-process.
+  capabilities and no further user namespaces; a seccomp filter against the
+  system calls whose memory no limit counts (`seccomp`: `memfd_create`, pipe
+  growth, sockets, ...). No host file outside those mounts exists for the code,
+  whatever it does in-process.
 - Kernel, always (set by the bootstrap with `resource.setrlimit` before the
   code runs, soft = hard): CPU time (`RLIMIT_CPU`), address space
   (`RLIMIT_AS`, so memory bombs get `MemoryError`), written file size
