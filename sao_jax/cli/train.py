@@ -1,6 +1,6 @@
 """`sao-train`: train with SAO (or a baseline variant) as a config file says.
 
-  sao-train --config configs/demo_cpu.py [--set section.field=value ...] [--resume]
+  sao-train --config configs/demo_cpu.py [--set section.field=value ...] [--resume [MODE]]
   sao-train --plot RUN_DIR        # redraw RUN_DIR/curves.png from its metrics.jsonl
 """
 
@@ -11,6 +11,7 @@ import sys
 from typing import Sequence
 
 from sao_jax.config import load_config
+from sao_jax.config.run import RESUME_MODES
 from sao_jax.metrics import plot_curves
 
 
@@ -20,8 +21,13 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument("--config", help="a configs/<name>.py file")
   parser.add_argument("--set", dest="overrides", action="append", default=[],
                       metavar="SECTION.FIELD=VALUE", help="override a config field (repeatable)")
-  parser.add_argument("--resume", action="store_true",
-                      help="continue from the latest checkpoint of run.run_dir")
+  parser.add_argument("--resume", nargs="?", const="always", choices=RESUME_MODES,
+                      metavar="MODE",
+                      help="sets run.resume: 'auto' continues the run in the checkpoint "
+                      "directory when its config is this one (refused when not) and starts "
+                      "fresh when there is none, so relaunching the same command after a "
+                      "preemption continues; bare --resume ('always') continues whatever "
+                      "changed; 'never' (the default) refuses existing checkpoints")
   parser.add_argument("--plot", metavar="RUN_DIR", help="only redraw the curves of a run")
   args = parser.parse_args(argv)
   try:
@@ -30,18 +36,15 @@ def main(argv: Sequence[str] | None = None) -> None:
       return
     if not args.config:
       parser.error("--config is required (or --plot RUN_DIR)")
-    cfg = load_config(args.config, args.overrides)
+    overrides = list(args.overrides)
+    if args.resume is not None:
+      overrides.append(f"run.resume={args.resume}")
+    cfg = load_config(args.config, overrides)
     # After argument errors: importing JAX (with sao_jax.train) takes seconds.
     from sao_jax import train
 
-    if not args.resume:
-      train.refuse_to_overwrite(cfg)
-    elif not (found := train.checkpoint_directory(cfg))[1]:
-      # Not an error: a relaunch killed before its first checkpoint starts over the same
-      # way. Said, so a typo'd run.run_dir is not silently a new run.
-      print(f"sao-train: --resume found no checkpoint in {found[0]}; starting from step 0",
-            file=sys.stderr, flush=True)
-    summary = train.run(cfg, resume=args.resume)
+    summary = train.run(cfg, resume=None,
+                        log=lambda line: print(line, flush=True))
   except (ValueError, FileNotFoundError) as error:
     parser.exit(2, f"error: {error}\n")
   print(f"done: {summary['steps_done']} steps ({summary['stopped_by']}); "
