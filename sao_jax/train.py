@@ -273,7 +273,9 @@ def _run(cfg: Config, run_dir: pathlib.Path, *, resume: bool, log) -> dict:
 
   def on_start(state, resumed):
     if resumed:  # the steps after the checkpoint are trained and logged again
-      logger.rewind(int(jax.device_get(state.step)))
+      step = int(jax.device_get(state.step))
+      logger.rewind(step)
+      log(f"resuming from step {step} (the newest checkpoint in {cfg.checkpoint.directory})")
     if cfg.run.eval_every and not resumed:
       evaluate(0, policy_weights(cfg, state), 0)
     publish(state, force=True)
