@@ -22,7 +22,11 @@ and in DRY_RUN output).
                 SUSPENDING/SUSPENDED, or node PREEMPTED/TERMINATED), delete and
                 re-create it, copy, setup, and run again; at most N times. A
                 program that fails on a healthy slice is not relaunched. The
-                program should resume from its checkpoints in $BUCKET.
+                program should resume from its checkpoints in $BUCKET: a
+                sao-train program without --resume gets `--resume auto`
+                (every attempt, the first too), so the identical command
+                continues the run after a preemption, starts fresh when there
+                is no checkpoint yet, and refuses checkpoints of another config.
 
 Example: RUN_NAME=qwen3-sao-001 tpu_scripts/run.sh --relaunch 3 -- sao-train --config configs/x.py
 
@@ -61,6 +65,17 @@ for var in $FORWARD_ENV; do
   [[ -n "${!var+set}" ]] || die "FORWARD_ENV names $var, but $var is not set here"
 done
 
+# Under --relaunch a training program resumes its own run (run.resume="auto").
+if ((relaunch > 0)); then
+  is_train=0 has_resume=0
+  for arg in "$@"; do
+    case "$arg" in
+      sao-train | */sao-train | sao_jax.cli.train) is_train=1 ;;
+      --resume | --resume=*) has_resume=1 ;;
+    esac
+  done
+  if ((is_train && !has_resume)); then set -- "$@" --resume auto; fi
+fi
 program=$(shell_quote "$@")
 
 # remote_script ATTEMPT : the bash that every worker runs.

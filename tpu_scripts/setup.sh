@@ -12,7 +12,8 @@ On every worker (tpu-vm ssh --worker=all): creates the venv $VENV_DIR with
 $REMOTE_PYTHON if it is missing, installs bubblewrap (the kernel sandbox of
 tool calls; sudo apt-get) if bwrap is missing, then pip-installs
 "jax[tpu]==$JAX_VERSION" and the checkout copy.sh left in $REPO_DIR
-(pip install -e). Idempotent: re-running keeps the venv and only installs what
+with its gcs extra (pip install -e "$REPO_DIR[gcs]": gcsfs, which gs://
+checkpoint directories need). Idempotent: re-running keeps the venv and only installs what
 changed. Run copy.sh first.
 
 Needs: PROJECT ZONE TPU_NAME JAX_VERSION
@@ -43,10 +44,10 @@ steps=(
   "if [ ! -x $vpy ]; then $py -c \"import sys; sys.exit(sys.version_info < (3, 11))\" || { echo \"error: \$(hostname): $py is \$($py -V 2>&1); $need_py\" >&2; exit 1; }; $py -m venv $venv; fi"
   "if ! command -v bwrap >/dev/null 2>&1; then sudo apt-get update -qq && sudo apt-get install -y -qq bubblewrap >/dev/null; fi"
   "$vpy -m pip install --quiet \"jax[tpu]==$JAX_VERSION\""
-  "$vpy -m pip install --quiet -e $repo"
+  "$vpy -m pip install --quiet -e $(shell_quote "$REPO_DIR[gcs]")"
   "echo \"\$(hostname): ready, jax \$($vpy -c \"import jax; print(jax.__version__)\")\""
 )
 script=$(printf '%s; ' "${steps[@]}")
 
-info "setting up $TPU_NAME (all workers): venv $VENV_DIR, jax[tpu]==$JAX_VERSION, pip install -e $REPO_DIR"
+info "setting up $TPU_NAME (all workers): venv $VENV_DIR, jax[tpu]==$JAX_VERSION, pip install -e $REPO_DIR[gcs]"
 ssh_workers all "${script%; }"

@@ -2,9 +2,12 @@
 
   sao-eval --config configs/demo_cpu.py [--set ...] [--step N] [--episodes N]
            [--samples N] [--pass-k 1,4] [--temperature T] [--output FILE]
+  sao-eval --config configs/from_hf.py --policy /path/to/Qwen3-0.6B [...]
 
 Restores the policy of checkpoint `--step` (default: latest) from the run's
-checkpoint directory and plays the benchmark tasks (every row of an
+checkpoint directory, or with `--policy DIR` loads the policy in DIR (a Hugging
+Face directory: the base model before RL or a merged export; or a sao-convert
+params directory) sharded over the config's sampler mesh, and plays the benchmark tasks (every row of an
 `env.dataset` file, or `run.eval_episodes` generated tasks; `--episodes` caps
 them): greedy pass@1 and, with `--samples N`, mean@N and unbiased pass@k per
 `--pass-k`, overall and per source (`sao_jax.jobs.evaluate.benchmark`). Prints a
@@ -31,6 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--config", required=True, help="the run's configs/<name>.py file")
   flags.add_set(parser, help="the run's overrides, as given to sao-train (repeatable)")
   parser.add_argument("--step", type=int, help="checkpoint step (default: latest)")
+  parser.add_argument("--policy", metavar="DIR",
+                      help="score the policy in DIR instead of a run checkpoint: a Hugging "
+                      "Face directory (the base model before RL, or a sao-convert export with "
+                      "LoRA merged) or a sao-convert params directory; its model section and "
+                      "tokenizer come from DIR, the rest from the config")
   parser.add_argument("--episodes", type=int, help="at most this many tasks (default: every "
                       "dataset row, or run.eval_episodes generated tasks)")
   parser.add_argument("--samples", help="sampled episodes per task (run.eval_samples)")
@@ -58,10 +66,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     cfg = load_config(args.config, overrides)
     from sao_jax.jobs import eval_scores, evaluate as evaluation
 
-    report = evaluation.evaluate_checkpoint(cfg, args.step, limit=args.episodes)
+    if args.policy and args.step is not None:
+      parser.error("--step picks a run checkpoint; --policy scores a directory instead")
+    if args.policy:
+      report = evaluation.evaluate_policy(cfg, args.policy, limit=args.episodes)
+    else:
+      report = evaluation.evaluate_checkpoint(cfg, args.step, limit=args.episodes)
   except (ValueError, FileNotFoundError) as error:
     parser.exit(2, f"error: {error}\n")
-  output = pathlib.Path(args.output or evaluation.report_path(cfg, report["step"]))
+  output = pathlib.Path(args.output or (
+      evaluation.policy_report_path(cfg, args.policy) if args.policy
+      else evaluation.report_path(cfg, report["step"])))
   partial = output.with_name(output.name + ".tmp")
   try:  # written whole or not at all: a full disk leaves no half report to be read
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -72,7 +87,8 @@ def main(argv: Sequence[str] | None = None) -> None:
       partial.unlink(missing_ok=True)
     parser.exit(1, f"error: cannot write the report to {str(output)!r} ({error}); the scores "
                 f"follow, pass --output ANOTHER_FILE next time\n{json.dumps(report)}\n")
-  print(f"{report['tasks']}: checkpoint step {report['step']}"
+  scored = f"policy {args.policy}" if args.policy else f"checkpoint step {report['step']}"
+  print(f"{report['tasks']}: {scored}"
         + (f", {report['samples']} samples per task at temperature {report['temperature']}"
            if report["samples"] else ", greedy"))
   print(eval_scores.format_table(report))

@@ -1,6 +1,6 @@
 """`sao-train`: train with SAO (or a baseline variant) as a config file says.
 
-  sao-train --config configs/demo_cpu.py [--set section.field=value ...] [--resume]
+  sao-train --config configs/demo_cpu.py [--set section.field=value ...] [--resume [MODE]]
   sao-train --config configs/demo_cpu.py [--set ...] --check   # validate, print, exit
   sao-train --plot RUN_DIR        # redraw RUN_DIR/curves.png from its metrics.jsonl
 """
@@ -15,6 +15,7 @@ from typing import Sequence
 
 from sao_jax.cli import flags
 from sao_jax.config import load_config
+from sao_jax.config.run import RESUME_MODES
 from sao_jax.run.metrics import plot_curves
 
 
@@ -23,8 +24,13 @@ def build_parser() -> argparse.ArgumentParser:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--config", help="a configs/<name>.py file")
   flags.add_set(parser)
-  parser.add_argument("--resume", action="store_true",
-                      help="continue from the latest checkpoint of run.run_dir")
+  parser.add_argument("--resume", nargs="?", const="always", choices=RESUME_MODES,
+                      metavar="MODE",
+                      help="sets run.resume: 'auto' continues the run in the checkpoint "
+                      "directory when its config is this one (refused when not) and starts "
+                      "fresh when there is none, so relaunching the same command after a "
+                      "preemption continues; bare --resume ('always') continues whatever "
+                      "changed; 'never' (the default) refuses existing checkpoints")
   parser.add_argument("--check", action="store_true",
                       help="validate the config and the --set overrides, print the resolved "
                       "config as JSON and exit, without compiling or starting anything")
@@ -46,7 +52,10 @@ def main(argv: Sequence[str] | None = None) -> None:
       return
     if not args.config:
       parser.error("--config is required (or --plot RUN_DIR)")
-    cfg = load_config(args.config, args.overrides)
+    overrides = list(args.overrides)
+    if args.resume is not None:
+      overrides.append(f"run.resume={args.resume}")
+    cfg = load_config(args.config, overrides)
     if args.check:
       print(check(cfg))
       print(f"sao-train: {args.config} is valid", file=sys.stderr)
@@ -54,14 +63,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     # After argument errors: importing JAX (with sao_jax.jobs.train) takes seconds.
     from sao_jax.jobs import train
 
-    if not args.resume:
-      train.refuse_to_overwrite(cfg)
-    elif not (found := train.checkpoint_directory(cfg))[1]:
-      # Not an error: a relaunch killed before its first checkpoint starts over the same
-      # way. Said, so a typo'd run.run_dir is not silently a new run.
-      print(f"sao-train: --resume found no checkpoint in {found[0]}; starting from step 0",
-            file=sys.stderr, flush=True)
-    summary = train.run(cfg, resume=args.resume)
+    summary = train.run(cfg, resume=None,
+                        log=lambda line: print(line, flush=True))
   except (ValueError, FileNotFoundError) as error:
     parser.exit(2, f"error: {error}\n")
   print(f"done: {summary['steps_done']} steps ({summary['stopped_by']}); "

@@ -14,12 +14,18 @@ import types
 import typing
 from typing import Any, Iterator, Sequence
 
+from sao_jax.config import init_model
 from sao_jax.config.mesh import MeshConfig
 from sao_jax.config.root import Config
 
+# Fields that were merged into another: a config or --set naming the old one is told
+# the new name instead of "no such field".
+RENAMED_FIELDS = {"model.hf_path": "run.init"}
+
 
 def load_config(path: str | pathlib.Path, overrides: Sequence[str] = ()) -> Config:
-  """Imports `path`, calls its `get_config()`, applies `--set` overrides, validates."""
+  """Imports `path`, calls its `get_config()`, applies `--set` overrides, fills the
+  model section from the checkpoint `run.init` names (`init_model.resolve`), validates."""
   path = pathlib.Path(path)
   if path.is_dir():
     raise ValueError(f"config file {str(path)!r} is a directory; pass a file in it, like "
@@ -42,7 +48,7 @@ def load_config(path: str | pathlib.Path, overrides: Sequence[str] = ()) -> Conf
   if not isinstance(config, Config):
     raise ValueError(f"{str(path)!r}: get_config() returned {type(config).__name__}, "
                      "expected sao_jax.config.Config")
-  return apply_overrides(config, overrides).validate()
+  return init_model.resolve(apply_overrides(config, overrides)).validate()
 
 
 @contextlib.contextmanager
@@ -63,6 +69,9 @@ def _config_code(path: pathlib.Path, doing: str) -> Iterator[None]:
       if frames:
         where = f" line {frames[-1].lineno}"
     message = error.msg if isinstance(error, SyntaxError) else str(error)
+    for old, new in RENAMED_FIELDS.items():
+      if isinstance(error, TypeError) and repr(old.rpartition(".")[2]) in message:
+        message += f" ({old} is now {new})"
     raise ValueError(f"config file {str(path)!r}{where}: {type(error).__name__}: {message} "
                      f"(raised while {doing}); fix the file") from error
 
@@ -85,6 +94,10 @@ def apply_overrides(config: Config, overrides: Sequence[str]) -> Config:
     if not sep or not key:
       raise ValueError(f"override {item!r} is not of the form section.field=value, "
                        "e.g. --set algorithm.eps_low=0.2")
+    if key.strip() in RENAMED_FIELDS:
+      raise ValueError(f"override {item!r}: {key.strip()} is now "
+                       f"{RENAMED_FIELDS[key.strip()]}; set --set "
+                       f"{RENAMED_FIELDS[key.strip()]}={raw.strip()}")
     config = _replace_path(config, key.strip().split("."), raw.strip(), key.strip())
   return config
 

@@ -29,8 +29,9 @@ class ModelConfig:
   `family` selects the architecture (`sao_jax.config.families`: qwen3, qwen2,
   llama, gemma3). Field names follow Hugging Face's configs (`Qwen3Config`,
   `Qwen3MoeConfig`, ...) so a `config.json` maps onto them one to one; the
-  `rope_*` fields are the entries of its `rope_parameters`. `hf_path`, when set,
-  is a local Hugging Face directory whose config and weights replace these fields.
+  `rope_*` fields are the entries of its `rope_parameters`. A run that starts
+  from a checkpoint (`run.init`, the one name for it) reads every field left at
+  its default from the checkpoint's config.json (`sao_jax.config.init_model`).
   """
 
   family: str = "qwen3"  # architecture family (sao_jax.config.families)
@@ -104,8 +105,6 @@ class ModelConfig:
   # hours). Needs every layer to have the same structure (all dense or all MoE).
   # Decoding (KV cache) stays unrolled.
   scan_layers: bool = False
-  # A local Hugging Face directory whose config and weights replace these fields.
-  hf_path: str | None = None
 
   def validate(self) -> None:
     check_positive("model", self, "vocab_size", "hidden_size", "intermediate_size",

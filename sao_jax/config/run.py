@@ -12,6 +12,20 @@ from sao_jax.config.checks import check_positive, fail
 # Weights & Biases (`sao_jax.run.tracking`; needs the `wandb` extra).
 LOGGERS = ("tensorboard", "wandb")
 DEFAULT_LOGGERS = ("tensorboard",)
+# What a launch does with checkpoints already in its checkpoint directory
+# (`sao_jax.jobs.train.resume_decision`): "never" refuses them (a new run must not mix
+# with an old one), "auto" resumes when they are of the same run (the fields of
+# `RESUME_IDENTITY`, `learner.steps` aside) and refuses when not, "always"
+# resumes whatever changed (a longer run, a new phase). All three start from
+# step 0 when there is no checkpoint.
+RESUME_MODES = ("never", "auto", "always")
+# "The same run" for resume="auto": these fields (a section, or section.field) as
+# saved in the newest checkpoint equal the launching config's, except those of
+# RESUME_MAY_CHANGE (a run continued to more steps, or on a host needing smaller
+# micro-batches, trains the same). The mesh, samplers, data transport,
+# checkpoint schedule and evaluation may change: they decide how, not what, is trained.
+RESUME_IDENTITY = ("seed", "model", "algorithm", "lora", "env", "learner", "run.init")
+RESUME_MAY_CHANGE = ("learner.steps", "learner.micro_batches")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -46,6 +60,9 @@ class RunConfig:
   mean@eval_samples and pass@k for each k in `eval_pass_k` (0 samples: greedy only).
   `loggers` (from LOGGERS) receive every metrics row; W&B runs go to
   `wandb_project` (mode, entity and key from the usual WANDB_* variables).
+  `resume` (RESUME_MODES): what a launch does when the checkpoint directory
+  already holds checkpoints; "auto" makes relaunching the identical command
+  after a preemption continue the run (`sao-train --resume auto`).
   """
 
   # Directory of the run's outputs: metrics, checkpoints, tokenizer, plots.
@@ -72,6 +89,9 @@ class RunConfig:
   # Metric sinks besides metrics.jsonl: tensorboard, wandb.
   loggers: tuple[str, ...] = DEFAULT_LOGGERS
   wandb_project: str = "sao-jax"  # W&B project of the run (with loggers including wandb)
+  # Relaunching with checkpoints in the run directory: "never" refuses, "auto" resumes
+  # the same config (refuses a changed one) or starts fresh, "always" resumes whatever changed.
+  resume: str = "never"
 
   @property
   def tokenizer_file(self) -> str:
@@ -115,6 +135,9 @@ class RunConfig:
     if self.sft_lr <= 0:
       fail("run", "sft_lr", self.sft_lr, "expected a positive learning rate")
     self._validate_eval_and_loggers()
+    if self.resume not in RESUME_MODES:
+      fail("run", "resume", self.resume, f"allowed values are {', '.join(map(repr, RESUME_MODES))}"
+           " ('auto': continue a run of the same config, start fresh when there is none)")
 
   @property
   def sft_validation_episodes(self) -> int:

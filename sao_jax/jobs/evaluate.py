@@ -57,10 +57,10 @@ class _Episodes:
   """An engine with `sampler` settings and a runner of `cfg.env`-like episodes on it."""
 
   def __init__(self, cfg: Config, sampler: SamplerConfig, env_cfg, chat: ChatFormat,
-               params: Params, version: int):
+               params: Params, version: int, mesh: jax.sharding.Mesh | None = None):
     self._num_slots = cfg.algorithm.running_mean_slots
     chat.require_role(make_env(env_cfg).observation_role, f"env.name={env_cfg.name!r}")
-    self.engine = make_engine(sampler, cfg.model, params, chat, version=version)
+    self.engine = make_engine(sampler, cfg.model, params, chat, version=version, mesh=mesh)
     self.engine.warmup()
     self._runner = EpisodeRunner(self.engine, chat, lambda: make_env(env_cfg),
                                  max_episodes=sampler.slots, env_threads=sampler.num_env_threads())
@@ -156,8 +156,9 @@ class _BenchmarkTasks:
 
 
 def benchmark(cfg: Config, chat: ChatFormat, params: Params, *, version: int = 0,
-              limit: int | None = None) -> dict:
-  """Greedy and sampled episodes on the benchmark tasks; the report of the module docstring."""
+              limit: int | None = None, mesh: jax.sharding.Mesh | None = None) -> dict:
+  """Greedy and sampled episodes on the benchmark tasks; the report of the module
+  docstring. With `mesh`, the engines keep the params and KV cache sharded over it."""
   run = cfg.run
   tasks = _BenchmarkTasks(cfg, limit)
   sources: dict[str, str] = {}
@@ -170,14 +171,14 @@ def benchmark(cfg: Config, chat: ChatFormat, params: Params, *, version: int = 0
   greedy_success, sampled_success = {}, collections.Counter()
   failures = collections.Counter()
   greedy = _Episodes(cfg, dataclasses.replace(cfg.sampler, **GREEDY), tasks.env_cfg, chat,
-                     params, version)
+                     params, version, mesh)
   for traj in greedy.run(iter(tasks), tasks.count, seed=run.eval_seed, desc="greedy"):
     greedy_success[traj.info["task"]] = _success(traj)
     failures[traj.info["task"]] += traj.env_failure is not None
   del greedy  # its KV cache, before the sampling engine allocates one
   n = run.eval_samples
   if n:
-    sampled = _Episodes(cfg, sampled_settings(cfg), tasks.env_cfg, chat, params, version)
+    sampled = _Episodes(cfg, sampled_settings(cfg), tasks.env_cfg, chat, params, version, mesh)
     repeated = (task for task in tasks for _ in range(n))
     for traj in sampled.run(repeated, tasks.count * n, seed=run.eval_seed + 1,
                             desc=f"sampled x{n}"):
@@ -209,6 +210,11 @@ def _success(traj: Trajectory) -> bool:
 def report_path(cfg: Config, step: int) -> pathlib.Path:
   """Where `sao-eval` writes the JSON report of checkpoint `step` unless told otherwise."""
   return pathlib.Path(cfg.run.run_dir) / "eval" / f"step_{step}.json"
+
+
+def policy_report_path(cfg: Config, policy_dir: str | pathlib.Path) -> pathlib.Path:
+  """Where `sao-eval --policy DIR` writes its report unless told otherwise."""
+  return pathlib.Path(cfg.run.run_dir) / "eval" / f"policy_{pathlib.Path(policy_dir).name}.json"
 
 
 def transcripts_path(cfg: Config, step: int) -> pathlib.Path:
@@ -255,3 +261,36 @@ def evaluate_checkpoint(cfg: Config, step: int | None = None, *,
   version = int(state.policy_version)
   result = benchmark(cfg, chat, policy_weights(cfg, state), version=version, limit=limit)
   return {"step": meta["step"], "policy_version": version, **result}
+
+
+def evaluate_policy(cfg: Config, policy_dir: str | pathlib.Path, *,
+                    limit: int | None = None) -> dict:
+  """`benchmark` of the policy stored in `policy_dir`: a Hugging Face directory (a
+  base model before RL, or a `sao-convert` export, LoRA merged) or a sao-convert
+  params directory. Its model section and tokenizer are resolved from the
+  directory as `run.init` would be (`config.init_model`); the config gives the
+  environment, tasks, sampler and evaluation settings. Only the policy params
+  are loaded, one tensor at a time, each onto its shard of the sampler mesh
+  (`cfg.sampler_mesh()`): device memory is the params plus the eval batch's KV
+  cache, never a train state."""
+  from sao_jax.config import init_model
+  from sao_jax.models import hf, params_io
+  from sao_jax.sharding.mesh import make_mesh
+
+  cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, init=str(policy_dir)))
+  cfg = init_model.resolve(cfg.with_run_paths()).validate()
+  checkpoint = init_model.read_init(cfg.run.init)
+  init_model.merge_model(cfg.model, checkpoint.model, cfg.run.init)
+  init_model.check_dtypes(cfg.model, jax.devices())
+  tokenizer = cfg.run.tokenizer or cfg.run.tokenizer_file
+  if not pathlib.Path(tokenizer).exists():
+    raise FileNotFoundError(f"{str(policy_dir)!r} holds no tokenizer.json and run.tokenizer is "
+                            "unset; pass --set run.tokenizer=<the model's tokenizer directory>")
+  chat = load_chat(tokenizer, enable_thinking=cfg.run.enable_thinking)
+  mesh = make_mesh(cfg.sampler_mesh())
+  if checkpoint.kind == "hf":
+    _, params = hf.load_hf(policy_dir, mesh)
+  else:
+    _, _, params = params_io.load_params(policy_dir, mesh)
+  result = benchmark(cfg, chat, params, limit=limit, mesh=mesh)
+  return {"policy": str(policy_dir), "step": None, "policy_version": None, **result}

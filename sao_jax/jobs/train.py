@@ -2,7 +2,9 @@
 
     run(cfg, resume=True)   # what `sao-train --config FILE` calls
 
-1. Run directory: the resolved config (`config.json`), the tokenizer, logs.
+1. Run directory: the resolved config (`config.json`; its model section filled
+   from the checkpoint `run.init` names, `sao_jax.config.init_model`, and
+   printed), the tokenizer, logs.
 2. Initial policy: random, a Hugging Face directory or a sao_jax params
    directory (`run.init`); the critic copies its trunk with a fresh head.
 3. Optional SFT warm-start (`run.sft_steps`) on the environment's
@@ -38,7 +40,8 @@ import jax
 from sao_jax.channel import run_secret
 from sao_jax.channel import weights
 from sao_jax.channel.published import published_template, published_weights
-from sao_jax.config import Config
+from sao_jax.config import Config, init_model
+from sao_jax.config.run import RESUME_IDENTITY, RESUME_MAY_CHANGE
 from sao_jax.data import pipeline
 from sao_jax.data.learner_data import learner_batches, learner_transport, local_batch_sizes
 from sao_jax.envs.registry import make_env
@@ -61,16 +64,70 @@ def checkpoint_directory(cfg: Config):
   """The run's checkpoint directory (a path, or an epath.Path in a bucket) and whether it
   holds any checkpoint yet."""
   checkpoints = storage_path(cfg.with_run_paths().checkpoint.directory)
-  return checkpoints, checkpoints.is_dir() and any(checkpoints.iterdir())
+  # Orbax names a finished step's directory by the step; a save killed midway leaves
+  # only a `<step>.orbax-checkpoint-tmp-*` directory, which holds no checkpoint.
+  return checkpoints, checkpoints.is_dir() and any(
+      str(p).rstrip("/").rpartition("/")[2].isdigit() for p in checkpoints.iterdir())
 
 
-def refuse_to_overwrite(cfg: Config) -> None:
-  """ValueError if the run's checkpoint directory (a bucket is checked in its
-  bucket) already holds checkpoints: a new run there would mix with the old one."""
+def resume_differences(saved: dict, cfg: Config) -> list[str]:
+  """The `run.RESUME_IDENTITY` fields in which `saved` (a config as a checkpoint
+  stores it, JSON) and `cfg` differ, as "field: checkpoint X, now Y" lines."""
+  current = json.loads(json.dumps(dataclasses.asdict(cfg)))  # tuples as the JSON lists saved
+  differences = []
+
+  def compare(path: str, a, b):
+    if path in RESUME_MAY_CHANGE:
+      return
+    if isinstance(a, dict) and isinstance(b, dict):
+      for key in sorted(set(a) | set(b)):
+        compare(f"{path}.{key}", a.get(key, "<missing>"), b.get(key, "<missing>"))
+    elif a != b:
+      differences.append(f"{path}: checkpoint {a!r}, now {b!r}")
+
+  for path in RESUME_IDENTITY:
+    section, _, field = path.partition(".")
+    saved_value, current_value = saved.get(section, "<missing>"), current[section]
+    if field:
+      saved_value = saved_value.get(field, "<missing>") if isinstance(saved_value, dict) else (
+          "<missing>")
+      current_value = current_value[field]
+    compare(path, saved_value, current_value)
+  return differences
+
+
+def resume_decision(cfg: Config, log=print) -> bool:
+  """Whether this launch resumes, as `run.resume` says (`config.run.RESUME_MODES`);
+  ValueError when it may not start: checkpoints there under "never", or of another
+  run under "auto". Says so when a resuming launch finds no checkpoint, so a
+  typo'd run directory is not silently a new run."""
   checkpoints, held = checkpoint_directory(cfg)
-  if held:
-    raise ValueError(f"{checkpoints} already holds checkpoints; pass --resume to continue that "
-                     "run or set --set run.run_dir=ANOTHER_DIR")
+  mode = cfg.run.resume
+  if not held:
+    if mode != "never":
+      log(f"sao-train: run.resume={mode!r} found no checkpoint in {checkpoints}; starting "
+          "from step 0")
+    return False
+  if mode == "never":
+    raise ValueError(f"{checkpoints} already holds checkpoints; pass --resume auto to continue "
+                     "that run (refused if its config differs), --resume to continue it with "
+                     "this config whatever changed, or set run.run_dir=ANOTHER_DIR")
+  if mode == "auto":
+    from sao_jax.run.checkpoint import Checkpointer  # pylint: disable=import-outside-toplevel
+    checkpointer = Checkpointer(cfg.with_run_paths())
+    try:
+      saved = checkpointer.saved_config()
+    finally:
+      checkpointer.close()
+    differences = resume_differences(saved or {}, cfg) if saved is not None else []
+    if differences:
+      raise ValueError(
+          f"run.resume='auto': {checkpoints} holds checkpoints of another config ("
+          + "; ".join(differences[:8]) + (f"; and {len(differences) - 8} more"
+                                           if len(differences) > 8 else "")
+          + "). Relaunch with the config that run was started with, pass --resume to "
+          "continue it with this config anyway, or set run.run_dir=ANOTHER_DIR")
+  return True
 
 
 def rl_gain(run_dir: pathlib.Path) -> dict[str, float]:
@@ -107,10 +164,19 @@ def rl_gain_line(summary: dict, episodes: int, temperature: float) -> str:
   return line
 
 
-def run(cfg: Config, *, resume: bool = True, log=print) -> dict:
-  """Trains as configured; returns the final summary (also in RUN_DIR/summary.json)."""
+def run(cfg: Config, *, resume: bool | None = True, log=print) -> dict:
+  """Trains as configured; returns the final summary (also in RUN_DIR/summary.json).
+
+  `resume`: True continues from the newest checkpoint there is (else step 0),
+  False starts at step 0; None decides by `run.resume` (`resume_decision`), what
+  `sao-train` does."""
   distributed.initialize()  # a multi-host learner: join the cluster the environment names
-  cfg = cfg.with_run_paths().validate()
+  cfg = init_model.resolve(cfg.with_run_paths()).validate()
+  # Refused before any directory is made or program compiled.
+  init_model.check_init(cfg)
+  init_model.check_dtypes(cfg.model, jax.devices())
+  if resume is None:
+    resume = resume_decision(cfg, log)
   run_dir = pathlib.Path(cfg.run.run_dir)
   try:
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -141,6 +207,9 @@ def _run(cfg: Config, run_dir: pathlib.Path, *, resume: bool, log) -> dict:
   except IsolationUnavailable as error:
     raise ValueError(f"env.sandbox={cfg.env.sandbox!r}: {error}") from None
   (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
+  source = "random init" if cfg.run.init == "random" else f"run.init={cfg.run.init}"
+  log(f"model section ({source}; saved in {run_dir / 'config.json'}): "
+      f"{init_model.describe(cfg.model)}")
   chat = bootstrap.prepare_chat(cfg)
   logger = MetricsLogger(run_dir, total_steps=cfg.learner.steps, loggers=cfg.run.loggers,
                          wandb_project=cfg.run.wandb_project, name=cfg.name,
@@ -229,7 +298,9 @@ def _run(cfg: Config, run_dir: pathlib.Path, *, resume: bool, log) -> dict:
 
   def on_start(state, resumed):
     if resumed:  # the steps after the checkpoint are trained and logged again
-      logger.rewind(int(jax.device_get(state.step)))
+      step = int(jax.device_get(state.step))
+      logger.rewind(step)
+      log(f"resuming from step {step} (the newest checkpoint in {cfg.checkpoint.directory})")
     if cfg.run.eval_every and not resumed:
       evaluate(0, policy_weights(cfg, state), 0)
     publish(state, force=True)

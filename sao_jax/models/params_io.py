@@ -96,6 +96,7 @@ def load_config(directory: str | pathlib.Path) -> tuple[ModelConfig, str]:
   if not isinstance(fields, dict):
     raise ValueError(f"{str(path)!r} holds a {type(fields).__name__}, not a JSON object")
   head = fields.pop("head", "lm")
+  fields.pop("hf_path", None)  # written by older versions (always None); merged into run.init
   for name in _TUPLE_FIELDS:  # JSON has lists; a config is hashable (jit static) with tuples
     fields[name] = tuple(fields.get(name, ()))
   unknown = sorted(set(fields) - {field.name for field in dataclasses.fields(ModelConfig)})

@@ -112,6 +112,18 @@ class Checkpointer:
   def all_steps(self) -> list[int]:
     return list(self._manager.all_steps())
 
+  def saved_config(self) -> dict | None:
+    """The config (a JSON dict) saved with the newest checkpoint whose metadata
+    reads, or None when there is none."""
+    for step in sorted(self.all_steps(), reverse=True):
+      try:
+        meta = self._manager.restore(step, args=ocp.args.Composite(
+            meta=ocp.args.JsonRestore()))["meta"]
+      except Exception:  # pylint: disable=broad-except  # damaged: `restore` reports it
+        continue
+      return meta.get("config")
+    return None
+
   def save(self, step: int, state: Any, data_state: dict, *, force: bool = False) -> bool:
     """Saves if `step` is on the schedule (or `force`) and not saved yet; returns
     whether it saved."""

@@ -120,9 +120,14 @@ def test_resume_without_a_checkpoint_says_it_starts_over(tmp_path, monkeypatch, 
   from sao_jax.jobs import train
 
   started = []
-  monkeypatch.setattr(train, "run", lambda cfg, resume: started.append(resume) or {
-      "steps_done": 0, "stopped_by": "steps", "plot": ""})
-  train_cli.main(["--config", DEMO, "--set", f"run.run_dir={tmp_path / 'typo'}", "--resume"])
-  assert started == [True]
-  assert (f"--resume found no checkpoint in {tmp_path / 'typo' / 'checkpoints'}; starting from "
-          "step 0") in capsys.readouterr().err
+  monkeypatch.setattr(train, "run", lambda cfg, resume, log: started.append(
+      (cfg.run.resume, train.resume_decision(cfg, log))) or {
+          "steps_done": 0, "stopped_by": "steps", "plot": ""})
+  for flag, mode in ((["--resume"], "always"), (["--resume", "auto"], "auto")):
+    train_cli.main(["--config", DEMO, "--set", f"run.run_dir={tmp_path / 'typo'}", *flag])
+    assert started.pop() == (mode, False)
+    assert (f"run.resume={mode!r} found no checkpoint in {tmp_path / 'typo' / 'checkpoints'}; "
+            "starting from step 0") in capsys.readouterr().out
+  with pytest.raises(SystemExit) as exit_info:
+    train_cli.main(["--config", DEMO, "--resume", "sometimes"])
+  assert exit_info.value.code == 2 and "'auto'" in capsys.readouterr().err

@@ -76,7 +76,8 @@ def test_setup_dry_run(fake):
   assert ssh[5:8] == [*LOC, "--worker=all"]
   script = remote_script(ssh)
   assert 'sao_jax_venv/bin/python -m pip install --quiet "jax[tpu]==0.10.2"' in script
-  assert "sao_jax_venv/bin/python -m pip install --quiet -e sao_jax" in script
+  # The gcs extra: gcsfs, without which a gs:// checkpoint directory fails.
+  assert "sao_jax_venv/bin/python -m pip install --quiet -e 'sao_jax[gcs]'" in script
   assert "if [ ! -x sao_jax_venv/bin/python ]; then" in script
 
 
@@ -292,7 +293,7 @@ def test_setup_is_idempotent_on_every_worker(fake, tmp_path):
     calls = (fake.worker_home(i) / "python_calls.log").read_text().splitlines()
     assert sum(" -m venv sao_jax_venv" in c for c in calls) == 1, calls
     assert sum(c.endswith('-m pip install --quiet jax[tpu]==0.10.2') for c in calls) == 2, calls
-    assert sum(c.endswith("-m pip install --quiet -e sao_jax") for c in calls) == 2, calls
+    assert sum(c.endswith("-m pip install --quiet -e sao_jax[gcs]") for c in calls) == 2, calls
 
 
 def test_setup_stops_on_an_old_python(fake, tmp_path):
@@ -388,6 +389,24 @@ def test_run_relaunches_after_a_suspended_queued_resource(fake, tmp_path):
   assert calls[3] == create_argv("--spot")
   assert run_attempts(calls) == [0, 1]
   assert "slice preempted: re-creating it for relaunch 1 of 2" in result.stderr
+
+
+def test_relaunched_training_resumes_its_own_run(fake, tmp_path):
+  """Before: the identical command ran again without --resume, sao-train refused the
+  run directory ("already holds checkpoints") and the healthy slice counted as failed."""
+  result = fake.run("run.sh", "--relaunch", "2", "--", "sao-train", "--config", "c.py",
+                    RUN_NAME="r1", FAKE_SSH_RCS="255 0 0 0", FAKE_QR_STATES="SUSPENDED ACTIVE",
+                    SRC_DIR=str(empty_src(tmp_path)))
+  assert result.returncode == 0, result.stderr
+  runs = [remote_script(c) for c in fake.calls() if c[3] == "ssh" and "RELAUNCH_ATTEMPT=" in c[-1]]
+  assert len(runs) == 2
+  assert all("sao-train --config c.py --resume auto 2>&1" in script for script in runs)
+  # A program that says how to resume, or is not sao-train, is run as given.
+  for program, expected in ((["sao-train", "--resume"], "sao-train --resume 2>&1"),
+                            (["python", "other.py"], "python other.py 2>&1")):
+    [ssh] = dry_run_commands(fake.run("run.sh", "--relaunch", "1", "--", *program, DRY_RUN="1",
+                                      RUN_NAME="r2"))
+    assert expected in remote_script(ssh)
 
 
 def test_run_relaunches_after_a_preempted_node(fake, tmp_path):
