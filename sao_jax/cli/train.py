@@ -1,6 +1,6 @@
 """`sao-train`: train with SAO (or a baseline variant) as a config file says.
 
-  sao-train --config configs/demo_cpu.py [--set section.field=value ...] [--resume [MODE]]
+  sao-train --config configs/demo_cpu.py [--set section.field=value ...] [--resume MODE]
   sao-train --config configs/demo_cpu.py [--set ...] --check   # validate, print, exit
   sao-train --plot RUN_DIR        # redraw RUN_DIR/curves.png from its metrics.jsonl
 """
