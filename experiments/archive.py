@@ -94,6 +94,11 @@ def _unfinished_warm_starts(out: pathlib.Path) -> set[str]:
       # The warm-start a run started from, else the seed's (the runner's key for it).
       started = {_warm_name(d) for d in runs if (d / CONFIG_FILE).is_file()}
       unfinished |= started or {p.name for p in out.glob(f"warm_start/*-seed{seed}")}
+  # A started run that is not done needs its warm-start whether or not a manifest lists
+  # it: the runner writes the manifest only once some run has finished.
+  for config_path in out.glob(f"runs/*/*/{CONFIG_FILE}"):
+    if not _done(config_path.parent):
+      unfinished.add(_warm_name(config_path.parent))
   return unfinished
 
 

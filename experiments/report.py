@@ -243,7 +243,7 @@ def _stability(claim, manifest, groups, figure: pathlib.Path) -> tuple[str, list
     if name == subject:
       continue
     p = stats.fisher_fewer_collapses(sum(sao), len(sao), sum(counts), len(counts))
-    half = stats.AGREES if p < 0.05 else stats.INCONCLUSIVE
+    half = stats.AGREES if p < stats.ALPHA else stats.INCONCLUSIVE
     halves.append(half)
     other_low, other_high = stats.clopper_pearson(sum(counts), len(counts))
     sentences.append(

@@ -1,6 +1,7 @@
 """experiments.archive: runs survive the machine, and the claim resumes from them."""
 
 import json
+import shutil
 import subprocess
 
 import numpy as np
@@ -189,3 +190,19 @@ def test_archive_paths_that_are_files_are_named(tmp_path, capsys):
   with pytest.raises(SystemExit):
     archive.main(["restore", "--from", str(tmp_path / "box"), "--out", str(tmp_path / "taken")])
   assert "--out '" in capsys.readouterr().err
+
+
+def test_a_part_done_run_keeps_its_warm_start_whole_before_any_manifest(tmp_path):
+  """The runner writes claims/<claim>.json only once a run has finished; a session that
+  ends during the first run left a manifest-less --out whose warm-start was archived as
+  its record alone, and the run could not resume on another machine."""
+  made, box = tmp_path / "made", tmp_path / "box"
+  _claim6(made)
+  for path in (made / "claims").iterdir():
+    path.unlink()
+  for rel in ("runs/stability/grpo-seed0", "runs/stability/sao_stable-seed0",
+              "runs/stability/sao_stable-seed1"):
+    shutil.rmtree(made / rel)
+  archive.save(made, box)
+  assert (box / "warm_start" / "w1" / "policy" / "params.safetensors").is_file()
+  assert not (box / "warm_start" / "w0" / "policy").exists()  # no run of seed 0 started

@@ -157,3 +157,46 @@ def test_growth_compares_the_last_quarter_with_the_first():
                                                / np.median([1, 2, 3, 4]))
   assert math.isnan(stats.growth([1.0] * 7))  # too few points to split into quarters
   assert math.isnan(stats.growth([0.0] * 4 + [1.0] * 8))  # no first-quarter scale
+
+
+def test_clopper_pearson_matches_its_closed_forms_at_the_ends():
+  # k = 0: upper = 1 - (alpha/2)^(1/n); k = n: lower = (alpha/2)^(1/n).
+  assert stats.clopper_pearson(0, 8) == pytest.approx((0.0, 1 - 0.025 ** (1 / 8)))
+  assert stats.clopper_pearson(8, 8) == pytest.approx((0.025 ** (1 / 8), 1.0))
+  low, high = stats.clopper_pearson(3, 10)
+  assert low < 0.3 < high
+  with pytest.raises(ValueError, match=r"clopper_pearson\(9, 8\)"):
+    stats.clopper_pearson(9, 8)
+
+
+def test_wilcoxon_greater_is_the_exact_signed_rank_tail():
+  """By enumeration of the 2^n sign patterns: P(W+ >= observed) under H0."""
+  import itertools
+  differences = [0.3, -0.1, 0.25, 0.05, 0.4, -0.2]
+  ranks = np.argsort(np.argsort(np.abs(differences))) + 1
+  observed = sum(r for r, d in zip(ranks, differences) if d > 0)
+  tail = np.mean([sum(r for r, s in zip(ranks, signs) if s) >= observed
+                  for signs in itertools.product([0, 1], repeat=len(ranks))])
+  assert stats.wilcoxon_greater(differences) == pytest.approx(tail)
+  assert stats.wilcoxon_greater([0.1, 0.2, 0.3, 0.4, 0.5]) == pytest.approx(1 / 32)
+  assert math.isnan(stats.wilcoxon_greater([0.0, 0.0]))
+
+
+def test_fisher_fewer_collapses_is_the_hypergeometric_lower_tail():
+  from math import comb
+  # 1 of 8 vs 5 of 8 collapsed, 6 in all: P(X <= 1), X ~ Hypergeom(16, 6, 8).
+  tail = sum(comb(6, k) * comb(10, 8 - k) for k in (0, 1)) / comb(16, 8)
+  assert stats.fisher_fewer_collapses(1, 8, 5, 8) == pytest.approx(tail)
+  assert stats.fisher_fewer_collapses(5, 8, 1, 8) > 0.9  # the wrong direction
+
+
+def test_minimum_detectable_difference_follows_the_t_power_formula():
+  from scipy import stats as scipy_stats
+  differences = [0.1, -0.2, 0.3, 0.05, -0.1]
+  sd = np.std(differences, ddof=1)
+  expected = (scipy_stats.t.ppf(0.975, 4) + scipy_stats.t.ppf(0.8, 4)) * sd / math.sqrt(5)
+  assert stats.minimum_detectable_difference(differences) == pytest.approx(expected)
+  # The issue's figure: 5 seeds, paired SD 0.21 -> about 0.35.
+  assert stats.minimum_detectable_difference(
+      [0.21 * x for x in (1.2649, -1.2649, 0.6325, -0.6325, 0.0)]) == pytest.approx(0.35, abs=0.01)
+  assert math.isnan(stats.minimum_detectable_difference([0.1]))
