@@ -7,7 +7,7 @@ The CPU demo's task and model (`configs/demo_cpu.py`: tool-integrated
 arithmetic, difficulty 1, up to 3 turns, a 0.36M-parameter Qwen3-style
 model, batch 16 trajectories, policy lr 1e-4 with a 5-step lr warm-up, 3
 critic warm-up steps), with most demonstrations from the careless expert who
-answers at once with the question's first number (`env.demo_guess_rate =
+answers at once with the question's first number (`env.options.demo_guess_rate =
 GUESS_RATE`, chosen by the one-seed pilot recorded in
 `experiments/e1_single_vs_group.py`), so that the warm-start calls the tool, and
 so earns a reward, on only a small share of its sampled episodes: sampled
@@ -41,7 +41,8 @@ def get_config() -> Config:
   base = load_config(DEMO)
   return dataclasses.replace(
       base, name="exp_weak_start", algorithm=AlgorithmConfig.for_variant("sao"),
-      env=dataclasses.replace(base.env, demo_guess_rate=GUESS_RATE),
+      env=dataclasses.replace(base.env,
+                              options={**base.env.options, "demo_guess_rate": GUESS_RATE}),
       learner=dataclasses.replace(base.learner, steps=STEPS),
       run=dataclasses.replace(base.run, run_dir="runs/exp_weak_start", sft_steps=SFT_STEPS,
                               sft_batch=SFT_BATCH, eval_every=STEPS, eval_episodes=256),

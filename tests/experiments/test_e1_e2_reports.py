@@ -125,7 +125,7 @@ def test_e1_setting_compares_the_stable_sao_with_grpo_at_equal_trajectories():
   from experiments import runner
   from sao_jax.config import load_config
   cfg = load_config(runner.setting_path("weak_start"))
-  assert cfg.env.demo_guess_rate > 0.5 and cfg.run.eval_episodes >= 256
+  assert cfg.env.options["demo_guess_rate"] > 0.5 and cfg.run.eval_episodes >= 256
   sao, grpo = (load_config(runner.setting_path("weak_start"), runner.variant_overrides(
       cfg, e1.claims_lib.VARIANTS[name])) for name in e1.EXPERIMENT.variants)
   assert sao.algorithm.variant == "sao_centered_gated" and grpo.algorithm.variant == "grpo"

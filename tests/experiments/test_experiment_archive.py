@@ -1,5 +1,6 @@
 """experiments.archive: runs survive the machine, and the claim resumes from them."""
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -7,8 +8,10 @@ import subprocess
 import numpy as np
 import pytest
 
-from experiments import archive, claims, report, runner, runs as runs_lib, warm_start
 from sao_jax.config import load_config
+from sao_jax.models import params_io
+
+from experiments import archive, claims, report, runner, runs as runs_lib, warm_start
 from synthetic_runs import write_manifest, write_run
 
 STEPS = 30
@@ -136,6 +139,10 @@ def test_a_restored_part_done_run_resumes_from_its_checkpoint(tmp_path, monkeypa
   (warm / warm_start.DONE_FILE).write_text("{}")
   (warm / "policy").mkdir()
   (warm / "policy" / "params.safetensors").write_bytes(b"w" * 10)
+  # The params directory's model config, as sao-convert writes it: run.init must name a
+  # loadable checkpoint of the setting's architecture (config.init_model).
+  (warm / "policy" / params_io.CONFIG_FILE).write_text(
+      json.dumps({**dataclasses.asdict(cfg.model), "head": "lm"}))
   (warm / "tokenizer.json").write_text("{}")
   run_dir = made / "runs" / "stability" / "grpo-seed0"
   (run_dir / "checkpoints" / "3").mkdir(parents=True)  # killed mid-invocation: no state yet
