@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from typing import Any, Mapping
 
@@ -81,6 +82,15 @@ LEGACY_OPTIONS = {
 }
 
 
+class Options(dict):
+  """`env.options`: a mapping that hashes by its contents, so a `Config` holding it
+  stays hashable (jitted steps take the config as a static argument). Treat it as
+  read-only: a config is frozen, and its hash must not change."""
+
+  def __hash__(self) -> int:  # type: ignore[override]
+    return hash(json.dumps(self, sort_keys=True, default=repr))
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EnvConfig:
   """Which environment and task source, and what every environment shares
@@ -136,6 +146,10 @@ class EnvConfig:
   judge_timeout_s: float = 30.0  # deprecated: env.options.judge_timeout_s (style)
   judge_retries: int = 2  # deprecated: env.options.judge_retries (style)
   judge_max_tokens: int = JUDGE_MAX_TOKENS  # deprecated: env.options.judge_max_tokens (style)
+
+  def __post_init__(self):
+    if isinstance(self.options, Mapping) and not isinstance(self.options, Options):
+      object.__setattr__(self, "options", Options(self.options))  # hashable (Options)
 
   @property
   def resolved_task_source(self) -> str:
