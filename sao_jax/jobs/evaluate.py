@@ -223,28 +223,34 @@ def transcripts_path(cfg: Config, step: int) -> pathlib.Path:
   return pathlib.Path(cfg.run.run_dir) / "eval" / f"episodes_step_{step}.jsonl"
 
 
-def restore_state(cfg: Config, step: int | None = None):
+def restore_state(cfg: Config, step: int | None = None, mesh: jax.sharding.Mesh | None = None):
   """(train state, meta) of checkpoint `step` (default: the latest) of the run `cfg`
-  describes, on one device; under LoRA the frozen base (not in checkpoints) is
-  reloaded from `run.init`."""
+  describes, sharded over `mesh` as the learner shards it (default: one device);
+  under LoRA the frozen base (not in checkpoints) is reloaded from `run.init`."""
+  from sao_jax.learner import compile as compile_lib
   from sao_jax.learner import state as state_lib
   from sao_jax.models.value import value_params_from_policy
   from sao_jax.run import bootstrap
   from sao_jax.run.checkpoint import Checkpointer
 
   cfg = cfg.with_run_paths().validate()
+  abstract = state_lib.abstract_state(cfg)
+  if mesh is None:
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    shardings = jax.tree.map(lambda _: device, abstract)
+  else:
+    shardings = compile_lib.state_shardings(cfg, mesh)
+  abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                          abstract, shardings)
   checkpointer = Checkpointer(cfg)
   try:
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
-                            state_lib.abstract_state(cfg))
     state, _, meta = checkpointer.restore(state_lib.checkpointed(cfg, abstract), step)
   finally:
     checkpointer.close()
   if cfg.lora.enabled:
     base = bootstrap.initial_policy(cfg)
     fresh = state_lib.state_from_params(cfg, base, value_params_from_policy(base, cfg.model))
-    state = state_lib.with_frozen_parts(cfg, state, fresh)
+    state = state_lib.with_frozen_parts(cfg, state, jax.device_put(fresh, shardings))
   return state, meta
 
 
@@ -252,14 +258,22 @@ def evaluate_checkpoint(cfg: Config, step: int | None = None, *,
                         limit: int | None = None) -> dict:
   """`benchmark` of the policy in checkpoint `step` (default: the latest) of the run
   `cfg` describes (under LoRA, the base merged with the checkpoint's adapters), with
-  the run's own tokenizer and chat format; what `sao-eval` reports."""
+  the run's own tokenizer and chat format; what `sao-eval` reports. The checkpoint
+  is restored sharded over `cfg.mesh` (the whole train state, then all but the
+  policy dropped) and the engine shards over the sampler mesh."""
   from sao_jax.learner.state import policy_weights
+
+  from sao_jax.sharding.mesh import make_mesh
 
   cfg = cfg.with_run_paths().validate()
   chat = load_chat(cfg.run.tokenizer_file, enable_thinking=cfg.run.enable_thinking)
-  state, meta = restore_state(cfg, step)
+  # Sharded over the learner's mesh, as training held it: no one device holds it all.
+  state, meta = restore_state(cfg, step, make_mesh(cfg.mesh))
   version = int(state.policy_version)
-  result = benchmark(cfg, chat, policy_weights(cfg, state), version=version, limit=limit)
+  policy = policy_weights(cfg, state)
+  del state  # the critic and optimizer states, before the engine allocates its KV cache
+  result = benchmark(cfg, chat, policy, version=version, limit=limit,
+                     mesh=make_mesh(cfg.sampler_mesh()))
   return {"step": meta["step"], "policy_version": version, **result}
 
 

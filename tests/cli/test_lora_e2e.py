@@ -32,9 +32,9 @@ def test_lora_run_syncs_adapters_only(tmp_path, monkeypatch):
   published, templates = [], []
   make_publisher = weights.make_publisher
 
-  def recording_publisher(sampler_cfg, template, *args, **kwargs):
+  def recording_publisher(sampler_cfg, template, *rest):  # rest: the run secret
     templates.append(template)
-    publisher = make_publisher(sampler_cfg, template, *args, **kwargs)
+    publisher = make_publisher(sampler_cfg, template, *rest)
     publish = publisher.publish
 
     def record(params, version):
