@@ -3,8 +3,8 @@
 
 A key is a fixed name (`policy/loss`) or a pattern whose `<placeholder>` stands for
 one path segment (`staleness/lag_<k>`, `weights/errors/<reason>`) or, as the last
-segment of `dropped/<reason>`, the rest of the key. `describe(key)` finds a key's
-entry; tests check that every key the learner step, the host-side batch metrics, the
+segment of `dropped/<reason>` and the per-source keys (`REST_OF_KEY`), the rest of
+the key. `describe(key)` finds a key's entry; tests check that every key the learner step, the host-side batch metrics, the
 SFT warm-start and the evaluations write has one (tests/docs/test_reference.py, and
 the end-to-end run in tests/cli/test_train_e2e.py).
 
@@ -29,6 +29,11 @@ EVAL = "every held-out evaluation (run.eval_every; before and after SFT)"
 SFT = "every SFT warm-start step (negative step numbers)"
 
 
+# Patterns whose last placeholder takes the rest of the key: a drop reason
+# (env_failure/<kind>) or a data source name may hold slashes.
+REST_OF_KEY = ("dropped/", "reward/source/", "eval/source/")
+
+
 @dataclasses.dataclass(frozen=True)
 class MetricDoc:
   key: str  # the key, or a pattern with <placeholders>
@@ -43,7 +48,7 @@ class MetricDoc:
     for index, part in enumerate(parts):
       if part.startswith("<"):
         last = index == len(parts) - 2 and not parts[-1]
-        regex += ".+" if last and self.key.startswith("dropped/") else "[^/]+"
+        regex += ".+" if last and self.key.startswith(REST_OF_KEY) else "[^/]+"
       else:
         regex += re.escape(part)
     return re.compile(regex + r"\Z")
@@ -167,6 +172,19 @@ METRICS: tuple[MetricDoc, ...] = (
               "at max_new_tokens / max_seq_len"),
     MetricDoc("episodes/tool_call_frac", "fraction", HOST,
               "share of episodes in which the environment ran a tool"),
+    MetricDoc("reward/source/<source>", "reward", HOST,
+              "mean final reward of the batch's episodes whose task names this data source "
+              "(a dataset's data_source column; at most 32 sources)"),
+    MetricDoc("episodes/metric/<name>", "as reported", HOST,
+              "mean of a number the environment or env.reward_fn reported beside the reward "
+              "(StepResult.info, or the reward function's mapping), over the episodes that "
+              "report it"),
+    MetricDoc("weights/sampler_waits", "count", HOST,
+              "weight-channel network faults (timeouts, resets) the samplers waited out, as "
+              "reported with this batch's trajectories"),
+    MetricDoc("weights/sampler_errors", "count", HOST,
+              "weight-channel peer errors and refused (forged, replayed, stale) versions the "
+              "samplers counted, as reported with this batch's trajectories"),
     MetricDoc("dropped/<reason>", "count", HOST,
               "trajectories dropped so far, by reason (cumulative): stale, future_version, "
               "too_long, prompt_id_out_of_range, writer_died, env_failure/<exception type> "
@@ -177,6 +195,8 @@ METRICS: tuple[MetricDoc, ...] = (
     # Evaluation.
     MetricDoc("eval/accuracy", "fraction", EVAL,
               "held-out accuracy: mean final reward of greedy episodes that did not fail"),
+    MetricDoc("eval/source/<source>", "fraction", EVAL,
+              "held-out accuracy over the tasks of one data source"),
     MetricDoc("eval/failures", "count", EVAL,
               "held-out episodes the environment could not judge"),
     MetricDoc("eval/mean_turns", "turns", EVAL, "mean assistant turns per held-out episode"),
