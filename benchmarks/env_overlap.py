@@ -72,7 +72,7 @@ def measure(mode: str, args, engine, chat) -> dict:
   runner = EpisodeRunner(engine, chat, make_env, max_episodes=max_episodes,
                          env_threads=max_episodes, overlap=mode != "blocking",
                          log=lambda text: None)
-  tokens_before = engine.stats["sampled_tokens"]
+  before = dict(engine.stats)
   finished = started = 0
   begin = time.perf_counter()
   try:
@@ -86,10 +86,14 @@ def measure(mode: str, args, engine, chat) -> dict:
     wall = time.perf_counter() - begin
   finally:
     runner.close()
+  stats = {key: engine.stats[key] - before.get(key, 0) for key in engine.stats}
   return {"mode": mode, "seconds": round(wall, 1), "episodes": finished,
-          "episodes_per_s": finished / wall,
-          "tokens_per_s": (engine.stats["sampled_tokens"] - tokens_before) / wall,
-          "env_wait_fraction": runner.env_wait_s / wall}
+          "episodes_per_s": finished / wall, "tokens_per_s": stats["sampled_tokens"] / wall,
+          "env_wait_fraction": runner.env_wait_s / wall,
+          # Sampled tokens per slot-step of decoding: the share of slots doing useful work.
+          "occupancy": stats["sampled_tokens"] / max(stats["decode_steps"] * args.slots, 1),
+          "decode_calls_per_s": stats["decode_calls"] / wall,
+          "prefill_calls_per_s": stats["prefill_calls"] / wall}
 
 
 def main() -> None:
@@ -125,7 +129,9 @@ def main() -> None:
     run = runs[mode]
     print(f"{mode:>9}: {run['episodes']:4d} episodes in {run['seconds']} s, "
           f"{run['episodes_per_s']:.2f} episodes/s, {run['tokens_per_s']:.0f} sampled tokens/s, "
-          f"waiting on environments {run['env_wait_fraction']:.1%} of the time", flush=True)
+          f"waiting on environments {run['env_wait_fraction']:.1%} of the time; "
+          f"{run['decode_calls_per_s']:.1f} decode and {run['prefill_calls_per_s']:.1f} prefill "
+          f"calls/s, slot occupancy {run['occupancy']:.0%}", flush=True)
   overlap, instant, blocking = runs["overlap"], runs["instant"], runs["blocking"]
   if not blocking["episodes"]:
     raise SystemExit("the blocking runner finished no episode: raise --seconds")
