@@ -20,6 +20,11 @@ blocking's; `engine_idle_on_env_fraction` = the share of overlap's wall time
 the runner sat waiting on environments with nothing to decode.
 
     .venv/bin/python benchmarks/env_overlap.py [--quick]
+
+Measured (2 loaded cores, 40 s per run, defaults): instant 2813 sampled tokens/s,
+overlap 2792 (27.3 episodes/s, never waiting on an environment), blocking 71
+(0.75 episodes/s, waiting 97.9% of the time): RESULT decode_ratio 0.993,
+episodes_per_s_vs_blocking 36.5, engine_idle_on_env_fraction 0.0.
 """
 
 from __future__ import annotations
@@ -101,7 +106,7 @@ def main() -> None:
   parser.add_argument("--seconds", type=float, default=60.0, help="wall time per run")
   parser.add_argument("--quick", action="store_true", help="20 s per run")
   parser.add_argument("--slots", type=int, default=16)
-  parser.add_argument("--episodes-per-slot", type=int, default=8)
+  parser.add_argument("--episodes-per-slot", type=int, default=24)
   parser.add_argument("--turns", type=int, default=3)
   parser.add_argument("--median-s", type=float, default=0.5)
   parser.add_argument("--p99-s", type=float, default=10.0)
