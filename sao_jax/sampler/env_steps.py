@@ -10,13 +10,17 @@
 `collect` at its next step. The pool is built for environments that misbehave:
 
 - At most `workers` steps run at once; the others wait in submission order
-  (`backlog`). Each step runs on a daemon thread of its own, started when a
-  worker is free (a thread costs ~0.1 ms, a tool call milliseconds to seconds).
+  (`backlog`). The threads are daemon threads kept between steps, started as
+  needed up to `workers`: a thread per step would pay `Thread.start`, which
+  waits for the new thread to be scheduled, on the runner's thread (measured:
+  ~10 ms each on a loaded 2-core host, a third of the decode loop's time in
+  benchmarks/env_overlap.py).
 - A step that has run for more than `timeout_s` (counted from when it started,
   not from when it was queued) is *abandoned*: `collect` returns a
   `StepTimeout` for it and its worker is free at once. A Python thread cannot be
-  killed, so the abandoned thread runs on until its step returns (its result is
-  then dropped); `abandoned` counts them, and `stuck` says how many still run.
+  killed, so the abandoned thread leaves the pool (a new one takes its place)
+  and runs on until its step returns (its result is then dropped, the thread
+  ends); `abandoned` counts them, and `stuck` says how many still run.
   Steps that can hang for good (an uninterruptible C call) belong in a process
   the environment can kill (the sandbox, the math checker's child).
 - An exception raised by a step is its outcome (the caller fails that episode);
@@ -54,9 +58,16 @@ class EnvSteps:
       raise ValueError(f"timeout_s={timeout_s!r}: expected seconds >= 0 (0: no timeout)")
     self.workers, self.timeout_s, self._clock = workers, float(timeout_s), clock
     self._waiting: collections.deque[tuple[Hashable, Callable[[], Any]]] = collections.deque()
-    self._running: dict[Hashable, tuple[int, float, threading.Thread]] = {}  # key -> (ticket, start, thread)
+    self._running: dict[Hashable, tuple[int, float]] = {}  # key -> (ticket, start)
+    self._work: queue.SimpleQueue = queue.SimpleQueue()  # (ticket, key, step) or None: exit
     self._done: queue.SimpleQueue = queue.SimpleQueue()  # (key, ticket, outcome, is_base)
-    self._abandoned_threads: list[threading.Thread] = []
+    self._threads: list[threading.Thread] = []  # started, not retired
+    self._stuck: dict[int, threading.Thread] = {}  # abandoned ticket -> the thread running it
+    # Which thread runs which ticket, and the tickets abandoned before any thread took
+    # them; shared with the step threads, under the lock.
+    self._lock = threading.Lock()
+    self._ticket_thread: dict[int, threading.Thread] = {}
+    self._cancelled: set[int] = set()
     self._tickets = 0
     self.abandoned = 0  # steps given up on (timed out, or still running at close)
 
@@ -72,9 +83,8 @@ class EnvSteps:
 
   @property
   def stuck(self) -> int:
-    """Abandoned steps whose threads still run."""
-    self._abandoned_threads = [t for t in self._abandoned_threads if t.is_alive()]
-    return len(self._abandoned_threads)
+    """Abandoned steps whose threads still run them."""
+    return len(self._stuck)
 
   def submit(self, key: Hashable, step: Callable[[], Any]) -> None:
     """Queues `step()` for `key` (one step per key at a time)."""
@@ -93,29 +103,26 @@ class EnvSteps:
       out = self._drain(block=True, timeout=left)
     return out
 
-  def cancel(self, key: Hashable) -> None:
-    """Drops `key`'s step: unstarted it never runs, running it is abandoned."""
-    self._waiting = collections.deque((k, s) for k, s in self._waiting if k != key)
-    if key in self._running:
-      self._abandon(key)
-      self._dispatch()
-
   def close(self, grace_s: float = 5.0) -> list[Hashable]:
     """Drops unstarted steps, waits up to `grace_s` for running ones, abandons the
-    rest; returns the keys abandoned (their threads still run)."""
+    rest and ends the idle threads; returns the keys abandoned (their threads run on)."""
     self._waiting.clear()
     end = self._clock() + grace_s
-    for key, (_, _, thread) in list(self._running.items()):
-      thread.join(max(end - self._clock(), 0.0))
-    stuck = [key for key, (_, _, thread) in self._running.items() if thread.is_alive()]
-    for key in stuck:
-      self._abandon(key)
-    self._running.clear()  # the others returned in the grace: their outcomes are dropped
-    while True:  # what finished is dropped
+    while self._running and self._clock() < end:
       try:
-        self._done.get_nowait()
+        key, ticket, _, _ = self._done.get(timeout=max(end - self._clock(), 0.0))
       except queue.Empty:
         break
+      if self._running.get(key, (None,))[0] == ticket:
+        del self._running[key]  # returned in the grace: its outcome is dropped
+    stuck = list(self._running)
+    for key in stuck:
+      self._abandon(key)
+    for _ in self._threads:
+      self._work.put(None)
+    for thread in self._threads:
+      thread.join(max(end - self._clock(), 0.1))
+    self._threads = []
     return stuck
 
   # ---- internals ----
@@ -124,26 +131,43 @@ class EnvSteps:
     while self._waiting and len(self._running) < self.workers:
       key, step = self._waiting.popleft()
       self._tickets += 1
-      ticket = self._tickets
-      thread = threading.Thread(target=self._run, args=(key, ticket, step), daemon=True,
-                                name=f"{THREAD_NAME}-{ticket}")
-      self._running[key] = (ticket, self._clock(), thread)
-      thread.start()
+      self._running[key] = (self._tickets, self._clock())
+      if len(self._threads) < len(self._running):  # no idle thread: start one
+        thread = threading.Thread(target=self._serve, daemon=True,
+                                  name=f"{THREAD_NAME}-{self._tickets}")
+        self._threads.append(thread)
+        thread.start()
+      self._work.put((self._tickets, key, step))
 
-  def _run(self, key: Hashable, ticket: int, step: Callable[[], Any]) -> None:
-    try:
-      outcome, is_base = step(), False
-    except Exception as error:  # the episode's failure, handed to the caller
-      outcome, is_base = error, False
-    except BaseException as error:  # KeyboardInterrupt, SystemExit: the caller's
-      outcome, is_base = error, True
-    self._done.put((key, ticket, outcome, is_base))
+  def _serve(self) -> None:
+    """A step thread: runs steps until told to exit, or until its step is abandoned."""
+    me = threading.current_thread()
+    while (item := self._work.get()) is not None:
+      ticket, key, step = item
+      with self._lock:
+        if ticket in self._cancelled:
+          self._cancelled.discard(ticket)
+          continue
+        self._ticket_thread[ticket] = me
+      try:
+        outcome, is_base = step(), False
+      except Exception as error:  # the episode's failure, handed to the caller
+        outcome, is_base = error, False
+      except BaseException as error:  # KeyboardInterrupt, SystemExit: the caller's
+        outcome, is_base = error, True
+      with self._lock:
+        del self._ticket_thread[ticket]
+        retired = self._stuck.pop(ticket, None) is not None
+      self._done.put((key, ticket, outcome, is_base))
+      if retired:
+        return  # abandoned: a replacement took this thread's place
 
   def _drain(self, *, block: bool, timeout: float | None = None) -> list[tuple[Hashable, Any]]:
     out, base = [], None
     while True:
       try:
-        key, ticket, outcome, is_base = (self._done.get(timeout=timeout) if block and not out
+        first = block and not out and base is None
+        key, ticket, outcome, is_base = (self._done.get(timeout=timeout) if first
                                          else self._done.get_nowait())
       except queue.Empty:
         break
@@ -164,13 +188,13 @@ class EnvSteps:
   def _next_deadline(self) -> float | None:
     if not self.timeout_s or not self._running:
       return None
-    return min(start for _, start, _ in self._running.values()) + self.timeout_s
+    return min(start for _, start in self._running.values()) + self.timeout_s
 
   def _expire(self) -> list[tuple[Hashable, StepTimeout]]:
     if not self.timeout_s:
       return []
     now, out = self._clock(), []
-    for key, (_, start, _) in list(self._running.items()):
+    for key, (_, start) in list(self._running.items()):
       if now - start >= self.timeout_s:
         self._abandon(key)
         out.append((key, StepTimeout(f"the environment step ran past env.step_timeout_s="
@@ -179,6 +203,14 @@ class EnvSteps:
     return out
 
   def _abandon(self, key: Hashable) -> None:
-    _, _, thread = self._running.pop(key)
+    """Gives up on `key`'s running step: its thread leaves the pool (it exits once the
+    step returns) and the next dispatch starts a replacement."""
+    ticket, _ = self._running.pop(key)
     self.abandoned += 1
-    self._abandoned_threads.append(thread)
+    with self._lock:
+      thread = self._ticket_thread.get(ticket)
+      if thread is None:  # no thread took it yet (or it just returned): never run it
+        self._cancelled.add(ticket)
+        return
+      self._stuck[ticket] = thread
+    self._threads.remove(thread)

@@ -75,6 +75,10 @@ class ScriptedEngine:
     return [engine_lib.Turn(episode_id, np.asarray(ids, np.int32),
                             np.full(len(ids), -0.5, np.float32), "stop_token", (0, 0))]
 
+  @property
+  def busy(self):
+    return "queued" in self.episode
+
   def room(self, episode_id):
     return 1 << 30
 

@@ -7,16 +7,19 @@ answers make that explode: `2^{+99999999999}`, `(99999999)!`, a power of a
 power. math-verify bounds its own work with `signal.alarm`, which works only on
 the main thread (elsewhere its timeouts are off and such an answer runs
 forever) and cannot interrupt one long C-level operation (a bigint multiply).
-No pattern list catches every such answer, so the work runs in one long-lived
-child interpreter per process instead:
+No pattern list catches every such answer, so the work runs in a small pool of
+long-lived child interpreters (`_POOL_SIZE` per process, started as needed)
+instead:
 
 - the child runs math-verify on its main thread, with math-verify's own
   `timeout_s` per parse and per comparison, under `RLIMIT_AS = _MEMORY_BYTES`
   (a memory bomb is a `MemoryError` there, i.e. incorrect);
 - the caller waits at most `deadline_s` for the verdict, then SIGKILLs the child
   and answers False (the answer made the checker stall: it is not accepted); the
-  next call starts a fresh child;
-- calls from several threads take turns (one lock), each within its deadline.
+  next call on that pool slot starts a fresh child;
+- calls from several threads (the sampler's environment step threads) each take
+  a free child, so one stalling answer holds one child, not every episode's
+  check; with all `_POOL_SIZE` busy, a call waits for the first to be free.
 
 The verdict is None when math-verify cannot parse one side (the caller then
 falls back to its own comparison). A child that cannot start raises
@@ -27,10 +30,10 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import select
 import subprocess
 import sys
-import threading
 import time
 
 _MEMORY_BYTES = 2 << 30
@@ -57,38 +60,59 @@ for line in sys.stdin:
   sys.stdout.flush()
 ''' % {"memory": _MEMORY_BYTES}
 
-_lock = threading.Lock()
-_child: subprocess.Popen | None = None
+# Children per process: each holds sympy (~100 MB); a few let checks overlap
+# without one stalling answer holding the rest.
+_POOL_SIZE = min(4, os.cpu_count() or 1)
+
+
+class _Slot:
+  """One pool place: its child, or None until a call starts one."""
+
+  child: subprocess.Popen | None = None
+
+
+def _new_pool(size: int = _POOL_SIZE) -> queue.LifoQueue:
+  pool = queue.LifoQueue()  # last in, first out: warm children are reused first
+  for _ in range(size):
+    pool.put(_Slot())
+  return pool
+
+
+_free = _new_pool()
 
 
 def start() -> None:
-  """Starts the child unless it runs (environments call it when built, so that a
+  """Starts a child unless one runs (environments call it when built, so that a
   missing math-verify fails at startup, not in every episode)."""
-  with _lock:
-    _running()
+  slot = _free.get()
+  try:
+    _running(slot)
+  finally:
+    _free.put(slot)
 
 
 def verify(predicted: str, gold: str, *, timeout_s: float, deadline_s: float) -> bool | None:
   """math-verify's verdict on `predicted` against `gold` (module docstring)."""
-  global _child
-  with _lock:
-    child = _running()
+  slot = _free.get()  # blocks while every child is busy
+  try:
+    child = _running(slot)
     request = json.dumps({"predicted": predicted, "gold": gold, "timeout_s": timeout_s})
     try:
       os.write(child.stdin.fileno(), (request + "\n").encode())
       return _read_verdict(child, time.monotonic() + deadline_s)
     except (OSError, TimeoutError, ValueError):  # stalled, died, or an unreadable reply
       _stop(child)
-      _child = None
+      slot.child = None
       return False
+  finally:
+    _free.put(slot)
 
 
-def _running() -> subprocess.Popen:
-  """The child, started if none runs; the caller holds `_lock`."""
-  global _child
-  if _child is None:
-    _child = _start()
-  return _child
+def _running(slot: _Slot) -> subprocess.Popen:
+  """The slot's child, started if none runs; the caller holds the slot."""
+  if slot.child is None:
+    slot.child = _start()
+  return slot.child
 
 
 def _start() -> subprocess.Popen:

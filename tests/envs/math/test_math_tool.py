@@ -290,8 +290,23 @@ def test_a_checker_past_its_deadline_is_killed_and_replaced():
   assert checker.verify("0.5", "1/2", timeout_s=5, deadline_s=60) is True
 
 
+@pytest.mark.slow
+def test_a_stalling_answer_holds_one_checker_not_every_check(monkeypatch):
+  """The checker was one process under a lock: an explosive answer held every
+  episode's check for its whole deadline. With a pool, another check is answered
+  while it stalls."""
+  monkeypatch.setattr(checker, "_free", checker._new_pool(2))
+  stalled = threading.Thread(daemon=True, target=lambda: checker.verify(
+      "2^{+99999999999}", "42", timeout_s=60, deadline_s=20))
+  stalled.start()
+  time.sleep(0.5)  # it holds a child first
+  assert checker.verify("0.5", "1/2", timeout_s=5, deadline_s=60) is True
+  assert stalled.is_alive()  # answered while the other check still stalls
+  stalled.join(60)
+
+
 def test_a_checker_that_cannot_start_is_named_when_the_environment_is_built(monkeypatch):
-  monkeypatch.setattr(checker, "_child", None)
+  monkeypatch.setattr(checker, "_free", checker._new_pool())
   monkeypatch.setattr(checker, "_CHILD", "raise SystemExit(3)")  # as when math-verify is missing
   with pytest.raises(RuntimeError, match="math answer checker .* did not start: the checker exited"):
     make_env()
