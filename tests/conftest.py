@@ -109,3 +109,32 @@ def _one_tpu_compile_at_a_time(request):
       yield
     finally:
       fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@pytest.fixture
+def emulated_gcs():
+  """gs:// served by an in-memory fsspec filesystem standing in for gcsfs (which the
+  test machines do not install), for epath (which asks fsspec for "gcs") and fsspec;
+  yields that filesystem."""
+  import fsspec
+  from etils.epath import backend
+  from fsspec.implementations.memory import MemoryFileSystem
+  from fsspec.registry import _registry
+
+  class Bucket(MemoryFileSystem):
+    protocol = ("gcs", "gs")
+    root_marker = ""
+
+    def __init__(self, *args, finalize_on_close=False, **kwargs):  # gcsfs' option, epath passes it
+      del finalize_on_close
+      super().__init__(*args, **kwargs)
+
+  for name in Bucket.protocol:
+    fsspec.register_implementation(name, Bucket, clobber=True)
+  backend.fsspec_backend._get_filesystem.cache_clear()  # pylint: disable=protected-access
+  Bucket.store.clear()
+  yield Bucket()
+  for name in Bucket.protocol:
+    _registry.pop(name, None)
+  backend.fsspec_backend._get_filesystem.cache_clear()  # pylint: disable=protected-access
+  Bucket.store.clear()

@@ -8,7 +8,6 @@ import typing
 import fsspec
 import jax.numpy as jnp
 import pytest
-from fsspec.implementations.memory import MemoryFileSystem
 
 from sao_jax import storage
 from sao_jax.config import apply_overrides, load_config
@@ -78,32 +77,6 @@ def test_resume_differences_reads_tuples_as_the_json_lists_saved():
   assert train.resume_differences(saved, cfg) == []
   saved["model"]["mlp_only_layers"] = [1]
   assert train.resume_differences(saved, cfg) == ["model.mlp_only_layers: checkpoint [1], now []"]
-
-
-class _Bucket(MemoryFileSystem):
-  """An in-memory filesystem standing in for gcsfs under the gs:// scheme."""
-  protocol = ("gcs", "gs")
-  root_marker = ""
-
-  def __init__(self, *args, finalize_on_close=False, **kwargs):  # gcsfs' option, epath passes it
-    del finalize_on_close
-    super().__init__(*args, **kwargs)
-
-
-@pytest.fixture
-def emulated_gcs():
-  """gs:// served by `_Bucket` for epath (which asks fsspec for "gcs") and fsspec."""
-  from etils.epath import backend
-  from fsspec.registry import _registry
-  for name in _Bucket.protocol:
-    fsspec.register_implementation(name, _Bucket, clobber=True)
-  backend.fsspec_backend._get_filesystem.cache_clear()  # pylint: disable=protected-access
-  _Bucket.store.clear()
-  yield _Bucket()
-  for name in _Bucket.protocol:
-    _registry.pop(name, None)
-  backend.fsspec_backend._get_filesystem.cache_clear()  # pylint: disable=protected-access
-  _Bucket.store.clear()
 
 
 def test_a_bucket_checkpoint_directory_is_looked_up_in_the_bucket(tmp_path, emulated_gcs):

@@ -47,7 +47,7 @@ def test_one_host_loads_every_row_of_its_devices():
     distributed.global_batch({k: v[:4] for k, v in batch.items()}, shardings, batch_size=8)
 
 
-def test_storage_path_keeps_bucket_urls(tmp_path, monkeypatch):
+def test_storage_path_keeps_bucket_urls(tmp_path, monkeypatch, emulated_gcs):
   assert str(storage.storage_path("gs://bucket/run")) == "gs://bucket/run"
   assert str(storage.storage_path("gs://bucket/run") / "7") == "gs://bucket/run/7"
   monkeypatch.chdir(tmp_path)
@@ -68,7 +68,7 @@ class FakeManager:
     pass
 
 
-def test_bucket_urls_reach_orbax_intact(monkeypatch):
+def test_bucket_urls_reach_orbax_intact(monkeypatch, emulated_gcs):
   monkeypatch.setattr(checkpoint.ocp, "CheckpointManager", FakeManager)
   # The weights publisher lists the bucket itself (earlier versions, signed heads).
   listed = []

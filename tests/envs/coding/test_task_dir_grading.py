@@ -183,11 +183,11 @@ def test_forgeable_grading_is_an_explicit_opt_in(tmp_path):
   # Graded in the agent's interpreter, as before: the fix passes, and so does a forgery.
   assert submit_with(task, "def add(a, b):\n    return a + b\n").reward == 1.0
   assert submit_with(task, FORGERIES["always_equal_return"]).reward == 1.0
-  config = EnvConfig(name="coding", task_source="dir", coding_task_dir=str(tmp_path))
+  config = EnvConfig(name="coding", task_source="dir", options={"task_dir": str(tmp_path)})
   with pytest.raises(ValueError, match="allow_forgeable_grading"):
     next(registry.make_tasks(config))
-  allowed = EnvConfig(name="coding", task_source="dir", coding_task_dir=str(tmp_path),
-                      allow_forgeable_grading=True)
+  allowed = EnvConfig(name="coding", task_source="dir",
+                      options={"task_dir": str(tmp_path), "allow_forgeable_grading": True})
   assert next(registry.make_tasks(allowed)).metadata["forgeable_grading"]
 
 
