@@ -12,7 +12,10 @@ from __future__ import annotations
 import json
 import pathlib
 
+import numpy as np
 import tokenizers
+
+from sao_jax.sampler import engine as engine_lib
 
 TEMPLATES = pathlib.Path(__file__).parent.parent / "fixtures" / "chat_templates"
 _QWEN_TEXT = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>",
@@ -68,3 +71,41 @@ def build_tokenizer_dir(directory: pathlib.Path, family: str) -> pathlib.Path:
     config["chat_template"] = template
   (out / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
   return out
+
+
+class ScriptedEngine:
+  """The part of `Engine` the runner uses, for one episode at a time: turn k samples
+  the canonical tokens of `actions[k]` and the format's end token."""
+
+  def __init__(self, chat, actions):
+    self.version, self._chat, self._actions = 0, chat, actions
+    self.episode = {"tokens": [], "mask": [], "turns": 0}
+
+  def submit(self, episode_id, tokens, *, seed=None):
+    self.episode["tokens"] += list(tokens)
+    self.episode["mask"] += [0] * len(tokens)
+    self.episode["queued"] = episode_id
+
+  def step(self):
+    if "queued" not in self.episode:
+      return []
+    episode_id = self.episode.pop("queued")
+    ids = self._chat.tokenizer.encode(self._actions[self.episode["turns"]],
+                                      add_special_tokens=False).ids + [self._chat.end_token_id]
+    self.episode["turns"] += 1
+    self.episode["tokens"] += ids
+    self.episode["mask"] += [1] * len(ids)
+    return [engine_lib.Turn(episode_id, np.asarray(ids, np.int32),
+                            np.full(len(ids), -0.5, np.float32), "stop_token", (0, 0))]
+
+  @property
+  def busy(self):
+    return "queued" in self.episode
+
+  def room(self, episode_id):
+    return 1 << 30
+
+  def finish(self, episode_id):
+    mask = np.asarray(self.episode["mask"], np.int32)
+    return engine_lib.Generation(episode_id, np.asarray(self.episode["tokens"], np.int32), mask,
+                                 -0.5 * mask.astype(np.float32), (0, 0), self.episode["turns"])

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import transformers
 
-from chat_fixtures import FAMILIES, TEMPLATES, build_tokenizer_dir
+from chat_fixtures import FAMILIES, TEMPLATES, ScriptedEngine, build_tokenizer_dir
 from sao_jax import config as C
 from sao_jax.chat import load_chat
 from sao_jax.chat.untrusted import plain_ids
@@ -51,43 +51,6 @@ class ReminderEnv(ToolEnv):
     return StepResult.next("4") if self.turn == 1 else StepResult.finish(1.0, "answer")
 
 
-class ScriptedEngine:
-  """The part of `Engine` the runner uses; turn k samples the canonical tokens of
-  ACTIONS[k] and the format's end token."""
-
-  def __init__(self, chat):
-    self.version, self._chat, self.episode = 0, chat, {"tokens": [], "mask": [], "turns": 0}
-
-  def submit(self, episode_id, tokens, *, seed=None):
-    self.episode["tokens"] += list(tokens)
-    self.episode["mask"] += [0] * len(tokens)
-    self.episode["queued"] = episode_id
-
-  def step(self):
-    if "queued" not in self.episode:
-      return []
-    episode_id = self.episode.pop("queued")
-    ids = self._chat.tokenizer.encode(ACTIONS[self.episode["turns"]],
-                                      add_special_tokens=False).ids + [self._chat.end_token_id]
-    self.episode["turns"] += 1
-    self.episode["tokens"] += ids
-    self.episode["mask"] += [1] * len(ids)
-    return [engine_lib.Turn(episode_id, np.asarray(ids, np.int32),
-                            np.full(len(ids), -0.5, np.float32), "stop_token", (0, 0))]
-
-  @property
-  def busy(self):
-    return "queued" in self.episode
-
-  def room(self, episode_id):
-    return 1 << 30
-
-  def finish(self, episode_id):
-    mask = np.asarray(self.episode["mask"], np.int32)
-    return engine_lib.Generation(episode_id, np.asarray(self.episode["tokens"], np.int32), mask,
-                                 -0.5 * mask.astype(np.float32), (0, 0), self.episode["turns"])
-
-
 def hf_tokenizer(directory, family):
   template_file, _, _, special_tokens, _ = FAMILIES[family]
   hf = transformers.PreTrainedTokenizerFast(
@@ -107,7 +70,7 @@ def conversation():
 def test_an_episode_is_the_template_rendering_of_its_conversation(family, tmp_path):
   directory = build_tokenizer_dir(tmp_path, family)
   chat, hf = load_chat(directory), hf_tokenizer(directory, family)
-  runner = EpisodeRunner(ScriptedEngine(chat), chat, ToolEnv, max_episodes=1)
+  runner = EpisodeRunner(ScriptedEngine(chat, ACTIONS), chat, ToolEnv, max_episodes=1)
   traj, = run_to_completion(runner, iter([TASK]), 1, num_slots=4, seed=0)
   assert traj.env_failure is None and traj.outcome == 1.0 and traj.info["turns"] == 2
   assert traj.info["tool_calls"] == 1
@@ -127,7 +90,7 @@ def test_an_episode_is_the_template_rendering_of_its_conversation(family, tmp_pa
 def test_an_extra_turn_without_a_tool_is_not_a_tool_call(tmp_path):
   directory = build_tokenizer_dir(tmp_path, "qwen3")
   chat = load_chat(directory)
-  runner = EpisodeRunner(ScriptedEngine(chat), chat, ReminderEnv, max_episodes=1)
+  runner = EpisodeRunner(ScriptedEngine(chat, ACTIONS), chat, ReminderEnv, max_episodes=1)
   traj, = run_to_completion(runner, iter([TASK]), 1, num_slots=4, seed=0)
   assert (traj.info["turns"], traj.info["tool_calls"]) == (2, 0)
 
@@ -154,7 +117,7 @@ def test_a_turn_spelling_the_end_token_is_scored_0_not_dropped(tmp_path):
   # dropped unscored, so a policy could leave any episode it was losing.
   directory = build_tokenizer_dir(tmp_path, "qwen3")
   chat = load_chat(directory)
-  runner = EpisodeRunner(SpellingEngine(chat), chat, ToolEnv, max_episodes=1)
+  runner = EpisodeRunner(SpellingEngine(chat, ACTIONS), chat, ToolEnv, max_episodes=1)
   traj, = run_to_completion(runner, iter([TASK]), 1, num_slots=4, seed=0)
   assert traj.env_failure is None and traj.outcome == 0.0 and traj.info["end"] == "turn_text"
   assert traj.info["turns"] == 1 and not runner.failures

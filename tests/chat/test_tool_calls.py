@@ -9,12 +9,11 @@ import pytest
 
 import transformers
 
-from chat_fixtures import FAMILIES, TEMPLATES, build_tokenizer_dir
+from chat_fixtures import FAMILIES, TEMPLATES, ScriptedEngine, build_tokenizer_dir
 from sao_jax.chat import load_chat, tool_calls
 from sao_jax.chat.tool_calls import ToolCall, ToolCallError
 from sao_jax.envs.base import Environment, StepResult, Task, play
 from sao_jax.envs.math import tool as math_tool
-from sao_jax.sampler import engine as engine_lib
 from sao_jax.sampler.episodes import EpisodeRunner, run_to_completion
 
 ADD = tool_calls.function("add", "Add two integers.",
@@ -24,40 +23,6 @@ CALLS = {  # a call of add(2, 2) as each format writes it
     "hermes": '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 2}}\n</tool_call>',
     "llama3_json": '{"name": "add", "parameters": {"a": 2, "b": 2}}',
 }
-
-
-class ScriptedEngine:
-  """The part of `Engine` the runner uses; turn k samples the tokens of `actions[k]`
-  and the format's end token."""
-
-  def __init__(self, chat, actions):
-    self._chat, self._actions = chat, actions
-    self.version, self.episode = 0, {"tokens": [], "mask": [], "turns": 0}
-
-  def submit(self, episode_id, tokens, *, seed=None):
-    self.episode["tokens"] += list(tokens)
-    self.episode["mask"] += [0] * len(tokens)
-    self.episode["queued"] = episode_id
-
-  def step(self):
-    if "queued" not in self.episode:
-      return []
-    episode_id = self.episode.pop("queued")
-    ids = self._chat.tokenizer.encode(self._actions[self.episode["turns"]],
-                                      add_special_tokens=False).ids + [self._chat.end_token_id]
-    self.episode["turns"] += 1
-    self.episode["tokens"] += ids
-    self.episode["mask"] += [1] * len(ids)
-    return [engine_lib.Turn(episode_id, np.asarray(ids, np.int32),
-                            np.full(len(ids), -0.5, np.float32), "stop_token", (0, 0))]
-
-  def room(self, episode_id):
-    return 1 << 30
-
-  def finish(self, episode_id):
-    mask = np.asarray(self.episode["mask"], np.int32)
-    return engine_lib.Generation(episode_id, np.asarray(self.episode["tokens"], np.int32), mask,
-                                 -0.5 * mask.astype(np.float32), (0, 0), self.episode["turns"])
 
 
 def hf_tokenizer(directory, family):
