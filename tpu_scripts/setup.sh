@@ -34,7 +34,6 @@ require_settings PROJECT ZONE TPU_NAME JAX_VERSION
 py=$(shell_quote "$REMOTE_PYTHON")
 venv=$(shell_quote "$VENV_DIR")
 vpy=$(shell_quote "$VENV_DIR/bin/python")
-repo=$(shell_quote "$REPO_DIR")
 need_py="sao_jax needs Python >= 3.11: install it on the VMs (Ubuntu 22.04 images ship 3.10; e.g. python3.11-venv from the deadsnakes PPA) and set REMOTE_PYTHON=python3.11"
 
 steps=(
@@ -44,10 +43,10 @@ steps=(
   "if [ ! -x $vpy ]; then $py -c \"import sys; sys.exit(sys.version_info < (3, 11))\" || { echo \"error: \$(hostname): $py is \$($py -V 2>&1); $need_py\" >&2; exit 1; }; $py -m venv $venv; fi"
   "if ! command -v bwrap >/dev/null 2>&1; then sudo apt-get update -qq && sudo apt-get install -y -qq bubblewrap >/dev/null; fi"
   "$vpy -m pip install --quiet \"jax[tpu]==$JAX_VERSION\""
-  "$vpy -m pip install --quiet -e $(shell_quote "$REPO_DIR[gcs]")"
+  "$vpy -m pip install --quiet -e $(shell_quote "${REPO_DIR}[gcs]")"
   "echo \"\$(hostname): ready, jax \$($vpy -c \"import jax; print(jax.__version__)\")\""
 )
 script=$(printf '%s; ' "${steps[@]}")
 
-info "setting up $TPU_NAME (all workers): venv $VENV_DIR, jax[tpu]==$JAX_VERSION, pip install -e $REPO_DIR[gcs]"
+info "setting up $TPU_NAME (all workers): venv $VENV_DIR, jax[tpu]==$JAX_VERSION, pip install -e ${REPO_DIR}[gcs]"
 ssh_workers all "${script%; }"
