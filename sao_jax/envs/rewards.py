@@ -130,6 +130,9 @@ class RewardFnEnv(Environment):
   def set_tool_format(self, tool_format: str) -> None:
     self.inner.set_tool_format(tool_format)
 
+  def write_turn(self, turn) -> str:
+    return self.inner.write_turn(turn)
+
   def close(self) -> None:
     self.inner.close()
 
