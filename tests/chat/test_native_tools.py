@@ -21,7 +21,7 @@ from chat_fixtures import ScriptedEngine, build_tokenizer_dir, hf_tokenizer
 from sao_jax.chat import chat_format, load_chat, tool_calls
 from sao_jax.chat.tool_calls import ToolCall, Turn
 from sao_jax.config import load_config
-from sao_jax.envs import sandbox
+from sao_jax.envs import rewards, sandbox
 from sao_jax.envs.base import play
 from sao_jax.envs.coding import env as coding
 from sao_jax.envs.coding import generator as coding_generator
@@ -95,7 +95,7 @@ def test_a_native_coding_episode_is_apply_chat_template_with_the_coding_tools(fa
   assert traj.tokens.tolist() == reference[:traj.length]
   assert action_texts(chat, traj.tokens, traj.action_mask) == [a + chat.end_token for a in actions]
   text = hf.decode(traj.tokens.tolist())
-  prompt = text.split(actions[0])[0]  # the tools' schemas are in the prompt, as the template puts them
+  prompt = text.split(actions[0])[0]  # the schemas are in the prompt, where the template puts them
   assert all(f'"name": "{tool["function"]["name"]}"' in prompt for tool in TOOLS)
   assert "The exact text to replace, whitespace included." in prompt  # edit's "old"
 
@@ -109,7 +109,8 @@ def test_a_native_coding_episode_is_apply_chat_template_with_the_coding_tools(fa
      "error: view has no argument 'line'; its arguments are 'path', 'start', 'end'."),
     ("hermes", '<tool_call>{"name": "view", "arguments": {"path": "a.py", "end": "9"}}</tool_call>',
      "error: argument 'end' of view must be a JSON integer, got str."),
-    ("hermes", '<tool_call>{"name": "rm", "arguments": {}}</tool_call>', "error: unknown tool 'rm'"),
+    ("hermes", '<tool_call>{"name": "rm", "arguments": {}}</tool_call>',
+     "error: unknown tool 'rm'"),
     ("hermes", "<tool_call>" + "[" * 5000 + "]" * 5000 + "</tool_call>",
      "error: the tool call could not be parsed (RecursionError)"),
     ("hermes", '<tool_call>{"name": "view", "arguments": {"path": "a.py", "start": '
@@ -217,3 +218,13 @@ def test_warm_start_demonstrations_are_in_the_runs_format(family_dirs):
   expected, _ = chat.encode(demo.messages, tools=list(demo.tools))
   assert tokens[:expected.size].tolist() == expected.tolist()
   assert '"name": "python"' in chat.tokenizer.decode(expected.tolist())  # the schema is there
+
+
+def test_a_reward_function_wrapper_writes_turns_as_its_environment_does():
+  """`env.reward_fn` wraps the environment; demonstrations still come out in its format
+  (math's ```python blocks under ChatML, not a ```tool block the wrapper would write)."""
+  wrapped = rewards.RewardFnEnv(math_env(), lambda *args: 1.0, path="m:f", timeout_s=1.0)
+  turn = Turn("Run it.", ToolCall("python", {"code": "print(1)"}))
+  assert wrapped.write_turn(turn) == "Run it.\n\n```python\nprint(1)\n```"
+  wrapped.set_tool_format("hermes")
+  assert wrapped.write_turn(turn) == tool_calls.render_turn(turn, "hermes")

@@ -198,7 +198,8 @@ def test_malformed_tool_calls_are_tool_errors_the_model_sees():
   """A 20k-deep JSON tool call (RecursionError in the parser) and an integer too
   long to convert (ValueError) are answered with a tool error; the episode goes on."""
   cfg = C.EnvConfig(name="coding", difficulty=1, max_turns=4)
-  actions = ['```tool\n{"name": "view", "args": {"path": ' + "[" * NESTED + "]" * NESTED + "}}\n```",
+  actions = ['```tool\n{"name": "view", "args": {"path": ' + "[" * NESTED + "]" * NESTED
+             + "}}\n```",
              '```tool\n{"name": "view", "args": {"path": "a.py", "start": ' + "1" * 5000
              + "}}\n```"]
   engine = ScriptedEngine(lambda episode, turn: actions[turn])
