@@ -46,7 +46,7 @@ import time
 import jax
 
 from sao_jax import config as C
-from sao_jax.chat import chat_format
+from sao_jax.chat import chat_format, tool_calls
 from sao_jax.config.env import SandboxLimits
 from sao_jax.envs.base import play
 from sao_jax.envs.coding import env as coding
@@ -58,12 +58,18 @@ from sao_jax.sampler.episodes import EpisodeRunner, make_engine, run_to_completi
 from sao_jax.sampler.scripted import ScriptedEngine
 
 
+def scripted_turns(task) -> list[str]:
+  """The scripted agent's turns as a ChatML run's policy writes them (fenced calls)."""
+  return [tool_calls.render_turn(turn, "fenced")
+          for turn in coding_generator.solution_actions(task)]
+
+
 def env_wait_fraction(seconds: float, slots: int, seed: int) -> tuple[float, int]:
   """(time in env.step / sampler wall-clock, finished episodes) of a short run."""
   tasks = [coding_generator.generate_task(i, seed=seed, difficulty=1) for i in range(4)]
   chat = chat_format(None, train_tokenizer(
       [coding.SYSTEM_PROMPT] + [t.prompt for t in tasks]
-      + [a for t in tasks for a in coding_generator.solution_actions(t)], vocab_size=512))
+      + [a for t in tasks for a in scripted_turns(t)], vocab_size=512))
   model = C.ModelConfig(vocab_size=512, hidden_size=64, intermediate_size=128, head_dim=16,
                         num_attention_heads=4, num_key_value_heads=2, logits_chunk=256,
                         max_position_embeddings=4096)
@@ -102,7 +108,7 @@ def burst_episodes_per_s(slots: int, seed: int, env_threads: int, rounds: int = 
   """Episodes/s of `slots` scripted coding episodes at a time whose turns all end together."""
   tasks = [coding_generator.generate_task(i, seed=seed, difficulty=2)
            for i in range(slots * rounds)]
-  actions = [coding_generator.solution_actions(task) for task in tasks]
+  actions = [scripted_turns(task) for task in tasks]
   chat = chat_format(None, train_tokenizer([coding.SYSTEM_PROMPT] + sum(actions, []),
                                            vocab_size=512))
   # Episode ids count from 0 in start order: episode e plays task e's solution.

@@ -43,8 +43,8 @@ def warm_start(cfg: Config, out: pathlib.Path) -> dict:
                      f"({error.strerror or error}); pass another directory") from error
   tokenizer = train_run_tokenizer(cfg)
   tokenizer.save(str(out / "tokenizer.json"))
-  policy, record = sft_warm_start(cfg, chat_format(None, tokenizer), initial_policy(cfg),
-                                  demonstrations(cfg))
+  chat = chat_format(None, tokenizer)
+  policy, record = sft_warm_start(cfg, chat, initial_policy(cfg), demonstrations(cfg, chat))
   params_io.save_params(out / "policy", policy, cfg.model)
   record["wall_s"] = time.monotonic() - start
   (out / DONE_FILE).write_text(json.dumps(record, indent=2))

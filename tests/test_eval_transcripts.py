@@ -1,17 +1,20 @@
-"""Held-out evaluation writes what the policy wrote: the first episodes as text."""
+"""Held-out evaluation writes what the policy wrote (the first episodes as text) and
+breaks accuracy down per data source."""
 
 import dataclasses
 import json
 import pathlib
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from sao_jax.chat import chat_format
 from sao_jax.config import load_config
 from sao_jax.envs.registry import make_tasks
 from sao_jax.jobs import evaluate as evaluation
-from sao_jax.run import bootstrap
+from sao_jax.run import bootstrap, metric_docs
 from sao_jax.types import Trajectory
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -109,3 +112,37 @@ def test_sampled_evaluation_plays_each_task_n_times_at_the_eval_temperature(chat
   assert played["count"] == 2 * cfg.run.eval_episodes and ids[0::2] == ids[1::2]
   assert result["eval/sampled_accuracy"] == 0.25  # 3 of 12 sampled episodes earned 1
   assert 0.0 <= result["eval/accuracy"] <= 1.0
+
+
+# Rows of three data sources (one with a slash, as verl's "arith/add"); the reward
+# function pays each row's `answer`, whatever the policy writes, so each source's
+# accuracy is known by hand: a = 2/3, arith/add = 1/4, c = 0.
+SOURCE_ROWS = [("a", 1), ("arith/add", 0), ("a", 0), ("c", 0), ("arith/add", 1), ("a", 1),
+               ("arith/add", 0), ("arith/add", 0)]
+
+
+def test_each_data_source_gets_its_own_accuracy(chat_and_params, tmp_path, monkeypatch):
+  pq.write_table(pa.table({
+      "id": [f"row{i}" for i in range(len(SOURCE_ROWS))],
+      "problem": [f"Question {i}?" for i in range(len(SOURCE_ROWS))],
+      "answer": [str(answer) for _, answer in SOURCE_ROWS],
+      "data_source": [source for source, _ in SOURCE_ROWS]}), tmp_path / "rows.parquet")
+  (tmp_path / "pay_the_answer.py").write_text(
+      "def score(response, task, messages):\n  return float(task.answer)\n")
+  monkeypatch.syspath_prepend(str(tmp_path))
+  cfg = load_config(ROOT / "configs" / "sanity_cpu.py", TINY + [
+      f"run.eval_episodes={len(SOURCE_ROWS)}", f"run.eval_transcripts={len(SOURCE_ROWS)}",
+      "env.name=single_turn", "env.task_source=parquet",
+      f"env.dataset.path={tmp_path / 'rows.parquet'}", "env.dataset.id_column=id",
+      "env.dataset.source_column=data_source", "env.reward_fn=pay_the_answer:score"])
+  chat, params = chat_and_params
+  result = evaluation.Evaluator(cfg, chat, params).evaluate(params, 0,
+                                                            transcripts=tmp_path / "t.jsonl")
+  played = sorted(json.loads(line)["task"] for line in (tmp_path / "t.jsonl").open())
+  assert played == sorted(f"row{i}" for i in range(len(SOURCE_ROWS)))  # every row, once
+  assert {key: value for key, value in result.items() if key.startswith("eval/source/")} == {
+      "eval/source/a": pytest.approx(2 / 3), "eval/source/arith/add": 0.25, "eval/source/c": 0.0}
+  assert result["eval/accuracy"] == 3 / 8 and result["eval/failures"] == 0.0
+  # Every key is documented (docs/reference/metrics.md), a source with a slash included.
+  assert metric_docs.describe("eval/source/arith/add").key == "eval/source/<source>"
+  assert all(metric_docs.describe(key) is not None for key in result), result

@@ -7,8 +7,9 @@ With a tokenizer whose chat template has a tool-call format (here Qwen3's), the
 template is given the environment's tools (`tools=`), the policy calls python as
 `<tool_call>{"name": "python", "arguments": {"code": ...}}</tool_call>` and the
 results come back as `tool` messages (`<tool_response>` in Qwen3's user turn).
-Everything else is `configs/demo_cpu.py`'s, without the warm-start (its
-demonstrations are ChatML's fenced blocks). For a real run set `run.tokenizer`
+Everything else is `configs/demo_cpu.py`'s, without the warm-start (with
+`run.sft_steps` > 0 its demonstrations are written in the template's format too,
+`<tool_call>` blocks here). For a real run set `run.tokenizer`
 and `run.init` to a Qwen3 / Qwen2.5 / Llama 3.1 checkpoint and `model` to its config.
 """
 

@@ -27,8 +27,9 @@ name, how to build one (`make(options, config)`), its options (a frozen
 dataclass, filled from `env.options`), its task sources and, optionally, its
 scripted demonstrations. The built-in environments are specs like any other
 (`sao_jax.envs.registry` resolves `env.name` to one; docs/tutorials/your-own-environment.md).
-This module, `Task`, `StepResult`, `Environment` and `EnvironmentSpec` are the
-public interface for environments written outside `sao_jax`.
+This module, `Task`, `StepResult`, `Environment`, `EnvironmentSpec` and (for
+demonstrations that call tools) `Turn` and `ToolCall` are the public interface
+for environments written outside `sao_jax`.
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ import abc
 import dataclasses
 import types
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
+
+from sao_jax.chat import tool_calls
+from sao_jax.chat.tool_calls import ToolCall, Turn
+
+__all__ = ["Environment", "EnvironmentSpec", "Message", "NoOptions", "StepResult", "Task",
+           "ToolCall", "Transcript", "Turn", "play"]
 
 if TYPE_CHECKING:
   from sao_jax.config.env import EnvConfig
@@ -139,6 +146,12 @@ class Environment(abc.ABC):
     the sampler calls it before `reset`. Environments without tools ignore it."""
     self.tool_format = tool_format
 
+  def write_turn(self, turn: Turn) -> str:
+    """A scripted turn (a demonstration's `Turn`: text and a tool call) as the policy
+    writes it in `tool_format` (`tool_calls.render_turn`), so what SFT imitates is
+    what `step` parses; an environment whose "fenced" blocks are its own overrides it."""
+    return tool_calls.render_turn(turn, self.tool_format)
+
   def close(self) -> None:
     """Releases what the current episode holds (files, processes). The sampler
     calls it whenever an episode ends, however it ends; calling it twice is safe.
@@ -187,14 +200,17 @@ class Transcript:
   result: StepResult
 
 
-def play(env: Environment, task: Task, actions: Sequence[str]) -> Transcript:
-  """Feeds scripted assistant turns to `env` (e.g. a demonstration).
+def play(env: Environment, task: Task, actions: Sequence[str | Turn]) -> Transcript:
+  """Feeds scripted assistant turns to `env` (e.g. a demonstration); a `Turn` is
+  written in the environment's tool format first (`Environment.write_turn`).
 
   Raises ValueError if the actions run out before the episode ends or if the
   episode ends before all actions are used.
   """
   messages = env.reset(task)
   for i, action in enumerate(actions):
+    if isinstance(action, Turn):
+      action = env.write_turn(action)
     messages.append({"role": "assistant", "content": action})
     result = env.step(action)
     if result.done:
@@ -227,7 +243,9 @@ class EnvironmentSpec:
     first is the default. "jsonl", "parquet" and "hf_disk" (`env.jsonl_path`,
     `env.dataset`) are offered to every environment unless it defines its own.
   - `demonstration(task, options)`: scripted assistant turns that earn full
-    reward (the SFT warm-start imitates them); None if the environment has none.
+    reward (the SFT warm-start imitates them), each a string or a `Turn(text,
+    ToolCall(name, arguments))` that the environment writes in the run's tool
+    format (`Environment.write_turn`); None if the environment has none.
   - `check(options, config)`: start-up checks that need the whole config (a task
     directory that must exist); raise ValueError.
   """
@@ -237,5 +255,5 @@ class EnvironmentSpec:
   options: type = NoOptions
   task_sources: Mapping[str, Callable[[Any, "EnvConfig"], Iterator[Task]]] = dataclasses.field(
       default_factory=dict)
-  demonstration: Callable[[Task, Any], list[str]] | None = None
+  demonstration: Callable[[Task, Any], list[str | Turn]] | None = None
   check: Callable[[Any, "EnvConfig"], None] | None = None

@@ -36,7 +36,7 @@ import threading
 from typing import Any, Callable, Mapping
 
 from sao_jax.envs import plugins
-from sao_jax.envs.base import Environment, Message, StepResult, Task
+from sao_jax.envs.base import Environment, Message, StepResult, Task, Turn
 
 _SHOWN_CHARS = 200  # of an error or a bad value in a failure text
 
@@ -129,6 +129,9 @@ class RewardFnEnv(Environment):
 
   def set_tool_format(self, tool_format: str) -> None:
     self.inner.set_tool_format(tool_format)
+
+  def write_turn(self, turn: Turn) -> str:
+    return self.inner.write_turn(turn)
 
   def close(self) -> None:
     self.inner.close()

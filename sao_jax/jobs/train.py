@@ -223,7 +223,7 @@ def _run(cfg: Config, run_dir: pathlib.Path, *, resume: bool, log) -> dict:
       if cfg.run.eval_every:  # the starting point, so the warm-start's effect is measured
         evaluate(-cfg.run.sft_steps, policy, 0)
       policy, _ = warm_start.sft_warm_start(
-          cfg, chat, policy, bootstrap.demonstrations(cfg), log=log,
+          cfg, chat, policy, bootstrap.demonstrations(cfg, chat), log=log,
           log_metrics=lambda step, m: logger.write(step - cfg.run.sft_steps, m))
     return state_around(mesh, policy)
 

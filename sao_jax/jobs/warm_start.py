@@ -2,11 +2,12 @@
 
     chat = prepare_chat(cfg)                       # sao_jax.run.bootstrap
     policy    = initial_policy(cfg)                # sao_jax.run.bootstrap
-    policy, record = sft_warm_start(cfg, chat, policy, demonstrations(cfg))
+    policy, record = sft_warm_start(cfg, chat, policy, demonstrations(cfg, chat))
 
 Demonstrations are the environment's scripted ideal turns
 (`sao_jax.envs.registry.demonstration`), played through the environment so the
-transcripts carry its real observations; they are encoded turn by turn in the
+transcripts carry its real observations, their tool calls written in the format
+the run's episodes are parsed in (`sao_jax.chat.tool_calls`); they are encoded turn by turn in the
 run's chat format (`sao_jax.chat`), exactly as the sampler builds episodes. SFT minimises the next-token loss on
 action tokens only (`sao_jax.learner.sft`); with `run.sft_target_accuracy` it
 stops at the first validation check that reaches the target. `sao-train` and
@@ -28,16 +29,18 @@ from sao_jax.data import pipeline
 from sao_jax.jobs.evaluate import Evaluator
 from sao_jax.learner.sft import train_sft
 from sao_jax.models.transformer import Params
+from sao_jax.run.bootstrap import Demonstration
 from sao_jax.types import Batch, Trajectory
 
-def sft_batches(cfg: Config, chat: ChatFormat, demos: Iterator[list[dict]]) -> Iterator[Batch]:
-  """`run.sft_batch` demonstration transcripts (chat messages) per batch, padded to
-  the smallest fitting length bucket."""
+def sft_batches(cfg: Config, chat: ChatFormat,
+                demos: Iterator[Demonstration]) -> Iterator[Batch]:
+  """`run.sft_batch` demonstration transcripts per batch, rendered with their tools
+  as episodes are, padded to the smallest fitting length bucket."""
   length = cfg.data.length_buckets[-1]
   while True:
     rows = []
-    for messages in itertools.islice(demos, cfg.run.sft_batch):
-      tokens, action = chat.encode(messages)
+    for demo in itertools.islice(demos, cfg.run.sft_batch):
+      tokens, action = chat.encode(demo.messages, tools=demo.tools or None)
       if tokens.size > length:
         raise ValueError(f"a demonstration has {tokens.size} tokens, more than "
                          f"data.length_buckets[-1]={length}; raise the largest bucket")
@@ -50,9 +53,11 @@ def sft_batches(cfg: Config, chat: ChatFormat, demos: Iterator[list[dict]]) -> I
     yield pipeline.pad_batch(rows, cfg.run.sft_batch, bucket, cfg.data.pad_id)
 
 
-def sft_warm_start(cfg: Config, chat: ChatFormat, policy: Params, demos: Iterator[list[dict]], *,
+def sft_warm_start(cfg: Config, chat: ChatFormat, policy: Params,
+                   demos: Iterator[Demonstration], *,
                    log_metrics=lambda step, metrics: None, log=print) -> tuple[Params, dict]:
-  """SFT of `policy` on `demos` (chat transcripts) as `cfg.run` says; returns (policy, record).
+  """SFT of `policy` on `demos` (`bootstrap.demonstrations`) as `cfg.run` says;
+  returns (policy, record).
 
   With `run.sft_target_accuracy` > 0, every `run.sft_check_every` steps the
   policy plays `run.sft_validation_episodes` greedy validation episodes (task seed

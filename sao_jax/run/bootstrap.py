@@ -11,13 +11,14 @@ start here, so they agree on the tokenizer and the weights; the SFT warm-start
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import pathlib
 from typing import Iterator
 
 import jax
 
-from sao_jax.chat import ChatFormat, chat_format
+from sao_jax.chat import ChatFormat, chat_format, tool_calls
 from sao_jax.config import Config
 from sao_jax.config.dataset import DATASET_SOURCES
 from sao_jax.envs.base import play
@@ -28,8 +29,19 @@ from sao_jax.models.transformer import Params, init_params
 TOKENIZER_DEMONSTRATIONS = 400  # transcripts a run's own tokenizer is trained on
 
 
-def demonstrations(cfg: Config) -> Iterator[list[dict]]:
-  """Played demonstration transcripts (messages) of the training task source."""
+@dataclasses.dataclass(frozen=True)
+class Demonstration:
+  """A played demonstration: its messages and the tools its template is given."""
+
+  messages: list[dict]
+  tools: tuple  # the environment's `tools` (OpenAI-format schemas); () without tools
+
+
+def demonstrations(cfg: Config, chat: ChatFormat | None) -> Iterator[Demonstration]:
+  """Played demonstration transcripts of the training task source, their tool calls
+  written in the format episodes under `chat` are parsed in (`tool_calls.format_for`;
+  `chat` None: ChatML, for training the run's own tokenizer), so the SFT warm-start
+  teaches the format RL uses."""
   demo = demonstration(cfg.env)
   if demo is None:
     raise ValueError(f"run.sft_steps={cfg.run.sft_steps} but env.name={cfg.env.name!r} has no "
@@ -40,15 +52,18 @@ def demonstrations(cfg: Config) -> Iterator[list[dict]]:
                      "demonstrations to warm-start on or to train a tokenizer from; set "
                      "run.sft_steps=0 and run.tokenizer (a tokenizer.json, or the model's "
                      "directory), and start from a trained policy (run.init)")
+  template_format = "fenced" if chat is None else chat.tool_format
   for task in make_tasks(cfg.env):
-    yield play(make_env(cfg.env), task, demo(task)).messages
+    env = make_env(cfg.env)
+    env.set_tool_format(tool_calls.format_for(env.tools, template_format))
+    yield Demonstration(play(env, task, demo(task)).messages, tuple(env.tools))
 
 
 def train_run_tokenizer(cfg: Config, transcripts: int = TOKENIZER_DEMONSTRATIONS):
   """A tokenizer of `model.vocab_size` tokens trained on the first `transcripts`
   demonstration transcripts."""
-  texts = [m["content"] + " " + m["role"] for messages in
-           itertools.islice(demonstrations(cfg), transcripts) for m in messages]
+  texts = [m["content"] + " " + m["role"] for demo in
+           itertools.islice(demonstrations(cfg, None), transcripts) for m in demo.messages]
   return tokenizer_lib.train_tokenizer(texts, cfg.model.vocab_size)
 
 

@@ -84,7 +84,7 @@ from typing import Any, Callable, Iterator, Mapping
 import jax
 import numpy as np
 
-from sao_jax.chat import ChatFormat, TurnTextError
+from sao_jax.chat import ChatFormat, TurnTextError, tool_calls
 from sao_jax.config import ModelConfig, SamplerConfig
 from sao_jax.config.sampler import RELEASE_ORDERS
 from sao_jax.envs.base import Environment, Message, StepResult, Task
@@ -190,7 +190,7 @@ class EpisodeRunner:
       env.set_step(self.engine.version)
       # Native tool calls: the environment parses the template's format, and the
       # template is given the environment's tools (sao_jax.chat.tool_calls).
-      env.set_tool_format(self._chat.tool_format if env.tools else "fenced")
+      env.set_tool_format(tool_calls.format_for(env.tools, self._chat.tool_format))
       messages = list(env.reset(task))
       prompt = self._chat.prompt(messages, tools=env.tools or None)
       self.engine.submit(episode_id, prompt, seed=seed % 2**32)

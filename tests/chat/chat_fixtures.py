@@ -14,6 +14,7 @@ import pathlib
 
 import numpy as np
 import tokenizers
+import transformers
 
 from sao_jax.sampler import engine as engine_lib
 
@@ -71,6 +72,16 @@ def build_tokenizer_dir(directory: pathlib.Path, family: str) -> pathlib.Path:
     config["chat_template"] = template
   (out / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
   return out
+
+
+def hf_tokenizer(directory: pathlib.Path, family: str):
+  """transformers' tokenizer of `family`'s directory, with its template: the reference."""
+  template_file, _, _, special_tokens, _ = FAMILIES[family]
+  hf = transformers.PreTrainedTokenizerFast(
+      tokenizer_file=str(directory / "tokenizer.json"),
+      **{name: token for name, token in special_tokens.items() if token is not None})
+  hf.chat_template = (TEMPLATES / template_file).read_text(encoding="utf-8")
+  return hf
 
 
 class ScriptedEngine:

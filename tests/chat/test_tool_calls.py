@@ -7,9 +7,7 @@ import json
 import numpy as np
 import pytest
 
-import transformers
-
-from chat_fixtures import FAMILIES, TEMPLATES, ScriptedEngine, build_tokenizer_dir
+from chat_fixtures import ScriptedEngine, build_tokenizer_dir, hf_tokenizer
 from sao_jax.chat import load_chat, tool_calls
 from sao_jax.chat.tool_calls import ToolCall, ToolCallError
 from sao_jax.envs.base import Environment, StepResult, Task, play
@@ -23,15 +21,6 @@ CALLS = {  # a call of add(2, 2) as each format writes it
     "hermes": '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 2}}\n</tool_call>',
     "llama3_json": '{"name": "add", "parameters": {"a": 2, "b": 2}}',
 }
-
-
-def hf_tokenizer(directory, family):
-  template_file, _, _, special_tokens, _ = FAMILIES[family]
-  hf = transformers.PreTrainedTokenizerFast(
-      tokenizer_file=str(directory / "tokenizer.json"),
-      **{name: token for name, token in special_tokens.items() if token is not None})
-  hf.chat_template = (TEMPLATES / template_file).read_text(encoding="utf-8")
-  return hf
 
 
 class AddEnv(Environment):

@@ -76,7 +76,7 @@ def test_warm_start_stops_at_the_first_check_reaching_the_target(monkeypatch, ch
                       lambda self, params, version: {"eval/accuracy": next(scripted)})
   logged = []
   _, record = warm_start.sft_warm_start(cfg, chat, bootstrap.initial_policy(cfg),
-                                        bootstrap.demonstrations(cfg), log=lambda line: None,
+                                        bootstrap.demonstrations(cfg, chat), log=lambda line: None,
                                         log_metrics=lambda step, m: logged.append((step, m)))
   assert record["sft_steps"] == 6 and record["reached_target"]
   assert [(s, m) for s, m in logged if "sft/validation_accuracy" in m] == [
@@ -105,7 +105,7 @@ def test_sft_checks_play_their_own_number_of_validation_episodes(monkeypatch, ch
                               "run.sft_target_accuracy=0.5",
                               f"run.sft_check_episodes={check_episodes}"])
     warm_start.sft_warm_start(cfg, chat, bootstrap.initial_policy(cfg),
-                              bootstrap.demonstrations(cfg), log=lambda line: None)
+                              bootstrap.demonstrations(cfg, chat), log=lambda line: None)
     assert sizes[-1] == want
 
 
@@ -119,7 +119,7 @@ def test_warm_start_that_misses_the_target_says_where_it_landed(monkeypatch, cha
   monkeypatch.setattr(tqdm, "tqdm", lambda *args, **kwargs: terminal_bar(
       *args, **{**kwargs, "disable": False, "file": bars, "mininterval": 0}))
   _, record = warm_start.sft_warm_start(cfg, chat, bootstrap.initial_policy(cfg),
-                                   bootstrap.demonstrations(cfg), log=lines.append)
+                                   bootstrap.demonstrations(cfg, chat), log=lines.append)
   assert re.search(r"SFT: 100%.* 4/4 .*loss=\d\.\d{4}", bars.getvalue())
   assert re.search(r"eval: 100%.* 2/2 ", bars.getvalue())  # each validation check
   assert record["sft_steps"] == 4 and not record["reached_target"]
@@ -136,7 +136,7 @@ def test_warm_start_in_a_log_file_reports_progress_every_check_interval(chat):
                             "run.sft_target_accuracy=0"])
   lines = []
   _, record = warm_start.sft_warm_start(cfg, chat, bootstrap.initial_policy(cfg),
-                                        bootstrap.demonstrations(cfg), log=lines.append)
+                                        bootstrap.demonstrations(cfg, chat), log=lines.append)
   progress = [line for line in lines if line.startswith("SFT step")]
   assert [line.split(":")[0] for line in progress] == ["SFT step 2/4", "SFT step 4/4"]
   assert progress[-1] == f"SFT step 4/4: loss {record['final_sft_loss']:.4f}"
@@ -169,4 +169,5 @@ def test_every_environment_has_demonstrations_that_earn_full_reward(env, config,
       assert played.result.info["quality"], played.messages
     else:
       assert played.result.reward == 1.0, played.messages
-  assert all(len(messages) >= 2 for messages in itertools.islice(bootstrap.demonstrations(cfg), 3))
+  assert all(len(demo.messages) >= 2
+             for demo in itertools.islice(bootstrap.demonstrations(cfg, None), 3))

@@ -24,7 +24,7 @@ from sao_jax.sampler.episodes import (ENV_DECLARED, EpisodeRunner, prompt_slot,
 TOKENIZER = train_tokenizer(["hello world [ ] { } \" : , ```tool submit list name args"] * 4,
                             vocab_size=300)
 CHAT = chat_format(None, TOKENIZER)
-NESTED = 100_000
+NESTED = 20_000  # JSON nesting past the parser's recursion, within tool_calls.MAX_CALL_CHARS
 
 
 def ScriptedEngine(script):
@@ -195,7 +195,7 @@ def test_a_judge_that_returns_garbage_fails_the_episode_not_the_sampler():
 
 
 def test_malformed_tool_calls_are_tool_errors_the_model_sees():
-  """A 100k-deep JSON tool call (RecursionError in the parser) and an integer too
+  """A 20k-deep JSON tool call (RecursionError in the parser) and an integer too
   long to convert (ValueError) are answered with a tool error; the episode goes on."""
   cfg = C.EnvConfig(name="coding", difficulty=1, max_turns=4)
   actions = ['```tool\n{"name": "view", "args": {"path": ' + "[" * NESTED + "]" * NESTED

@@ -11,7 +11,7 @@ import pytest
 
 from sao_jax import config as C
 from sao_jax import losses
-from sao_jax.chat import chat_format
+from sao_jax.chat import chat_format, tool_calls
 from sao_jax.data import pipeline
 from sao_jax.envs.coding import env as coding
 from sao_jax.envs.coding import generator as coding_generator
@@ -29,7 +29,9 @@ TURNS, NEW_TOKENS, LENGTH = 200, 4, 32768
 def test_long_coding_episode_through_engine_and_learner():
   env_cfg = C.EnvConfig(name="coding", difficulty=1, max_turns=TURNS, max_observation_chars=100)
   task = coding_generator.generate_task(0, seed=0, difficulty=1)
-  texts = [task.prompt, coding.SYSTEM_PROMPT, *coding_generator.solution_actions(task)] * 4
+  texts = [task.prompt, coding.SYSTEM_PROMPT,
+           *(tool_calls.render_turn(turn, "fenced")
+             for turn in coding_generator.solution_actions(task))] * 4
   chat = chat_format(None, train_tokenizer(texts, vocab_size=320))
   model = C.ModelConfig(vocab_size=320, hidden_size=32, intermediate_size=64, head_dim=8,
                         num_attention_heads=4, num_key_value_heads=2, logits_chunk=512,

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import math
 import random
 import re
 
 from sao_jax.chat import tool_calls
-from sao_jax.envs.base import Environment, EnvironmentSpec, StepResult, Task
+from sao_jax.envs.base import Environment, EnvironmentSpec, StepResult, Task, ToolCall, Turn
 
 # unit -> (dimension, size in the dimension's base unit)
 UNITS = {"mm": ("length", 0.001), "cm": ("length", 0.01), "m": ("length", 1.0),
@@ -105,10 +104,9 @@ class UnitConversionEnv(Environment):
       return StepResult.finish(float(correct), "answer", correct=correct,
                                tool_calls=self.tool_calls)
     try:
-      call = tool_calls.parse(action, self.tool_format)
+      call = tool_calls.read(action, self.tool_format, self.tools)
       if call is None:
         return StepResult.next("Call the convert tool or answer with \\boxed{number}.")
-      tool_calls.check(call, self.tools)
       result = convert(float(call.arguments["value"]), call.arguments["from_unit"],
                        call.arguments["to_unit"])
     except (tool_calls.ToolCallError, ValueError) as error:
@@ -122,12 +120,13 @@ def _tasks(options: Options, config):
     yield generate_task(index, seed=config.seed, max_value=options.max_value)
 
 
-def demonstration(task: Task, options: Options) -> list[str]:
-  """A call of the tool (ChatML's ```tool block), then the boxed result."""
-  call = {"name": "convert", "arguments": {
-      "value": task.metadata["value"], "from_unit": task.metadata["from_unit"],
-      "to_unit": task.metadata["to_unit"]}}
-  return [f"```tool\n{json.dumps(call)}\n```", f"\\boxed{{{float(task.answer):.6g}}}"]
+def demonstration(task: Task, options: Options) -> list[str | Turn]:
+  """A call of the tool (a `Turn`: sao_jax writes it in the run's tool-call format, a
+  ```tool block under ChatML), then the boxed result."""
+  call = ToolCall("convert", {"value": task.metadata["value"],
+                              "from_unit": task.metadata["from_unit"],
+                              "to_unit": task.metadata["to_unit"]})
+  return [Turn("", call), f"\\boxed{{{float(task.answer):.6g}}}"]
 
 
 SPEC = EnvironmentSpec(

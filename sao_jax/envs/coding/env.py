@@ -2,14 +2,17 @@ r"""Coding agent environment (SWE-style, docs/algorithm.md §6): fix a repositor
 
 An episode works on a fresh copy of the task's repository with the visible
 tests at `<tests_dir>/` (task formats: `tasks`, generated tasks:
-`generator`). Each assistant turn may hold one tool call, a fenced block
+`generator`). Each assistant turn may hold one tool call, made the way the
+checkpoint's chat template teaches (`sao_jax.chat.tool_calls`; the template is
+given `tools.TOOLS` as `tools=`): Qwen's `<tool_call>` JSON, Llama 3.1's JSON
+turn, or under ChatML a fenced block the system prompt describes,
 
     ```tool
-    {"name": "edit", "args": {"path": "mathutil.py", "old": "b + 1", "new": "b"}}
+    {"name": "edit", "arguments": {"path": "mathutil.py", "old": "b + 1", "new": "b"}}
     ```
 
-(format and parsing rules: `tools`; only the first block of a turn
-runs). Tools, with their arguments (`?` = optional):
+(only the first call of a turn runs). Tools, with their arguments (`?` =
+optional; the schemas are `tools.TOOLS`):
 
 - `list {path?="."}`: files and directories under `path`.
 - `view {path, start?, end?}`: numbered lines `start`..`end` of a file.
@@ -57,35 +60,23 @@ import os
 import resource
 import weakref
 
+from sao_jax.chat import tool_calls
 from sao_jax.config.checks import fail
 from sao_jax.envs import sandbox
 from sao_jax.envs.base import Environment, Message, StepResult, Task
 from sao_jax.envs.coding import grader, runner, tasks, walk
-from sao_jax.envs.coding.tools import ToolCall, ToolError, Workspace, parse_tool_call
+from sao_jax.envs.coding.tools import MAX_CALL_CHARS, TOOLS, ToolError, Workspace
 
-SYSTEM_PROMPT = """\
-You are fixing a bug in a Python repository. Use tools: a message may contain one tool call, \
-a block that starts with ```tool on its own line, holds one JSON object \
-{"name": <tool>, "args": {...}} and ends with ``` on its own line. Only the first tool block \
-of a message runs and its result is sent back to you. Paths are relative to the repository \
-root; inside JSON strings write newlines as \\n.
-
-Tools:
-- list {"path": "."}: files under a directory (path optional)
-- view {"path": "a.py", "start": 1, "end": 40}: numbered lines of a file (start, end optional)
-- search {"text": "def f", "path": "."}: lines containing the exact text (path optional)
-- edit {"path": "a.py", "old": "exact old text", "new": "new text"}: replace text that occurs \
-exactly once in the file
-- create {"path": "b.py", "content": "..."}: create a new file
-- run_tests {"path": "tests/test_a.py"}: run the visible tests (path optional: all of them)
-- python {"code": "print(1)"}: run Python in the repository (fresh interpreter, time-limited, \
-no network)
-- submit {}: finish; hidden tests then decide whether the fix is accepted
-
-Example:
-```tool
-{"name": "view", "args": {"path": "a.py", "start": 1, "end": 20}}
-```"""
+_INTRO = ("You are fixing a bug in a Python repository with the tools below. Paths are "
+          "relative to the repository root; inside JSON strings write newlines as \\n. Call "
+          "submit when you are done: hidden tests then decide whether the fix is accepted.")
+SYSTEM_PROMPT = (  # ChatML ("fenced"): the prompt teaches the format and lists the tools
+    f"{_INTRO}\n\n{tool_calls.describe_fenced(TOOLS)}\n\nExample:\n"
+    + tool_calls.render(tool_calls.ToolCall("view", {"path": "a.py", "start": 1, "end": 20}),
+                        "fenced"))
+# A native format: the template shows the tools' schemas and how to call them.
+NATIVE_SYSTEM_PROMPT = (f"{_INTRO} Only the first tool call of a message runs, and its result "
+                        "is sent back to you.")
 # Test files one `run_tests` call runs (bounds its time: each may take wall_time_s).
 MAX_TEST_FILES = 10
 # What the sandbox's work tmpfs must hold: the largest grading copy, the agent's files
@@ -96,13 +87,16 @@ MIN_SANDBOX_FILES = 2 * walk.MAX_ENTRIES + 2  # + the root and the tests directo
 MIN_SANDBOX_DISK_MB = -(-2 * (walk.MAX_TOTAL_BYTES + walk.MAX_ENTRIES * resource.getpagesize())
                         >> 20)
 NO_ACTION = ("No tool call found. Call a tool with a block that starts with ```tool on its own "
-             'line, holds {"name": ..., "args": {...}} and ends with ```; use submit when done.')
+             'line, holds {"name": ..., "arguments": {...}} and ends with ```; use submit when '
+             "done.")
+NATIVE_NO_ACTION = "No tool call found. Call one of the tools; use submit when done."
 
 
 class CodingEnv(Environment):
   """Fix a repository through tool calls; hidden tests give the reward (see module docstring)."""
 
   observation_role = "tool"
+  tools = TOOLS
 
   def __init__(self, *, max_turns: int = 50, max_observation_chars: int = 8192,
                sandbox_limits: sandbox.SandboxLimits = sandbox.SandboxLimits(),
@@ -139,7 +133,8 @@ class CodingEnv(Environment):
     os.rename(os.path.join(task_files, "tests_visible"), os.path.join(root, self.tests_dir))
     self.workspace = Workspace(root)
     self.tool_errors = 0
-    return [{"role": "system", "content": SYSTEM_PROMPT},
+    system = SYSTEM_PROMPT if self.tool_format == "fenced" else NATIVE_SYSTEM_PROMPT
+    return [{"role": "system", "content": system},
             {"role": "user", "content": (
                 f"{task.prompt}\n\nThe repository is checked out in your working directory. "
                 f"The visible tests are in {self.tests_dir}/; run them with run_tests, and "
@@ -154,11 +149,15 @@ class CodingEnv(Environment):
   def _step(self, action: str) -> StepResult:
     call = None
     try:
-      call = parse_tool_call(action)
+      call = tool_calls.read(action, self.tool_format, self.tools, max_chars=MAX_CALL_CHARS)
       if call is not None and call.name == "submit":
         self.tool_calls += 1
         return self._grade("submit")
-      observation = NO_ACTION if call is None else self._run_tool(call)
+      no_action = NO_ACTION if self.tool_format == "fenced" else NATIVE_NO_ACTION
+      observation = no_action if call is None else self._run_tool(call)
+    except tool_calls.ToolCallError as e:  # its message starts with "error: "
+      self.tool_errors += 1
+      observation = str(e)
     except ToolError as e:
       self.tool_errors += 1
       observation = f"error: {e}"
@@ -169,7 +168,7 @@ class CodingEnv(Environment):
       return self._grade("max_turns")
     return StepResult.next(observation, tool=None if call is None else call.name)
 
-  def _run_tool(self, call: ToolCall) -> str:
+  def _run_tool(self, call: tool_calls.ToolCall) -> str:
     self.tool_calls += 1
     if call.name in ("run_tests", "python"):
       try:  # Bounded before the sandbox copies it.
@@ -177,15 +176,15 @@ class CodingEnv(Environment):
       except walk.WalkLimit as e:
         raise ToolError(f"the repository is over the limits ({e}); delete files first.") from None
     if call.name == "run_tests":
-      return self._run_visible_tests(call.args["path"])
+      return self._run_visible_tests(call.arguments.get("path"))
     if call.name == "python":
-      result = sandbox.run_python(call.args["code"], self.sandbox_limits,
+      result = sandbox.run_python(call.arguments["code"], self.sandbox_limits,
                                   workdir=self.workspace.root, isolation=self.isolation)
       return self._relative(sandbox.format_tool_output(result, self.sandbox_limits))
     tool = {"list": self.workspace.list, "view": self.workspace.view,
             "search": self.workspace.search, "edit": self.workspace.edit,
             "create": self.workspace.create}[call.name]
-    return tool(**call.args)
+    return tool(**call.arguments)
 
   def _run_visible_tests(self, path: str | None) -> str:
     root = self.workspace.root

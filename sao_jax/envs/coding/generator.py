@@ -44,10 +44,9 @@ from typing import Any, Callable, Iterator
 
 from sao_jax.config.env import ENV_CODING_BUG_KINDS
 from sao_jax.envs import tasks
-from sao_jax.envs.base import Task
+from sao_jax.envs.base import Task, ToolCall, Turn
 from sao_jax.envs.coding import bugs as coding_bugs
 from sao_jax.envs.coding import values
-from sao_jax.envs.coding.tools import format_tool_call
 
 KINDS = ENV_CODING_BUG_KINDS
 MAX_DIFFICULTY = 5
@@ -209,17 +208,18 @@ def iterate_generated(*, seed: int = 0, difficulty: int = 2, kind: str = "mixed"
     yield generate_task(index, seed=seed, difficulty=difficulty, kind=kind)
 
 
-def solution_actions(task: Task) -> list[str]:
-  """The scripted agent's turns: view and fix every planted bug, run the tests, submit."""
+def solution_actions(task: Task) -> list[Turn]:
+  """The scripted agent's turns: view and fix every planted bug, run the tests, submit
+  (tool calls the environment writes in the run's format, `Environment.write_turn`)."""
   fix = task.metadata.get("fix")
   if not fix:
     raise ValueError(f"task {task.id!r} has no 'fix' in its metadata; only generated tasks "
                      "(sao_jax.envs.coding.generator.generate_task) carry their fix.")
   actions = []
   for edit in fix:
-    actions.append(f"Let me read {edit['path']}.\n\n" + format_tool_call("view", path=edit["path"]))
-    actions.append("Found the bug; fixing the function.\n\n"
-                   + format_tool_call("edit", path=edit["path"], old=edit["old"], new=edit["new"]))
-  actions.append("Now the visible tests.\n\n" + format_tool_call("run_tests"))
-  actions.append("They pass.\n\n" + format_tool_call("submit"))
+    actions.append(Turn(f"Let me read {edit['path']}.", ToolCall("view", {"path": edit["path"]})))
+    actions.append(Turn("Found the bug; fixing the function.", ToolCall(
+        "edit", {"path": edit["path"], "old": edit["old"], "new": edit["new"]})))
+  actions.append(Turn("Now the visible tests.", ToolCall("run_tests", {})))
+  actions.append(Turn("They pass.", ToolCall("submit", {})))
   return actions

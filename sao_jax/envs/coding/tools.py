@@ -1,21 +1,22 @@
-"""The coding agent's tool-call format and its file tools, confined to one directory.
+"""The coding agent's tools as JSON-schema functions, and the file tools, kept in one directory.
 
-Tool-call format: a fenced block whose opening line is ```` ```tool ```` and
-whose closing line starts with ```` ``` ````, holding one JSON object
-`{"name": <tool>, "args": {<argument>: <value>, ...}}` (`args` may be omitted
-when empty). JSON strings cannot hold a raw newline, so the first line starting
-with ```` ``` ```` after the opening is always the closing fence, even when an
-argument contains backticks. Only the first block of a turn is used.
+`TOOLS` are the environment's tools in the OpenAI `tools` format
+(`sao_jax.chat.tool_calls`): the chat template is given them (`tools=`), a call
+is written in the checkpoint's own format (Qwen `<tool_call>` JSON, Llama 3.1
+JSON) or, under ChatML, as a fenced block
 
-`parse_tool_call` checks the block against `TOOLS` (tool names, argument names,
-types, required arguments) and raises `ToolError` with a message for the model
-on any mismatch and on a block that does not parse, including JSON nested
-deeper than the parser's recursion, an integer too long to convert or a string
-holding an unpaired surrogate (`"\ud800"`, which no file, path or script can
-hold: it escaped every tool as a UnicodeEncodeError); values it
-echoes back are shortened (`reprlib`). `Workspace` implements the tools that only touch files
-(`list`, `view`, `search`, `edit`, `create`); `run_tests`, `python` and
-`submit` need the sandbox and live in `sao_jax.envs.coding`.
+    ```tool
+    {"name": "view", "arguments": {"path": "a.py", "start": 1, "end": 20}}
+    ```
+
+and `tool_calls.read` parses and checks it against `TOOLS` (tool names,
+argument names, JSON types, required arguments; bad JSON, JSON nested deeper
+than the parser's recursion, an integer too long to convert or a string holding
+an unpaired surrogate) with a message for the model on any mismatch. Only the
+first call of a turn is used. `Workspace` implements the tools that only touch
+files (`list`, `view`, `search`, `edit`, `create`), each method taking the
+tool's arguments by name; `run_tests`, `python` and `submit` need the sandbox
+and live in `sao_jax.envs.coding`.
 
 What `Workspace` enforces, and why:
 
@@ -49,113 +50,67 @@ as a crash (OS errors are converted too).
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
-import re
-import reprlib
 import stat
 from typing import Any, Iterator
 
+from sao_jax.chat import tool_calls
 from sao_jax.envs.coding import walk
 
 MAX_FILE_BYTES = 1 << 22
+# Of one call's JSON: a `create` of the largest file `view` reads, every character
+# escaped (`\uXXXX`, six characters), and its envelope.
+MAX_CALL_CHARS = 6 * MAX_FILE_BYTES + 1024
 MAX_LIST_ENTRIES = 500
 MAX_MATCHES = 100
 MAX_SHOWN_LINES = 1000  # lines one view or edit result shows
 _MATCH_LINE_CHARS = 200
 _EDIT_CONTEXT_LINES = 2
 _LISTED_OCCURRENCES = 20  # line numbers an ambiguous edit's error names
-_REQUIRED = object()
-_TYPE_NAMES = {str: "a string", int: "an integer"}
 
-# name -> {argument: (type, default or _REQUIRED)}.
-TOOLS: dict[str, dict[str, tuple[type, Any]]] = {
-    "list": {"path": (str, ".")},
-    "view": {"path": (str, _REQUIRED), "start": (int, None), "end": (int, None)},
-    "search": {"text": (str, _REQUIRED), "path": (str, ".")},
-    "edit": {"path": (str, _REQUIRED), "old": (str, _REQUIRED), "new": (str, _REQUIRED)},
-    "create": {"path": (str, _REQUIRED), "content": (str, _REQUIRED)},
-    "run_tests": {"path": (str, None)},
-    "python": {"code": (str, _REQUIRED)},
-    "submit": {},
-}
-# A block's opening and closing fences, searched apart: one pattern with a lazy body
-# rescanned the rest of the text from every unclosed opening (quadratic in the turn).
-_TOOL_OPEN = re.compile(r"```tool[ \t]*\n")
-_FENCE_LINE = re.compile(r"^[ \t]*```", re.MULTILINE)
-_SHORT = reprlib.Repr()  # a bounded repr: a few levels deep, a few items long
-_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 3, 200, 200
+
+def _string(description: str) -> dict[str, str]:
+  return {"type": "string", "description": description}
+
+
+_PATH = "A path relative to the repository root."
+TOOLS = (
+    tool_calls.function("list", "List the files and directories under a directory "
+                        "(directories end with /).",
+                        {"path": _string('A directory relative to the repository root; '
+                                         'default ".".')}, required=()),
+    tool_calls.function("view", "Show numbered lines of a file.", {
+        "path": _string(_PATH),
+        "start": {"type": "integer", "description": "The first line shown (1-based); default 1."},
+        "end": {"type": "integer", "description": "The last line shown; default the last line."},
+    }, required=("path",)),
+    tool_calls.function("search", "Lines containing the exact text (literal, case-sensitive).", {
+        "text": _string("The text to find."),
+        "path": _string('A file or directory to search; default ".".')}, required=("text",)),
+    tool_calls.function("edit", "Replace text that occurs exactly once in a file.", {
+        "path": _string(_PATH), "old": _string("The exact text to replace, whitespace included."),
+        "new": _string("The text to put in its place.")}),
+    tool_calls.function("create", "Create a new file (not overwrite one).", {
+        "path": _string(_PATH), "content": _string("The file's text.")}),
+    tool_calls.function("run_tests", "Run the visible tests and report each test.", {
+        "path": _string("One test file to run; default every visible test file.")},
+        required=()),
+    tool_calls.function("python", "Run Python in the repository (fresh interpreter, "
+                        "time-limited, no network); files it writes are discarded.",
+                        {"code": _string("The Python program to run.")}),
+    tool_calls.function("submit", "Finish; hidden tests then decide whether the fix is "
+                        "accepted.", {}),
+)
 
 
 class ToolError(Exception):
   """A tool call that cannot be carried out; the message goes back to the model."""
 
 
-@dataclasses.dataclass(frozen=True)
-class ToolCall:
-  name: str
-  args: dict[str, Any]
-
-
-def format_tool_call(name: str, **args: Any) -> str:
-  """The fenced block that calls `name` with `args` (for prompts and scripted agents)."""
-  return "```tool\n" + json.dumps({"name": name, "args": args}) + "\n```"
-
-
-def parse_tool_call(text: str) -> ToolCall | None:
-  """The first tool block of `text` with defaults filled in, or None if there is none."""
-  opening = _TOOL_OPEN.search(text)
-  # Without a closing fence after the first opening there is none after a later one.
-  closing = None if opening is None else _FENCE_LINE.search(text, opening.end())
-  if closing is None:
-    return None
-  body = text[opening.end():closing.start()]
-  try:
-    call = json.loads(body)
-  except json.JSONDecodeError as e:
-    raise ToolError(f"the tool call is not valid JSON ({e.msg} at line {e.lineno} column "
-                    f"{e.colno}); write one object like {{\"name\": \"view\", \"args\": "
-                    f"{{\"path\": \"a.py\"}}}}.") from None
-  except (RecursionError, ValueError) as e:  # nesting deeper than the parser's stack, ...
-    raise ToolError(f"the tool call could not be parsed ({type(e).__name__}); write one flat "
-                    'object like {"name": "view", "args": {"path": "a.py"}}.') from None
-  if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-    raise ToolError('the tool call must be a JSON object with a string "name" and an '
-                    f'"args" object, got {body.strip()[:200]!r}.')
-  unknown_keys = set(call) - {"name", "args"}
-  if unknown_keys:
-    raise ToolError(f"unexpected keys {sorted(unknown_keys)} in the tool call; put arguments "
-                    'inside "args".')
-  name, args = call["name"], call.get("args", {})
-  if name not in TOOLS:
-    raise ToolError(f"unknown tool {name!r}; tools: {', '.join(TOOLS)}.")
-  if not isinstance(args, dict):
-    raise ToolError(f'"args" of {name} must be a JSON object, got {_SHORT.repr(args)}.')
-  spec = TOOLS[name]
-  if set(args) - set(spec):
-    raise ToolError(f"{name} got unknown arguments {sorted(set(args) - set(spec))}; it takes "
-                    f"{', '.join(spec) or 'no arguments'}.")
-  filled = {}
-  for arg, (kind, default) in spec.items():
-    if arg not in args:
-      if default is _REQUIRED:
-        raise ToolError(f"{name} needs the argument {arg!r}.")
-      filled[arg] = default
-      continue
-    value = args[arg]
-    if isinstance(value, bool) or not isinstance(value, kind):
-      raise ToolError(f"{name} argument {arg!r} must be {_TYPE_NAMES[kind]}, got "
-                      f"{_SHORT.repr(value)}.")
-    if kind is str:
-      try:  # JSON's "\ud800" decodes to a lone surrogate, which no file or path can hold
-        value.encode("utf-8")
-      except UnicodeEncodeError as e:
-        raise ToolError(f"{name} argument {arg!r} holds {value[e.start:e.end]!r}, an unpaired "
-                        "surrogate, which is not text; write the character itself or its "
-                        "escaped surrogate pair.") from None
-    filled[arg] = value
-  return ToolCall(name, filled)
+def format_tool_call(name: str, **arguments: Any) -> str:
+  """The fenced block that calls `name` with `arguments` (the ChatML format; for
+  tests and scripted agents)."""
+  return tool_calls.render(tool_calls.ToolCall(name, arguments), "fenced")
 
 
 def _line_count(text: str) -> int:

@@ -25,7 +25,7 @@ from typing import Iterator
 
 from sao_jax.config.env import ENV_PROBLEM_KINDS
 from sao_jax.envs import tasks
-from sao_jax.envs.base import Task
+from sao_jax.envs.base import Task, ToolCall, Turn
 
 KINDS = ENV_PROBLEM_KINDS
 MAX_DIFFICULTY = 5
@@ -109,8 +109,11 @@ def _word_problem(rng: random.Random, difficulty: int) -> tuple[str, str, int]:
   return " ".join(sentences), "\n".join(program), count
 
 
-def demonstration(task: Task, tool_rate: float = 1.0, guess_rate: float = 0.0) -> list[str]:
-  r"""Assistant turns to imitate: run `task.metadata["program"]`, then `\boxed{answer}`.
+def demonstration(task: Task, tool_rate: float = 1.0,
+                  guess_rate: float = 0.0) -> list[str | Turn]:
+  r"""Assistant turns to imitate: run `task.metadata["program"]` (a `Turn` calling
+  the python tool, written in the run's format by `MathToolEnv.write_turn`), then
+  `\boxed{answer}`.
 
   With `guess_rate` > 0 that share of tasks (a fixed per-task draw,
   `env.demo_guess_rate`) is demonstrated by a careless expert who answers at
@@ -136,6 +139,6 @@ def demonstration(task: Task, tool_rate: float = 1.0, guess_rate: float = 0.0) -
     raise ValueError(f"task {task.id!r} has no 'program' in its metadata; demonstrations need "
                      "Python that prints the answer (generated tasks have one; add a 'program' "
                      "field to the JSONL row).")
-  return [f"Let me compute this with Python.\n\n```python\n{program.rstrip()}\n```",
+  return [Turn("Let me compute this with Python.", ToolCall("python", {"code": program.rstrip()})),
           f"The program prints {task.answer}, so the answer is \\boxed{{{task.answer}}}."]
 

@@ -83,13 +83,16 @@ class MathToolEnv(Environment):
       code = extract_code(action)
       return StepResult.next(NO_ACTION) if code is None else code
     try:
-      call = tool_calls.parse(action, self.tool_format)
-      if call is None:
-        return StepResult.next(NATIVE_NO_ACTION)
-      tool_calls.check(call, self.tools)
+      call = tool_calls.read(action, self.tool_format, self.tools)
     except tool_calls.ToolCallError as error:
       return StepResult.next(str(error))
-    return call.arguments["code"]
+    return StepResult.next(NATIVE_NO_ACTION) if call is None else call.arguments["code"]
+
+  def write_turn(self, turn: tool_calls.Turn) -> str:
+    """A demonstration's turn; a "fenced" call of python is a ```` ```python ```` block."""
+    if self.tool_format != "fenced" or turn.call is None:
+      return super().write_turn(turn)
+    return f"{turn.text}\n\n```python\n{turn.call.arguments['code']}\n```"
 
   def _step(self, action: str) -> StepResult:
     predicted = answers.extract_boxed(action)

@@ -1,14 +1,18 @@
-"""Coding tools: the tool-call format and the confined file tools (no sandbox needed)."""
+"""Coding tools: their schemas and calls (`sao_jax.chat.tool_calls`, the "fenced" format
+ChatML runs use) and the confined file tools (no sandbox needed)."""
 
 import os
 import pathlib
+import re
 import time
 import tracemalloc
 
 import pytest
 
+from sao_jax.chat import tool_calls
+from sao_jax.chat.tool_calls import ToolCall, ToolCallError
 from sao_jax.envs.coding import tools as coding_tools
-from sao_jax.envs.coding.tools import ToolCall, ToolError, Workspace, format_tool_call
+from sao_jax.envs.coding.tools import ToolError, Workspace, format_tool_call
 
 SOURCE = "def f(x):\n    return x + 1\n\n\ndef g(x):\n    return x + 1\n"
 
@@ -24,39 +28,64 @@ def workspace(tmp_path):
 
 def test_format_and_parse_round_trip():
   text = "Let me look.\n\n" + format_tool_call("view", path="a.py", start=2)
-  assert parse_first(text) == ToolCall("view", {"path": "a.py", "start": 2, "end": None})
+  assert parse_first(text) == ToolCall("view", {"path": "a.py", "start": 2})
   assert parse_first(format_tool_call("submit")) == ToolCall("submit", {})
-  assert parse_first('```tool\n{"name": "list"}\n```') == ToolCall("list", {"path": "."})
+  assert parse_first('```tool\n{"name": "list"}\n```') == ToolCall("list", {})
   assert parse_first("no tool call here ```python\nprint(1)\n```") is None
 
 
 def parse_first(text):
-  return coding_tools.parse_tool_call(text)
+  return tool_calls.read(text, "fenced", coding_tools.TOOLS, max_chars=coding_tools.MAX_CALL_CHARS)
+
+
+def test_every_tool_method_takes_its_schema_arguments(workspace):
+  """A call that fits a file tool's schema is a valid call of the Workspace method."""
+  for tool in coding_tools.TOOLS:
+    spec = tool["function"]
+    method = getattr(workspace, spec["name"], None)
+    if spec["name"] in ("run_tests", "python", "submit"):  # the environment's, not the files'
+      assert method is None
+      continue
+    code = method.__code__
+    assert list(code.co_varnames[1:code.co_argcount]) == list(spec["parameters"]["properties"])
+    optional = code.co_varnames[code.co_argcount - len(method.__defaults__ or ()):code.co_argcount]
+    assert sorted(spec["parameters"]["required"]) == sorted(
+        set(spec["parameters"]["properties"]) - set(optional))
 
 
 def test_only_the_first_block_counts_and_backticks_inside_strings_are_fine():
   edit = format_tool_call("edit", path="README.md", old="```\ncode\n```", new="")
   text = edit + "\n" + format_tool_call("submit")
   call = parse_first(text)
-  assert call.name == "edit" and call.args["old"] == "```\ncode\n```"
-  pretty = '```tool\n{\n  "name": "view",\n  "args": {"path": "a.py"}\n}\n```'
-  assert parse_first(pretty).args["path"] == "a.py"
+  assert call.name == "edit" and call.arguments["old"] == "```\ncode\n```"
+  pretty = '```tool\n{\n  "name": "view",\n  "arguments": {"path": "a.py"}\n}\n```'
+  assert parse_first(pretty).arguments["path"] == "a.py"
+  inline = '```tool\n{"name": "search", "arguments": {"text": "a ``` b"}}\n```'
+  assert parse_first(inline).arguments == {"text": "a ``` b"}
+  # The key the coding environment's blocks used before they were the shared format.
+  assert parse_first('```tool\n{"name": "view", "args": {"path": "a.py"}}\n```') == ToolCall(
+      "view", {"path": "a.py"})
 
 
 @pytest.mark.parametrize("block, message", [
     ("{bad json", "not valid JSON"),
-    ("[1, 2]", 'must be a JSON object with a string "name"'),
+    ("[1, 2]", 'a tool call is a JSON object {"name": <tool>, "arguments"'),
     ('{"name": "view", "path": "a.py"}', "unexpected keys ['path']"),
-    ('{"name": "rm", "args": {}}', "unknown tool 'rm'; tools: list, view,"),
-    ('{"name": "view", "args": []}', '"args" of view must be a JSON object'),
-    ('{"name": "view", "args": {}}', "view needs the argument 'path'"),
-    ('{"name": "view", "args": {"path": "a", "line": 3}}', "unknown arguments ['line']"),
-    ('{"name": "view", "args": {"path": "a", "start": "3"}}', "'start' must be an integer"),
-    ('{"name": "view", "args": {"path": "a", "start": true}}', "'start' must be an integer"),
-    ('{"name": "edit", "args": {"path": 1, "old": "a", "new": "b"}}', "'path' must be a string"),
+    ('{"name": "view", "arguments": {"path": "a.py"}, "args": {}}', "unexpected keys ['args']"),
+    ('{"name": "rm", "arguments": {}}', "unknown tool 'rm'; the tools are 'list', 'view',"),
+    ('{"name": "view", "arguments": []}', '"arguments" of a tool call must be a JSON object'),
+    ('{"name": "view", "arguments": {}}', "view needs the argument 'path'"),
+    ('{"name": "view", "arguments": {"path": "a", "line": 3}}', "view has no argument 'line'"),
+    ('{"name": "view", "arguments": {"path": "a", "start": "3"}}',
+     "argument 'start' of view must be a JSON integer, got str"),
+    ('{"name": "view", "arguments": {"path": "a", "start": true}}',
+     "argument 'start' of view must be a JSON integer, got bool"),
+    ('{"name": "edit", "arguments": {"path": 1, "old": "a", "new": "b"}}',
+     "argument 'path' of edit must be a JSON string, got int"),
+    ('{"name": "view", "arguments": {"path": "\\ud800"}}', "an unpaired surrogate"),
 ])
-def test_malformed_calls_are_tool_errors(block, message):
-  with pytest.raises(ToolError, match=message.replace("[", r"\[").replace("]", r"\]")):
+def test_malformed_calls_are_tool_call_errors(block, message):
+  with pytest.raises(ToolCallError, match="^error: .*" + re.escape(message)):
     parse_first(f"```tool\n{block}\n```")
 
 
@@ -153,10 +182,9 @@ def test_unclosed_tool_blocks_are_parsed_in_linear_time():
   # One lazy pattern rescanned the rest of the turn from each unclosed opening:
   # 40 000 characters took 2 s of the sampler's process, 100 000 about 12 s.
   start = time.monotonic()
-  assert coding_tools.parse_tool_call("x```tool\n" * 11_000) is None
+  assert parse_first("x```tool\n" * 11_000) is None
   assert time.monotonic() - start < 1.0
-  assert coding_tools.parse_tool_call('Done.\n```tool\n{"name": "submit"}\n  ```') == ToolCall(
-      "submit", {})
+  assert parse_first('Done.\n```tool\n{"name": "submit"}\n  ```') == ToolCall("submit", {})
 
 
 def test_an_edit_matching_everywhere_answers_at_once(workspace):
