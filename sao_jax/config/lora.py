@@ -23,9 +23,12 @@ class LoraConfig:
   alpha: float = 32.0  # scale s = alpha / rank on A B
   targets: tuple[str, ...] = LORA_TARGETS  # projections that get adapters
   # "nf4": QLoRA, the targeted base kernels held as 4-bit NormalFloat codes with one
-  # float32 scale per `quant_block` values of a row (`sao_jax.models.nf4`).
+  # float32 scale per `quant_block` consecutive values of the flattened Hugging Face
+  # [out, in] weight, as bitsandbytes' NF4 (`sao_jax.models.nf4`).
   base_quantization: str = "none"
-  quant_block: int = 64  # values of a kernel row per float32 NF4 scale
+  # Values per float32 NF4 scale: bitsandbytes' `blocksize` (64 is its default; its
+  # quantize_4bit takes the powers of two 32..4096; other values load nowhere else).
+  quant_block: int = 64
 
   @property
   def scale(self) -> float:
@@ -41,9 +44,6 @@ class LoraConfig:
       fail("lora", "enabled", self.enabled, "expected true or false")
     check_positive("lora", self, "rank", "quant_block")
     check_choice("lora", self, "base_quantization", BASE_QUANTIZATIONS)
-    if self.quant_block % 2:
-      fail("lora", "quant_block", self.quant_block, "expected an even number (two 4-bit codes "
-           "share a byte)")
     if self.quantized and not self.enabled:
       fail("lora", "base_quantization", self.base_quantization,
            "quantises the frozen base of LoRA; set lora.enabled=true too")

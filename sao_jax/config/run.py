@@ -82,6 +82,10 @@ class RunConfig:
   eval_seed: int = 1_000_003  # task seed of the held-out set (disjoint from env.seed's)
   eval_transcripts: int = 16  # held-out episodes written as text per evaluation (0: none)
   num_samplers: int = 1  # sampler processes beside the learner (0: samplers elsewhere, sao-sampler)
+  # This host's devices, in order: the learner's count, then each local sampler
+  # process's, e.g. (6, 2) on 8 chips (`sao_jax.sharding.device_split`); they must
+  # add up to the host's devices. (): every process sees all of them.
+  device_split: tuple[int, ...] = ()
   # Sao-eval: sampled episodes per task besides the greedy one (0: greedy only).
   eval_samples: int = 0
   eval_pass_k: tuple[int, ...] = (1,)  # sao-eval: the k of pass@k
@@ -122,6 +126,13 @@ class RunConfig:
       if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         fail("run", name, value, "expected an integer >= 0 (0 disables)")
     check_positive("run", self, "sft_batch", "eval_episodes", "sft_check_every")
+    split = self.device_split
+    if split and (any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in split)
+                  or len(split) != 1 + self.num_samplers):
+      fail("run", "device_split", split,
+           f"expected 1 + run.num_samplers = {1 + self.num_samplers} device counts >= 1 (the "
+           "learner's, then each sampler process's), e.g. (6, 2) for 8 devices and 1 sampler; "
+           "() gives every process all devices")
     if (isinstance(self.sft_check_episodes, bool) or not isinstance(self.sft_check_episodes, int)
         or self.sft_check_episodes < 0):
       fail("run", "sft_check_episodes", self.sft_check_episodes,

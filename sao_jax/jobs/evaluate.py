@@ -254,26 +254,58 @@ def restore_state(cfg: Config, step: int | None = None, mesh: jax.sharding.Mesh 
   return state, meta
 
 
+def restore_policy(cfg: Config, step: int | None, mesh: jax.sharding.Mesh) -> tuple[Params, dict]:
+  """(policy params, meta) of checkpoint `step` (default: the latest) of the run `cfg`
+  describes, each param on its shards of `mesh` (`param_shardings`). Only the policy
+  is read from the checkpoint (`Checkpointer.restore_items`): its params, or under
+  LoRA its adapters, merged into the base reloaded from `run.init` onto the mesh;
+  the critic, optimizer states and baselines stay on disk. Device memory: the
+  policy (plus, under LoRA, the base as held and the adapters)."""
+  from sao_jax.learner import state as state_lib
+  from sao_jax.models import lora
+  from sao_jax.models.transformer import param_shardings
+  from sao_jax.run import bootstrap
+  from sao_jax.run.checkpoint import Checkpointer
+
+  shardings = param_shardings(cfg.model, mesh, "lm")
+  abstract = state_lib.abstract_state(cfg)
+  if cfg.lora.enabled:  # adapters are small: replicated, as the learner holds them
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    field, tree = "policy_adapters", abstract.policy_adapters
+    tree_shardings = jax.tree.map(lambda _: replicated, tree)
+  else:
+    field, tree, tree_shardings = "policy_params", abstract.policy_params, shardings
+  target = {field: jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                                tree, tree_shardings)}
+  checkpointer = Checkpointer(cfg)
+  try:
+    restored, meta = checkpointer.restore_items(target, step)
+  finally:
+    checkpointer.close()
+  if not cfg.lora.enabled:
+    return restored[field], meta
+  base = jax.jit(lora.frozen_base, static_argnums=(1, 2),
+                 out_shardings=lora.base_shardings(cfg.model, cfg.lora, mesh))(
+      bootstrap.initial_policy(cfg, mesh), cfg.model, cfg.lora)
+  merge = jax.jit(lora.merge, static_argnums=(2, 3), out_shardings=shardings)
+  return merge(base, restored[field], cfg.lora, cfg.model), meta
+
+
 def evaluate_checkpoint(cfg: Config, step: int | None = None, *,
                         limit: int | None = None) -> dict:
   """`benchmark` of the policy in checkpoint `step` (default: the latest) of the run
   `cfg` describes (under LoRA, the base merged with the checkpoint's adapters), with
-  the run's own tokenizer and chat format; what `sao-eval` reports. The checkpoint
-  is restored sharded over `cfg.mesh` (the whole train state, then all but the
-  policy dropped) and the engine shards over the sampler mesh."""
-  from sao_jax.learner.state import policy_weights
-
+  the run's own tokenizer and chat format; what `sao-eval` reports. Only the policy
+  is restored (`restore_policy`), straight onto its shards of the sampler mesh
+  (`cfg.sampler_mesh()`) the engine runs on."""
   from sao_jax.sharding.mesh import make_mesh
 
   cfg = cfg.with_run_paths().validate()
   chat = load_chat(cfg.run.tokenizer_file, enable_thinking=cfg.run.enable_thinking)
-  # Sharded over the learner's mesh, as training held it: no one device holds it all.
-  state, meta = restore_state(cfg, step, make_mesh(cfg.mesh))
-  version = int(state.policy_version)
-  policy = policy_weights(cfg, state)
-  del state  # the critic and optimizer states, before the engine allocates its KV cache
-  result = benchmark(cfg, chat, policy, version=version, limit=limit,
-                     mesh=make_mesh(cfg.sampler_mesh()))
+  mesh = make_mesh(cfg.sampler_mesh())
+  policy, meta = restore_policy(cfg, step, mesh)
+  version = int(meta["policy_version"])
+  result = benchmark(cfg, chat, policy, version=version, limit=limit, mesh=mesh)
   return {"step": meta["step"], "policy_version": version, **result}
 
 

@@ -14,7 +14,10 @@
    newest published weights and stream trajectories through the transport; the
    learner's grain pipeline filters stale/malformed ones and batches the rest.
    With `run.num_samplers=0` the samplers run elsewhere (`sao-sampler`, e.g. on
-   another slice) and write to the directory transport.
+   another slice) and write to the directory transport. `run.device_split`
+   splits this host's devices between the learner (its mesh) and each sampler
+   process (started seeing only its own), checked before anything compiles
+   (`local_devices`, `sao_jax.sharding.device_split`).
    Multi-host learner (SAO_* environment, `sao_jax.sharding.distributed`): every host
    builds the pipeline for its share of each batch (`local_batch_sizes`) and
    reads a disjoint part of the directory transport (`DirectoryTransport` shard
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pathlib
 
 import jax
@@ -56,7 +60,8 @@ from sao_jax.run import bootstrap
 from sao_jax.run import lock as run_lock
 from sao_jax.run.metrics import MetricsLogger, batch_metrics, plot_curves, read_metrics
 from sao_jax.sampler.worker import SamplerSupervisor, WorkerSpec
-from sao_jax.sharding import distributed
+from sao_jax.sharding import device_split, distributed
+from sao_jax.sharding.mesh import make_mesh
 from sao_jax.storage import storage_path
 
 
@@ -175,6 +180,7 @@ def run(cfg: Config, *, resume: bool | None = True, log=print) -> dict:
   # Refused before any directory is made or program compiled.
   init_model.check_init(cfg)
   init_model.check_dtypes(cfg.model, jax.devices())
+  learner_devices, sampler_envs = local_devices(cfg)
   if resume is None:
     resume = resume_decision(cfg, log)
   run_dir = pathlib.Path(cfg.run.run_dir)
@@ -185,12 +191,28 @@ def run(cfg: Config, *, resume: bool | None = True, log=print) -> dict:
                      f"({error.strerror or error}); set --set run.run_dir=ANOTHER_DIR") from error
   lock = run_lock.hold(run_dir, jax.process_index())
   try:
-    return _run(cfg, run_dir, resume=resume, log=log)
+    return _run(cfg, run_dir, resume=resume, log=log, learner_devices=learner_devices,
+                sampler_envs=sampler_envs)
   finally:
     lock.close()
 
 
-def _run(cfg: Config, run_dir: pathlib.Path, *, resume: bool, log) -> dict:
+def local_devices(cfg: Config) -> tuple[list[jax.Device] | None, list[dict[str, str]]]:
+  """(the learner's devices, each local sampler process's environment) under
+  `run.device_split` (`sao_jax.sharding.device_split`), checked against this host's
+  devices before anything compiles; without a split, (None: all devices, no
+  variables)."""
+  if not cfg.run.device_split:
+    return None, [{} for _ in range(cfg.run.num_samplers)]
+  if jax.process_count() > 1:
+    raise ValueError(f"run.device_split={cfg.run.device_split} splits one host's devices, and "
+                     f"this learner spans {jax.process_count()} hosts; set run.device_split=[] "
+                     "and run the samplers on their own hosts (sao-sampler)")
+  return device_split.local_plan(cfg.run.device_split, jax.local_devices(), os.environ)
+
+
+def _run(cfg: Config, run_dir: pathlib.Path, *, resume: bool, log,
+         learner_devices: list[jax.Device] | None, sampler_envs: list[dict[str, str]]) -> dict:
   if jax.process_count() > 1 and cfg.run.eval_every:
     raise ValueError(f"run.eval_every={cfg.run.eval_every}: in-run evaluation needs the whole "
                      f"policy on one host, and this learner spans {jax.process_count()} hosts; "
@@ -245,7 +267,8 @@ def _run(cfg: Config, run_dir: pathlib.Path, *, resume: bool, log) -> dict:
   transport = learner_transport(cfg, drops, secret)
   supervisor = SamplerSupervisor(
       [WorkerSpec(cfg=cfg, tokenizer_path=cfg.run.tokenizer_file, weights=publisher.spec,
-                  transport=transport, worker_id=i) for i in range(cfg.run.num_samplers)],
+                  transport=transport, worker_id=i, env=tuple(sorted(sampler_envs[i].items())))
+       for i in range(cfg.run.num_samplers)],
       log=log)
   published = {"version": -1}
   # Waiting for trajectories, the learner restarts samplers that died: one that died
@@ -309,7 +332,8 @@ def _run(cfg: Config, run_dir: pathlib.Path, *, resume: bool, log) -> dict:
   try:
     result = run_learner(cfg, with_host_metrics, on_metrics=on_metrics, after_step=after_step,
                          on_start=on_start, resume=resume, initial_state=initial_state,
-                         base_state=base_state, log=log)
+                         base_state=base_state, log=log,
+                         mesh=make_mesh(cfg.mesh, learner_devices) if learner_devices else None)
   finally:
     transport.close()
     supervisor.stop()

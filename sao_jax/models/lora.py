@@ -29,9 +29,10 @@ when new adapters arrive. W' is stored in W's dtype: with a bfloat16 base the
 forward sees bf16(W + s A B), exactly what a full fine-tune's bf16 weights see.
 
 QLoRA (`lora.base_quantization="nf4"`): the targeted base kernels are held as NF4
-codes (`frozen_base`), and W in W' is their dequantisation, NF4[code] * scale; the
-learner and every sampler quantise the same base the same way, so both run the
-same W'.
+codes (`frozen_base`), and W in W' is their dequantisation, NF4[code] * scale, in
+bitsandbytes' layout (`sao_jax.models.nf4`), so W is what bitsandbytes' NF4 loads of
+the same base hold and an exported adapter on such a base reproduces W'; the learner
+and every sampler quantise the same base the same way, so both run the same W'.
 """
 
 from __future__ import annotations
@@ -130,7 +131,8 @@ def delta(a_IxR: jax.Array, b_RxO: jax.Array, shape: tuple[int, ...], scale: flo
 def frozen_base(policy: Params, model_cfg: ModelConfig, lora_cfg: LoraConfig) -> Params:
   """The base as the learner and samplers hold it: `policy` itself, or with
   `lora.base_quantization="nf4"` (QLoRA) each targeted kernel replaced by its NF4
-  codes and block maxima (`sao_jax.models.nf4`, on the [in, out] view)."""
+  codes and block maxima (`sao_jax.models.nf4`: bitsandbytes' blocks of the [out, in]
+  weight)."""
   if not lora_cfg.quantized:
     return policy
   paths = adapter_paths(model_cfg, lora_cfg)
@@ -156,7 +158,7 @@ def merge(base: Params, adapters: Params, lora_cfg: LoraConfig, model_cfg: Model
       return w
     kernel = kernels[path]
     if nf4.is_quantized(w):
-      w = nf4.dequantize(w, kernel.dtype).reshape(kernel.shape)
+      w = nf4.dequantize(w, lora_cfg.quant_block, kernel.dtype).reshape(kernel.shape)
     w_plus = w.astype(jnp.float32) + delta(ab["a"], ab["b"], w.shape, lora_cfg.scale)
     return w_plus.astype(w.dtype)
 
@@ -165,22 +167,40 @@ def merge(base: Params, adapters: Params, lora_cfg: LoraConfig, model_cfg: Model
 
 def base_shardings(model_cfg: ModelConfig, lora_cfg: LoraConfig, mesh: jax.sharding.Mesh) -> Params:
   """NamedShardings of a `frozen_base`: the params' (`param_shardings`); an NF4
-  kernel's codes and scales split their rows (the kernel's input) as its first dim
-  is split, which is a contiguous split of the flattened input when only the first
-  of its input dims is sharded (o_proj's heads), else they are replicated."""
+  kernel's codes [out, in/2] and scales [out, in/block] (`nf4.quantize`) split their
+  rows as the kernel's output and their columns as its input, where that is a
+  contiguous split of the flattened dims (only the first of the kernel's output, or
+  input, dims sharded: q_proj's heads, o_proj's heads) into whole bytes and whole
+  blocks; otherwise that dim is replicated, as are flat scales (blocks crossing rows)."""
   shardings = param_shardings(model_cfg, mesh, "lm")
   if not lora_cfg.quantized:
     return shardings
   paths = adapter_paths(model_cfg, lora_cfg)
+  mesh_shape = dict(mesh.shape)
+
+  def contiguous(dims_spec):
+    """The mesh axes of a group of dims when only its first dim is split, else None."""
+    return dims_spec[0] if dims_spec and all(axis is None for axis in dims_spec[1:]) else None
+
+  def fits(axes, size):
+    """`axes` if they split `size` evenly, else None (that dim replicated)."""
+    names = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+    return axes if size % math.prod(mesh_shape[a] for a in names) == 0 else None
+
+  def named(*spec):
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec))
 
   def one(keypath, sharding):
     path = param_path(keypath)
     if path not in paths:
       return sharding
-    spec = tuple(sharding.spec) + (None,) * 3
-    split = KERNEL_DIMS[path.rsplit("/", 1)[-1]][0]
-    rows = spec[0] if all(axis is None for axis in spec[1:split]) else None
-    row_split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(rows, None))
-    return {key: row_split for key in nf4.KEYS}
+    in_dim, out_dim = paths[path]
+    split, ndim = KERNEL_DIMS[path.rsplit("/", 1)[-1]]
+    spec = tuple(sharding.spec) + (None,) * (ndim - len(sharding.spec))
+    rows, cols = contiguous(spec[split:]), contiguous(spec[:split])
+    scales_shape = nf4.absmax_shape(in_dim, out_dim, lora_cfg.quant_block)
+    scales = (named(rows, fits(cols, scales_shape[1])) if len(scales_shape) == 2
+              else named(None))
+    return {"nf4_codes": named(rows, fits(cols, in_dim // 2)), "nf4_absmax": scales}
 
   return jax.tree_util.tree_map_with_path(one, shardings)

@@ -90,14 +90,16 @@ def prepare_chat(cfg: Config) -> ChatFormat:
   return chat
 
 
-def initial_policy(cfg: Config) -> Params:
+def initial_policy(cfg: Config, mesh: jax.sharding.Mesh | None = None) -> Params:
+  """The policy `run.init` names (random, a Hugging Face or a params directory); with
+  `mesh`, each param is placed on its shards of it as it is read."""
   if cfg.run.init == "random":
-    return init_params(cfg.model, jax.random.key(cfg.seed))
+    return init_params(cfg.model, jax.random.key(cfg.seed), mesh=mesh)
   path = pathlib.Path(cfg.run.init)
   if (path / "config.json").is_file():
-    model_cfg, params = hf.load_hf(path)
+    model_cfg, params = hf.load_hf(path, mesh)
   elif (path / params_io.CONFIG_FILE).is_file():
-    model_cfg, _, params = params_io.load_params(path)
+    model_cfg, _, params = params_io.load_params(path, mesh)
   else:
     raise ValueError(f"run.init={cfg.run.init!r} is neither 'random', a Hugging Face directory "
                      "(config.json) nor a sao-convert params directory")

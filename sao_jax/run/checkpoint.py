@@ -8,6 +8,8 @@ One checkpoint per saved step, three items:
   data   the data pipeline's JSON state (iterator position, RNG, counters), so a
          resumed run consumes exactly the batches an uninterrupted one would;
   meta   the run's config, step and policy version, checked on restore.
+`restore_items` reads chosen fields of the state only (orbax's partial restore):
+`sao-eval` reads the policy and never the critic or optimizer states.
 
 Atomicity: orbax writes a step into a temporary directory and renames it only
 after every item is finalised, so `latest_step()` never sees a half-written
@@ -183,7 +185,35 @@ class Checkpointer:
       (self.directory / str(step)).rename(target)
     return target
 
-  def _restore_step(self, abstract_state: Any, step: int) -> tuple[Any, dict, dict]:
+  def restore_items(self, target: dict[str, Any], step: int | None = None) -> tuple[dict, dict]:
+    """(the `target` fields of the train state of checkpoint `step` (default: the
+    latest), meta). `target` maps `TrainState` field names to abstract trees with
+    shardings (e.g. {"policy_params": params}); only those leaves are read (orbax's
+    partial restore): the rest of the state (critic, optimizer states) is never
+    loaded, and each leaf is read straight onto its shards. The meta is checked as
+    `restore` checks it; nothing is moved aside."""
+    if step is None:
+      step = self.latest_step()
+      if step is None:
+        raise CheckpointError(f"no finished checkpoint in {self.directory}")
+    elif step not in self.all_steps():
+      raise CheckpointError(f"no checkpoint of step {step} in {self.directory}; its steps are "
+                            f"{self.all_steps() or 'none'}: pass one of them, or no step for "
+                            "the latest")
+    meta = self._checked_meta(step)
+    try:
+      restored = self._manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.PyTreeRestore(
+              item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+              partial_restore=True)))
+    except Exception as error:
+      raise CheckpointError(f"checkpoint {self.directory / str(step)} does not restore "
+                            f"{sorted(target)}: {plain_error(error)}") from error
+    return restored["state"], meta
+
+  def _checked_meta(self, step: int) -> dict:
+    """The meta of checkpoint `step`; _Damaged if it does not read, CheckpointError
+    if it is of another model, LoRA layout or format than this run's config."""
     path = self.directory / str(step)
     try:
       meta = self._manager.restore(step, args=ocp.args.Composite(
@@ -199,6 +229,11 @@ class Checkpointer:
           f"checkpoint {path} does not match this run: "
           + ("; ".join(diffs) or f"format {meta.get('format')} != {FORMAT_VERSION}")
           + ". Point checkpoint.directory elsewhere or restore with the original model config.")
+    return meta
+
+  def _restore_step(self, abstract_state: Any, step: int) -> tuple[Any, dict, dict]:
+    path = self.directory / str(step)
+    meta = self._checked_meta(step)
     try:
       restored = self._manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))

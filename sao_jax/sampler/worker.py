@@ -53,6 +53,7 @@ the newest weights.
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import dataclasses
 import multiprocessing
@@ -62,7 +63,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from sao_jax.channel.transport import TransportClosed
 from sao_jax.config import Config
@@ -84,6 +85,9 @@ class WorkerSpec:
   weights: Any  # a publisher's .spec (sampler.weights selects the backend)
   transport: Any  # QueueTransport | DirectoryTransport
   worker_id: int = 0
+  # Environment variables the process starts with (`spawned_with`): the devices it
+  # may open (`sao_jax.sharding.device_split.sampler_env`).
+  env: tuple[tuple[str, str], ...] = ()
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -114,6 +118,24 @@ def exit_without_flushing(code: int) -> None:
     except (OSError, ValueError):  # a closed or broken stream: nothing left to save
       pass
   os._exit(code)
+
+
+@contextlib.contextmanager
+def spawned_with(variables: dict[str, str]) -> Iterator[None]:
+  """`os.environ` with `variables` set, restored after: a process spawned inside
+  starts with them, so JAX reads them when it is first imported there (its config
+  flags, e.g. JAX_NUM_CPU_DEVICES, are read at import, before `process_main` could
+  set anything). Spawns happen on the supervisor's thread, one at a time."""
+  saved = {name: os.environ.get(name) for name in variables}
+  os.environ.update(variables)
+  try:
+    yield
+  finally:
+    for name, value in saved.items():
+      if value is None:
+        os.environ.pop(name, None)
+      else:
+        os.environ[name] = value
 
 
 def process_main(run: Callable[[WorkerSpec, Callable[[], bool]], None], spec: WorkerSpec,
@@ -389,7 +411,8 @@ class SamplerSupervisor:
     process = self._context.Process(
         target=process_main, name=f"sao-sampler-{spec.worker_id}",
         args=(self._run, spec, self._stop, self._errors, os.getpid()), daemon=True)
-    process.start()
+    with spawned_with(dict(spec.env)):
+      process.start()
     self._processes[spec.worker_id] = process
 
   def start(self) -> None:

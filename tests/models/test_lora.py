@@ -10,6 +10,7 @@ import pytest
 import transformers
 
 import tiny
+from nf4_reference import nf4_reference
 from tiny import DENSE, MOE, build_hf, hf_logits, padded_batch
 
 from sao_jax.config import LoraConfig
@@ -106,45 +107,16 @@ def test_bad_targets_are_named():
 QLORA = dataclasses.replace(LORA, base_quantization="nf4", quant_block=16)
 
 
-def nf4_reference(w_IxO, block):
-  """Python loop: per block of a row, m = max |w|; each value -> the index of the NF4
-  level nearest to w / m (ties to the lower); restored as level * m."""
-  codes, restored = np.zeros(w_IxO.shape, np.int64), np.zeros(w_IxO.shape, np.float32)
-  for i in range(w_IxO.shape[0]):
-    for start in range(0, w_IxO.shape[1], block):
-      values = w_IxO[i, start:start + block].astype(np.float32)
-      m = np.float32(np.max(np.abs(values)))
-      for j, v in enumerate(values):
-        x = np.float32(v / m) if m > 0 else np.float32(0.0)
-        distances = [abs(float(x) - float(level)) for level in nf4.NF4_LEVELS]
-        code = int(np.argmin(distances))  # first minimum: the lower level on a tie
-        codes[i, start + j] = code
-        restored[i, start + j] = nf4.NF4_LEVELS[code] * m
-  return codes, restored
-
-
-def test_nf4_matches_a_loop_reference():
-  w = np.asarray(jax.random.normal(jax.random.key(4), (6, 48))) * 0.05
-  w[2, 16:32] = 0.0  # an all-zero block: scale 0, restored as 0
-  q = nf4.quantize(jnp.asarray(w), 16)
-  codes, restored = nf4_reference(w, 16)
-  packed = np.asarray(q["nf4_codes"])
-  np.testing.assert_array_equal(np.stack([packed >> 4, packed & 15], -1).reshape(6, 48), codes)
-  np.testing.assert_array_equal(np.asarray(nf4.dequantize(q, jnp.float32)), restored)
-  with pytest.raises(ValueError, match="48 output values.*blocks of 20"):
-    nf4.quantize(jnp.asarray(w), 20)
-
-
 @pytest.mark.slow  # a Python-loop NF4 of every kernel, and a merge compile
 def test_qlora_base_is_nf4_and_step_zero_is_its_dequantization(base):
   """The base is held as NF4 codes; zero-B adapters give exactly the model whose
-  targeted kernels are the loop reference's dequantization."""
+  targeted kernels are the bitsandbytes-layout loop reference's dequantization."""
   held = lora.frozen_base(base, DENSE, QLORA)
   paths = lora.adapter_paths(DENSE, QLORA)
   reference = {}
   for keypath, w in jax.tree_util.tree_flatten_with_path(base)[0]:
     path = transformer.param_path(keypath)
-    reference[path] = (nf4_reference(np.asarray(w).reshape(paths[path]), 16)[1].reshape(w.shape)
+    reference[path] = (nf4_reference(np.asarray(w).reshape(paths[path]), 16)[3].T.reshape(w.shape)
                        if path in paths else np.asarray(w))
   dequantized = jax.tree.unflatten(jax.tree.structure(base), list(reference.values()))
   # Targeted kernels: half a byte a value plus a float32 scale per 16, against 4 bytes.

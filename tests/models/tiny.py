@@ -59,10 +59,12 @@ FAMILY_KINDS = {
 }
 
 
-def build_hf(kind: str, seed: int = 0) -> transformers.PreTrainedModel:
+def build_hf(kind: str, seed: int = 0, **sizes) -> transformers.PreTrainedModel:
+  """A random tiny HF model; `sizes` override the common config fields (hidden_size ...)."""
   common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                 num_attention_heads=4, num_key_value_heads=2, head_dim=8,
                 max_position_embeddings=128)
+  common.update(sizes)
   if kind in FAMILY_KINDS:
     config_cls, model_cls, fields = FAMILY_KINDS[kind]
     model = model_cls(config_cls(**common, **fields))
