@@ -1,6 +1,7 @@
 """One learner per run directory (sao_jax.run.lock)."""
 
 import os
+import tempfile
 
 import pytest
 
@@ -30,3 +31,20 @@ def test_sao_train_refuses_a_run_directory_another_learner_holds(tmp_path):
   finally:
     held.close()
   assert not (tmp_path / "config.json").exists()  # refused before it wrote anything
+
+
+def test_a_bucket_run_directory_is_locked_on_this_host(tmp_path, monkeypatch):
+  # flock needs a local file: a bucket run's lock is one in the temporary directory
+  # (before: pathlib made gs://bucket/run a local gs:/bucket/run directory to lock in).
+  monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+  (tmp_path / "tmp").mkdir()
+  monkeypatch.chdir(tmp_path)
+  first = run_lock.hold("gs://bucket/run")
+  with pytest.raises(ValueError, match="run.run_dir='gs://bucket/run/' is in use by another "
+                     f"learner \\(pid {os.getpid()}"):
+    run_lock.hold("gs://bucket/run/")  # the same run, however it is written
+  run_lock.hold("gs://bucket/other").close()  # another run
+  run_lock.hold("gs://bucket/run", host=1).close()
+  first.close()
+  assert sorted(os.listdir(tmp_path)) == ["tmp"]
+  assert run_lock.lock_path("gs://bucket/run").parent == tmp_path / "tmp" / run_lock.LOCAL_LOCKS

@@ -18,12 +18,11 @@ RUN_DIR/eval/step_<step>.json).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import pathlib
 import sys
 from typing import Sequence
 
+from sao_jax import storage
 from sao_jax.cli import flags
 from sao_jax.config import load_config
 
@@ -54,9 +53,13 @@ def main(argv: Sequence[str] | None = None) -> None:
   if args.episodes is not None and args.episodes < 1:
     parser.error(f"--episodes {args.episodes}: expected at least 1 task")
   # Checked before the evaluation, which can take hours, not when its report is written.
-  if args.output and pathlib.Path(args.output).is_dir():
+  try:  # a bucket URL (sao_jax.storage) needs its filesystem's package
+    output = storage.as_path(args.output) if args.output else None
+  except ValueError as error:
+    parser.error(f"--output: {error}")
+  if output is not None and output.is_dir():
     parser.error(f"--output {args.output!r} is a directory; pass a file path, e.g. "
-                 f"{pathlib.Path(args.output) / 'report.json'}")
+                 f"{output / 'report.json'}")
   overrides = list(args.overrides)
   for field, value in (("eval_samples", args.samples), ("eval_temperature", args.temperature),
                        ("eval_pass_k", args.pass_k)):
@@ -74,17 +77,12 @@ def main(argv: Sequence[str] | None = None) -> None:
       report = evaluation.evaluate_checkpoint(cfg, args.step, limit=args.episodes)
   except (ValueError, FileNotFoundError) as error:
     parser.exit(2, f"error: {error}\n")
-  output = pathlib.Path(args.output or (
-      evaluation.policy_report_path(cfg, args.policy) if args.policy
-      else evaluation.report_path(cfg, report["step"])))
-  partial = output.with_name(output.name + ".tmp")
+  if output is None:
+    output = (evaluation.policy_report_path(cfg, args.policy) if args.policy
+              else evaluation.report_path(cfg, report["step"]))
   try:  # written whole or not at all: a full disk leaves no half report to be read
-    output.parent.mkdir(parents=True, exist_ok=True)
-    partial.write_text(json.dumps(report, indent=2))
-    partial.replace(output)
+    storage.write_atomic(output, json.dumps(report, indent=2).encode())
   except OSError as error:
-    with contextlib.suppress(OSError):
-      partial.unlink(missing_ok=True)
     parser.exit(1, f"error: cannot write the report to {str(output)!r} ({error}); the scores "
                 f"follow, pass --output ANOTHER_FILE next time\n{json.dumps(report)}\n")
   scored = f"policy {args.policy}" if args.policy else f"checkpoint step {report['step']}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from sao_jax import storage
 from sao_jax.config.checks import check_choice, check_positive, fail
 
 TRANSPORTS = ("queue", "directory")
@@ -37,6 +38,10 @@ class DataConfig:
     if self.transport == "directory" and not self.transport_dir:
       fail("data", "transport_dir", self.transport_dir,
            "transport='directory' needs a directory shared by learner and samplers")
+    if storage.is_url(self.transport_dir):  # pathlib would make it a local gs:/ directory
+      fail("data", "transport_dir", self.transport_dir, "the directory transport claims records "
+           "by renaming files, which a bucket cannot do atomically; use a filesystem every "
+           "learner and sampler host mounts (NFS, Filestore)")
     check_positive("data", self, "transport_capacity")
     if isinstance(self.max_lag, bool) or not isinstance(self.max_lag, int) or self.max_lag < 0:
       fail("data", "max_lag", self.max_lag, "expected an integer >= 0")

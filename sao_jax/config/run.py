@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 
+from sao_jax import storage
 from sao_jax.config.checks import check_positive, fail
 
 # Where metrics go besides run_dir/metrics.jsonl, which is always written (resume,
@@ -65,7 +66,8 @@ class RunConfig:
   after a preemption continue the run (`sao-train --resume auto`).
   """
 
-  # Directory of the run's outputs: metrics, checkpoints, tokenizer, plots.
+  # Directory of the run's outputs: metrics, checkpoints, tokenizer, plots; or a bucket
+  # URL (gs://bucket/run; without tensorboard, with run.tokenizer: sao_jax.storage).
   run_dir: str = "runs/default"
   # Initial policy: random, a Hugging Face directory or a sao-convert params directory.
   init: str = "random"
@@ -100,7 +102,10 @@ class RunConfig:
   @property
   def tokenizer_file(self) -> str:
     """The run's own tokenizer.json, which the learner writes (trained, or a copy of
-    `tokenizer`) and `sao-eval` reads."""
+    `tokenizer`) and `sao-eval` reads; a bucket run directory keeps no copy
+    (`tokenizers` reads local files) and reads `tokenizer`, which it must set."""
+    if storage.is_url(self.run_dir):
+      return self.tokenizer
     return str(pathlib.Path(self.run_dir) / "tokenizer.json")
 
   @property
@@ -112,11 +117,12 @@ class RunConfig:
   @property
   def default_checkpoint_dir(self) -> str:
     """Where checkpoints go unless `checkpoint.directory` says otherwise."""
-    return str(pathlib.Path(self.run_dir) / "checkpoints")
+    return storage.join(self.run_dir, "checkpoints")
 
   def validate(self) -> None:
     if not self.run_dir:
       fail("run", "run_dir", self.run_dir, "expected a directory for logs and checkpoints")
+    self._validate_bucket()
     if not self.init:
       fail("run", "init", self.init, "expected 'random' or a model directory")
     if not isinstance(self.enable_thinking, bool):
@@ -155,6 +161,24 @@ class RunConfig:
     """Greedy validation episodes per SFT check: `sft_check_episodes`, 0 meaning
     `eval_episodes`."""
     return self.sft_check_episodes or self.eval_episodes
+
+  def _validate_bucket(self) -> None:
+    """A bucket run_dir holds what `sao_jax.storage` lists; what needs local files is
+    refused, not written to a local `gs:/bucket` directory (pathlib's reading)."""
+    if storage.is_url(self.tokenizer):
+      fail("run", "tokenizer", self.tokenizer, "the tokenizers library reads local files; "
+           "copy the tokenizer.json (or the model directory) to this host and name that")
+    if not storage.is_url(self.run_dir):
+      return
+    if "tensorboard" in self.loggers:
+      fail("run", "loggers", self.loggers, f"run.run_dir={self.run_dir!r} is a bucket and "
+           "TensorBoard writes local files; set run.loggers= (or wandb): metrics.jsonl in the "
+           "bucket holds every row and `sao-train --plot RUN_DIR` draws them")
+    if not self.tokenizer:
+      fail("run", "tokenizer", self.tokenizer, f"run.run_dir={self.run_dir!r} is a bucket, "
+           "which keeps no tokenizer copy (the tokenizers library reads local files): set "
+           "run.tokenizer to a local tokenizer.json or model directory (run.init=DIR sets it "
+           "when DIR holds one), or train the tokenizer in a local run directory first")
 
   def _validate_eval_and_loggers(self) -> None:
     ks = self.eval_pass_k

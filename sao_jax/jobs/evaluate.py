@@ -38,6 +38,7 @@ import jax
 import numpy as np
 import tqdm
 
+from sao_jax import storage
 from sao_jax.chat import ChatFormat, load_chat
 from sao_jax.config import Config, SamplerConfig
 from sao_jax.config.dataset import DATASET_SOURCES
@@ -87,7 +88,7 @@ class Evaluator:
     self._chat = chat
 
   def evaluate(self, params: Params, version: int, *,
-               transcripts: pathlib.Path | None = None) -> dict[str, float]:
+               transcripts=None) -> dict[str, float]:
     """Metrics of the module docstring; with `transcripts`, the first
     `run.eval_transcripts` episodes are written there too."""
     self._episodes.engine.set_params(jax.device_put(params), version)
@@ -190,11 +191,11 @@ def benchmark(cfg: Config, chat: ChatFormat, params: Params, *, version: int = 0
           **eval_scores.summarize(scores, run.eval_pass_k if n else ())}
 
 
-def write_transcripts(path: pathlib.Path, trajs: list[Trajectory], chat: ChatFormat) -> None:
+def write_transcripts(path, trajs: list[Trajectory], chat: ChatFormat) -> None:
   """One JSON line per episode: {"task", "reward", "turns", "env_failure", "text"},
   the text being the whole token sequence decoded (prompt, actions, observations,
-  special tokens kept), written atomically (`metrics.write_jsonl`)."""
-  path.parent.mkdir(parents=True, exist_ok=True)
+  special tokens kept), written atomically (`metrics.write_jsonl`; `path` local or in a
+  bucket, `sao_jax.storage`)."""
   metrics.write_jsonl(path, (
       {"task": traj.info.get("task"), "reward": traj.outcome, "turns": traj.info.get("turns"),
        "env_failure": traj.env_failure,
@@ -207,20 +208,22 @@ def _success(traj: Trajectory) -> bool:
   return traj.env_failure is None and traj.outcome >= 1.0
 
 
-def report_path(cfg: Config, step: int) -> pathlib.Path:
-  """Where `sao-eval` writes the JSON report of checkpoint `step` unless told otherwise."""
-  return pathlib.Path(cfg.run.run_dir) / "eval" / f"step_{step}.json"
+def report_path(cfg: Config, step: int):
+  """Where `sao-eval` writes the JSON report of checkpoint `step` unless told otherwise
+  (a path, or an epath.Path in a bucket run directory, `sao_jax.storage`)."""
+  return storage.as_path(cfg.run.run_dir) / "eval" / f"step_{step}.json"
 
 
-def policy_report_path(cfg: Config, policy_dir: str | pathlib.Path) -> pathlib.Path:
+def policy_report_path(cfg: Config, policy_dir: str | pathlib.Path):
   """Where `sao-eval --policy DIR` writes its report unless told otherwise."""
-  return pathlib.Path(cfg.run.run_dir) / "eval" / f"policy_{pathlib.Path(policy_dir).name}.json"
+  name = pathlib.Path(policy_dir).name
+  return storage.as_path(cfg.run.run_dir) / "eval" / f"policy_{name}.json"
 
 
-def transcripts_path(cfg: Config, step: int) -> pathlib.Path:
+def transcripts_path(cfg: Config, step: int):
   """Where training writes the transcripts of its evaluation at `step` (negative
-  steps: during the SFT warm-start)."""
-  return pathlib.Path(cfg.run.run_dir) / "eval" / f"episodes_step_{step}.jsonl"
+  steps: during the SFT warm-start); in the bucket of a bucket run directory."""
+  return storage.as_path(cfg.run.run_dir) / "eval" / f"episodes_step_{step}.jsonl"
 
 
 def restore_state(cfg: Config, step: int | None = None, mesh: jax.sharding.Mesh | None = None):

@@ -30,6 +30,8 @@
    orbax checkpoints (`checkpoint.directory`, default RUN_DIR/checkpoints) and
    `curves.png` at the end. A resumed (or restarted) run replaces the rows of
    the steps it trains again (`MetricsLogger.rewind`), so each step is logged once.
+   `run.run_dir` may be a bucket URL: what lives there and what is refused is
+   `sao_jax.storage`'s list.
 """
 
 from __future__ import annotations
@@ -37,7 +39,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import pathlib
 
 import jax
 
@@ -62,13 +63,13 @@ from sao_jax.run.metrics import MetricsLogger, batch_metrics, plot_curves, read_
 from sao_jax.sampler.worker import SamplerSupervisor, WorkerSpec
 from sao_jax.sharding import device_split, distributed
 from sao_jax.sharding.mesh import make_mesh
-from sao_jax.storage import storage_path
+from sao_jax import storage
 
 
 def checkpoint_directory(cfg: Config):
   """The run's checkpoint directory (a path, or an epath.Path in a bucket) and whether it
   holds any checkpoint yet."""
-  checkpoints = storage_path(cfg.with_run_paths().checkpoint.directory)
+  checkpoints = storage.storage_path(cfg.with_run_paths().checkpoint.directory)
   # Orbax names a finished step's directory by the step; a save killed midway leaves
   # only a `<step>.orbax-checkpoint-tmp-*` directory, which holds no checkpoint.
   return checkpoints, checkpoints.is_dir() and any(
@@ -135,7 +136,7 @@ def resume_decision(cfg: Config, log=print) -> bool:
   return True
 
 
-def rl_gain(run_dir: pathlib.Path) -> dict[str, float]:
+def rl_gain(run_dir) -> dict[str, float]:
   """Held-out accuracy at RL step 0 (after any warm-start), at the last evaluation,
   and their difference: what the RL phase itself gained. Read from metrics.jsonl,
   so a resumed run reports it too; empty without evaluations at and after step 0."""
@@ -183,13 +184,14 @@ def run(cfg: Config, *, resume: bool | None = True, log=print) -> dict:
   learner_devices, sampler_envs = local_devices(cfg)
   if resume is None:
     resume = resume_decision(cfg, log)
-  run_dir = pathlib.Path(cfg.run.run_dir)
+  run_dir = storage.as_path(cfg.run.run_dir)  # a bucket URL: an epath (sao_jax.storage)
   try:
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if not storage.is_url(cfg.run.run_dir):  # a bucket's object names make its directories
+      run_dir.mkdir(parents=True, exist_ok=True)
   except OSError as error:  # a file there or in its parents, no permission, a full disk
     raise ValueError(f"run.run_dir={cfg.run.run_dir!r} cannot be created as a directory "
                      f"({error.strerror or error}); set --set run.run_dir=ANOTHER_DIR") from error
-  lock = run_lock.hold(run_dir, jax.process_index())
+  lock = run_lock.hold(cfg.run.run_dir, jax.process_index())
   try:
     return _run(cfg, run_dir, resume=resume, log=log, learner_devices=learner_devices,
                 sampler_envs=sampler_envs)
@@ -211,7 +213,7 @@ def local_devices(cfg: Config) -> tuple[list[jax.Device] | None, list[dict[str, 
   return device_split.local_plan(cfg.run.device_split, jax.local_devices(), os.environ)
 
 
-def _run(cfg: Config, run_dir: pathlib.Path, *, resume: bool, log,
+def _run(cfg: Config, run_dir, *, resume: bool, log,
          learner_devices: list[jax.Device] | None, sampler_envs: list[dict[str, str]]) -> dict:
   if jax.process_count() > 1 and cfg.run.eval_every:
     raise ValueError(f"run.eval_every={cfg.run.eval_every}: in-run evaluation needs the whole "
@@ -228,7 +230,8 @@ def _run(cfg: Config, run_dir: pathlib.Path, *, resume: bool, log,
     make_env(cfg.env).close()
   except IsolationUnavailable as error:
     raise ValueError(f"env.sandbox={cfg.env.sandbox!r}: {error}") from None
-  (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
+  storage.write_atomic(run_dir / "config.json",
+                       json.dumps(dataclasses.asdict(cfg), indent=2).encode())
   source = "random init" if cfg.run.init == "random" else f"run.init={cfg.run.init}"
   log(f"model section ({source}; saved in {run_dir / 'config.json'}): "
       f"{init_model.describe(cfg.model)}")
@@ -346,5 +349,5 @@ def _run(cfg: Config, run_dir: pathlib.Path, *, resume: bool, log,
   summary.update(rl_gain(run_dir))
   if "eval/rl_gain" in summary:
     log(rl_gain_line(summary, cfg.run.eval_episodes, cfg.run.eval_temperature))
-  (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+  storage.write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2).encode())
   return summary

@@ -18,6 +18,7 @@ from typing import Iterator
 
 import jax
 
+from sao_jax import storage
 from sao_jax.chat import ChatFormat, chat_format, tool_calls
 from sao_jax.config import Config
 from sao_jax.config.dataset import DATASET_SOURCES
@@ -72,7 +73,8 @@ def prepare_chat(cfg: Config) -> ChatFormat:
   trained on the environment's texts, with its chat format (the template the
   tokenizer directory ships, else ChatML; `run.enable_thinking`). The run's copy
   (`run.tokenizer_file` and the template files beside it, what samplers and
-  `sao-eval` load) is written if missing."""
+  `sao-eval` load) is written if missing; a bucket run directory keeps none and
+  they load `run.tokenizer` (`config.run`)."""
   copy = pathlib.Path(cfg.run.tokenizer_file)
   source = cfg.run.tokenizer or (copy if copy.is_file() else None)
   if source:
@@ -83,7 +85,7 @@ def prepare_chat(cfg: Config) -> ChatFormat:
     raise ValueError(f"the tokenizer has {tokenizer.get_vocab_size()} tokens but "
                      f"model.vocab_size={cfg.model.vocab_size}; raise model.vocab_size")
   chat = chat_format(source, tokenizer, enable_thinking=cfg.run.enable_thinking)
-  if not copy.is_file():
+  if not storage.is_url(cfg.run.run_dir) and not copy.is_file():
     copy.parent.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(copy))
     chat.save(copy.parent)

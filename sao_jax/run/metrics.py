@@ -22,6 +22,13 @@ line torn by the crash is dropped, and the TensorBoard events are rewritten
 from the rows kept (a new event file, whose purge marker hides older events
 from step s on, then the older files are removed), so each step appears once
 in the file, the plot and TensorBoard. (W&B cannot remove rows: see `tracking`.)
+
+`run_dir` may be a bucket URL (`sao_jax.storage`): an object cannot be appended to,
+so there the logger keeps the rows and uploads the whole file with every row (one
+atomic object write: readers see the rows up to the last one written, never a torn
+line; its cost grows with the run, the file's size per row), and the rewind keeps the
+rows read back from the bucket. TensorBoard needs local files (refused by
+`config.run` for a bucket run_dir).
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
+from sao_jax import storage
 from sao_jax.config.run import DEFAULT_LOGGERS
 from sao_jax.data.pipeline import BatchInfo, Drops
 
@@ -125,21 +133,28 @@ class MetricsLogger:
   def __init__(self, run_dir: str | pathlib.Path, *, total_steps: int,
                loggers: tuple[str, ...] = DEFAULT_LOGGERS, wandb_project: str = "",
                name: str = "", config: dict | None = None):
-    self.run_dir = pathlib.Path(run_dir)
-    self.run_dir.mkdir(parents=True, exist_ok=True)
+    self.run_dir = storage.as_path(run_dir)
+    self._bucket = storage.is_url(run_dir)
+    if not self._bucket:  # a bucket has no directories: its objects' names make them
+      self.run_dir.mkdir(parents=True, exist_ok=True)
     self._wandb = None
     if "wandb" in loggers:  # first: the one that can refuse (not installed)
       from sao_jax.run.tracking import WandbLogger
 
-      self._wandb = WandbLogger(self.run_dir, project=wandb_project, name=name,
-                                config=config or {})
+      # W&B writes local files: beside a bucket's rows, in its default directory.
+      self._wandb = WandbLogger(None if self._bucket else self.run_dir, project=wandb_project,
+                                name=name, config=config or {})
     self._tb = None
     if "tensorboard" in loggers:
       from tensorboardX import SummaryWriter  # heavy import, only where a run writes
 
       self._summary_writer = SummaryWriter
       self._tb = SummaryWriter(str(self.run_dir / TENSORBOARD_DIR))
-    self._jsonl = open(self.run_dir / METRICS_FILE, "a", encoding="utf-8")
+    self._jsonl = None if self._bucket else open(self.run_dir / METRICS_FILE, "a",
+                                                  encoding="utf-8")
+    # A bucket's rows, all uploaded again with each one (objects cannot be appended to).
+    self._rows = _rows(self.run_dir / METRICS_FILE) if self._bucket and (
+        self.run_dir / METRICS_FILE).is_file() else []
     self._total = total_steps
     self._first: tuple[float, int] | None = None  # (time, step) of the first progress line
     self._tokens = 0.0  # tokens trained since the first progress line
@@ -151,8 +166,13 @@ class MetricsLogger:
       self.last_eval = {k: v for k, v in clean.items() if k.startswith("eval/")}
     if self._first is not None:
       self._tokens += clean.get("tokens/total", 0.0)
-    self._jsonl.write(json.dumps({"step": step, "time": time.time(), **clean}) + "\n")
-    self._jsonl.flush()
+    row = {"step": step, "time": time.time(), **clean}
+    if self._bucket:
+      self._rows.append(row)
+      write_jsonl(self.run_dir / METRICS_FILE, self._rows)
+    else:
+      self._jsonl.write(json.dumps(row) + "\n")
+      self._jsonl.flush()
     self._add_scalars(step, clean)
     if self._wandb is not None:
       self._wandb.write(step, clean)
@@ -167,10 +187,16 @@ class MetricsLogger:
   def rewind(self, step: int | None) -> None:
     """Forgets the rows a run starting at checkpoint `step` (None: afresh) writes again."""
     path = self.run_dir / METRICS_FILE
-    self._jsonl.close()
-    kept = [] if step is None else [row for row in _rows(path) if not _replayed(row, step)]
-    write_jsonl(path, kept)
-    self._jsonl = open(path, "a", encoding="utf-8")
+    if self._bucket:
+      kept = [] if step is None or not path.is_file() else [
+          row for row in _rows(path) if not _replayed(row, step)]
+      self._rows = kept
+      write_jsonl(path, kept)
+    else:
+      self._jsonl.close()
+      kept = [] if step is None else [row for row in _rows(path) if not _replayed(row, step)]
+      write_jsonl(path, kept)
+      self._jsonl = open(path, "a", encoding="utf-8")
     if self._tb is not None:
       self._rewind_tensorboard(step, kept)
 
@@ -209,7 +235,8 @@ class MetricsLogger:
     return " | ".join(parts)
 
   def close(self) -> None:
-    self._jsonl.close()
+    if self._jsonl is not None:
+      self._jsonl.close()
     if self._tb is not None:
       self._tb.close()
     if self._wandb is not None:
@@ -224,15 +251,14 @@ def _replayed(row: dict, step: int) -> bool:
   return row["step"] >= step
 
 
-def write_jsonl(path: pathlib.Path, rows: Iterable[Mapping]) -> None:
-  """One JSON object per line, written to a temporary file and renamed: a reader
-  (or a crash) sees the old file or the new one, never half of one."""
-  partial = path.with_name(path.name + ".partial")
-  partial.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-  os.replace(partial, path)
+def write_jsonl(path, rows: Iterable[Mapping]) -> None:
+  """One JSON object per line, written whole (`storage.write_atomic`: on local disk a
+  temporary file renamed, in a bucket one object): a reader (or a crash) sees the old
+  file or the new one, never half of one."""
+  storage.write_atomic(path, "".join(json.dumps(row) + "\n" for row in rows).encode("utf-8"))
 
 
-def _rows(path: pathlib.Path) -> list[dict]:
+def _rows(path) -> list[dict]:
   """The rows of a metrics file, without a last line torn by a crash mid-write."""
   lines = path.read_text(encoding="utf-8").split("\n")
   rows = []
@@ -249,14 +275,18 @@ def _rows(path: pathlib.Path) -> list[dict]:
 
 
 def read_metrics(run_dir: str | pathlib.Path) -> list[dict]:
-  path = pathlib.Path(run_dir) / METRICS_FILE
+  """The rows of `run_dir`'s metrics.jsonl (a local directory or a bucket URL)."""
+  path = storage.as_path(run_dir) / METRICS_FILE
   if not path.is_file():
     raise FileNotFoundError(f"{path} does not exist: is {run_dir} a sao-train run directory?")
   return _rows(path)
 
 
-def plot_curves(run_dir: str | pathlib.Path) -> pathlib.Path:
-  """Draws reward (training) and eval accuracy against learner step to curves.png."""
+def plot_curves(run_dir: str | pathlib.Path):
+  """Draws reward (training) and eval accuracy against learner step to curves.png
+  (in `run_dir`, a local directory or a bucket URL); returns its path."""
+  import io
+
   import matplotlib
 
   matplotlib.use("Agg")  # files only, no display
@@ -295,7 +325,9 @@ def plot_curves(run_dir: str | pathlib.Path) -> pathlib.Path:
     ax.set_xlabel("learner step (negative: SFT warm-start)")
     ax.grid(alpha=0.3)
   fig.tight_layout()
-  out = pathlib.Path(run_dir) / PLOT_FILE
-  fig.savefig(out, dpi=110)
+  out = storage.as_path(run_dir) / PLOT_FILE
+  png = io.BytesIO()
+  fig.savefig(png, format="png", dpi=110)
   plt.close(fig)
+  storage.write_atomic(out, png.getvalue())
   return out
