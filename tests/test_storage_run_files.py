@@ -158,3 +158,14 @@ def test_what_needs_local_files_is_refused_for_a_bucket(overrides, message, work
   with pytest.raises(ValueError, match=message):
     load_config(DEMO, overrides)
   assert os.listdir(workdir) == []
+
+
+def test_a_bucket_run_directory_is_refused_for_a_multi_host_learner(workdir, monkeypatch):
+  import jax
+
+  from sao_jax.jobs import train
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  with pytest.raises(ValueError, match=r"run.run_dir='gs://bucket/run' is a bucket, which the "
+                     r"2 hosts of this learner would share, .* set run.run_dir to a local"):
+    train.run(load_config(DEMO, BUCKET_RUN))
+  assert os.listdir(workdir) == []

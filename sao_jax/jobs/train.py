@@ -181,6 +181,7 @@ def run(cfg: Config, *, resume: bool | None = True, log=print) -> dict:
   # Refused before any directory is made or program compiled.
   init_model.check_init(cfg)
   init_model.check_dtypes(cfg.model, jax.devices())
+  shared_run_dir(cfg)
   learner_devices, sampler_envs = local_devices(cfg)
   if resume is None:
     resume = resume_decision(cfg, log)
@@ -197,6 +198,18 @@ def run(cfg: Config, *, resume: bool | None = True, log=print) -> dict:
                 sampler_envs=sampler_envs)
   finally:
     lock.close()
+
+
+def shared_run_dir(cfg: Config) -> None:
+  """ValueError for a bucket `run.run_dir` of a learner on several hosts: each host
+  writes its own metrics.jsonl, config.json and summary.json (its own share of the
+  batch metrics), which on one bucket would overwrite each other's; on local disks
+  each host keeps its own."""
+  if storage.is_url(cfg.run.run_dir) and jax.process_count() > 1:
+    raise ValueError(f"run.run_dir={cfg.run.run_dir!r} is a bucket, which the "
+                     f"{jax.process_count()} hosts of this learner would share, and each writes "
+                     "its own metrics.jsonl there; set run.run_dir to a local directory and "
+                     "keep checkpoint.directory in the bucket")
 
 
 def local_devices(cfg: Config) -> tuple[list[jax.Device] | None, list[dict[str, str]]]:
