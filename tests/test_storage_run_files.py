@@ -169,3 +169,42 @@ def test_a_bucket_run_directory_is_refused_for_a_multi_host_learner(workdir, mon
                      r"2 hosts of this learner would share, .* set run.run_dir to a local"):
     train.run(load_config(DEMO, BUCKET_RUN))
   assert os.listdir(workdir) == []
+
+
+# A tiny demo run (tests/cli/test_train_e2e.py's), evaluated every 2 steps.
+TINY = [
+    "model.hidden_size=32", "model.intermediate_size=64", "model.head_dim=8",
+    "model.num_attention_heads=4", "model.num_key_value_heads=2", "model.vocab_size=384",
+    "learner.batch_trajectories=8", "learner.critic_warmup_steps=1",
+    "run.sft_steps=2", "run.sft_batch=4", "run.eval_episodes=4", "run.eval_every=2",
+    "sampler.slots=4", "sampler.max_new_tokens=24", "checkpoint.save_every_steps=2",
+]
+
+
+@pytest.mark.slow  # two compiled runs with a sampler process each (minutes on 2 cores)
+def test_a_run_in_a_bucket_keeps_its_files_there_and_resumes_from_them(emulated_gcs, workdir):
+  import shutil
+
+  from sao_jax.jobs import train
+  from sao_jax.run import bootstrap
+  tokenizer = workdir / "tokenizer.json"  # local: a bucket run keeps no copy
+  bootstrap.train_run_tokenizer(load_config(DEMO, TINY), transcripts=50).save(str(tokenizer))
+  # Checkpoints stay local here: orbax writes arrays with tensorstore, whose own gs://
+  # driver the in-memory bucket does not serve (test_multihost_setup checks the URL).
+  overrides = TINY + BUCKET_RUN[:2] + [f"run.tokenizer={tokenizer}",
+                                       f"checkpoint.directory={workdir / 'ckpt'}"]
+  first = train.run(load_config(DEMO, overrides + ["learner.steps=3"]), resume=False)
+  assert first["steps_done"] == 3 and first["plot"] == f"{RUN}/curves.png"
+  names = {path.removeprefix(RUN + "/") for path in emulated_gcs.find(RUN)}
+  assert {"config.json", "metrics.jsonl", "summary.json", "curves.png",
+          "eval/episodes_step_0.jsonl", "eval/episodes_step_2.jsonl"} <= names
+  assert json.loads(emulated_gcs.cat(f"{RUN}/config.json"))["run"]["run_dir"] == RUN
+  # Killed after step 3 was logged, before its checkpoint: the relaunch trains it again.
+  shutil.rmtree(workdir / "ckpt" / "3")
+  second = train.run(load_config(DEMO, overrides + ["learner.steps=5"]), resume=True)
+  assert second["steps_done"] == 5
+  assert json.loads(emulated_gcs.cat(f"{RUN}/summary.json"))["steps_done"] == 5
+  rows = metrics_lib.read_metrics(RUN)
+  assert [r["step"] for r in rows if "reward/mean" in r] == [0, 1, 2, 3, 4]
+  assert [r["step"] for r in rows if "eval/accuracy" in r] == [-2, 0, 2, 4]
+  assert sorted(os.listdir(workdir)) == ["ckpt", "tokenizer.json"]  # no local gs:/ directory
