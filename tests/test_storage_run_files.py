@@ -134,6 +134,18 @@ def test_sao_eval_writes_its_report_into_the_bucket(emulated_gcs, workdir, monke
   assert os.listdir(workdir) == []
 
 
+def test_a_bucket_without_its_filesystem_names_the_package(workdir, monkeypatch):
+  import fsspec
+  monkeypatch.setattr(fsspec, "registry", {})
+  monkeypatch.setattr(storage.importlib.util, "find_spec", lambda name: None)
+  for use in (lambda: metrics_lib.MetricsLogger(RUN, total_steps=1, loggers=()),
+                lambda: metrics_lib.read_metrics(RUN)):
+    with pytest.raises(ValueError, match="'gs://bucket/run' is a gs:// URL, which needs the "
+                       "gcsfs package"):
+      use()
+  assert os.listdir(workdir) == []
+
+
 def test_a_bucket_run_directory_keeps_its_checkpoints_in_the_bucket(workdir):
   # Before: pathlib joined them to "gs:/bucket/run/checkpoints", a local directory.
   cfg = load_config(DEMO, BUCKET_RUN).with_run_paths()

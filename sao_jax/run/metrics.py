@@ -26,9 +26,9 @@ in the file, the plot and TensorBoard. (W&B cannot remove rows: see `tracking`.)
 `run_dir` may be a bucket URL (`sao_jax.storage`): an object cannot be appended to,
 so there the logger keeps the rows and uploads the whole file with every row (one
 atomic object write: readers see the rows up to the last one written, never a torn
-line; its cost grows with the run, the file's size per row), and the rewind keeps the
-rows read back from the bucket. TensorBoard needs local files (refused by
-`config.run` for a bucket run_dir).
+line; its cost grows with the run, the file's size per row). They are read back from
+the bucket when the logger starts, and the rewind filters them. TensorBoard needs
+local files (refused by `config.run` for a bucket run_dir).
 """
 
 from __future__ import annotations
@@ -188,8 +188,7 @@ class MetricsLogger:
     """Forgets the rows a run starting at checkpoint `step` (None: afresh) writes again."""
     path = self.run_dir / METRICS_FILE
     if self._bucket:
-      kept = [] if step is None or not path.is_file() else [
-          row for row in _rows(path) if not _replayed(row, step)]
+      kept = [] if step is None else [row for row in self._rows if not _replayed(row, step)]
       self._rows = kept
       write_jsonl(path, kept)
     else:
