@@ -64,12 +64,13 @@ from sao_jax.sampler.worker import SamplerSupervisor, WorkerSpec
 from sao_jax.sharding import device_split, distributed
 from sao_jax.sharding.mesh import make_mesh
 from sao_jax import storage
+from sao_jax.storage import storage_path
 
 
 def checkpoint_directory(cfg: Config):
   """The run's checkpoint directory (a path, or an epath.Path in a bucket) and whether it
   holds any checkpoint yet."""
-  checkpoints = storage.storage_path(cfg.with_run_paths().checkpoint.directory)
+  checkpoints = storage_path(cfg.with_run_paths().checkpoint.directory)
   # Orbax names a finished step's directory by the step; a save killed midway leaves
   # only a `<step>.orbax-checkpoint-tmp-*` directory, which holds no checkpoint.
   return checkpoints, checkpoints.is_dir() and any(
