@@ -17,6 +17,7 @@ from sao_jax.jobs import eval_scores
 from sao_jax.jobs import evaluate as evaluation
 from sao_jax.run import metrics as metrics_lib
 from sao_jax.types import Trajectory
+from tiny_run import TINY_RUN as TINY
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEMO = ROOT / "configs" / "demo_cpu.py"
@@ -183,14 +184,6 @@ def test_a_bucket_run_directory_is_refused_for_a_multi_host_learner(workdir, mon
   assert os.listdir(workdir) == []
 
 
-# A tiny demo run (tests/cli/test_train_e2e.py's), evaluated every 2 steps.
-TINY = [
-    "model.hidden_size=32", "model.intermediate_size=64", "model.head_dim=8",
-    "model.num_attention_heads=4", "model.num_key_value_heads=2", "model.vocab_size=384",
-    "learner.batch_trajectories=8", "learner.critic_warmup_steps=1",
-    "run.sft_steps=2", "run.sft_batch=4", "run.eval_episodes=4", "run.eval_every=2",
-    "sampler.slots=4", "sampler.max_new_tokens=24", "checkpoint.save_every_steps=2",
-]
 
 
 @pytest.mark.slow  # two compiled runs with a sampler process each (minutes on 2 cores)

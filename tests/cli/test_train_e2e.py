@@ -13,15 +13,9 @@ import pytest
 from sao_jax.cli import evaluate as evaluate_cli
 from sao_jax.cli import train as train_cli
 from sao_jax.config import load_config
+from tiny_run import TINY_RUN as TINY
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-TINY = [
-    "model.hidden_size=32", "model.intermediate_size=64", "model.head_dim=8",
-    "model.num_attention_heads=4", "model.num_key_value_heads=2", "model.vocab_size=384",
-    "learner.batch_trajectories=8", "learner.critic_warmup_steps=1",
-    "run.sft_steps=2", "run.sft_batch=4", "run.eval_episodes=4", "run.eval_every=2",
-    "sampler.slots=4", "sampler.max_new_tokens=24", "checkpoint.save_every_steps=2",
-]
 
 
 def sampler_processes():
