@@ -64,7 +64,8 @@ import jax.numpy as jnp
 import optax
 
 from sao_jax import losses, segments
-from sao_jax.config import Config
+from sao_jax.config import AlgorithmConfig, Config
+from sao_jax.config.checks import fail
 from sao_jax.learner import state as state_lib
 from sao_jax.models import lora, moe
 from sao_jax.models.forward import policy_forward, router_balance, value_forward
@@ -142,12 +143,26 @@ def _running_mean_advantages(cfg: Config, batch: Batch, values: None, baseline):
                                         segment_ids=batch.segment_ids)
 
 
-# Each name of `sao_jax.config.algorithm.ADVANTAGE_ESTIMATORS` (the variant
-# table's `advantage` column) -> (cfg, batch, values, baseline) -> (adv, baseline).
+# The advantage estimators a variant can name (`sao_jax.config.algorithm.VARIANTS`'
+# advantage column): name -> (cfg, batch, values, baseline) -> (adv, baseline). The one
+# list of them; a job checks its variant's against it at start-up (`check_variant`).
 ADVANTAGE_ESTIMATORS = {"gae": _gae_advantages, "group": _group_advantages,
                         "running_mean": _running_mean_advantages}
-# Each name of `sao_jax.config.algorithm.POLICY_LOSSES` -> its loss function.
-POLICY_LOSSES = {"dis": losses.dis_policy_loss, "ppo_clip": losses.ppo_clip_loss}
+
+
+def check_variant(algorithm: AlgorithmConfig) -> None:
+  """ValueError unless the row of `algorithm.variant` names a registered advantage
+  estimator (`ADVANTAGE_ESTIMATORS`) and policy loss (`losses.POLICY_LOSSES`): what
+  a job checks at start-up (`sao_jax.jobs.startup`), before anything compiles."""
+  row = algorithm.spec
+  for column, name, registry, where in (
+      ("advantage estimator", row.advantage, ADVANTAGE_ESTIMATORS,
+       "sao_jax.learner.step.ADVANTAGE_ESTIMATORS"),
+      ("policy loss", row.policy_loss, losses.POLICY_LOSSES, "sao_jax.losses.POLICY_LOSSES")):
+    if name not in registry:
+      fail("algorithm", "variant", algorithm.variant,
+           f"its {column} {name!r} is not implemented; allowed values are "
+           f"{', '.join(map(repr, registry))} ({where})")
 
 
 def advantages(cfg: Config, batch: Batch, values: jax.Array | None,
@@ -204,7 +219,7 @@ def _guarded_update(optimizer: optax.GradientTransformation, params, opt_state, 
 
 def _policy_update(cfg: Config, state: state_lib.TrainState, batch: Batch, adv: jax.Array):
   alg = cfg.algorithm
-  loss_impl = POLICY_LOSSES[alg.policy_loss]
+  loss_impl = losses.POLICY_LOSSES[alg.policy_loss]
   denominator = (losses.loss_denominator(batch.action_mask, alg.loss_agg,
                                          segment_ids=batch.segment_ids)
                  if cfg.learner.micro_batches > 1 else None)
