@@ -232,6 +232,37 @@ def test_tuple_overrides_check_their_items(override, message):
     cfg.apply_overrides(cfg.Config(), [override])
 
 
+# `sao_jax.config.conform` at one of its two call sites (the other, an environment's
+# options: tests/envs/test_options.py): unions, non-finite numbers, nested sections and
+# wrong types.
+@pytest.mark.parametrize("override, section, field, value", [
+    ("algorithm.lam_policy=0.5", "algorithm", "lam_policy", 0.5),  # float | None
+    ("algorithm.lam_policy=None", "algorithm", "lam_policy", None),
+    ("algorithm.value_clip=1", "algorithm", "value_clip", 1.0),  # an int taken as the float
+    ("learner.batch_tokens=64", "learner", "batch_tokens", 64),  # int | None
+    ("env.tool.memory_mb=2048", "env", "tool", cfg.env.SandboxLimits(memory_mb=2048)),
+])
+def test_overrides_take_the_first_union_member_that_fits(override, section, field, value):
+  got = getattr(getattr(cfg.apply_overrides(cfg.Config(), [override]), section), field)
+  assert got == value and type(got) is type(value)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("algorithm.lam_policy=1e999", r"algorithm.lam_policy=inf is invalid: expected a finite "
+                                   r"number"),
+    ("algorithm.eps_low=-1e999", r"algorithm.eps_low=-inf is invalid: expected a finite number"),
+    ("learner.batch_tokens=1.5", r"learner.batch_tokens='1.5': cannot parse as int \| None"),
+    ("learner.steps=1e999", r"learner.steps='1e999': cannot parse as int"),
+    ("algorithm.lam_policy=high", r"algorithm.lam_policy='high': cannot parse as float \| None"),
+    ("env.tool=3", r"override 'env.tool' names a whole section; set one of its fields"),
+    ("env.tool.memory_mb=lots", r"env.tool.memory_mb='lots': cannot parse as int"),
+])
+def test_overrides_refuse_non_finite_numbers_wrong_types_and_whole_sections(override, message):
+  """Refused while the override is parsed, before any validate() runs."""
+  with pytest.raises(ValueError, match=message):
+    cfg.apply_overrides(cfg.Config(), [override])
+
+
 def test_tuple_overrides_convert_their_items():
   config = cfg.apply_overrides(cfg.Config(), ["run.eval_pass_k=[1, 4]", "run.loggers=()"])
   assert config.run.eval_pass_k == (1, 4) and config.run.loggers == ()
