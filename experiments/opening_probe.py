@@ -98,8 +98,8 @@ def _values_and_advantages(cfg, state, trajs: list[Trajectory]):
 
   @jax.jit
   def values_and_advantages(value_params, baseline, batch):
-    values = step_lib._values(cfg, value_params, batch)
-    return values, step_lib.advantages(cfg, batch, values, baseline)[0]
+    values = step_lib._values(cfg.model, cfg.learner.micro_batches, value_params, batch)
+    return values, step_lib.advantages(cfg.algorithm, batch, values, baseline)[0]
 
   values, adv = values_and_advantages(state.value_params, state.baseline, batch)
   return batch, np.asarray(values), np.asarray(adv)

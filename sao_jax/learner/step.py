@@ -64,7 +64,7 @@ import jax.numpy as jnp
 import optax
 
 from sao_jax import losses, segments
-from sao_jax.config import AlgorithmConfig, Config
+from sao_jax.config import AlgorithmConfig, Config, ModelConfig
 from sao_jax.config.checks import fail
 from sao_jax.learner import state as state_lib
 from sao_jax.models import lora, moe
@@ -97,54 +97,53 @@ def _response_mask(batch: Batch) -> jax.Array:
   return segments.span(batch.action_mask, batch.segment_ids)
 
 
-def _values(cfg: Config, params, batch: Batch) -> jax.Array:
+def _values(model: ModelConfig, micro_batches: int, params, batch: Batch) -> jax.Array:
+  """The critic's values V_old, one micro-batch at a time (no gradient)."""
   def one(_, mb):
-    return None, value_forward(params, cfg.model, mb.tokens, mb.segment_ids)
+    return None, value_forward(params, model, mb.tokens, mb.segment_ids)
 
-  _, values = jax.lax.scan(one, None, _split(batch, cfg.learner.micro_batches))
+  _, values = jax.lax.scan(one, None, _split(batch, micro_batches))
   return jax.lax.stop_gradient(_merge(values))
 
 
-def _gae_inputs(cfg: Config, batch: Batch):
+def _gae_inputs(alg: AlgorithmConfig, batch: Batch):
   """The GAE mask and policy lambda (per token: each segment's own) of the variant."""
-  alg = cfg.algorithm
   mask = _response_mask(batch) if alg.gae_span == "response" else batch.action_mask
   lam = alg.lam_policy if alg.lam_policy is not None else losses.length_adaptive_lam(
       mask, alg.lam_alpha, segment_ids=batch.segment_ids)
   return mask, lam
 
 
-def value_targets(cfg: Config, batch: Batch, values: jax.Array) -> jax.Array:
-  mask, _ = _gae_inputs(cfg, batch)
-  alg = cfg.algorithm
+def value_targets(alg: AlgorithmConfig, batch: Batch, values: jax.Array) -> jax.Array:
+  """The critic's targets: GAE(lam_critic) + V_old over the variant's GAE mask."""
+  mask, _ = _gae_inputs(alg, batch)
   _, returns = losses.gae(batch.rewards, values, mask, gamma=alg.gamma, lam=alg.lam_critic,
                           method=alg.gae_method, segment_ids=batch.segment_ids)
   return returns
 
 
-def _gae_advantages(cfg: Config, batch: Batch, values: jax.Array, baseline):
-  alg = cfg.algorithm
-  mask, lam = _gae_inputs(cfg, batch)
+def _gae_advantages(alg: AlgorithmConfig, batch: Batch, values: jax.Array, baseline):
+  mask, lam = _gae_inputs(alg, batch)
   adv, _ = losses.gae(batch.rewards, values, mask, gamma=alg.gamma, lam=lam, method=alg.gae_method,
                       segment_ids=batch.segment_ids)
   return jnp.where(batch.action_mask.astype(bool), adv, 0.0), baseline
 
 
-def _group_advantages(cfg: Config, batch: Batch, values: None, baseline):
-  del cfg, values
+def _group_advantages(alg: AlgorithmConfig, batch: Batch, values: None, baseline):
+  del alg, values
   return losses.grpo_advantages(batch.rewards, batch.action_mask, batch.prompt_ids,
                                 segment_ids=batch.segment_ids), baseline
 
 
-def _running_mean_advantages(cfg: Config, batch: Batch, values: None, baseline):
+def _running_mean_advantages(alg: AlgorithmConfig, batch: Batch, values: None, baseline):
   del values
   return losses.running_mean_advantages(batch.rewards, batch.action_mask, batch.prompt_ids,
-                                        baseline, scope=cfg.algorithm.running_mean_scope,
+                                        baseline, scope=alg.running_mean_scope,
                                         segment_ids=batch.segment_ids)
 
 
 # The advantage estimators a variant can name (`sao_jax.config.algorithm.VARIANTS`'
-# advantage column): name -> (cfg, batch, values, baseline) -> (adv, baseline). The one
+# advantage column): name -> (algorithm, batch, values, baseline) -> (adv, baseline). The one
 # list of them; a job checks its variant's against it at start-up (`check_variant`).
 ADVANTAGE_ESTIMATORS = {"gae": _gae_advantages, "group": _group_advantages,
                         "running_mean": _running_mean_advantages}
@@ -165,25 +164,25 @@ def check_variant(algorithm: AlgorithmConfig) -> None:
            f"{', '.join(map(repr, registry))} ({where})")
 
 
-def advantages(cfg: Config, batch: Batch, values: jax.Array | None,
+def advantages(alg: AlgorithmConfig, batch: Batch, values: jax.Array | None,
                baseline: losses.RunningMeanState):
   """Per-token advantages of the variant (0 off the action mask) and the new baseline.
 
   With `algorithm.advantage_centering="batch_mean"`: A_t - sum_s(m_s A_s) / sum_s(m_s),
   m the action mask, over the whole batch (every micro-batch sees the same shift).
   """
-  adv, baseline = ADVANTAGE_ESTIMATORS[cfg.algorithm.spec.advantage](cfg, batch, values, baseline)
-  if cfg.algorithm.advantage_centering == "batch_mean":
+  adv, baseline = ADVANTAGE_ESTIMATORS[alg.spec.advantage](alg, batch, values, baseline)
+  if alg.advantage_centering == "batch_mean":
     action = batch.action_mask.astype(bool)
     adv = jnp.where(action, adv - losses.aggregate.masked_mean(adv, action), 0.0)
   return adv, baseline
 
 
-def _accumulate(cfg: Config, loss_fn: Callable, params, batch: Batch, per_token: tuple):
+def _accumulate(micro_batches: int, loss_fn: Callable, params, batch: Batch, per_token: tuple):
   """Sum of micro-batch gradients of `loss_fn(params, mb, *per_token_mb)`, plus metrics
   combined over micro-batches: sums for `Total`s, maxima for `*_max`, action-token-
   weighted means for the rest."""
-  num = cfg.learner.micro_batches
+  num = micro_batches
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
   def one(grad_sum, inputs):
@@ -253,7 +252,7 @@ def _policy_update(cfg: Config, state: state_lib.TrainState, batch: Batch, adv: 
     return loss, metrics
 
   trainable = state_lib.policy_trainable(cfg, state)
-  loss, grads, metrics = _accumulate(cfg, loss_fn, trainable, batch, (adv,))
+  loss, grads, metrics = _accumulate(cfg.learner.micro_batches, loss_fn, trainable, batch, (adv,))
   params, opt_state, finite, grad_norm = _guarded_update(
       state_lib.policy_optimizer(cfg), trainable, state.policy_opt_state, grads, loss)
   update_norm = optax.tree.norm(jax.tree.map(
@@ -280,7 +279,7 @@ def _value_updates(cfg: Config, state: state_lib.TrainState, batch: Batch, old_v
   alg = cfg.algorithm
   frozen = state_lib.frozen_value_mask(cfg, state.value_params)
   optimizer = state_lib.value_optimizer(cfg, frozen)
-  critic_mask, _ = _gae_inputs(cfg, batch)
+  critic_mask, _ = _gae_inputs(alg, batch)
   denominator = (losses.loss_denominator(critic_mask, alg.loss_agg,
                                          segment_ids=batch.segment_ids)
                  if cfg.learner.micro_batches > 1 else None)
@@ -295,8 +294,8 @@ def _value_updates(cfg: Config, state: state_lib.TrainState, batch: Batch, old_v
 
   history = []
   for _ in range(alg.value_updates_per_step):
-    loss, grads, metrics = _accumulate(cfg, loss_fn, state.value_params, batch,
-                                       (old_values, returns, critic_mask))
+    loss, grads, metrics = _accumulate(cfg.learner.micro_batches, loss_fn, state.value_params,
+                                       batch, (old_values, returns, critic_mask))
     params, opt_state, finite, grad_norm = _guarded_update(
         optimizer, state.value_params, state.value_opt_state, grads, loss)
     state = state.replace(value_params=params, value_opt_state=opt_state,
@@ -378,8 +377,8 @@ def train_step(state: state_lib.TrainState, batch: Batch, update_policy: jax.Arr
 
   old_values = returns = None
   if alg.uses_critic:
-    old_values = _values(cfg, state.value_params, batch)
-    returns = value_targets(cfg, batch, old_values)
+    old_values = _values(cfg.model, cfg.learner.micro_batches, state.value_params, batch)
+    returns = value_targets(alg, batch, old_values)
     metrics["value/explained_variance"] = losses.explained_variance(old_values, returns, action)
     metrics["value/mean"] = losses.aggregate.masked_mean(old_values, action)
     metrics["value/bias"] = losses.aggregate.masked_mean(old_values - returns, action)
@@ -388,9 +387,9 @@ def train_step(state: state_lib.TrainState, batch: Batch, update_policy: jax.Arr
   if alg.uses_critic and cfg.learner.advantage_values == "after_critic_update":
     state, value_metrics = _value_updates(cfg, state, batch, old_values, returns)
     metrics.update(value_metrics)
-    advantage_values = _values(cfg, state.value_params, batch)
+    advantage_values = _values(cfg.model, cfg.learner.micro_batches, state.value_params, batch)
 
-  adv, baseline = advantages(cfg, batch, advantage_values, state.baseline)
+  adv, baseline = advantages(alg, batch, advantage_values, state.baseline)
   state = state.replace(baseline=baseline)
   metrics["advantage/mean"] = losses.aggregate.masked_mean(adv, action)
   metrics["advantage/std"] = jnp.sqrt(losses.aggregate.masked_mean(

@@ -200,7 +200,7 @@ def test_gae_span_response_runs_plain_gae_over_observations_too():
   plain = make_config("sao")
   plain = dataclasses.replace(plain, algorithm=dataclasses.replace(plain.algorithm,
                                                                    gae_span="response"))
-  adv, _ = step_lib.advantages(plain, batch, values, None)
+  adv, _ = step_lib.advantages(plain.algorithm, batch, values, None)
   ends = np.asarray(batch.segment_ids).sum(axis=1)
   span = np.zeros(batch.rewards.shape, np.int32)
   for b, end in enumerate(ends):
@@ -211,7 +211,8 @@ def test_gae_span_response_runs_plain_gae_over_observations_too():
                        segment_ids=batch.segment_ids)
   want = np.where(np.asarray(batch.action_mask) > 0, want, 0.0)
   np.testing.assert_allclose(adv, want, atol=1e-6)
-  skip_obs, _ = step_lib.advantages(make_config("sao"), batch, values, None)
+  skip_obs, _ = step_lib.advantages(make_config("sao").algorithm, batch, values,
+                                    None)
   assert not np.allclose(skip_obs, adv)  # the observation's values now enter the deltas
   assert C.AlgorithmConfig.for_variant("ppo").gae_span == "response"
   with pytest.raises(ValueError, match=r"algorithm.gae_span.*'grpo' has no critic"):
@@ -227,9 +228,9 @@ def test_dynamics_diagnostics_have_their_defined_values():
   state, _ = run(cfg, make_batch(5), steps=2)  # a trained critic: V != 0, advantages of both signs
   old_policy = leaves(state.policy_params)
   jb = jax.tree.map(jnp.asarray, batch)
-  values = step_lib._values(cfg, state.value_params, jb)
-  returns = step_lib.value_targets(cfg, jb, values)
-  adv, _ = step_lib.advantages(cfg, jb, values, state.baseline)
+  values = step_lib._values(cfg.model, cfg.learner.micro_batches, state.value_params, jb)
+  returns = step_lib.value_targets(cfg.algorithm, jb, values)
+  adv, _ = step_lib.advantages(cfg.algorithm, jb, values, state.baseline)
   new_state, metrics = run(cfg, batch, state=state)
   action = batch.action_mask > 0
   np.testing.assert_allclose(metrics["advantage/neg_frac"], np.mean(np.asarray(adv)[action] < 0))
@@ -258,8 +259,9 @@ def test_the_critic_trains_on_the_span_its_gae_reads():
     cfg = make_config(variant)
     batch = jax.tree.map(jnp.asarray, make_batch(12))
     state = state_lib.init_state(cfg, jax.random.key(0))
-    values = step_lib._values(cfg, state.value_params, batch)
-    returns = step_lib.value_targets(cfg, batch, values)
+    values = step_lib._values(cfg.model, cfg.learner.micro_batches, state.value_params,
+                              batch)
+    returns = step_lib.value_targets(cfg.algorithm, batch, values)
     span = step_lib._response_mask(batch) if variant == "ppo" else batch.action_mask
     want, _ = losses.value_loss(values, values, returns, span, clip_eps=None,
                                 loss_agg=cfg.algorithm.loss_agg,
@@ -303,8 +305,8 @@ def test_batch_mean_centering_removes_the_net_push_on_sampled_tokens(variant):
   state = state_lib.init_state(cfg, jax.random.key(0))
   values = (jax.random.normal(jax.random.key(1), batch.rewards.shape) + 0.7
             if cfg.algorithm.uses_critic else None)
-  plain, _ = step_lib.advantages(cfg, batch, values, state.baseline)
-  shifted, _ = step_lib.advantages(centred, batch, values, state.baseline)
+  plain, _ = step_lib.advantages(cfg.algorithm, batch, values, state.baseline)
+  shifted, _ = step_lib.advantages(centred.algorithm, batch, values, state.baseline)
   action = np.asarray(batch.action_mask) > 0
   plain, shifted = np.asarray(plain), np.asarray(shifted)
   assert abs(plain[action].mean()) > 1e-3  # there is a net push to remove

@@ -63,7 +63,7 @@ def test_long_coding_episode_through_engine_and_learner():
   batch = pipeline.pad_batch([traj], 1, LENGTH, pad_id=0)
   values = jax.jit(value_forward, static_argnums=1)(state.value_params, model, batch.tokens,
                                                       batch.segment_ids)
-  adv, _ = jax.jit(functools.partial(advantages, cfg))(batch, values, state.baseline)
+  adv, _ = jax.jit(functools.partial(advantages, cfg.algorithm))(batch, values, state.baseline)
   adv = np.asarray(adv)[0]
   assert np.all(adv[~np.asarray(batch.action_mask[0], bool)] == 0)
   n = int(action.sum())
