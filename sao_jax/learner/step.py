@@ -64,7 +64,7 @@ import jax.numpy as jnp
 import optax
 
 from sao_jax import losses, segments
-from sao_jax.config import AlgorithmConfig, Config, ModelConfig
+from sao_jax.config import AlgorithmConfig, Config, LearnerConfig, ModelConfig
 from sao_jax.config.checks import fail
 from sao_jax.learner import state as state_lib
 from sao_jax.models import lora, moe
@@ -251,10 +251,10 @@ def _policy_update(cfg: Config, state: state_lib.TrainState, batch: Batch, adv: 
     metrics["lag0_tokens"] = Total(jnp.sum(lag0.astype(jnp.float32)))
     return loss, metrics
 
-  trainable = state_lib.policy_trainable(cfg, state)
+  trainable = state_lib.policy_trainable(cfg.lora, state)
   loss, grads, metrics = _accumulate(cfg.learner.micro_batches, loss_fn, trainable, batch, (adv,))
   params, opt_state, finite, grad_norm = _guarded_update(
-      state_lib.policy_optimizer(cfg), trainable, state.policy_opt_state, grads, loss)
+      state_lib.policy_optimizer(cfg.learner), trainable, state.policy_opt_state, grads, loss)
   update_norm = optax.tree.norm(jax.tree.map(
       lambda new, old: new.astype(jnp.float32) - old.astype(jnp.float32), params, trainable))
   gap_sum, lag0_tokens = metrics.pop("lag0_abs_logp_sum"), metrics.pop("lag0_tokens")
@@ -277,8 +277,8 @@ def _value_updates(cfg: Config, state: state_lib.TrainState, batch: Batch, old_v
   a value the advantages bootstrap through must be one the critic was trained on.
   """
   alg = cfg.algorithm
-  frozen = state_lib.frozen_value_mask(cfg, state.value_params)
-  optimizer = state_lib.value_optimizer(cfg, frozen)
+  frozen = state_lib.frozen_value_mask(alg, state.value_params)
+  optimizer = state_lib.value_optimizer(cfg.learner, frozen)
   critic_mask, _ = _gae_inputs(alg, batch)
   denominator = (losses.loss_denominator(critic_mask, alg.loss_agg,
                                          segment_ids=batch.segment_ids)
@@ -353,11 +353,11 @@ def _opening_advantages(batch: Batch, adv: jax.Array) -> Metrics:
           "episodes/single_turn_frac": jnp.sum(single) / jnp.maximum(jnp.sum(single | multi), 1)}
 
 
-def update_policy_at(cfg: Config, step: int) -> jax.Array:
+def update_policy_at(learner: LearnerConfig, algorithm: AlgorithmConfig, step: int) -> jax.Array:
   """The `update_policy` flag for learner step `step`: False during value
   pretraining and critic warm-up (docs/algorithm.md §4) of critic variants, else True."""
-  value_only = cfg.learner.value_pretrain_steps + cfg.learner.critic_warmup_steps
-  return jnp.asarray(not cfg.algorithm.uses_critic or step >= value_only)
+  value_only = learner.value_pretrain_steps + learner.critic_warmup_steps
+  return jnp.asarray(not algorithm.uses_critic or step >= value_only)
 
 
 def train_step(state: state_lib.TrainState, batch: Batch, update_policy: jax.Array, *,

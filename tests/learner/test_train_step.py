@@ -76,7 +76,7 @@ def test_one_policy_update_and_k_value_updates(variant, value_updates):
 def test_frozen_attention_leaves_are_bit_identical_after_training():
   cfg = make_config()
   initial = state_lib.init_state(cfg, jax.random.key(0))
-  frozen = state_lib.frozen_value_mask(cfg, initial.value_params)
+  frozen = state_lib.frozen_value_mask(cfg.algorithm, initial.value_params)
   state, _ = run(cfg, make_batch(2), steps=3, state=initial)
   moved = jax.tree.map(lambda a, b: bool(np.any(np.asarray(a) != np.asarray(b))),
                        initial.value_params, state.value_params)
@@ -107,8 +107,10 @@ def test_value_only_step_leaves_policy_untouched():
 
 def test_update_policy_schedule():
   cfg = make_config(critic_warmup_steps=10, value_pretrain_steps=5)
-  assert not update_policy_at(cfg, 14) and update_policy_at(cfg, 15)
-  assert update_policy_at(make_config("grpo", critic_warmup_steps=10), 0)
+  assert not update_policy_at(cfg.learner, cfg.algorithm, 14)
+  assert update_policy_at(cfg.learner, cfg.algorithm, 15)
+  grpo = make_config("grpo", critic_warmup_steps=10)
+  assert update_policy_at(grpo.learner, grpo.algorithm, 0)
 
 
 @pytest.mark.parametrize("poison", ["behavior_logp", "rewards"])
