@@ -52,11 +52,14 @@ first action token of trajectories with one assistant turn vs several, beside
 `model.router_aux_loss_coef` x the router's load-balancing loss to the policy
 loss and report `policy/router_aux_loss` and `policy/router_balance`.
 
-The step is a plain function; `sao_jax.learner.compile` jits it with shardings.
+The step is a plain function of the sections it reads (`StepConfig.of(cfg)`: algorithm,
+learner, model, lora and the sampler's temperature); `sao_jax.learner.compile` jits it
+with shardings.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -64,7 +67,7 @@ import jax.numpy as jnp
 import optax
 
 from sao_jax import losses, segments
-from sao_jax.config import AlgorithmConfig, Config, LearnerConfig, ModelConfig
+from sao_jax.config import AlgorithmConfig, Config, LearnerConfig, LoraConfig, ModelConfig
 from sao_jax.config.checks import fail
 from sao_jax.learner import state as state_lib
 from sao_jax.models import lora, moe
@@ -72,6 +75,25 @@ from sao_jax.models.forward import policy_forward, router_balance, value_forward
 from sao_jax.types import Batch
 
 Metrics = dict[str, jax.Array]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StepConfig:
+  """What the train step reads of a `Config`, and its static (jit) argument: a change
+  to any other section (the environment, the run's paths, the sampler's other
+  settings) neither reaches the step nor compiles it again."""
+
+  algorithm: AlgorithmConfig
+  learner: LearnerConfig
+  model: ModelConfig
+  lora: LoraConfig
+  # The sampler's temperature: behavior_logp is log softmax(logits / T) (sampler/engine.py).
+  temperature: float
+
+  @classmethod
+  def of(cls, cfg: Config) -> "StepConfig":
+    return cls(algorithm=cfg.algorithm, learner=cfg.learner, model=cfg.model, lora=cfg.lora,
+               temperature=cfg.sampler.temperature)
 
 
 class Total(NamedTuple):
@@ -216,7 +238,7 @@ def _guarded_update(optimizer: optax.GradientTransformation, params, opt_state, 
           finite, grad_norm)
 
 
-def _policy_update(cfg: Config, state: state_lib.TrainState, batch: Batch, adv: jax.Array):
+def _policy_update(cfg: StepConfig, state: state_lib.TrainState, batch: Batch, adv: jax.Array):
   alg = cfg.algorithm
   loss_impl = losses.POLICY_LOSSES[alg.policy_loss]
   denominator = (losses.loss_denominator(batch.action_mask, alg.loss_agg,
@@ -227,9 +249,8 @@ def _policy_update(cfg: Config, state: state_lib.TrainState, batch: Batch, adv: 
     # LoRA: the frozen base is a constant here, so only the adapters get gradients.
     params = (lora.merge(state.policy_params, trainable, cfg.lora, cfg.model)
               if cfg.lora.enabled else trainable)
-    # The sampler's temperature: behavior_logp is log softmax(logits / T) (sampler/engine.py).
     out = policy_forward(params, cfg.model, mb.tokens, mb.segment_ids,
-                         temperature=cfg.sampler.temperature)
+                         temperature=cfg.temperature)
     loss, metrics = loss_impl(out.logp_BxT, mb.behavior_logp, adv_mb, mb.action_mask,
                               eps_low=alg.eps_low, eps_high=alg.eps_high,
                               loss_agg=alg.loss_agg, denominator=denominator,
@@ -269,8 +290,8 @@ def _policy_update(cfg: Config, state: state_lib.TrainState, batch: Batch, adv: 
                        nonfinite_skips=state.nonfinite_skips + (~finite).astype(jnp.int32)), metrics
 
 
-def _value_updates(cfg: Config, state: state_lib.TrainState, batch: Batch, old_values: jax.Array,
-                   returns: jax.Array):
+def _value_updates(cfg: StepConfig, state: state_lib.TrainState, batch: Batch,
+                   old_values: jax.Array, returns: jax.Array):
   """K clipped value updates on one batch; frozen leaves get no gradient at all.
 
   The value loss covers the tokens the variant's GAE reads values on (its mask):
@@ -361,7 +382,7 @@ def update_policy_at(learner: LearnerConfig, algorithm: AlgorithmConfig, step: i
 
 
 def train_step(state: state_lib.TrainState, batch: Batch, update_policy: jax.Array, *,
-               cfg: Config) -> tuple[state_lib.TrainState, Metrics]:
+               cfg: StepConfig) -> tuple[state_lib.TrainState, Metrics]:
   """One learner step. `update_policy` (bool scalar) is False on value-only steps
   (critic warm-up, value pretraining)."""
   alg = cfg.algorithm

@@ -11,12 +11,12 @@ import pytest
 from learner_fixtures import adam_counts, make_batch, make_config
 from sao_jax import config as C
 from sao_jax.learner import state as state_lib
-from sao_jax.learner.step import train_step, update_policy_at
+from sao_jax.learner.step import StepConfig, train_step, update_policy_at
 
 
 @functools.lru_cache(maxsize=None)
 def jitted_step(cfg):
-  return jax.jit(functools.partial(train_step, cfg=cfg))
+  return jax.jit(functools.partial(train_step, cfg=StepConfig.of(cfg)))
 
 
 def run(cfg, batch, steps=1, update_policy=True, state=None):
@@ -105,6 +105,18 @@ def test_value_only_step_leaves_policy_untouched():
   assert adam_counts(state.value_opt_state) == [2]
 
 
+def test_the_step_config_holds_only_the_sections_the_step_reads():
+  """The jit's static argument: another environment or run directory is the same
+  step (no recompile); the sampler's temperature, which the step reads, is not."""
+  cfg = make_config()
+  other = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, name="style"),
+                              run=dataclasses.replace(cfg.run, run_dir="elsewhere"))
+  assert StepConfig.of(other) == StepConfig.of(cfg)
+  assert hash(StepConfig.of(other)) == hash(StepConfig.of(cfg))
+  hotter = dataclasses.replace(cfg, sampler=dataclasses.replace(cfg.sampler, temperature=0.5))
+  assert StepConfig.of(hotter) != StepConfig.of(cfg) and StepConfig.of(hotter).temperature == 0.5
+
+
 def test_update_policy_schedule():
   cfg = make_config(critic_warmup_steps=10, value_pretrain_steps=5)
   assert not update_policy_at(cfg.learner, cfg.algorithm, 14)
@@ -187,7 +199,7 @@ def test_state_from_shared_trunk_can_be_donated():
   cfg = make_config()
   policy = init_params(cfg.model, jax.random.key(0))
   state = state_lib.state_from_params(cfg, policy, value_params_from_policy(policy, cfg.model))
-  step = jax.jit(functools.partial(train_step, cfg=cfg), donate_argnums=0)
+  step = jax.jit(functools.partial(train_step, cfg=StepConfig.of(cfg)), donate_argnums=0)
   state, metrics = step(state, make_batch(8), jnp.asarray(True))
   assert np.isfinite(float(metrics["policy/loss"]))
 
