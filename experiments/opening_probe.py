@@ -47,6 +47,7 @@ from sao_jax.chat import load_chat
 from sao_jax.config import load_config
 from sao_jax.data.pipeline import pad_batch
 from sao_jax.envs.registry import make_env, make_tasks
+from sao_jax.jobs import startup
 from sao_jax.jobs.evaluate import restore_state
 from sao_jax.learner import step as step_lib
 from sao_jax.learner.state import policy_weights
@@ -97,8 +98,8 @@ def _values_and_advantages(cfg, state, trajs: list[Trajectory]):
 
   @jax.jit
   def values_and_advantages(value_params, baseline, batch):
-    values = step_lib._values(cfg, value_params, batch)
-    return values, step_lib.advantages(cfg, batch, values, baseline)[0]
+    values = step_lib._values(cfg.model, cfg.learner.micro_batches, value_params, batch)
+    return values, step_lib.advantages(cfg.algorithm, batch, values, baseline)[0]
 
   values, adv = values_and_advantages(state.value_params, state.baseline, batch)
   return batch, np.asarray(values), np.asarray(adv)
@@ -192,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   args = parser.parse_args(argv)
   if args.episodes < 2:
     parser.error(f"--episodes {args.episodes}: at least 2 give a confidence interval")
-  cfg = load_config(args.config, args.set).with_run_paths().validate()
+  cfg = startup.check(load_config(args.config, args.set).with_run_paths())
   steps = [int(s) for s in args.steps.split(",") if s] or [None]
   results = [probe(cfg, step, args.episodes, args.opening, args.seed) for step in steps]
   for result in results:

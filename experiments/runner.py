@@ -46,7 +46,8 @@ import threading
 import time
 from typing import Any, Sequence
 
-from sao_jax.config import AlgorithmConfig, Config, load_config
+from sao_jax.config import AlgorithmConfig, Config
+from sao_jax.jobs import startup
 
 from experiments import claims as claims_lib
 from experiments import runs, warm_start as warm_start_lib
@@ -198,7 +199,7 @@ def run_one(claim: claims_lib.Claim, variant: claims_lib.Variant, seed: int, *, 
   """Runs (or resumes, or skips) one (variant, seed) run; returns its directory."""
   cfg_path = setting_path(claim.setting)
   shared = [*(quick_overrides(claim.setting) if quick else ()), *extra, *seed_overrides(seed)]
-  cfg = load_config(cfg_path, shared)
+  cfg = startup.load(cfg_path, shared)
   run_dir = out / "runs" / claim.setting / f"{variant.name}-seed{seed}"
   overrides = run_overrides(cfg, shared, variant, warm_start_dir(out, cfg), run_dir)
   state = _read_state(run_dir)
@@ -215,7 +216,7 @@ def run_one(claim: claims_lib.Claim, variant: claims_lib.Variant, seed: int, *, 
   state = state if state is not None and runs.latest_checkpoint(run_dir) is not None else {
       "variant": variant.name, "seed": seed, "overrides": overrides, "invocations": [],
       "done": False}
-  resolved = load_config(cfg_path, overrides)
+  resolved = startup.load(cfg_path, overrides)
   for end, phase in phases(resolved, claim.kind == "realignment"):
     if (runs.latest_checkpoint(run_dir) or 0) >= end:
       continue
@@ -242,7 +243,7 @@ def run_claim(claim: claims_lib.Claim, *, seeds: int, quick: bool, extra: Sequen
   printed). Parallel jobs start runs variant by variant across seeds, so they first
   make different seeds' warm-starts rather than wait on one; one job runs seed by seed,
   so a run stopped part-way leaves every variant with the same finished seeds."""
-  cfg = load_config(setting_path(claim.setting),
+  cfg = startup.load(setting_path(claim.setting),
                     [*(quick_overrides(claim.setting) if quick else ()), *extra])
   manifest = {"claim": claim.name, "setting": claim.setting, "quick": quick,
               "extra_overrides": list(extra), "seeds": list(range(seeds)),

@@ -25,7 +25,8 @@ import time
 from typing import Sequence
 
 from sao_jax.chat import chat_format
-from sao_jax.config import Config, load_config
+from sao_jax.config import Config
+from sao_jax.jobs import startup
 from sao_jax.jobs.warm_start import sft_warm_start
 from sao_jax.models import params_io
 from sao_jax.run.bootstrap import demonstrations, initial_policy, train_run_tokenizer
@@ -61,8 +62,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                       metavar="SECTION.FIELD=VALUE", help="override a config field (repeatable)")
   args = parser.parse_args(argv)
   try:
-    cfg = load_config(args.config, [*args.overrides, f"seed={args.seed}",
-                                    f"env.seed={args.seed}"])
+    cfg = startup.load(args.config, [*args.overrides, f"seed={args.seed}",
+                                      f"env.seed={args.seed}"])
     if cfg.run.sft_steps <= 0:
       raise ValueError(f"run.sft_steps={cfg.run.sft_steps}: a warm-start needs SFT steps > 0")
     record = warm_start(cfg, pathlib.Path(args.out))

@@ -6,13 +6,15 @@ import pathlib
 import pytest
 
 from sao_jax import config as cfg
+from sao_jax.jobs import startup
+from sao_jax.learner import step
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("**/*.py")), ids=lambda p: p.name)
 def test_every_config_file_loads_and_validates(path):
-  config = cfg.load_config(path)
+  config = startup.load(path)  # its sections, then its environment and variant's functions
   assert isinstance(config, cfg.Config)
 
 
@@ -230,6 +232,37 @@ def test_tuple_overrides_check_their_items(override, message):
     cfg.apply_overrides(cfg.Config(), [override])
 
 
+# `sao_jax.config.conform` at one of its two call sites (the other, an environment's
+# options: tests/envs/test_options.py): unions, non-finite numbers, nested sections and
+# wrong types.
+@pytest.mark.parametrize("override, section, field, value", [
+    ("algorithm.lam_policy=0.5", "algorithm", "lam_policy", 0.5),  # float | None
+    ("algorithm.lam_policy=None", "algorithm", "lam_policy", None),
+    ("algorithm.value_clip=1", "algorithm", "value_clip", 1.0),  # an int taken as the float
+    ("learner.batch_tokens=64", "learner", "batch_tokens", 64),  # int | None
+    ("env.tool.memory_mb=2048", "env", "tool", cfg.env.SandboxLimits(memory_mb=2048)),
+])
+def test_overrides_take_the_first_union_member_that_fits(override, section, field, value):
+  got = getattr(getattr(cfg.apply_overrides(cfg.Config(), [override]), section), field)
+  assert got == value and type(got) is type(value)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("algorithm.lam_policy=1e999", r"algorithm.lam_policy=inf is invalid: expected a finite "
+                                   r"number"),
+    ("algorithm.eps_low=-1e999", r"algorithm.eps_low=-inf is invalid: expected a finite number"),
+    ("learner.batch_tokens=1.5", r"learner.batch_tokens='1.5': cannot parse as int \| None"),
+    ("learner.steps=1e999", r"learner.steps='1e999': cannot parse as int"),
+    ("algorithm.lam_policy=high", r"algorithm.lam_policy='high': cannot parse as float \| None"),
+    ("env.tool=3", r"override 'env.tool' names a whole section; set one of its fields"),
+    ("env.tool.memory_mb=lots", r"env.tool.memory_mb='lots': cannot parse as int"),
+])
+def test_overrides_refuse_non_finite_numbers_wrong_types_and_whole_sections(override, message):
+  """Refused while the override is parsed, before any validate() runs."""
+  with pytest.raises(ValueError, match=message):
+    cfg.apply_overrides(cfg.Config(), [override])
+
+
 def test_tuple_overrides_convert_their_items():
   config = cfg.apply_overrides(cfg.Config(), ["run.eval_pass_k=[1, 4]", "run.loggers=()"])
   assert config.run.eval_pass_k == (1, 4) and config.run.loggers == ()
@@ -269,17 +302,34 @@ def test_cli_prints_resolved_config(capsys):
 
 
 def test_every_variant_row_names_an_implemented_estimator_and_loss():
-  from sao_jax.learner import step
-  assert set(step.ADVANTAGE_ESTIMATORS) == set(cfg.algorithm.ADVANTAGE_ESTIMATORS)
-  assert set(step.POLICY_LOSSES) == set(cfg.algorithm.POLICY_LOSSES)
   for name, row in cfg.VARIANTS.items():
     algorithm = cfg.AlgorithmConfig.for_variant(name)
+    step.check_variant(algorithm)  # both names are in the registries of their functions
     assert (algorithm.uses_critic, algorithm.policy_loss) == (row.advantage == "gae",
                                                              row.policy_loss)
 
 
-def test_a_variant_row_with_an_unknown_estimator_is_refused():
-  with pytest.raises(ValueError, match=r"Variant.advantage='vtrace'.*gae"):
-    cfg.algorithm.Variant(advantage="vtrace", policy_loss="dis")
+@pytest.mark.parametrize("row, error", [
+    (cfg.algorithm.Variant(advantage="vtrace", policy_loss="dis"),
+     r"algorithm.variant='new' is invalid: its advantage estimator 'vtrace' is not "
+     r"implemented; allowed values are 'gae', 'group', 'running_mean' "
+     r"\(sao_jax.learner.step.ADVANTAGE_ESTIMATORS\)"),
+    (cfg.algorithm.Variant(advantage="gae", policy_loss="reinforce"),
+     r"algorithm.variant='new' is invalid: its policy loss 'reinforce' is not implemented; "
+     r"allowed values are 'dis', 'ppo_clip' \(sao_jax.losses.POLICY_LOSSES\)"),
+])
+def test_a_variant_row_naming_an_unknown_function_is_refused_at_startup(monkeypatch, row, error):
+  """The config cannot know which functions exist (they live above it): the row
+  passes `Config.validate()`, and the job's start-up check refuses it, naming the
+  value and the registered names."""
+  monkeypatch.setattr(cfg.algorithm, "VARIANTS", {**cfg.VARIANTS, "new": row})
+  config = cfg.Config(algorithm=cfg.AlgorithmConfig(
+      variant="new", value_updates_per_step=2 if row.uses_critic else 0))
+  config.validate()
+  with pytest.raises(ValueError, match=error):
+    startup.check(config)
+
+
+def test_a_variant_row_grouped_without_group_advantages_is_refused():
   with pytest.raises(ValueError, match=r"Variant.grouped"):
     cfg.algorithm.Variant(advantage="gae", policy_loss="dis", grouped=True)

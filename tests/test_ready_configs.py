@@ -9,7 +9,7 @@ import pathlib
 import pytest
 
 from sao_jax.config.loading import load_config
-from sao_jax.models import hf
+from sao_jax.config import hf_json
 from sao_jax.sharding.mesh import make_mesh
 
 CONFIGS = pathlib.Path(__file__).parents[1] / "configs"
@@ -61,13 +61,13 @@ CHECKPOINTS = {
 
 def _architecture(model_cfg):
   """What `bootstrap.initial_policy` compares between run.init and the config."""
-  return {k: v for k, v in hf.hf_config(model_cfg).items() if k != "dtype"}
+  return {k: v for k, v in hf_json.hf_config(model_cfg).items() if k != "dtype"}
 
 
 @pytest.mark.parametrize("name", CHECKPOINTS)
 def test_config_validates_and_matches_its_checkpoint(name):
   cfg = load_config(CONFIGS / name)
-  from_checkpoint = hf.config_from_hf(CHECKPOINTS[name])
+  from_checkpoint = hf_json.config_from_hf(CHECKPOINTS[name])
   assert _architecture(cfg.model) == _architecture(from_checkpoint)
   assert cfg.model.param_dtype == from_checkpoint.param_dtype == "bfloat16"
 

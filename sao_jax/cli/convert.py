@@ -26,7 +26,7 @@ import sys
 from typing import Sequence
 
 from sao_jax.cli import flags
-from sao_jax.config import load_config
+from sao_jax.jobs import startup
 from sao_jax.models import hf, params_io, peft_io
 
 # Old spelling -> flag (hidden aliases, kept for one release).
@@ -54,7 +54,7 @@ def export_lora(args: argparse.Namespace) -> None:
   from sao_jax.jobs.evaluate import restore_state
   from sao_jax.learner.state import policy_weights
 
-  cfg = load_config(args.config, args.overrides)
+  cfg = startup.load(args.config, args.overrides)
   if not cfg.lora.enabled:
     raise ValueError(f"{args.config}: lora.enabled is false; export its checkpoints' full "
                      "params with sao-eval's run or sao-to-hf instead")

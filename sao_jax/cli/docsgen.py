@@ -4,7 +4,9 @@
     python -m sao_jax.cli.docsgen --check    # exit 1 naming each page that differs
 
 - `config.md`: every section and field of `sao_jax.config.Config`: type, default,
-  allowed values (the list its `validate()` checks with `check_choice`) and meaning.
+  allowed values (the list its `validate()` checks with `check_choice`) and meaning;
+  the variant table with the advantage estimators and policy losses its rows may
+  name (the registries where those functions are).
   A field's meaning is its comment in the config module, written once beside it: the
   comment at the end of its line, or else the comment lines right above it.
 - `metrics.md`: every metric key of `sao_jax.run.metric_docs.METRICS`.
@@ -29,7 +31,10 @@ import tokenize
 import typing
 from typing import Any, Callable, Iterator, Sequence
 
+from sao_jax import losses
+from sao_jax.config.algorithm import VARIANTS
 from sao_jax.config.root import Config
+from sao_jax.learner import step
 from sao_jax.run import metric_docs
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -212,7 +217,30 @@ def render_config() -> str:
       lines.append(f"| `{f.path}` | {_code(f.type)} | {_code(f.default)} | "
                    f"{_cell(f.allowed)} | {_cell(f.meaning)} |")
     lines.append("")
+    if name == "algorithm":
+      lines += render_variants()
   return "\n".join(lines)
+
+
+def render_variants() -> list[str]:
+  """The variant table (`algorithm.VARIANTS`) and the names its columns may hold: the
+  registries of the functions (what a job checks a variant against at start-up)."""
+  estimators = ", ".join(map(repr, step.ADVANTAGE_ESTIMATORS))
+  policy_losses = ", ".join(map(repr, losses.POLICY_LOSSES))
+  lines = ["### Variants", "",
+           "`algorithm.variant` picks one row of `sao_jax.config.algorithm.VARIANTS`. Its "
+           f"advantage estimator is one of {estimators} "
+           "(`sao_jax.learner.step.ADVANTAGE_ESTIMATORS`), its policy loss one of "
+           f"{policy_losses} (`sao_jax.losses.POLICY_LOSSES`); a job refuses a row naming "
+           "anything else at start-up. A new variant is one row, plus a registered function "
+           "if its estimator or loss is new.", "",
+           "| variant | advantage estimator | policy loss | grouped | preset |",
+           "| --- | --- | --- | --- | --- |"]
+  for name, row in VARIANTS.items():
+    preset = ", ".join(f"{key}={value!r}" for key, value in row.preset.items())
+    lines.append(f"| `{name}` | `{row.advantage}` | `{row.policy_loss}` | "
+                 f"{'yes' if row.grouped else 'no'} | {_cell(preset)} |")
+  return lines + [""]
 
 
 def _anchor(section: str) -> str:

@@ -24,7 +24,7 @@ from typing import Sequence
 
 from sao_jax import storage
 from sao_jax.cli import flags
-from sao_jax.config import load_config
+from sao_jax.jobs import startup
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if value is not None:
       overrides.append(f"run.{field}={value}")
   try:
-    cfg = load_config(args.config, overrides)
+    cfg = startup.load(args.config, overrides)
     from sao_jax.jobs import eval_scores, evaluate as evaluation
 
     if args.policy and args.step is not None:

@@ -28,7 +28,8 @@ from typing import Sequence
 import jax
 
 from sao_jax.cli import flags
-from sao_jax.config import MeshConfig, load_config
+from sao_jax.config import MeshConfig
+from sao_jax.jobs import startup
 from sao_jax.planning import aot
 
 
@@ -41,7 +42,7 @@ def _mesh(text: str) -> MeshConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-  cfg = load_config(args.config, args.overrides)
+  cfg = startup.load(args.config, args.overrides)
   seq_len = args.seq_len or cfg.sampler.max_seq_len
   result = aot.plan(cfg, args.topology, seq_len, sampler_topology=args.sampler_topology,
                     sampler_mesh=args.sampler_mesh, sampler_batch=args.sampler_batch,

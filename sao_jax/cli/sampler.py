@@ -20,7 +20,7 @@ import threading
 from typing import Sequence
 
 from sao_jax.cli import flags
-from sao_jax.config import load_config
+from sao_jax.jobs import startup
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,7 +46,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   stop = threading.Event()
   signal.signal(signal.SIGTERM, lambda *_: stop.set())
   try:
-    cfg = load_config(args.config, args.overrides)
+    cfg = startup.load(args.config, args.overrides)
     from sao_jax.sampler import remote
 
     remote.run(cfg, workers=args.workers, first_worker=args.first_worker, stop=stop,

@@ -14,8 +14,8 @@ import sys
 from typing import Sequence
 
 from sao_jax.cli import flags
-from sao_jax.config import load_config
 from sao_jax.config.run import RESUME_MODES
+from sao_jax.jobs import startup
 from sao_jax.run.metrics import plot_curves
 
 
@@ -55,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     overrides = list(args.overrides)
     if args.resume is not None:
       overrides.append(f"run.resume={args.resume}")
-    cfg = load_config(args.config, overrides)
+    cfg = startup.load(args.config, overrides)
     if args.check:
       print(check(cfg))
       print(f"sao-train: {args.config} is valid", file=sys.stderr)

@@ -4,7 +4,9 @@ A runnable setup is a file `configs/<name>.py` exposing `get_config() -> Config`
 command-line overrides are `--set section.field=value` strings applied on top
 (`loading`). Every section has `validate()`, which raises `ValueError` naming
 the field, the offending value and what is allowed; `Config.validate()` runs
-them all plus the cross-section checks. `python -m sao_jax.config FILE` prints
+them all plus the cross-section checks. What a config names in code above this
+package (the environment, the variant's estimator and loss) is checked against
+that code when a job starts (`sao_jax.jobs.startup`). `python -m sao_jax.config FILE` prints
 a resolved config.
 """
 

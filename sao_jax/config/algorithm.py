@@ -9,19 +9,18 @@ from typing import Any, Mapping
 
 from sao_jax.config.checks import check_choice, check_positive, fail
 
-# Advantage estimators and policy losses a variant can name; the learner step
-# maps each name to its function (`sao_jax.learner.step`).
-ADVANTAGE_ESTIMATORS = ("gae", "group", "running_mean")
-POLICY_LOSSES = ("dis", "ppo_clip")
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Variant:
   """One row of the variant table (docs/algorithm.md §5).
 
   advantage: which estimator turns rewards into per-token advantages ("gae"
-    needs the critic's values; "group" needs `grouped`).
-  policy_loss: "dis" (docs/algorithm.md §2) or "ppo_clip".
+    needs the critic's values; "group" needs `grouped`); a name of
+    `sao_jax.learner.step.ADVANTAGE_ESTIMATORS`, where the estimators are.
+  policy_loss: "dis" (docs/algorithm.md §2) or "ppo_clip"; a name of
+    `sao_jax.losses.POLICY_LOSSES`, where the losses are.
+  A job checks both names against those registries at start-up
+  (`sao_jax.learner.step.check_variant`).
   grouped: n >= 2 rollouts per prompt, trained only as whole groups.
   preset: the paper's settings of the variant's other `AlgorithmConfig` fields.
   """
@@ -32,12 +31,6 @@ class Variant:
   preset: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
-    if self.advantage not in ADVANTAGE_ESTIMATORS:
-      raise ValueError(f"Variant.advantage={self.advantage!r}: allowed values are "
-                       f"{', '.join(ADVANTAGE_ESTIMATORS)}")
-    if self.policy_loss not in POLICY_LOSSES:
-      raise ValueError(f"Variant.policy_loss={self.policy_loss!r}: allowed values are "
-                       f"{', '.join(POLICY_LOSSES)}")
     if self.grouped != (self.advantage == "group"):
       raise ValueError("Variant.grouped: group advantages need groups, and only they do")
 
@@ -47,8 +40,8 @@ class Variant:
 
 
 # The one table of algorithm variants: validation, the learner step, the data
-# pipeline and the job read it. A new variant is one row (plus a loss function
-# if its policy loss or advantage estimator is new).
+# pipeline and the job read it. A new variant is one row (plus a registered loss
+# function if its policy loss or advantage estimator is new).
 VARIANTS: Mapping[str, Variant] = types.MappingProxyType({
     "sao": Variant(advantage="gae", policy_loss="dis"),
     "sao_dis_only": Variant(advantage="gae", policy_loss="dis",

@@ -108,7 +108,8 @@ class EnvConfig:
   # import path "package.module:attribute" (sao_jax.envs.registry).
   name: str = "math_tool"
   # The environment's own options (its options dataclass's fields), e.g.
-  # --set env.options.difficulty=3; validated against the environment at start-up.
+  # --set env.options.difficulty=3; validated against the environment at start-up
+  # (sao_jax.envs.registry.check).
   options: dict[str, Any] = dataclasses.field(default_factory=dict)
   task_source: str = ""  # "" = the environment's default (its first task source).
   jsonl_path: str = ""  # task_source="jsonl" (coding: rows pointing at task dirs/archives).
@@ -151,15 +152,11 @@ class EnvConfig:
     if isinstance(self.options, Mapping) and not isinstance(self.options, Options):
       object.__setattr__(self, "options", Options(self.options))  # hashable (Options)
 
-  @property
-  def resolved_task_source(self) -> str:
-    """`task_source`, or the environment's default when it is empty."""
-    from sao_jax.envs import registry  # the environment's spec decides
-    return registry.resolve(self).task_source
-
   def validate(self) -> None:
-    """The shared fields here; then the environment's own (`sao_jax.envs.registry.resolve`:
-    imports the environment and the reward function, checks options and task source)."""
+    """The shared fields, what the config itself can know. The environment's own
+    (its name, options, task source and reward function) only the environment's
+    code can check: `sao_jax.envs.registry.check` does, when a job starts
+    (`sao_jax.jobs.startup`), before any sampler starts or anything compiles."""
     if not isinstance(self.name, str) or not self.name:
       fail("env", "name", self.name, "expected an environment name or an import path "
            "'package.module:attribute'")
@@ -186,5 +183,3 @@ class EnvConfig:
     value = self.reward_timeout_s
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
       fail("env", "reward_timeout_s", value, "expected a number of seconds > 0")
-    from sao_jax.envs import registry  # imports the environment: after the cheap checks
-    registry.resolve(self)

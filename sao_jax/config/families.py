@@ -4,7 +4,7 @@ tree branches on a family name.
 
   FAMILIES[cfg.family]       -> Family (what the decoder layer computes)
   HF_ARCHITECTURES[arch]     -> HfArchitecture (config.json defaults and the field
-                                values sao_jax implements, for `sao_jax.models.hf`)
+                                values sao_jax implements, for `sao_jax.config.hf_json`)
 
 Every family is a pre-norm decoder: x + attn(norm(x)), then h + mlp(norm(h)), with
 RMSNorm, rotary grouped-query attention and a gated MLP (or Qwen3-MoE experts).

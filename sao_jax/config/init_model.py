@@ -35,6 +35,7 @@ import json
 import pathlib
 from typing import Any, Sequence
 
+from sao_jax.config import hf_json, params_json
 from sao_jax.config.model import DTYPES, ModelConfig
 
 # Fields no checkpoint holds: how the model is run here, not what it is.
@@ -43,7 +44,6 @@ RUNTIME_FIELDS = ("logits_chunk", "attention_impl", "attention_block", "remat_po
 DTYPE_FIELDS = ("param_dtype", "compute_dtype")
 ARCHITECTURE_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig)
                             if f.name not in RUNTIME_FIELDS + DTYPE_FIELDS)
-HF_CONFIG = "config.json"
 _KINDS_HINT = ("pass 'random', a Hugging Face model directory (config.json and *.safetensors, "
                "e.g. from `huggingface-cli download`) or a sao-convert params directory")
 
@@ -60,14 +60,11 @@ class InitCheckpoint:
 def read_init(init: str) -> InitCheckpoint:
   """The checkpoint `run.init=init` names, read without its weights; ValueError (or
   FileNotFoundError) naming what is missing or unsupported."""
-  from sao_jax.models import params_io  # pylint: disable=import-outside-toplevel
-
   path = pathlib.Path(init)
   if not path.is_dir():
     raise FileNotFoundError(f"run.init={init!r} is not a directory; {_KINDS_HINT}")
   tokenizer = str(path) if (path / "tokenizer.json").is_file() else ""
-  if (path / HF_CONFIG).is_file():
-    from sao_jax.models import hf  # pylint: disable=import-outside-toplevel
+  if (path / hf_json.HF_CONFIG).is_file():
     weights = [*path.glob("*.safetensors"), *path.glob("*.safetensors.index.json")]
     if not weights:
       legacy = sorted(p.name for p in path.glob("*.bin"))
@@ -77,28 +74,27 @@ def read_init(init: str) -> InitCheckpoint:
           "reads safetensors only: download the safetensors files of the checkpoint, or "
           "re-save it with transformers' save_pretrained(safe_serialization=True)")
     try:
-      model = hf.config_from_hf(path)
+      model = hf_json.config_from_hf(path)
     except ValueError as error:
       raise ValueError(f"run.init={init!r}: {error}") from None
     return InitCheckpoint(model, "hf", tokenizer)
-  if (path / params_io.CONFIG_FILE).is_file():
-    model, head = params_io.load_config(path)
+  if (path / params_json.CONFIG_FILE).is_file():
+    model, head = params_json.load_model_config(path)
     if head != "lm":
       raise ValueError(f"run.init={init!r} holds a {head!r} head, not a policy; pass the "
                        "policy's params directory")
-    if not (path / params_io.PARAMS_FILE).is_file():
-      raise FileNotFoundError(f"run.init={init!r} has {params_io.CONFIG_FILE} but no "
-                              f"{params_io.PARAMS_FILE}; the directory is incomplete")
+    if not (path / params_json.PARAMS_FILE).is_file():
+      raise FileNotFoundError(f"run.init={init!r} has {params_json.CONFIG_FILE} but no "
+                              f"{params_json.PARAMS_FILE}; the directory is incomplete")
     return InitCheckpoint(model, "params", tokenizer)
-  raise FileNotFoundError(f"run.init={init!r} holds neither {HF_CONFIG} nor "
-                          f"{params_io.CONFIG_FILE}; {_KINDS_HINT}")
+  raise FileNotFoundError(f"run.init={init!r} holds neither {hf_json.HF_CONFIG} nor "
+                          f"{params_json.CONFIG_FILE}; {_KINDS_HINT}")
 
 
 def architecture(model: ModelConfig) -> dict[str, Any]:
   """What identifies a checkpoint's architecture: its exported config.json without
   the dtype (two configs with the same architecture load the same weights)."""
-  from sao_jax.models import hf  # pylint: disable=import-outside-toplevel
-  return {k: v for k, v in hf.hf_config(model).items() if k != "dtype"}
+  return {k: v for k, v in hf_json.hf_config(model).items() if k != "dtype"}
 
 
 def merge_model(configured: ModelConfig, checkpoint: ModelConfig, init: str) -> ModelConfig:

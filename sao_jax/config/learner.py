@@ -84,21 +84,32 @@ class LearnerConfig:
              "it only applies to packed batches; set learner.batch_tokens too, or leave "
              "row_length=None")
       return
-    check_positive("learner", self, "batch_tokens")
-    if self.row_length is None:
-      fail("learner", "row_length", self.row_length,
-           f"packing (batch_tokens={self.batch_tokens}) needs the length of a packed row, e.g. "
-           "the largest of data.length_buckets")
-    check_positive("learner", self, "row_length")
-    if self.row_length < 2 or self.batch_tokens % self.row_length:
-      fail("learner", "batch_tokens", self.batch_tokens,
-           f"must be a multiple of row_length={self.row_length} (>= 2): a batch is "
-           "batch_tokens // row_length whole rows")
+    packed_rows(self.batch_tokens, self.row_length)
     if self.batch_rows % self.micro_batches:
       fail("learner", "batch_tokens", self.batch_tokens,
            f"gives batch_rows={self.batch_rows} rows of row_length={self.row_length}, which "
            f"micro_batches={self.micro_batches} must divide; use a multiple of "
            f"{self.micro_batches * self.row_length}")
+
+
+def packed_rows(batch_tokens: int, row_length: int | None) -> int:
+  """Rows of a packed batch, `batch_tokens // row_length`; ValueError unless both are
+  positive integers and row_length (>= 2) divides batch_tokens. The one check of a
+  packed batch's shape: `LearnerConfig.validate` and the learner's data pipeline
+  (`sao_jax.data.pipeline.learner_pipeline`, given one host's share) both call it."""
+  if isinstance(batch_tokens, bool) or not isinstance(batch_tokens, int) or batch_tokens <= 0:
+    fail("learner", "batch_tokens", batch_tokens, "expected a positive integer")
+  if row_length is None:
+    fail("learner", "row_length", row_length,
+         f"packing (batch_tokens={batch_tokens}) needs the length of a packed row, e.g. "
+         "the largest of data.length_buckets")
+  if isinstance(row_length, bool) or not isinstance(row_length, int) or row_length <= 0:
+    fail("learner", "row_length", row_length, "expected a positive integer")
+  if row_length < 2 or batch_tokens % row_length:
+    fail("learner", "batch_tokens", batch_tokens,
+         f"must be a multiple of row_length={row_length} (>= 2): a batch is "
+         "batch_tokens // row_length whole rows")
+  return batch_tokens // row_length
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

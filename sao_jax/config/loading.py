@@ -15,6 +15,8 @@ import typing
 from typing import Any, Iterator, Sequence
 
 from sao_jax.config import init_model
+from sao_jax.config.checks import check_finite
+from sao_jax.config.conform import MISMATCH, conform, type_name
 from sao_jax.config.mesh import MeshConfig
 from sao_jax.config.root import Config
 
@@ -156,17 +158,19 @@ def _parse_value(raw: str, hint: Any, key: str) -> Any:
     try:
       value = ast.literal_eval(raw)
     except (ValueError, SyntaxError, MemoryError, RecursionError):
-      value = _MISMATCH
-    converted = _MISMATCH if value is _MISMATCH else _conform(value, kind)
-    if converted is _MISMATCH and origin is tuple:
+      value = MISMATCH
+    converted = MISMATCH if value is MISMATCH else conform(value, kind)
+    if converted is MISMATCH and origin is tuple:
       converted = _comma_items(raw, kind)
-    if converted is not _MISMATCH:
+    if converted is not MISMATCH:
       return converted
+    if kind is float and value is not MISMATCH:  # 1e999 overflowed, or NaN: named as such
+      check_finite(key, value)
   expected = " (expected true or false)" if bool in allowed else ""
   if any(typing.get_origin(kind) is tuple for kind in allowed):
     expected = (" (expected comma-separated items of that type, e.g. 1,4 or a,b, or a "
                 "Python tuple literal, e.g. (1, 4) or ('a',))")
-  raise ValueError(f"override {key}={raw!r}: cannot parse as {_type_name(hint)}{expected}")
+  raise ValueError(f"override {key}={raw!r}: cannot parse as {type_name(hint)}{expected}")
 
 
 _SCALARS = (int, float, str, bool)
@@ -175,21 +179,18 @@ _SCALARS = (int, float, str, bool)
 def _comma_items(raw: str, kind: Any) -> Any:
   """`a,b,c` as a `tuple[X, ...]` of scalars X, each item parsed as a field of type X
   (`tensorboard,wandb` -> ('tensorboard', 'wandb'); `1,4` -> (1, 4)); the empty text is
-  the empty tuple. `_MISMATCH` for tuples of other items or an item that does not parse."""
+  the empty tuple. `MISMATCH` for tuples of other items or an item that does not parse."""
   items = typing.get_args(kind)
   if len(items) != 2 or items[1] is not Ellipsis or items[0] not in _SCALARS:
-    return _MISMATCH
+    return MISMATCH
   if not raw.strip():
     return ()
   if raw.lstrip()[:1] in "([":  # meant as a literal, which did not parse: not items
-    return _MISMATCH
+    return MISMATCH
   try:
     return tuple(_parse_value(item.strip(), items[0], "") for item in raw.split(","))
   except ValueError:
-    return _MISMATCH
-
-
-_MISMATCH = object()
+    return MISMATCH
 
 
 def _literal(raw: str) -> Any:
@@ -199,40 +200,6 @@ def _literal(raw: str) -> Any:
     return ast.literal_eval(raw)
   except (ValueError, SyntaxError, MemoryError, RecursionError):
     return raw
-
-
-def _conform(value: Any, kind: Any) -> Any:
-  """`value` (a parsed literal) as type `kind`, or `_MISMATCH`: an int for a float field
-  becomes a float; a list for a tuple field becomes a tuple, item by item."""
-  origin = typing.get_origin(kind) or kind
-  if origin is bool:
-    return value if isinstance(value, bool) else _MISMATCH
-  if origin is int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else _MISMATCH
-  if origin is float:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-      return float(value)
-    return _MISMATCH
-  if origin is str:
-    return value if isinstance(value, str) else _MISMATCH
-  if origin is tuple:
-    if not isinstance(value, (tuple, list)):
-      return _MISMATCH
-    items = typing.get_args(kind)
-    if not items:  # a bare `tuple` annotation: any items
-      return tuple(value)
-    if len(items) == 2 and items[1] is Ellipsis:
-      items = (items[0],) * len(value)
-    elif len(items) != len(value):
-      return _MISMATCH
-    converted = tuple(_conform(item, item_kind) for item, item_kind in zip(value, items))
-    return _MISMATCH if any(item is _MISMATCH for item in converted) else converted
-  return _MISMATCH
-
-
-def _type_name(hint: Any) -> str:
-  """'int', 'tuple[int, ...]', 'float | None': the annotation as written."""
-  return hint.__name__ if isinstance(hint, type) else str(hint)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

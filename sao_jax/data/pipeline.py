@@ -58,6 +58,7 @@ import grain
 import numpy as np
 
 from sao_jax.channel import records
+from sao_jax.config.learner import packed_rows
 from sao_jax.log_text import untrusted
 from sao_jax.types import Batch
 from sao_jax.types import Trajectory
@@ -553,10 +554,7 @@ def learner_pipeline(transport, *, batch_size: int, group_size: int, max_lag: in
     raise ValueError(f"group_size={group_size} does not fit batch_size={batch_size}")
   packed = batch_tokens is not None
   if packed:
-    if row_length is None or row_length < 2 or batch_tokens % row_length:
-      raise ValueError(f"learner.batch_tokens={batch_tokens} needs learner.row_length (>= 2) "
-                       f"dividing it; got row_length={row_length}")
-    rows = batch_tokens // row_length
+    rows = packed_rows(batch_tokens, row_length)
     if group_size > rows:
       raise ValueError(
           f"learner.batch_tokens={batch_tokens} gives {rows} rows of row_length={row_length}, "

@@ -144,7 +144,7 @@ def _bad(row: tables.Row, column: str, problem: str, value=_CELL):
 
 def check_columns(config: DatasetConfig, source: str) -> None:
   """Opens the dataset once per process and state of its files (a missing mapped column,
-  an unreadable file: ValueError naming the file), so that `EnvConfig.validate` refuses
+  an unreadable file: ValueError naming the file), so that `registry.check` refuses
   it at start-up; cheap: Parquet footers, a save_to_disk directory's mapped columns."""
   config.validate(source)
   files = sorted(pathlib.Path(config.path).iterdir()) if os.path.isdir(config.path) else [

@@ -3,11 +3,12 @@
     options = build_options(spec, {"difficulty": 3})   # an instance of spec.options
 
 Every key must be a field of `spec.options` (unknown keys are refused, listing
-the allowed ones); every value must fit the field's annotation: `bool`, `int`,
-`float` (an int is taken as a float), `str`, `tuple[X, ...]` / `tuple[X, Y]`
-(a list is taken as a tuple, item by item), a union of these (`int | None`),
-`dict` / `Mapping` (any mapping) or `Any`; a float must be finite. A field
-without a default must be given. Then the dataclass's own `validate()`, if it
+the allowed ones); every value must fit the field's annotation as
+`sao_jax.config.conform` allows it (as `--set` overrides must): `bool`, `int`,
+`float` (an int is taken as a float; finite), `str`, `tuple[X, ...]` /
+`tuple[X, Y]` (a list is taken as a tuple, item by item), a union of these
+(`int | None`), `dict` / `Mapping` (any mapping), a nested dataclass (an instance
+of it) or `Any`. A field without a default must be given. Then the dataclass's own `validate()`, if it
 has one, checks what types cannot (ranges, allowed values). Every error names
 the environment and `env.options.<field>`.
 """
@@ -16,12 +17,10 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
-import math
-import types
 import typing
 from typing import Any, Mapping
 
-_MISMATCH = object()
+from sao_jax.config.conform import MISMATCH, conform, type_name
 
 
 def build_options(spec, given: Mapping[str, Any]) -> Any:
@@ -48,10 +47,10 @@ def build_options(spec, given: Mapping[str, Any]) -> Any:
   hints = typing.get_type_hints(cls)
   values = {}
   for key, value in given.items():
-    converted = _conform(value, hints.get(key, Any))
-    if converted is _MISMATCH:
+    converted = conform(value, hints.get(key, Any))
+    if converted is MISMATCH:
       raise ValueError(f"env.options.{key}={value!r} is invalid for {where}: expected "
-                       f"{_type_name(hints.get(key, Any))}"
+                       f"{type_name(hints.get(key, Any))}"
                        + (" (a finite number)" if isinstance(value, float) else ""))
     values[key] = converted
   try:
@@ -62,50 +61,3 @@ def build_options(spec, given: Mapping[str, Any]) -> Any:
   except (TypeError, ValueError) as error:
     raise ValueError(f"{where}: {error}") from None
   return options
-
-
-def _conform(value: Any, hint: Any) -> Any:
-  """`value` as annotation `hint` allows it, or `_MISMATCH`."""
-  if hint is Any or hint is object:
-    return value
-  origin = typing.get_origin(hint)
-  if origin in (typing.Union, types.UnionType):
-    for kind in typing.get_args(hint):
-      converted = _conform(value, kind)
-      if converted is not _MISMATCH:
-        return converted
-    return _MISMATCH
-  if hint is type(None):
-    return None if value is None else _MISMATCH
-  if hint is bool:
-    return value if isinstance(value, bool) else _MISMATCH
-  if hint is int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else _MISMATCH
-  if hint is float:
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-      return float(value)
-    return _MISMATCH
-  if hint is str:
-    return value if isinstance(value, str) else _MISMATCH
-  if hint is tuple or origin is tuple:
-    if not isinstance(value, (tuple, list)):
-      return _MISMATCH
-    items = typing.get_args(hint)
-    if not items:
-      return tuple(value)
-    if len(items) == 2 and items[1] is Ellipsis:
-      items = (items[0],) * len(value)
-    elif len(items) != len(value):
-      return _MISMATCH
-    converted = tuple(_conform(item, kind) for item, kind in zip(value, items))
-    return _MISMATCH if any(item is _MISMATCH for item in converted) else converted
-  if hint in (dict, collections.abc.Mapping) or origin in (dict, collections.abc.Mapping):
-    return dict(value) if isinstance(value, collections.abc.Mapping) else _MISMATCH
-  check = origin or hint
-  if isinstance(check, type):
-    return value if isinstance(value, check) else _MISMATCH
-  return value  # an annotation this module does not interpret: the dataclass's validate() decides
-
-
-def _type_name(hint: Any) -> str:
-  return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")

@@ -21,10 +21,12 @@ task source against the spec's (`task_sources`: its own, then `SHARED_TASK_SOURC
 for every environment that does not define them itself: "jsonl" rows of
 `env.jsonl_path` (`tasks.load_jsonl`), "parquet" and "hf_disk" rows of
 `env.dataset` (`dataset_tasks`)), and `env.reward_fn` is imported and must be
-callable (`rewards`). `EnvConfig.validate()` runs all of this, so a plugin that
-does not import, an object that is not an environment, bad options or a bad
-reward function are refused at start-up, before any sampler starts. Loaded
-tasks come back in a fresh seeded order each epoch.
+callable (`rewards`). `check(config)` runs all of this after `EnvConfig.validate()`
+(the fields the config itself can check), and every job calls it at start-up
+(`sao_jax.jobs.startup`), so a plugin that does not import, an object that is not
+an environment, bad options or a bad reward function are refused before any
+sampler starts or anything compiles. Loaded tasks come back in a fresh seeded
+order each epoch.
 """
 
 from __future__ import annotations
@@ -184,10 +186,16 @@ def resolve(config: EnvConfig) -> Resolved:
   return Resolved(spec, options, source, reward_fn)
 
 
+def check(config: EnvConfig) -> Resolved:
+  """`config` checked whole: its own fields (`EnvConfig.validate`), then everything
+  environment-specific (`resolve`); what it resolves to."""
+  config.validate()
+  return resolve(config)
+
+
 def make_env(config: EnvConfig) -> Environment:
   """A new environment named by `config.name`, graded by `config.reward_fn` if set."""
-  config.validate()
-  resolved = resolve(config)
+  resolved = check(config)
   env = resolved.spec.make(resolved.options, config)
   if not isinstance(env, Environment):
     raise ValueError(f"env.name={config.name!r}: make() returned a {type(env).__name__}, not a "
@@ -200,16 +208,14 @@ def make_env(config: EnvConfig) -> Environment:
 
 def make_tasks(config: EnvConfig) -> Iterator[Task]:
   """An endless task iterator for `config.name` from its task source."""
-  config.validate()
-  resolved = resolve(config)
+  resolved = check(config)
   return task_sources(resolved.spec)[resolved.task_source](resolved.options, config)
 
 
 def demonstration(config: EnvConfig) -> Callable[[Task], list[str]] | None:
   """Scripted ideal assistant turns per task for `config`'s environment (what the SFT
   warm-start imitates and a run's own tokenizer is trained on), or None if it has none."""
-  config.validate()
-  resolved = resolve(config)
+  resolved = check(config)
   if resolved.spec.demonstration is None:
     return None
   demo, options = resolved.spec.demonstration, resolved.options

@@ -44,8 +44,8 @@ from sao_jax.config import Config, SamplerConfig
 from sao_jax.config.dataset import DATASET_SOURCES
 from sao_jax.envs import dataset_tasks
 from sao_jax.envs.base import Task
-from sao_jax.envs.registry import make_env, make_tasks
-from sao_jax.jobs import eval_scores
+from sao_jax.envs.registry import make_env, make_tasks, resolve
+from sao_jax.jobs import eval_scores, startup
 from sao_jax.models.transformer import Params
 from sao_jax.run import metrics
 from sao_jax.sampler.episodes import EpisodeRunner, make_engine, run_to_completion
@@ -141,7 +141,7 @@ class _BenchmarkTasks:
 
   def __init__(self, cfg: Config, limit: int | None):
     self.env_cfg = dataclasses.replace(cfg.env, seed=cfg.run.eval_seed)
-    source = self.env_cfg.resolved_task_source
+    source = resolve(self.env_cfg).task_source
     self._table = (dataset_tasks.TaskTable(self.env_cfg.dataset, source)
                    if source in DATASET_SOURCES else None)
     self.name = self._table.name if self._table else f"{self.env_cfg.name}/{source}"
@@ -236,7 +236,7 @@ def restore_state(cfg: Config, step: int | None = None, mesh: jax.sharding.Mesh 
   from sao_jax.run import bootstrap
   from sao_jax.run.checkpoint import Checkpointer
 
-  cfg = cfg.with_run_paths().validate()
+  cfg = startup.check(cfg.with_run_paths())
   abstract = state_lib.abstract_state(cfg)
   if mesh is None:
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
@@ -303,7 +303,7 @@ def evaluate_checkpoint(cfg: Config, step: int | None = None, *,
   (`cfg.sampler_mesh()`) the engine runs on."""
   from sao_jax.sharding.mesh import make_mesh
 
-  cfg = cfg.with_run_paths().validate()
+  cfg = startup.check(cfg.with_run_paths())
   chat = load_chat(cfg.run.tokenizer_file, enable_thinking=cfg.run.enable_thinking)
   mesh = make_mesh(cfg.sampler_mesh())
   policy, meta = restore_policy(cfg, step, mesh)
@@ -327,7 +327,7 @@ def evaluate_policy(cfg: Config, policy_dir: str | pathlib.Path, *,
   from sao_jax.sharding.mesh import make_mesh
 
   cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, init=str(policy_dir)))
-  cfg = init_model.resolve(cfg.with_run_paths()).validate()
+  cfg = startup.check(init_model.resolve(cfg.with_run_paths()))
   checkpoint = init_model.read_init(cfg.run.init)
   init_model.merge_model(cfg.model, checkpoint.model, cfg.run.init)
   init_model.check_dtypes(cfg.model, jax.devices())

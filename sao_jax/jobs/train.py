@@ -51,7 +51,7 @@ from sao_jax.data import pipeline
 from sao_jax.data.learner_data import learner_batches, learner_transport, local_batch_sizes
 from sao_jax.envs.registry import make_env
 from sao_jax.envs.sandbox import IsolationUnavailable
-from sao_jax.jobs import warm_start
+from sao_jax.jobs import startup, warm_start
 from sao_jax.jobs.evaluate import Evaluator, transcripts_path
 from sao_jax.learner import compile as compile_lib
 from sao_jax.learner.loop import run_learner
@@ -178,8 +178,8 @@ def run(cfg: Config, *, resume: bool | None = True, log=print) -> dict:
   False starts at step 0; None decides by `run.resume` (`resume_decision`), what
   `sao-train` does."""
   distributed.initialize()  # a multi-host learner: join the cluster the environment names
-  cfg = init_model.resolve(cfg.with_run_paths()).validate()
-  # Refused before any directory is made or program compiled.
+  # Refused before any directory is made, sampler started or program compiled.
+  cfg = startup.check(init_model.resolve(cfg.with_run_paths()))
   init_model.check_init(cfg)
   init_model.check_dtypes(cfg.model, jax.devices())
   shared_run_dir(cfg)

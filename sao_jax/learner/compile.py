@@ -24,7 +24,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from sao_jax.config import Config
 from sao_jax.learner import state as state_lib
-from sao_jax.learner.step import train_step
+from sao_jax.learner.step import StepConfig, train_step
 from sao_jax.models import lora
 from sao_jax.models.transformer import param_shardings
 from sao_jax.sharding import rules
@@ -125,6 +125,6 @@ def compile_train_step(cfg: Config, mesh: jax.sharding.Mesh, length: int):
   """
   replicated = NamedSharding(mesh, PartitionSpec())
   state_sh = state_shardings(cfg, mesh)
-  return jax.jit(traced_on(mesh, functools.partial(train_step, cfg=cfg)),
+  return jax.jit(traced_on(mesh, functools.partial(train_step, cfg=StepConfig.of(cfg))),
                  in_shardings=(state_sh, batch_shardings(cfg, mesh, length), replicated),
                  out_shardings=(state_sh, replicated), donate_argnums=0)

@@ -143,7 +143,8 @@ def run_learner(cfg: Config, batches: Iterator[Batch | tuple[Batch, dict]], *,
         break
       batch, host_metrics = item
       step_fn, batch_sh = step_for(batch.shape[1])
-      state, metrics = step_fn(state, place(batch, batch_sh), update_policy_at(cfg, step))
+      update_policy = update_policy_at(cfg.learner, cfg.algorithm, step)
+      state, metrics = step_fn(state, place(batch, batch_sh), update_policy)
       if pending is not None:  # the previous step's metrics; this step is already queued
         report(*pending)
       pending = (step, metrics, host_metrics)

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from sao_jax.config import Config, LearnerConfig
+from sao_jax.config import AlgorithmConfig, Config, LearnerConfig, LoraConfig
 from sao_jax.losses import RunningMeanState, init_running_mean
 from sao_jax.models import lora, value as value_model
 from sao_jax.models.transformer import Params, init_params
@@ -45,9 +45,9 @@ class TrainState:
   policy_adapters: Params = flax.struct.field(default_factory=dict)  # LoRA adapters; {} without
 
 
-def policy_trainable(cfg: Config, state: TrainState) -> Params:
+def policy_trainable(lora_cfg: LoraConfig, state: TrainState) -> Params:
   """What the policy optimizer trains: the adapters with LoRA, else the params."""
-  return state.policy_adapters if cfg.lora.enabled else state.policy_params
+  return state.policy_adapters if lora_cfg.enabled else state.policy_params
 
 
 def policy_weights(cfg: Config, state: TrainState) -> Params:
@@ -98,25 +98,25 @@ def _adamw(cfg: LearnerConfig, peak_lr: float) -> optax.GradientTransformation:
                                         eps=cfg.adam_eps, weight_decay=cfg.weight_decay))
 
 
-def frozen_value_mask(cfg: Config, value_params: Params) -> Params:
+def frozen_value_mask(algorithm: AlgorithmConfig, value_params: Params) -> Params:
   """Bool pytree, True on value-model leaves that must not train."""
-  if not cfg.algorithm.frozen_attention:
+  if not algorithm.frozen_attention:
     return jax.tree.map(lambda _: False, value_params)
-  return value_model.frozen_mask(value_params, cfg.algorithm.frozen_patterns)
+  return value_model.frozen_mask(value_params, algorithm.frozen_patterns)
 
 
-def policy_optimizer(cfg: Config) -> optax.GradientTransformation:
-  return _adamw(cfg.learner, cfg.learner.policy_lr)
+def policy_optimizer(learner: LearnerConfig) -> optax.GradientTransformation:
+  return _adamw(learner, learner.policy_lr)
 
 
-def value_optimizer(cfg: Config, frozen: Params) -> optax.GradientTransformation:
+def value_optimizer(learner: LearnerConfig, frozen: Params) -> optax.GradientTransformation:
   labels = jax.tree.map(lambda is_frozen: "frozen" if is_frozen else "train", frozen)
-  return optax.partition({"train": _adamw(cfg.learner, cfg.learner.value_lr),
+  return optax.partition({"train": _adamw(learner, learner.value_lr),
                           "frozen": optax.set_to_zero()}, labels)
 
 
-def _baseline_slots(cfg: Config) -> int:
-  return 1 if cfg.algorithm.running_mean_scope == "global" else cfg.algorithm.running_mean_slots
+def _baseline_slots(algorithm: AlgorithmConfig) -> int:
+  return 1 if algorithm.running_mean_scope == "global" else algorithm.running_mean_slots
 
 
 def state_from_params(cfg: Config, policy_params: Params, value_params: Params) -> TrainState:
@@ -124,7 +124,7 @@ def state_from_params(cfg: Config, policy_params: Params, value_params: Params) 
   # The step donates the state, so no two leaves may share a buffer; a critic made
   # by `value_params_from_policy` shares the policy's trunk arrays until copied.
   value_params = jax.tree.map(jnp.copy, value_params)
-  frozen = frozen_value_mask(cfg, value_params)
+  frozen = frozen_value_mask(cfg.algorithm, value_params)
   if cfg.lora.enabled:  # QLoRA: the frozen base is held quantised
     policy_params = lora.frozen_base(policy_params, cfg.model, cfg.lora)
   adapters = (lora.init_adapters(cfg.model, cfg.lora, jax.random.fold_in(jax.random.key(cfg.seed),
@@ -136,9 +136,11 @@ def state_from_params(cfg: Config, policy_params: Params, value_params: Params) 
       policy_params=policy_params,
       value_params=value_params,
       policy_adapters=adapters,
-      policy_opt_state=policy_optimizer(cfg).init(adapters if cfg.lora.enabled else policy_params),
-      value_opt_state=value_optimizer(cfg, frozen).init(value_params),
-      baseline=init_running_mean(_baseline_slots(cfg), cfg.algorithm.running_mean_window),
+      policy_opt_state=policy_optimizer(cfg.learner).init(
+          adapters if cfg.lora.enabled else policy_params),
+      value_opt_state=value_optimizer(cfg.learner, frozen).init(value_params),
+      baseline=init_running_mean(_baseline_slots(cfg.algorithm),
+                                 cfg.algorithm.running_mean_window),
       nonfinite_skips=jnp.zeros((), jnp.int32),
   )
 

@@ -52,11 +52,14 @@ first action token of trajectories with one assistant turn vs several, beside
 `model.router_aux_loss_coef` x the router's load-balancing loss to the policy
 loss and report `policy/router_aux_loss` and `policy/router_balance`.
 
-The step is a plain function; `sao_jax.learner.compile` jits it with shardings.
+The step is a plain function of the sections it reads (`StepConfig.of(cfg)`: algorithm,
+learner, model, lora and the sampler's temperature); `sao_jax.learner.compile` jits it
+with shardings.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -64,13 +67,33 @@ import jax.numpy as jnp
 import optax
 
 from sao_jax import losses, segments
-from sao_jax.config import Config
+from sao_jax.config import AlgorithmConfig, Config, LearnerConfig, LoraConfig, ModelConfig
+from sao_jax.config.checks import fail
 from sao_jax.learner import state as state_lib
 from sao_jax.models import lora, moe
 from sao_jax.models.forward import policy_forward, router_balance, value_forward
 from sao_jax.types import Batch
 
 Metrics = dict[str, jax.Array]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StepConfig:
+  """What the train step reads of a `Config`, and its static (jit) argument: a change
+  to any other section (the environment, the run's paths, the sampler's other
+  settings) neither reaches the step nor compiles it again."""
+
+  algorithm: AlgorithmConfig
+  learner: LearnerConfig
+  model: ModelConfig
+  lora: LoraConfig
+  # The sampler's temperature: behavior_logp is log softmax(logits / T) (sampler/engine.py).
+  temperature: float
+
+  @classmethod
+  def of(cls, cfg: Config) -> "StepConfig":
+    return cls(algorithm=cfg.algorithm, learner=cfg.learner, model=cfg.model, lora=cfg.lora,
+               temperature=cfg.sampler.temperature)
 
 
 class Total(NamedTuple):
@@ -96,79 +119,92 @@ def _response_mask(batch: Batch) -> jax.Array:
   return segments.span(batch.action_mask, batch.segment_ids)
 
 
-def _values(cfg: Config, params, batch: Batch) -> jax.Array:
+def _values(model: ModelConfig, micro_batches: int, params, batch: Batch) -> jax.Array:
+  """The critic's values V_old, one micro-batch at a time (no gradient)."""
   def one(_, mb):
-    return None, value_forward(params, cfg.model, mb.tokens, mb.segment_ids)
+    return None, value_forward(params, model, mb.tokens, mb.segment_ids)
 
-  _, values = jax.lax.scan(one, None, _split(batch, cfg.learner.micro_batches))
+  _, values = jax.lax.scan(one, None, _split(batch, micro_batches))
   return jax.lax.stop_gradient(_merge(values))
 
 
-def _gae_inputs(cfg: Config, batch: Batch):
+def _gae_inputs(alg: AlgorithmConfig, batch: Batch):
   """The GAE mask and policy lambda (per token: each segment's own) of the variant."""
-  alg = cfg.algorithm
   mask = _response_mask(batch) if alg.gae_span == "response" else batch.action_mask
   lam = alg.lam_policy if alg.lam_policy is not None else losses.length_adaptive_lam(
       mask, alg.lam_alpha, segment_ids=batch.segment_ids)
   return mask, lam
 
 
-def value_targets(cfg: Config, batch: Batch, values: jax.Array) -> jax.Array:
-  mask, _ = _gae_inputs(cfg, batch)
-  alg = cfg.algorithm
+def value_targets(alg: AlgorithmConfig, batch: Batch, values: jax.Array) -> jax.Array:
+  """The critic's targets: GAE(lam_critic) + V_old over the variant's GAE mask."""
+  mask, _ = _gae_inputs(alg, batch)
   _, returns = losses.gae(batch.rewards, values, mask, gamma=alg.gamma, lam=alg.lam_critic,
                           method=alg.gae_method, segment_ids=batch.segment_ids)
   return returns
 
 
-def _gae_advantages(cfg: Config, batch: Batch, values: jax.Array, baseline):
-  alg = cfg.algorithm
-  mask, lam = _gae_inputs(cfg, batch)
+def _gae_advantages(alg: AlgorithmConfig, batch: Batch, values: jax.Array, baseline):
+  mask, lam = _gae_inputs(alg, batch)
   adv, _ = losses.gae(batch.rewards, values, mask, gamma=alg.gamma, lam=lam, method=alg.gae_method,
                       segment_ids=batch.segment_ids)
   return jnp.where(batch.action_mask.astype(bool), adv, 0.0), baseline
 
 
-def _group_advantages(cfg: Config, batch: Batch, values: None, baseline):
-  del cfg, values
+def _group_advantages(alg: AlgorithmConfig, batch: Batch, values: None, baseline):
+  del alg, values
   return losses.grpo_advantages(batch.rewards, batch.action_mask, batch.prompt_ids,
                                 segment_ids=batch.segment_ids), baseline
 
 
-def _running_mean_advantages(cfg: Config, batch: Batch, values: None, baseline):
+def _running_mean_advantages(alg: AlgorithmConfig, batch: Batch, values: None, baseline):
   del values
   return losses.running_mean_advantages(batch.rewards, batch.action_mask, batch.prompt_ids,
-                                        baseline, scope=cfg.algorithm.running_mean_scope,
+                                        baseline, scope=alg.running_mean_scope,
                                         segment_ids=batch.segment_ids)
 
 
-# Each name of `sao_jax.config.algorithm.ADVANTAGE_ESTIMATORS` (the variant
-# table's `advantage` column) -> (cfg, batch, values, baseline) -> (adv, baseline).
+# The advantage estimators a variant can name (`sao_jax.config.algorithm.VARIANTS`'
+# advantage column): name -> (algorithm, batch, values, baseline) -> (adv, baseline). The one
+# list of them; a job checks its variant's against it at start-up (`check_variant`).
 ADVANTAGE_ESTIMATORS = {"gae": _gae_advantages, "group": _group_advantages,
                         "running_mean": _running_mean_advantages}
-# Each name of `sao_jax.config.algorithm.POLICY_LOSSES` -> its loss function.
-POLICY_LOSSES = {"dis": losses.dis_policy_loss, "ppo_clip": losses.ppo_clip_loss}
 
 
-def advantages(cfg: Config, batch: Batch, values: jax.Array | None,
+def check_variant(algorithm: AlgorithmConfig) -> None:
+  """ValueError unless the row of `algorithm.variant` names a registered advantage
+  estimator (`ADVANTAGE_ESTIMATORS`) and policy loss (`losses.POLICY_LOSSES`): what
+  a job checks at start-up (`sao_jax.jobs.startup`), before anything compiles."""
+  row = algorithm.spec
+  for column, name, registry, where in (
+      ("advantage estimator", row.advantage, ADVANTAGE_ESTIMATORS,
+       "sao_jax.learner.step.ADVANTAGE_ESTIMATORS"),
+      ("policy loss", row.policy_loss, losses.POLICY_LOSSES, "sao_jax.losses.POLICY_LOSSES")):
+    if name not in registry:
+      fail("algorithm", "variant", algorithm.variant,
+           f"its {column} {name!r} is not implemented; allowed values are "
+           f"{', '.join(map(repr, registry))} ({where})")
+
+
+def advantages(alg: AlgorithmConfig, batch: Batch, values: jax.Array | None,
                baseline: losses.RunningMeanState):
   """Per-token advantages of the variant (0 off the action mask) and the new baseline.
 
   With `algorithm.advantage_centering="batch_mean"`: A_t - sum_s(m_s A_s) / sum_s(m_s),
   m the action mask, over the whole batch (every micro-batch sees the same shift).
   """
-  adv, baseline = ADVANTAGE_ESTIMATORS[cfg.algorithm.spec.advantage](cfg, batch, values, baseline)
-  if cfg.algorithm.advantage_centering == "batch_mean":
+  adv, baseline = ADVANTAGE_ESTIMATORS[alg.spec.advantage](alg, batch, values, baseline)
+  if alg.advantage_centering == "batch_mean":
     action = batch.action_mask.astype(bool)
     adv = jnp.where(action, adv - losses.aggregate.masked_mean(adv, action), 0.0)
   return adv, baseline
 
 
-def _accumulate(cfg: Config, loss_fn: Callable, params, batch: Batch, per_token: tuple):
+def _accumulate(micro_batches: int, loss_fn: Callable, params, batch: Batch, per_token: tuple):
   """Sum of micro-batch gradients of `loss_fn(params, mb, *per_token_mb)`, plus metrics
   combined over micro-batches: sums for `Total`s, maxima for `*_max`, action-token-
   weighted means for the rest."""
-  num = cfg.learner.micro_batches
+  num = micro_batches
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
   def one(grad_sum, inputs):
@@ -202,9 +238,9 @@ def _guarded_update(optimizer: optax.GradientTransformation, params, opt_state, 
           finite, grad_norm)
 
 
-def _policy_update(cfg: Config, state: state_lib.TrainState, batch: Batch, adv: jax.Array):
+def _policy_update(cfg: StepConfig, state: state_lib.TrainState, batch: Batch, adv: jax.Array):
   alg = cfg.algorithm
-  loss_impl = POLICY_LOSSES[alg.policy_loss]
+  loss_impl = losses.POLICY_LOSSES[alg.policy_loss]
   denominator = (losses.loss_denominator(batch.action_mask, alg.loss_agg,
                                          segment_ids=batch.segment_ids)
                  if cfg.learner.micro_batches > 1 else None)
@@ -213,9 +249,8 @@ def _policy_update(cfg: Config, state: state_lib.TrainState, batch: Batch, adv: 
     # LoRA: the frozen base is a constant here, so only the adapters get gradients.
     params = (lora.merge(state.policy_params, trainable, cfg.lora, cfg.model)
               if cfg.lora.enabled else trainable)
-    # The sampler's temperature: behavior_logp is log softmax(logits / T) (sampler/engine.py).
     out = policy_forward(params, cfg.model, mb.tokens, mb.segment_ids,
-                         temperature=cfg.sampler.temperature)
+                         temperature=cfg.temperature)
     loss, metrics = loss_impl(out.logp_BxT, mb.behavior_logp, adv_mb, mb.action_mask,
                               eps_low=alg.eps_low, eps_high=alg.eps_high,
                               loss_agg=alg.loss_agg, denominator=denominator,
@@ -237,10 +272,10 @@ def _policy_update(cfg: Config, state: state_lib.TrainState, batch: Batch, adv: 
     metrics["lag0_tokens"] = Total(jnp.sum(lag0.astype(jnp.float32)))
     return loss, metrics
 
-  trainable = state_lib.policy_trainable(cfg, state)
-  loss, grads, metrics = _accumulate(cfg, loss_fn, trainable, batch, (adv,))
+  trainable = state_lib.policy_trainable(cfg.lora, state)
+  loss, grads, metrics = _accumulate(cfg.learner.micro_batches, loss_fn, trainable, batch, (adv,))
   params, opt_state, finite, grad_norm = _guarded_update(
-      state_lib.policy_optimizer(cfg), trainable, state.policy_opt_state, grads, loss)
+      state_lib.policy_optimizer(cfg.learner), trainable, state.policy_opt_state, grads, loss)
   update_norm = optax.tree.norm(jax.tree.map(
       lambda new, old: new.astype(jnp.float32) - old.astype(jnp.float32), params, trainable))
   gap_sum, lag0_tokens = metrics.pop("lag0_abs_logp_sum"), metrics.pop("lag0_tokens")
@@ -255,17 +290,17 @@ def _policy_update(cfg: Config, state: state_lib.TrainState, batch: Batch, adv: 
                        nonfinite_skips=state.nonfinite_skips + (~finite).astype(jnp.int32)), metrics
 
 
-def _value_updates(cfg: Config, state: state_lib.TrainState, batch: Batch, old_values: jax.Array,
-                   returns: jax.Array):
+def _value_updates(cfg: StepConfig, state: state_lib.TrainState, batch: Batch,
+                   old_values: jax.Array, returns: jax.Array):
   """K clipped value updates on one batch; frozen leaves get no gradient at all.
 
   The value loss covers the tokens the variant's GAE reads values on (its mask):
   a value the advantages bootstrap through must be one the critic was trained on.
   """
   alg = cfg.algorithm
-  frozen = state_lib.frozen_value_mask(cfg, state.value_params)
-  optimizer = state_lib.value_optimizer(cfg, frozen)
-  critic_mask, _ = _gae_inputs(cfg, batch)
+  frozen = state_lib.frozen_value_mask(alg, state.value_params)
+  optimizer = state_lib.value_optimizer(cfg.learner, frozen)
+  critic_mask, _ = _gae_inputs(alg, batch)
   denominator = (losses.loss_denominator(critic_mask, alg.loss_agg,
                                          segment_ids=batch.segment_ids)
                  if cfg.learner.micro_batches > 1 else None)
@@ -280,8 +315,8 @@ def _value_updates(cfg: Config, state: state_lib.TrainState, batch: Batch, old_v
 
   history = []
   for _ in range(alg.value_updates_per_step):
-    loss, grads, metrics = _accumulate(cfg, loss_fn, state.value_params, batch,
-                                       (old_values, returns, critic_mask))
+    loss, grads, metrics = _accumulate(cfg.learner.micro_batches, loss_fn, state.value_params,
+                                       batch, (old_values, returns, critic_mask))
     params, opt_state, finite, grad_norm = _guarded_update(
         optimizer, state.value_params, state.value_opt_state, grads, loss)
     state = state.replace(value_params=params, value_opt_state=opt_state,
@@ -339,15 +374,15 @@ def _opening_advantages(batch: Batch, adv: jax.Array) -> Metrics:
           "episodes/single_turn_frac": jnp.sum(single) / jnp.maximum(jnp.sum(single | multi), 1)}
 
 
-def update_policy_at(cfg: Config, step: int) -> jax.Array:
+def update_policy_at(learner: LearnerConfig, algorithm: AlgorithmConfig, step: int) -> jax.Array:
   """The `update_policy` flag for learner step `step`: False during value
   pretraining and critic warm-up (docs/algorithm.md §4) of critic variants, else True."""
-  value_only = cfg.learner.value_pretrain_steps + cfg.learner.critic_warmup_steps
-  return jnp.asarray(not cfg.algorithm.uses_critic or step >= value_only)
+  value_only = learner.value_pretrain_steps + learner.critic_warmup_steps
+  return jnp.asarray(not algorithm.uses_critic or step >= value_only)
 
 
 def train_step(state: state_lib.TrainState, batch: Batch, update_policy: jax.Array, *,
-               cfg: Config) -> tuple[state_lib.TrainState, Metrics]:
+               cfg: StepConfig) -> tuple[state_lib.TrainState, Metrics]:
   """One learner step. `update_policy` (bool scalar) is False on value-only steps
   (critic warm-up, value pretraining)."""
   alg = cfg.algorithm
@@ -363,8 +398,8 @@ def train_step(state: state_lib.TrainState, batch: Batch, update_policy: jax.Arr
 
   old_values = returns = None
   if alg.uses_critic:
-    old_values = _values(cfg, state.value_params, batch)
-    returns = value_targets(cfg, batch, old_values)
+    old_values = _values(cfg.model, cfg.learner.micro_batches, state.value_params, batch)
+    returns = value_targets(alg, batch, old_values)
     metrics["value/explained_variance"] = losses.explained_variance(old_values, returns, action)
     metrics["value/mean"] = losses.aggregate.masked_mean(old_values, action)
     metrics["value/bias"] = losses.aggregate.masked_mean(old_values - returns, action)
@@ -373,9 +408,9 @@ def train_step(state: state_lib.TrainState, batch: Batch, update_policy: jax.Arr
   if alg.uses_critic and cfg.learner.advantage_values == "after_critic_update":
     state, value_metrics = _value_updates(cfg, state, batch, old_values, returns)
     metrics.update(value_metrics)
-    advantage_values = _values(cfg, state.value_params, batch)
+    advantage_values = _values(cfg.model, cfg.learner.micro_batches, state.value_params, batch)
 
-  adv, baseline = advantages(cfg, batch, advantage_values, state.baseline)
+  adv, baseline = advantages(alg, batch, advantage_values, state.baseline)
   state = state.replace(baseline=baseline)
   metrics["advantage/mean"] = losses.aggregate.masked_mean(adv, action)
   metrics["advantage/std"] = jnp.sqrt(losses.aggregate.masked_mean(

@@ -128,3 +128,9 @@ def entropy_from_logits(logits: jax.Array) -> jax.Array:
   logits = logits.astype(jnp.float32)
   log_probs = jax.nn.log_softmax(logits, axis=-1)
   return -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
+
+
+# The policy losses a variant can name (`sao_jax.config.algorithm.VARIANTS`' policy_loss
+# column): name -> function. The one list of them; a job checks its variant's against
+# it at start-up (`sao_jax.learner.step.check_variant`).
+POLICY_LOSSES = {"dis": dis_policy_loss, "ppo_clip": ppo_clip_loss}

@@ -2,6 +2,7 @@
 
 A params directory holds two files:
   model_config.json   the `ModelConfig` fields plus "head" ("lm" or "value")
+                      (`sao_jax.config.params_json`)
   params.safetensors  one tensor per param, named by its "/"-joined path
                       (e.g. "layers/0/attn/q_proj"), in the param dtype
 
@@ -17,8 +18,6 @@ for the safetensors writer.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import pathlib
 
 import jax
@@ -26,12 +25,10 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
-from sao_jax import bounded_json
 from sao_jax.config import ModelConfig
+from sao_jax.config.params_json import (CONFIG_FILE, PARAMS_FILE, load_model_config,
+                                        model_config_json)
 from sao_jax.models.transformer import Params, abstract_params, param_path, param_shardings
-
-CONFIG_FILE = "model_config.json"
-PARAMS_FILE = "params.safetensors"
 
 
 def place(array: np.ndarray, path: str, expected: jax.ShapeDtypeStruct,
@@ -46,10 +43,6 @@ def place(array: np.ndarray, path: str, expected: jax.ShapeDtypeStruct,
                      f"point dtype ({expected.dtype}); the checkpoint is not a model's weights")
   array = np.asarray(array).astype(expected.dtype, copy=False)
   return jax.device_put(array, sharding) if sharding is not None else jax.device_put(array)
-
-
-# ModelConfig fields holding tuples; an older params directory may lack them (then ()).
-_TUPLE_FIELDS = ("mlp_only_layers", "layer_types")
 
 
 def save_params(directory: str | pathlib.Path, params: Params, cfg: ModelConfig,
@@ -70,8 +63,7 @@ def save_params(directory: str | pathlib.Path, params: Params, cfg: ModelConfig,
     partial.replace(directory / PARAMS_FILE)
   finally:
     partial.unlink(missing_ok=True)
-  fields = dataclasses.asdict(cfg)
-  (directory / CONFIG_FILE).write_text(json.dumps({**fields, "head": head}, indent=2))
+  (directory / CONFIG_FILE).write_text(model_config_json(cfg, head))
 
 
 def write_safetensors(tensors: dict[str, np.ndarray], path: pathlib.Path,
@@ -85,33 +77,10 @@ def write_safetensors(tensors: dict[str, np.ndarray], path: pathlib.Path,
     raise OSError(f"cannot write {str(path)!r}: {error}") from error
 
 
-def load_config(directory: str | pathlib.Path) -> tuple[ModelConfig, str]:
-  """The `ModelConfig` and head kind stored in a params directory."""
-  path = pathlib.Path(directory) / CONFIG_FILE
-  if not path.is_file():
-    raise FileNotFoundError(f"{str(path)!r} not found; a sao_jax params directory is written by "
-                            "save_params or `sao-convert hf-to-sao`")
-  # The directory may come from a shared bucket: its JSON is capped like any input's.
-  fields = bounded_json.loads(path.read_bytes(), max_bytes=2**20, max_depth=4, what=str(path))
-  if not isinstance(fields, dict):
-    raise ValueError(f"{str(path)!r} holds a {type(fields).__name__}, not a JSON object")
-  head = fields.pop("head", "lm")
-  fields.pop("hf_path", None)  # written by older versions (always None); merged into run.init
-  for name in _TUPLE_FIELDS:  # JSON has lists; a config is hashable (jit static) with tuples
-    fields[name] = tuple(fields.get(name, ()))
-  unknown = sorted(set(fields) - {field.name for field in dataclasses.fields(ModelConfig)})
-  if unknown:
-    raise ValueError(f"{str(path)!r} has fields {unknown} that ModelConfig does not know; it was "
-                     "not written by this version of save_params")
-  cfg = ModelConfig(**fields)
-  cfg.validate()
-  return cfg, head
-
-
 def load_params(directory: str | pathlib.Path,
                 mesh: jax.sharding.Mesh | None = None) -> tuple[ModelConfig, str, Params]:
   """Reads a params directory, placing each tensor on its sharding when `mesh` is given."""
-  cfg, head = load_config(directory)
+  cfg, head = load_model_config(directory)
   with safe_open(pathlib.Path(directory) / PARAMS_FILE, framework="numpy") as f:
     stored = set(f.keys())
     # Unstacked layers have their own tensors: a config claiming more layers than the file

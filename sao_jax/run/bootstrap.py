@@ -20,10 +20,10 @@ import jax
 
 from sao_jax import storage
 from sao_jax.chat import ChatFormat, chat_format, tool_calls
-from sao_jax.config import Config
+from sao_jax.config import Config, hf_json, init_model, params_json
 from sao_jax.config.dataset import DATASET_SOURCES
 from sao_jax.envs.base import play
-from sao_jax.envs.registry import demonstration, make_env, make_tasks
+from sao_jax.envs.registry import demonstration, make_env, make_tasks, resolve
 from sao_jax.models import hf, params_io, tokenizer as tokenizer_lib
 from sao_jax.models.transformer import Params, init_params
 
@@ -48,8 +48,9 @@ def demonstrations(cfg: Config, chat: ChatFormat | None) -> Iterator[Demonstrati
     raise ValueError(f"run.sft_steps={cfg.run.sft_steps} but env.name={cfg.env.name!r} has no "
                      "demonstrations (its EnvironmentSpec.demonstration is None); set "
                      "run.sft_steps=0")
-  if cfg.env.resolved_task_source in DATASET_SOURCES:
-    raise ValueError(f"env.task_source={cfg.env.resolved_task_source!r}: dataset rows hold no "
+  source = resolve(cfg.env).task_source
+  if source in DATASET_SOURCES:
+    raise ValueError(f"env.task_source={source!r}: dataset rows hold no "
                      "demonstrations to warm-start on or to train a tokenizer from; set "
                      "run.sft_steps=0 and run.tokenizer (a tokenizer.json, or the model's "
                      "directory), and start from a trained policy (run.init)")
@@ -98,15 +99,14 @@ def initial_policy(cfg: Config, mesh: jax.sharding.Mesh | None = None) -> Params
   if cfg.run.init == "random":
     return init_params(cfg.model, jax.random.key(cfg.seed), mesh=mesh)
   path = pathlib.Path(cfg.run.init)
-  if (path / "config.json").is_file():
+  if (path / hf_json.HF_CONFIG).is_file():
     model_cfg, params = hf.load_hf(path, mesh)
-  elif (path / params_io.CONFIG_FILE).is_file():
+  elif (path / params_json.CONFIG_FILE).is_file():
     model_cfg, _, params = params_io.load_params(path, mesh)
   else:
     raise ValueError(f"run.init={cfg.run.init!r} is neither 'random', a Hugging Face directory "
                      "(config.json) nor a sao-convert params directory")
-  architecture = lambda c: {k: v for k, v in hf.hf_config(c).items() if k != "dtype"}
-  if architecture(model_cfg) != architecture(cfg.model):
+  if init_model.architecture(model_cfg) != init_model.architecture(cfg.model):
     raise ValueError(f"run.init={cfg.run.init!r} holds a model that differs from the `model` "
                      "section; copy its config.json values into the config file")
   return params

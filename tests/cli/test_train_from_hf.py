@@ -9,7 +9,8 @@ import torch
 import transformers
 
 from sao_jax.cli import train as train_cli
-from sao_jax.models import hf, tokenizer as tokenizer_lib
+from sao_jax.config import hf_json
+from sao_jax.models import tokenizer as tokenizer_lib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # CPU-sized run settings; nothing about the model.
@@ -41,6 +42,6 @@ def test_train_from_a_hugging_face_directory(tmp_path, capsys):
   assert saved["model"]["family"] == "qwen3" and saved["model"]["vocab_size"] == 384
   assert saved["run"]["tokenizer"] == str(model_dir)
   assert {k: saved["model"][k] for k in ("hidden_size", "head_dim", "rope_theta")} == {
-      "hidden_size": 32, "head_dim": 8, "rope_theta": hf.config_from_hf(model_dir).rope_theta}
+      "hidden_size": 32, "head_dim": 8, "rope_theta": hf_json.config_from_hf(model_dir).rope_theta}
   rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in rows if "reward/mean" in r] == [0, 1]

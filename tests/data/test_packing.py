@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from sao_jax.config.learner import LearnerConfig
 from sao_jax.data import pipeline
 from traj_factory import ListTransport, make_traj
 
@@ -104,6 +105,17 @@ def test_unpacked_batches_report_their_padding_fraction():
   assert batch.shape == (2, 16) and info.capacity == 32
   assert info.padding_fraction == pytest.approx(1 - 17 / 32)
   np.testing.assert_array_equal(batch.prompt_ids[0], [0] * 6 + [-1] * 10)
+
+
+@pytest.mark.parametrize("batch_tokens, row_length", [(50, 16), (64, None), (64, 1), (0, 16)])
+def test_the_pipeline_checks_a_packed_shape_as_the_config_does(batch_tokens, row_length):
+  """One check (`config.learner.packed_rows`) for both: the same error, word for word."""
+  with pytest.raises(ValueError) as config_error:
+    LearnerConfig(batch_tokens=batch_tokens, row_length=row_length).validate()
+  with pytest.raises(ValueError) as pipeline_error:
+    build([], batch_tokens=batch_tokens, row_length=row_length)
+  assert str(pipeline_error.value) == str(config_error.value)
+  assert str(config_error.value).startswith("learner.")
 
 
 def test_packing_errors_name_the_fields():

@@ -23,7 +23,7 @@ import pytest
 
 from sao_jax.cli import convert, flags
 from sao_jax.cli import docsgen
-from sao_jax.config import load_config
+from sao_jax.jobs import startup
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "envs" / "datasets"))
@@ -218,9 +218,9 @@ def test_a_command_in_a_code_block_parses_and_its_config_checks(where, command, 
     return
   if fails:
     with pytest.raises(ValueError):
-      load_config(ROOT / args.config, _with_dataset(args.overrides, tmp_path))
+      startup.load(ROOT / args.config, _with_dataset(args.overrides, tmp_path))
   else:
-    load_config(ROOT / args.config, _with_dataset(args.overrides, tmp_path))
+    startup.load(ROOT / args.config, _with_dataset(args.overrides, tmp_path))
 
 
 @pytest.mark.parametrize("where, command", INLINE_COMMANDS, ids=[w for w, _ in INLINE_COMMANDS])

@@ -16,7 +16,7 @@ from sao_jax import config as C
 from sao_jax.cli import docsgen
 from sao_jax.data.pipeline import BatchInfo, Drops
 from sao_jax.learner import state as state_lib
-from sao_jax.learner.step import train_step
+from sao_jax.learner.step import StepConfig, train_step
 from sao_jax.run import metric_docs
 from sao_jax.run.metrics import batch_metrics
 
@@ -108,8 +108,8 @@ def _step_keys(variant: str, **overrides) -> frozenset:
   if overrides:
     cfg = dataclasses.replace(cfg, **overrides).validate()
   state = jax.eval_shape(lambda: state_lib.init_state(cfg, jax.random.key(0)))
-  _, metrics = jax.eval_shape(functools.partial(train_step, cfg=cfg), state, make_batch(0),
-                              jnp.asarray(True))
+  _, metrics = jax.eval_shape(functools.partial(train_step, cfg=StepConfig.of(cfg)), state,
+                              make_batch(0), jnp.asarray(True))
   return frozenset(metrics)
 
 

@@ -41,7 +41,7 @@ def test_make_math_env_and_tasks():
 
 def test_make_style_env_and_tasks():
   config = EnvConfig(name="style", options={"schedule": ((0, "cute"),)})
-  assert config.resolved_task_source == "builtin"
+  assert registry.resolve(config).task_source == "builtin"
   env = registry.make_env(config)
   assert isinstance(env, style.StyleEnv) and env.style == "cute"
   assert next(registry.make_tasks(config)) == style.builtin_task(0)
@@ -131,14 +131,26 @@ def test_unknown_names_list_the_known_ones():
 ])
 def test_validate_names_field_and_value(changes, field):
   with pytest.raises(ValueError, match=field.replace("(", r"\(").replace(")", r"\)")):
-    EnvConfig(**changes).validate()
+    registry.check(EnvConfig(**changes))
+
+
+def test_the_config_checks_its_own_fields_and_the_registry_the_environment():
+  """`EnvConfig.validate` imports no environment (config sits below envs); the
+  environment's own checks run in `registry.check`, which every job runs at start-up."""
+  config = EnvConfig(name="chess", options={"depth": 3})
+  config.validate()
+  with pytest.raises(ValueError, match="env.name='chess' is invalid: known environments are"):
+    registry.check(config)
+  with pytest.raises(ValueError, match="env.options.wrod is not an option of environment "
+                                       "'math_tool'"):
+    registry.check(EnvConfig(options={"wrod": 1}))
 
 
 def test_default_configs_are_valid():
-  EnvConfig().validate()
-  EnvConfig(name="style").validate()
-  EnvConfig(name="coding").validate()
-  EnvConfig(name="sanity").validate()
+  registry.check(EnvConfig())
+  registry.check(EnvConfig(name="style"))
+  registry.check(EnvConfig(name="coding"))
+  registry.check(EnvConfig(name="sanity"))
 
 
 def test_deprecated_fields_become_options_with_a_warning(caplog):
@@ -156,7 +168,7 @@ def test_deprecated_fields_become_options_with_a_warning(caplog):
   assert registry.make_env(style_cfg).style == "cute"
   with pytest.raises(ValueError, match=r"env.difficulty=3 \(deprecated\) and "
                                        r"env.options.difficulty=2 disagree"):
-    EnvConfig(difficulty=3, options={"difficulty": 2}).validate()
+    registry.check(EnvConfig(difficulty=3, options={"difficulty": 2}))
 
 
 def test_set_overrides_reach_env_options():

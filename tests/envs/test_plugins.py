@@ -122,13 +122,13 @@ def plugin(tmp_path, monkeypatch):
 
 def test_an_environment_by_import_path_runs_with_its_options(plugin):
   config = EnvConfig(name=f"{plugin}:SPEC", options={"word": "ok", "times": 2, "weight": 2})
-  config.validate()
+  registry.check(config)
   task = next(registry.make_tasks(config))
   assert (task.prompt, task.answer) == ("say ok", "okok")
   env = registry.make_env(config)
   assert env.options.weight == 2.0  # an int is taken for a float option
   assert play(env, task, registry.demonstration(config)(task)).result.reward == 2.0
-  assert config.resolved_task_source == "words"
+  assert registry.resolve(config).task_source == "words"
   # A factory of no arguments works the same.
   assert registry.load_spec(f"{plugin}:factory").name == "echo"
 
@@ -147,7 +147,7 @@ def test_an_installed_entry_point_names_an_environment(plugin, monkeypatch):
     registry.load_spec.cache_clear()
     with pytest.raises(ValueError, match="'sanity' is a built-in environment, and an installed "
                                          "package registers 'echo_plugin:SPEC'"):
-      EnvConfig(name="sanity").validate()
+      registry.check(EnvConfig(name="sanity"))
   finally:
     plugins.entry_points.cache_clear()
 
@@ -167,7 +167,7 @@ def test_an_installed_entry_point_names_an_environment(plugin, monkeypatch):
 ])
 def test_a_bad_environment_is_refused_at_startup(plugin, name, error):
   with pytest.raises(ValueError, match=error):
-    EnvConfig(name=name).validate()
+    registry.check(EnvConfig(name=name))
 
 
 @pytest.mark.parametrize("options, error", [
@@ -181,7 +181,7 @@ def test_a_bad_environment_is_refused_at_startup(plugin, name, error):
 ])
 def test_bad_options_name_the_environment_and_the_field(plugin, options, error):
   with pytest.raises(ValueError, match=error):
-    EnvConfig(name="echo_plugin:SPEC", options=options).validate()
+    registry.check(EnvConfig(name="echo_plugin:SPEC", options=options))
 
 
 def _graded(plugin, fn, action, **changes):
@@ -223,7 +223,7 @@ def test_a_failing_reward_function_fails_the_episode_not_the_caller(plugin, fn, 
 ])
 def test_a_reward_function_that_cannot_be_called_is_refused_at_startup(plugin, fn, error):
   with pytest.raises(ValueError, match=error):
-    EnvConfig(name=f"{plugin}:SPEC", reward_fn=f"{plugin}:{fn}").validate()
+    registry.check(EnvConfig(name=f"{plugin}:SPEC", reward_fn=f"{plugin}:{fn}"))
 
 
 def test_the_reward_function_sees_the_whole_conversation(plugin, tmp_path):

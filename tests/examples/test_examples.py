@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-from sao_jax.config import load_config
 from sao_jax.envs import plugins, registry
 from sao_jax.envs.base import play
+from sao_jax.jobs import startup
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -27,7 +27,7 @@ TINY = [
 
 def _train(config, overrides):
   from sao_jax.jobs import train
-  cfg = load_config(config, TINY + overrides)
+  cfg = startup.load(config, TINY + overrides)
   summary = train.run(cfg, log=print)
   assert summary["steps_done"] == 2
   rows = [json.loads(line) for line in
@@ -59,7 +59,7 @@ def installed_unit_conversion(tmp_path, monkeypatch):
 
 def test_the_unit_conversion_package_is_an_environment_by_its_entry_point(
     installed_unit_conversion):
-  cfg = load_config(EXAMPLES / "unit_conversion" / "config.py")
+  cfg = startup.load(EXAMPLES / "unit_conversion" / "config.py")
   assert cfg.env.name == "unit_conversion" and "unit_conversion" in registry.known_names()
   demo = registry.demonstration(cfg.env)
   tasks = registry.make_tasks(cfg.env)
@@ -68,7 +68,7 @@ def test_the_unit_conversion_package_is_an_environment_by_its_entry_point(
     transcript = play(registry.make_env(cfg.env), task, demo(task))
     assert transcript.result.reward == 1.0 and transcript.messages[3]["role"] == "tool"
   with pytest.raises(ValueError, match="env.options.max_value=0 is invalid"):
-    load_config(EXAMPLES / "unit_conversion" / "config.py", ["env.options.max_value=0"])
+    startup.load(EXAMPLES / "unit_conversion" / "config.py", ["env.options.max_value=0"])
 
 
 @pytest.mark.slow
@@ -93,7 +93,7 @@ def verl_example(tmp_path, monkeypatch):
 
 
 def test_the_verl_reward_example_grades_rows_with_the_reward_function(verl_example):
-  cfg = load_config(EXAMPLES / "verl_reward" / "config.py",
+  cfg = startup.load(EXAMPLES / "verl_reward" / "config.py",
                     [f"env.dataset.path={verl_example}"])
   env = registry.make_env(cfg.env)
   task = next(registry.make_tasks(cfg.env))

@@ -8,8 +8,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from sao_jax.config import load_config
-from sao_jax.models import params_io
+from sao_jax.config import load_config, params_json
 
 from experiments import archive, claims, report, runner, runs as runs_lib, warm_start
 from synthetic_runs import write_manifest, write_run
@@ -141,7 +140,7 @@ def test_a_restored_part_done_run_resumes_from_its_checkpoint(tmp_path, monkeypa
   (warm / "policy" / "params.safetensors").write_bytes(b"w" * 10)
   # The params directory's model config, as sao-convert writes it: run.init must name a
   # loadable checkpoint of the setting's architecture (config.init_model).
-  (warm / "policy" / params_io.CONFIG_FILE).write_text(
+  (warm / "policy" / params_json.CONFIG_FILE).write_text(
       json.dumps({**dataclasses.asdict(cfg.model), "head": "lm"}))
   (warm / "tokenizer.json").write_text("{}")
   run_dir = made / "runs" / "stability" / "grpo-seed0"

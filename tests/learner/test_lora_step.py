@@ -14,7 +14,7 @@ from sao_jax import config as C
 from sao_jax.channel import published
 from sao_jax.learner import state as state_lib
 from sao_jax.learner.loop import run_learner
-from sao_jax.learner.step import train_step
+from sao_jax.learner.step import StepConfig, train_step
 from sao_jax.models import lora
 from sao_jax.run.checkpoint import CheckpointError
 
@@ -36,10 +36,10 @@ def one_step():  # compiles two train steps: the tests using it are slow-marked
   batch = make_batch(1, behavior_shift=0.2)
   cfg = lora_config()
   before = state_lib.init_state(cfg, jax.random.key(0))
-  after, metrics = jax.jit(functools.partial(train_step, cfg=cfg))(
+  after, metrics = jax.jit(functools.partial(train_step, cfg=StepConfig.of(cfg)))(
       jax.tree.map(jnp.copy, before), batch, jnp.asarray(True))
   dense_cfg = make_config("grpo")
-  _, dense = jax.jit(functools.partial(train_step, cfg=dense_cfg))(
+  _, dense = jax.jit(functools.partial(train_step, cfg=StepConfig.of(dense_cfg)))(
       state_lib.init_state(dense_cfg, jax.random.key(0)), batch, jnp.asarray(True))
   return cfg, before, after, jax.tree.map(float, metrics), jax.tree.map(float, dense)
 

@@ -14,7 +14,7 @@ from sao_jax import config as C
 from sao_jax.data.pipeline import first_fit, pack_rows, pad_batch
 from sao_jax.learner import compile as compile_lib
 from sao_jax.learner import state as state_lib
-from sao_jax.learner.step import train_step
+from sao_jax.learner.step import StepConfig, train_step
 from sao_jax.models.forward import policy_forward
 from sao_jax.sharding.mesh import make_mesh
 from sao_jax.types import Trajectory
@@ -53,7 +53,7 @@ def _config(variant: str = "sao", **learner):
 
 @functools.lru_cache(maxsize=None)
 def _step(cfg):
-  return jax.jit(functools.partial(train_step, cfg=cfg))
+  return jax.jit(functools.partial(train_step, cfg=StepConfig.of(cfg)))
 
 
 def _run(cfg, batch, state=None):

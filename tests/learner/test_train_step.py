@@ -11,12 +11,12 @@ import pytest
 from learner_fixtures import adam_counts, make_batch, make_config
 from sao_jax import config as C
 from sao_jax.learner import state as state_lib
-from sao_jax.learner.step import train_step, update_policy_at
+from sao_jax.learner.step import StepConfig, train_step, update_policy_at
 
 
 @functools.lru_cache(maxsize=None)
 def jitted_step(cfg):
-  return jax.jit(functools.partial(train_step, cfg=cfg))
+  return jax.jit(functools.partial(train_step, cfg=StepConfig.of(cfg)))
 
 
 def run(cfg, batch, steps=1, update_policy=True, state=None):
@@ -76,7 +76,7 @@ def test_one_policy_update_and_k_value_updates(variant, value_updates):
 def test_frozen_attention_leaves_are_bit_identical_after_training():
   cfg = make_config()
   initial = state_lib.init_state(cfg, jax.random.key(0))
-  frozen = state_lib.frozen_value_mask(cfg, initial.value_params)
+  frozen = state_lib.frozen_value_mask(cfg.algorithm, initial.value_params)
   state, _ = run(cfg, make_batch(2), steps=3, state=initial)
   moved = jax.tree.map(lambda a, b: bool(np.any(np.asarray(a) != np.asarray(b))),
                        initial.value_params, state.value_params)
@@ -105,10 +105,24 @@ def test_value_only_step_leaves_policy_untouched():
   assert adam_counts(state.value_opt_state) == [2]
 
 
+def test_the_step_config_holds_only_the_sections_the_step_reads():
+  """The jit's static argument: another environment or run directory is the same
+  step (no recompile); the sampler's temperature, which the step reads, is not."""
+  cfg = make_config()
+  other = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, name="style"),
+                              run=dataclasses.replace(cfg.run, run_dir="elsewhere"))
+  assert StepConfig.of(other) == StepConfig.of(cfg)
+  assert hash(StepConfig.of(other)) == hash(StepConfig.of(cfg))
+  hotter = dataclasses.replace(cfg, sampler=dataclasses.replace(cfg.sampler, temperature=0.5))
+  assert StepConfig.of(hotter) != StepConfig.of(cfg) and StepConfig.of(hotter).temperature == 0.5
+
+
 def test_update_policy_schedule():
   cfg = make_config(critic_warmup_steps=10, value_pretrain_steps=5)
-  assert not update_policy_at(cfg, 14) and update_policy_at(cfg, 15)
-  assert update_policy_at(make_config("grpo", critic_warmup_steps=10), 0)
+  assert not update_policy_at(cfg.learner, cfg.algorithm, 14)
+  assert update_policy_at(cfg.learner, cfg.algorithm, 15)
+  grpo = make_config("grpo", critic_warmup_steps=10)
+  assert update_policy_at(grpo.learner, grpo.algorithm, 0)
 
 
 @pytest.mark.parametrize("poison", ["behavior_logp", "rewards"])
@@ -185,7 +199,7 @@ def test_state_from_shared_trunk_can_be_donated():
   cfg = make_config()
   policy = init_params(cfg.model, jax.random.key(0))
   state = state_lib.state_from_params(cfg, policy, value_params_from_policy(policy, cfg.model))
-  step = jax.jit(functools.partial(train_step, cfg=cfg), donate_argnums=0)
+  step = jax.jit(functools.partial(train_step, cfg=StepConfig.of(cfg)), donate_argnums=0)
   state, metrics = step(state, make_batch(8), jnp.asarray(True))
   assert np.isfinite(float(metrics["policy/loss"]))
 
@@ -200,7 +214,7 @@ def test_gae_span_response_runs_plain_gae_over_observations_too():
   plain = make_config("sao")
   plain = dataclasses.replace(plain, algorithm=dataclasses.replace(plain.algorithm,
                                                                    gae_span="response"))
-  adv, _ = step_lib.advantages(plain, batch, values, None)
+  adv, _ = step_lib.advantages(plain.algorithm, batch, values, None)
   ends = np.asarray(batch.segment_ids).sum(axis=1)
   span = np.zeros(batch.rewards.shape, np.int32)
   for b, end in enumerate(ends):
@@ -211,7 +225,8 @@ def test_gae_span_response_runs_plain_gae_over_observations_too():
                        segment_ids=batch.segment_ids)
   want = np.where(np.asarray(batch.action_mask) > 0, want, 0.0)
   np.testing.assert_allclose(adv, want, atol=1e-6)
-  skip_obs, _ = step_lib.advantages(make_config("sao"), batch, values, None)
+  skip_obs, _ = step_lib.advantages(make_config("sao").algorithm, batch, values,
+                                    None)
   assert not np.allclose(skip_obs, adv)  # the observation's values now enter the deltas
   assert C.AlgorithmConfig.for_variant("ppo").gae_span == "response"
   with pytest.raises(ValueError, match=r"algorithm.gae_span.*'grpo' has no critic"):
@@ -227,9 +242,9 @@ def test_dynamics_diagnostics_have_their_defined_values():
   state, _ = run(cfg, make_batch(5), steps=2)  # a trained critic: V != 0, advantages of both signs
   old_policy = leaves(state.policy_params)
   jb = jax.tree.map(jnp.asarray, batch)
-  values = step_lib._values(cfg, state.value_params, jb)
-  returns = step_lib.value_targets(cfg, jb, values)
-  adv, _ = step_lib.advantages(cfg, jb, values, state.baseline)
+  values = step_lib._values(cfg.model, cfg.learner.micro_batches, state.value_params, jb)
+  returns = step_lib.value_targets(cfg.algorithm, jb, values)
+  adv, _ = step_lib.advantages(cfg.algorithm, jb, values, state.baseline)
   new_state, metrics = run(cfg, batch, state=state)
   action = batch.action_mask > 0
   np.testing.assert_allclose(metrics["advantage/neg_frac"], np.mean(np.asarray(adv)[action] < 0))
@@ -258,8 +273,9 @@ def test_the_critic_trains_on_the_span_its_gae_reads():
     cfg = make_config(variant)
     batch = jax.tree.map(jnp.asarray, make_batch(12))
     state = state_lib.init_state(cfg, jax.random.key(0))
-    values = step_lib._values(cfg, state.value_params, batch)
-    returns = step_lib.value_targets(cfg, batch, values)
+    values = step_lib._values(cfg.model, cfg.learner.micro_batches, state.value_params,
+                              batch)
+    returns = step_lib.value_targets(cfg.algorithm, batch, values)
     span = step_lib._response_mask(batch) if variant == "ppo" else batch.action_mask
     want, _ = losses.value_loss(values, values, returns, span, clip_eps=None,
                                 loss_agg=cfg.algorithm.loss_agg,
@@ -303,8 +319,8 @@ def test_batch_mean_centering_removes_the_net_push_on_sampled_tokens(variant):
   state = state_lib.init_state(cfg, jax.random.key(0))
   values = (jax.random.normal(jax.random.key(1), batch.rewards.shape) + 0.7
             if cfg.algorithm.uses_critic else None)
-  plain, _ = step_lib.advantages(cfg, batch, values, state.baseline)
-  shifted, _ = step_lib.advantages(centred, batch, values, state.baseline)
+  plain, _ = step_lib.advantages(cfg.algorithm, batch, values, state.baseline)
+  shifted, _ = step_lib.advantages(centred.algorithm, batch, values, state.baseline)
   action = np.asarray(batch.action_mask) > 0
   plain, shifted = np.asarray(plain), np.asarray(shifted)
   assert abs(plain[action].mean()) > 1e-3  # there is a net push to remove

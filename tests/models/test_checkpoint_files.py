@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
+from sao_jax.config import hf_json, params_json
 from sao_jax.models import hf, params_io, transformer
 
 _CONFIG = {"architectures": ["Qwen3ForCausalLM"], "vocab_size": 32, "hidden_size": 16,
@@ -20,7 +21,7 @@ _CONFIG = {"architectures": ["Qwen3ForCausalLM"], "vocab_size": 32, "hidden_size
 
 @pytest.fixture(scope="module")
 def model():
-  cfg = hf.config_from_hf(_CONFIG)
+  cfg = hf_json.config_from_hf(_CONFIG)
   return cfg, transformer.init_params(cfg, jax.random.key(0))
 
 
@@ -60,8 +61,8 @@ def test_params_config_with_absurd_layer_count_is_refused(model, tmp_path):
   tensors stored before the per-layer param tree is built."""
   cfg, params = model
   params_io.save_params(tmp_path, params, cfg)
-  fields = json.loads((tmp_path / params_io.CONFIG_FILE).read_text())
-  (tmp_path / params_io.CONFIG_FILE).write_text(json.dumps({**fields,
+  fields = json.loads((tmp_path / params_json.CONFIG_FILE).read_text())
+  (tmp_path / params_json.CONFIG_FILE).write_text(json.dumps({**fields,
                                                             "num_hidden_layers": 200_000}))
   with pytest.raises(ValueError, match="num_hidden_layers=200000"):
     params_io.load_params(tmp_path)
@@ -70,17 +71,17 @@ def test_params_config_with_absurd_layer_count_is_refused(model, tmp_path):
 def test_params_config_with_unknown_field_is_named(model, tmp_path):
   cfg, params = model
   params_io.save_params(tmp_path, params, cfg)
-  fields = json.loads((tmp_path / params_io.CONFIG_FILE).read_text())
-  (tmp_path / params_io.CONFIG_FILE).write_text(json.dumps({**fields, "evil": 1}))
+  fields = json.loads((tmp_path / params_json.CONFIG_FILE).read_text())
+  (tmp_path / params_json.CONFIG_FILE).write_text(json.dumps({**fields, "evil": 1}))
   with pytest.raises(ValueError, match=r"fields \['evil'\] that ModelConfig does not know"):
-    params_io.load_config(tmp_path)
+    params_json.load_model_config(tmp_path)
 
 
 def test_deeply_nested_config_json_is_a_clear_error(tmp_path):
   """`json.loads` of 100 000 nested brackets raises RecursionError; the cap names the file."""
   (tmp_path / "config.json").write_text("[" * 100_000 + "]" * 100_000)
   with pytest.raises(ValueError, match="config.json: JSON nested 100000 deep"):
-    hf.config_from_hf(tmp_path)
+    hf_json.config_from_hf(tmp_path)
 
 
 def test_integer_tensor_is_not_cast_into_a_weight(model, tmp_path):

@@ -13,7 +13,7 @@ import transformers
 
 import tiny
 from tiny import build_hf, hf_logits, padded_batch
-from sao_jax.config import MeshConfig
+from sao_jax.config import MeshConfig, params_json
 from sao_jax.models import hf, paged, params_io, transformer, value
 from sao_jax.sharding.mesh import make_mesh
 
@@ -104,6 +104,6 @@ def test_params_directory_keeps_the_layer_types(gemma, tmp_path):
   """sao-convert's params directory (JSON lists) loads back the same hashable config."""
   _, cfg, params = gemma
   params_io.save_params(tmp_path, params, cfg)
-  loaded, head = params_io.load_config(tmp_path)
+  loaded, head = params_json.load_model_config(tmp_path)
   assert (loaded, head) == (cfg, "lm")
   hash(loaded)  # a jit static argument

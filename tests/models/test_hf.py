@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import transformers
 
-from sao_jax.config import MeshConfig
+from sao_jax.config import MeshConfig, hf_json
 from sao_jax.sharding.mesh import make_mesh
 from safetensors.numpy import load_file, save_file
 
@@ -96,7 +96,7 @@ def test_unsupported_rope_is_named(hf_checkpoint, tmp_path):
   config = json.loads((hf_checkpoint[2] / "config.json").read_text())
   config["rope_parameters"] = {"rope_type": "dynamic", "rope_theta": 1e6, "factor": 4.0}
   with pytest.raises(ValueError, match="rope_parameters.rope_type='dynamic'"):
-    hf.config_from_hf(config)
+    hf_json.config_from_hf(config)
 
 
 def test_missing_and_unexpected_tensors_are_named(hf_checkpoint, tmp_path):

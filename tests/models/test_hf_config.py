@@ -9,8 +9,9 @@ import transformers
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 import tiny
+from sao_jax.config import hf_json
 from sao_jax.config.families import HF_ARCHITECTURES
-from sao_jax.models import hf, rope
+from sao_jax.models import rope
 
 _FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
            "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
@@ -23,7 +24,7 @@ _MOE_FIELDS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "n
 def test_missing_fields_take_transformers_defaults(name):
   """A config.json naming only its architecture loads as transformers builds it."""
   arch = HF_ARCHITECTURES[name]
-  cfg = hf.config_from_hf({"architectures": [name]})
+  cfg = hf_json.config_from_hf({"architectures": [name]})
   ref = transformers.AutoConfig.for_model(arch.model_type)
   head_dim = getattr(ref, "head_dim", ref.hidden_size // ref.num_attention_heads)
   for field in _FIELDS + (_MOE_FIELDS if arch.moe else ()):
@@ -41,7 +42,7 @@ def test_missing_fields_take_transformers_defaults(name):
 
 
 def test_missing_moe_fields_are_transformers_defaults_not_ours():
-  cfg = hf.config_from_hf({"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 8})
+  cfg = hf_json.config_from_hf({"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 8})
   assert (cfg.norm_topk_prob, cfg.num_experts_per_tok, cfg.moe_intermediate_size) == (False, 8, 768)
 
 
@@ -54,15 +55,15 @@ def test_rope_scaling_replaces_rope_parameters_as_in_transformers():
   scaling = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}
   fields = dict(rope_theta=5000.0, rope_parameters={"rope_type": "default", "rope_theta": 5000.0},
                 rope_scaling=scaling)
-  cfg = hf.config_from_hf(_hf_config(**fields))
+  cfg = hf_json.config_from_hf(_hf_config(**fields))
   ref = transformers.Qwen3Config.from_dict(_hf_config(**fields)).rope_parameters
   assert (cfg.rope_type, cfg.rope_theta, cfg.rope_factor) == ("yarn", 5000.0, 4.0)
   assert (ref["rope_type"], ref["rope_theta"], ref["factor"]) == ("yarn", 5000.0, 4.0)
   assert cfg.rope_original_max_position_embeddings == 32
   # The legacy spelling `type` and a missing original length (max_position_embeddings).
-  cfg = hf.config_from_hf(_hf_config(rope_scaling={"type": "linear", "factor": 2.0}))
+  cfg = hf_json.config_from_hf(_hf_config(rope_scaling={"type": "linear", "factor": 2.0}))
   assert (cfg.rope_type, cfg.rope_factor, cfg.rope_theta) == ("linear", 2.0, 10_000.0)
-  cfg = hf.config_from_hf(_hf_config(rope_scaling={"rope_type": "yarn", "factor": 2.0}))
+  cfg = hf_json.config_from_hf(_hf_config(rope_scaling={"rope_type": "yarn", "factor": 2.0}))
   assert cfg.rope_original_max_position_embeddings == 128
 
 
@@ -86,7 +87,7 @@ def test_gemma3_old_format_maps_as_transformers_reads_it(rope_scaling):
   """sliding_window_pattern, rope_local_base_freq and rope_scaling (transformers 4.x
   spelling) become layer_types and the per-layer-type RoPE transformers 5 builds."""
   config = {**GEMMA3_1B_OLD_FORMAT, "rope_scaling": rope_scaling}
-  cfg = hf.config_from_hf(config)
+  cfg = hf_json.config_from_hf(config)
   ref = transformers.Gemma3TextConfig.from_dict(config)
   assert list(cfg.layer_types) == ref.layer_types
   assert cfg.layer_types.count("full_attention") == 4  # layers 6, 12, 18, 24
@@ -96,8 +97,8 @@ def test_gemma3_old_format_maps_as_transformers_reads_it(rope_scaling):
   assert (local["rope_type"], cfg.rope_local_base_freq) == ("default", local["rope_theta"])
   assert (cfg.sliding_window, cfg.query_pre_attn_scalar, cfg.param_dtype) == (512, 256, "bfloat16")
   # export_hf writes the transformers 5 spelling, which reads back the same.
-  assert hf.config_from_hf(hf.hf_config(cfg)) == cfg
-  assert transformers.Gemma3TextConfig.from_dict(hf.hf_config(cfg)).rope_parameters == (
+  assert hf_json.config_from_hf(hf_json.hf_config(cfg)) == cfg
+  assert transformers.Gemma3TextConfig.from_dict(hf_json.hf_config(cfg)).rope_parameters == (
       ref.rope_parameters)
 
 
@@ -109,7 +110,7 @@ def test_rope_scaling_that_would_drop_rope_theta_is_refused():
   assert transformers.Qwen3Config.from_dict(config).rope_parameters["rope_theta"] == 10_000.0
   with pytest.raises(ValueError, match=r"rope_parameters=.*rope_scaling=.*rope_theta=10000.0 "
                                        r"instead of 5000.0"):
-    hf.config_from_hf(config)
+    hf_json.config_from_hf(config)
 
 
 @pytest.mark.parametrize("arch, fields, named", [
@@ -146,7 +147,7 @@ def test_rope_scaling_that_would_drop_rope_theta_is_refused():
 ])
 def test_unsupported_values_are_refused_by_name(arch, fields, named):
   with pytest.raises(ValueError, match=named):
-    hf.config_from_hf({"architectures": [arch], **fields})
+    hf_json.config_from_hf({"architectures": [arch], **fields})
 
 
 def test_family_and_rope_fields_are_validated():
@@ -174,7 +175,7 @@ def test_rope_frequencies_equal_transformers(params):
   config = transformers.LlamaConfig(hidden_size=1024, num_attention_heads=8, head_dim=128,
                                     max_position_embeddings=131072, rope_parameters=dict(params))
   ref = LlamaRotaryEmbedding(config)
-  cfg = hf.config_from_hf({"architectures": ["LlamaForCausalLM"], "hidden_size": 1024,
+  cfg = hf_json.config_from_hf({"architectures": ["LlamaForCausalLM"], "hidden_size": 1024,
                            "num_attention_heads": 8, "head_dim": 128,
                            "max_position_embeddings": 131072, "rope_parameters": dict(params)})
   freq, scaling = rope.inverse_frequencies(cfg)
@@ -210,7 +211,7 @@ def test_gemma3_local_and_global_rope_equal_transformers():
   from transformers.models.gemma3.modeling_gemma3 import Gemma3RotaryEmbedding
   config = {**GEMMA3_1B_OLD_FORMAT, "rope_scaling": {"rope_type": "linear", "factor": 8.0}}
   ref = Gemma3RotaryEmbedding(transformers.Gemma3TextConfig.from_dict(config))
-  cfg = hf.config_from_hf(config)
+  cfg = hf_json.config_from_hf(config)
   for index, kind in ((0, "sliding_attention"), (5, "full_attention")):
     assert cfg.layer_types[index] == kind
     freq, scaling = rope.layer_frequencies(cfg, index)

@@ -9,8 +9,8 @@ import types
 
 import pytest
 
-from sao_jax.config import ModelConfig, init_model, load_config
-from sao_jax.models import hf, params_io, tokenizer as tokenizer_lib
+from sao_jax.config import ModelConfig, hf_json, init_model, load_config, params_json
+from sao_jax.models import params_io, tokenizer as tokenizer_lib
 from sao_jax.models.transformer import init_params
 from tiny import build_hf
 
@@ -31,7 +31,7 @@ def llama_dir(tmp_path_factory):
 def test_a_ten_line_config_takes_the_whole_model_section_from_the_checkpoint(llama_dir):
   assert len(FROM_HF.read_text().split('"""')[-1].strip().splitlines()) <= 10
   cfg = load_config(FROM_HF, [f"run.init={llama_dir}"])
-  expected = hf.config_from_hf(llama_dir)
+  expected = hf_json.config_from_hf(llama_dir)
   for name in init_model.ARCHITECTURE_FIELDS:
     assert getattr(cfg.model, name) == getattr(expected, name), name
   assert (cfg.model.family, cfg.model.vocab_size, cfg.model.rope_type) == ("llama", 256, "llama3")
@@ -67,7 +67,7 @@ def test_a_setting_that_describes_the_same_weights_is_no_conflict(llama_dir):
 
 def test_a_params_directory_resolves_like_a_hf_one(llama_dir, tmp_path):
   """A sao-convert params directory (what experiments.warm_start writes) resolves too."""
-  model = hf.config_from_hf(llama_dir)
+  model = hf_json.config_from_hf(llama_dir)
   params_dir = tmp_path / "params"
   params_io.save_params(params_dir, init_params(model, __import__("jax").random.key(0)), model)
   cfg = load_config(FROM_HF, [f"run.init={params_dir}", "model.family=llama",
@@ -87,9 +87,9 @@ def test_the_old_name_model_hf_path_points_to_run_init(tmp_path):
   legacy = tmp_path / "legacy"  # a params directory written when the field existed
   model = ModelConfig(vocab_size=64, hidden_size=16, intermediate_size=32, head_dim=4)
   params_io.save_params(legacy, init_params(model, __import__("jax").random.key(0)), model)
-  fields = json.loads((legacy / params_io.CONFIG_FILE).read_text())
-  (legacy / params_io.CONFIG_FILE).write_text(json.dumps({**fields, "hf_path": None}))
-  assert params_io.load_config(legacy)[0] == model
+  fields = json.loads((legacy / params_json.CONFIG_FILE).read_text())
+  (legacy / params_json.CONFIG_FILE).write_text(json.dumps({**fields, "hf_path": None}))
+  assert params_json.load_model_config(legacy)[0] == model
 
 
 def test_bad_directories_are_refused_naming_the_fix(llama_dir, tmp_path):

@@ -17,7 +17,7 @@ from sao_jax.envs.coding import env as coding
 from sao_jax.envs.coding import generator as coding_generator
 from sao_jax.envs.registry import make_env
 from sao_jax.learner import state as state_lib
-from sao_jax.learner.step import advantages, train_step
+from sao_jax.learner.step import StepConfig, advantages, train_step
 from sao_jax.models.forward import value_forward
 from sao_jax.models.tokenizer import train_tokenizer
 from sao_jax.sampler.episodes import EpisodeRunner, make_engine
@@ -65,7 +65,7 @@ def test_long_coding_episode_through_engine_and_learner():
   batch = pipeline.pad_batch([traj], 1, LENGTH, pad_id=0)
   values = jax.jit(value_forward, static_argnums=1)(state.value_params, model, batch.tokens,
                                                       batch.segment_ids)
-  adv, _ = jax.jit(functools.partial(advantages, cfg))(batch, values, state.baseline)
+  adv, _ = jax.jit(functools.partial(advantages, cfg.algorithm))(batch, values, state.baseline)
   adv = np.asarray(adv)[0]
   assert np.all(adv[~np.asarray(batch.action_mask[0], bool)] == 0)
   n = int(action.sum())
@@ -76,7 +76,8 @@ def test_long_coding_episode_through_engine_and_learner():
   np.testing.assert_allclose(adv[np.asarray(batch.action_mask[0], bool)], plain[0], atol=1e-5)
 
   # And the learner trains on it.
-  state, metrics = jax.jit(functools.partial(train_step, cfg=cfg))(state, batch, jnp.asarray(True))
+  step = jax.jit(functools.partial(train_step, cfg=StepConfig.of(cfg)))
+  state, metrics = step(state, batch, jnp.asarray(True))
   # Undefined by definition, so NaN (the metrics writer keeps NaN in the JSONL and
   # skips it in TensorBoard): the explained variance, as a random policy earns 0 and
   # no return varies (losses.explained_variance); and the single-turn openings and

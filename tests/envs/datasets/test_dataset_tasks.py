@@ -180,14 +180,16 @@ def test_saved_dataset_layout_errors(tmp_path):
 
 def test_config_validation_names_the_field(tmp_path):
   with pytest.raises(ValueError, match=r"env.dataset.path='' is invalid"):
-    EnvConfig(task_source="parquet").validate()
+    registry.check(EnvConfig(task_source="parquet"))
   with pytest.raises(ValueError, match=r"env.dataset.answer_format='latex' is invalid"):
-    EnvConfig(task_source="hf_disk", dataset=DatasetConfig(
-        path=str(tmp_path), answer_format="latex")).validate()
+    registry.check(EnvConfig(task_source="hf_disk", dataset=DatasetConfig(
+        path=str(tmp_path), answer_format="latex")))
   with pytest.raises(ValueError, match=r"env.task_source='dir' is invalid: 'style' accepts "
                                        "'builtin', 'jsonl', 'parquet', 'hf_disk'"):
-    EnvConfig(name="style", task_source="dir").validate()
+    registry.check(EnvConfig(name="style", task_source="dir"))
   dataset = DatasetConfig(path=str(write_parquet(tmp_path / "m.parquet", MATH500)))
-  assert dataclasses.replace(EnvConfig(), task_source="parquet", dataset=dataset).validate() is None
+  assert registry.check(dataclasses.replace(EnvConfig(), task_source="parquet",
+                                            dataset=dataset)).task_source == "parquet"
   # Dataset sources serve every environment, not only math_tool.
-  assert EnvConfig(name="style", task_source="parquet", dataset=dataset).validate() is None
+  assert registry.check(EnvConfig(name="style", task_source="parquet",
+                                  dataset=dataset)).task_source == "parquet"

@@ -92,8 +92,8 @@ def test_a_missing_mapped_column_is_refused_when_the_file_is_opened(tmp_path):
   path = write_parquet(tmp_path / "no_extra.parquet", rows)
   with pytest.raises(ValueError, match=r"no_extra.parquet: no column 'extra_info'; its columns "
                                        r"are 'data_source', 'prompt'"):
-    EnvConfig(name="single_turn", task_source="parquet",
-              dataset=DatasetConfig.verl(str(path))).validate()
+    registry.check(EnvConfig(name="single_turn", task_source="parquet",
+                             dataset=DatasetConfig.verl(str(path))))
 
 
 def test_metadata_columns_are_validated():
