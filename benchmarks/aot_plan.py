@@ -36,7 +36,7 @@ import jax.numpy as jnp
 
 from sao_jax.config import load_config
 from sao_jax.models import paged_blocks
-from sao_jax.models.paged_kernel import pool_head_axis
+from sao_jax.models.paged_mesh import pool_head_axis
 from sao_jax.planning import aot, hardware
 
 # config -> (learner topology, one sampler host: sao-sampler runs an engine per host)
