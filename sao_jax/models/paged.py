@@ -32,11 +32,12 @@ columns of the table in row-major order (decode over all N slots; the host
 guarantees at most `entries` are allocated, e.g. the pool size P when no page
 is shared), so a decode step reads the pages in use, not N x max_seq_len
 positions. With D page shards `entries` counts per shard (each block of rows
-lists its own, row ids local to the block; e.g. P / D). With `kernel` (prefill or decode) the Pallas TPU kernel reads
-them instead (`sao_jax.models.paged_kernel`), `entries` unused: row b's first
-length + n_b positions (n_b real chunk tokens) through its page table, its
-real tokens the queries, where every one of them has a page (the host
-allocates a chunk's pages before the call; a row that lacks one gets 0).
+lists its own, row ids local to the block; e.g. P / D). With `kernel`
+(prefill or decode) the Pallas TPU kernel reads them instead
+(`sao_jax.models.paged_kernel`), `entries` unused: row b's first length + n_b
+positions (n_b real chunk tokens) through its page table, its real tokens the
+queries, where every one of them has a page (the host allocates a chunk's
+pages before the call; a row that lacks one gets 0).
 """
 
 from __future__ import annotations

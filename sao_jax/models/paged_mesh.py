@@ -5,7 +5,7 @@
   traced_page_shards()                   -> D of the abstract mesh being traced (1: none)
   pool_head_axis(mesh_shape, K)          -> the mesh axis KV heads split over, or None
   pool_spec(mesh_shape, K)               -> PartitionSpec of a pool [P, page, 2K, H]
-  on_page_shards(fn, row_args, head_args, pool) -> fn run per device under shard_map
+  on_page_shards(fn, rows, heads, pool)  -> fn run per device under shard_map
 
 A pool [P, page, 2K, H] on a mesh is split like the serving engines split it:
 its pages over the mesh's `kv_pages` axes (`sao_jax.sharding.rules`: data and

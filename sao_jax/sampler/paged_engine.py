@@ -44,10 +44,11 @@ is split into D shards (`sao_jax.models.paged_mesh`): each device holds
 kv_pages / D pages and the rows of slots / D slots, and one allocator per shard
 hands out page ids local to it (`sao_jax.sampler.pages`). Slot s belongs to
 shard s // (slots / D) for good, so an episode stays in its slot's shard for
-as long as it holds the slot. Admission picks the shard: a new episode whose
-prompt pages a slot holds goes to that slot's shard (to share them), any other
-turn without a slot to the least loaded shard (most free pages, then fewest
-occupied slots, then the lowest index) that has a slot for it. Eviction of
+as long as it holds the slot. Admission picks the shard: a turn without a slot
+takes an empty slot, else evicts a parked one, in the first shard of
+`PagePool.shard_order` that has one: for a new episode whose prompt pages a
+slot holds, that slot's shard (to share them), then the least loaded (most free
+pages, then fewest occupied slots, then the lowest index). Eviction of
 parked slots, preemption and prefix sharing all stay within a shard: a slot
 short of pages takes them from its own shard only. A prefill call's rows are D
 blocks, block d holding shard d's turns. D = 1 is the unsplit pool.

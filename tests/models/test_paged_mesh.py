@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import PartitionSpec
 
 from sao_jax.config import MeshConfig, ModelConfig
 from sao_jax.config.sampler import SamplerConfig
