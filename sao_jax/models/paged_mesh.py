@@ -2,6 +2,7 @@
 
   page_axes(mesh_shape)                  -> the mesh axes pages and slots split over
   page_shards(mesh_shape)                -> D, the product of their sizes (1: not split)
+  page_entry(mesh_shape)                 -> those axes as a PartitionSpec entry
   traced_page_shards()                   -> D of the abstract mesh being traced (1: none)
   pool_head_axis(mesh_shape, K)          -> the mesh axis KV heads split over, or None
   pool_spec(mesh_shape, K)               -> PartitionSpec of a pool [P, page, 2K, H]
@@ -42,6 +43,12 @@ def page_shards(mesh_shape: dict[str, int]) -> int:
   return math.prod(mesh_shape[axis] for axis in page_axes(mesh_shape))
 
 
+def page_entry(mesh_shape: dict[str, int]):
+  """`page_axes` as a PartitionSpec entry: None, one axis name, or a tuple of them."""
+  axes = page_axes(mesh_shape)
+  return None if not axes else axes[0] if len(axes) == 1 else axes
+
+
 def traced_page_shards() -> int:
   """D on the abstract mesh being traced for (1 without one)."""
   mesh = jax.sharding.get_abstract_mesh()
@@ -58,8 +65,8 @@ def pool_head_axis(mesh_shape: dict[str, int], num_kv_heads: int):
 
 def pool_spec(mesh_shape: dict[str, int], num_kv_heads: int) -> PartitionSpec:
   """[P, page, 2K, H]: pages over `page_axes`, combined heads over `pool_head_axis`."""
-  return PartitionSpec(page_axes(mesh_shape) or None, None,
-                       pool_head_axis(mesh_shape, num_kv_heads), None)
+  return PartitionSpec(page_entry(mesh_shape), None, pool_head_axis(mesh_shape, num_kv_heads),
+                       None)
 
 
 def on_page_shards(fn: Callable, rows, heads, pool: jax.Array):

@@ -38,7 +38,8 @@ from sao_jax.config import ModelConfig
 from sao_jax.config.sampler import SamplerConfig
 from sao_jax.models import paged
 from sao_jax.models.paged_kernel import kernel_unsupported
-from sao_jax.models.paged_mesh import page_axes, page_shards, pool_head_axis, pool_spec
+from sao_jax.models.paged_mesh import (page_axes, page_entry, page_shards, pool_head_axis,
+                                       pool_spec)
 from sao_jax.models.transformer import Params
 from sao_jax.sampler.sampling import sample, token_keys
 from sao_jax.sampler.steps import Sampling, decode_loop
@@ -142,7 +143,7 @@ def cache_shardings(cache, mesh: jax.sharding.Mesh):
 
   def one(leaf):
     if leaf.ndim == 1:
-      spec = PartitionSpec(page_axes(mesh_shape) or None)
+      spec = PartitionSpec(page_entry(mesh_shape))
     else:
       spec = pool_spec(mesh_shape, leaf.shape[2] // 2)
     return jax.sharding.NamedSharding(mesh, spec)

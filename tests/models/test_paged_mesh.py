@@ -60,7 +60,8 @@ def test_page_axes_are_the_batch_axes_but_expert():
   assert page_axes({"data": 1, "fsdp": 1, "tensor": 4, "expert": 1}) == ()
   assert page_shards({"data": 1, "fsdp": 1, "tensor": 4, "expert": 1}) == 1
   assert pool_spec({"data": 2, "fsdp": 1, "tensor": 2, "expert": 1}, 2) == PartitionSpec(
-      ("data",), None, "tensor", None)
+      "data", None, "tensor", None)
+  assert pool_spec(shape, 1) == PartitionSpec(("data", "fsdp"), None, None, None)
 
 
 def _run(mesh, shards: int, kernel: bool):
