@@ -1,11 +1,11 @@
 """The paged pool split over a mesh's batch axes (`sao_jax.models.paged_mesh`): pages over
-data, KV heads over tensor, page ids local to the shard. `extend_paged` on a data 2 x
-tensor 2 mesh with local ids gives the logits and the pool that one device gives with
-the same pages under global ids, through the reference paths (gathered prefill, ragged
-decode over per-shard entries) and the interpreted Pallas kernel; each device holds
-pool / (data x tensor). The paged engine on data 2 x tensor 2 and data 4 x tensor 2
-samples what the one-device dense engine and the learner's policy_forward give, with
-preemptions and shared prompt pages, on both paths."""
+data, KV heads over tensor, page ids local to the shard. `extend_paged` on data 2 and
+data 4 x tensor 2 with local ids gives the logits, lengths and pool that one device gives
+with the same pages under global ids, through the reference paths (gathered prefill,
+ragged decode over per-shard entries) and the interpreted Pallas kernel; each device
+holds pool / (data x tensor). The paged engine on data 2 x tensor 2 (both paths) and
+data 4 x tensor 2 (reference path) samples what the one-device dense engine and the
+learner's policy_forward give, with preemptions and shared prompt pages."""
 
 import contextlib
 import dataclasses
