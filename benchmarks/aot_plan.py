@@ -36,7 +36,7 @@ import jax.numpy as jnp
 
 from sao_jax.config import load_config
 from sao_jax.models import paged_blocks
-from sao_jax.models.paged_kernel import pool_head_axis
+from sao_jax.models.paged_mesh import page_shards, pool_head_axis
 from sao_jax.planning import aot, hardware
 
 # config -> (learner topology, one sampler host: sao-sampler runs an engine per host)
@@ -47,18 +47,21 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 def run_kernel_blocks(cfg, sampler_topology: str) -> paged_blocks.KernelBlocks:
   """The sizes the engine's decode call uses on a chip of `sampler_topology`: one query
-  per slot, the config's page table width, its heads split over the sampler mesh's
-  `tensor` as the pool is."""
+  per slot of the chip's page shard, the config's page table width, its heads split
+  over the sampler mesh's `tensor` as the pool is."""
   model, sampler = cfg.model, cfg.sampler
-  mesh = cfg.sampler_mesh()
-  shards = mesh.tensor if pool_head_axis({"tensor": mesh.tensor}, model.num_key_value_heads) else 1
-  device = hardware.topology_devices(sampler_topology)[0]
+  devices = hardware.topology_devices(sampler_topology)
+  mesh_shape = cfg.sampler_mesh().shape(len(devices))
+  head_axis = pool_head_axis(mesh_shape, model.num_key_value_heads)
+  tensor = mesh_shape[head_axis] if head_axis else 1
+  device = devices[0]
   dtype = jnp.dtype(model.compute_dtype)
   return paged_blocks.kernel_blocks(paged_blocks.generation_of(device.device_kind),
                                     paged_blocks.KernelShapes(
       page_size=sampler.kv_page_size, pages_per_seq=-(-sampler.max_seq_len // sampler.kv_page_size),
-      num_q_tokens=sampler.slots, num_q_heads=model.num_attention_heads // shards,
-      num_kv_heads=model.num_key_value_heads // shards, head_dim=model.head_dim,
+      num_q_tokens=sampler.slots // page_shards(mesh_shape),
+      num_q_heads=model.num_attention_heads // tensor,
+      num_kv_heads=model.num_key_value_heads // tensor, head_dim=model.head_dim,
       q_dtype=dtype, kv_dtype=dtype))
 
 

@@ -52,6 +52,13 @@ FLOPs (XLA `cost_analysis`, printed with the FLOP/s each achieves): one call
 can only win where a 128-token row leaves the device idle (an accelerator's
 launch and weight-read time), not where a row already runs at the matmul rate.
 
+`pool_bytes_per_device_ratio`: the paged pool's bytes on one device, split over
+the local devices as a sharded sampler lays it out (pages over data =
+devices / tensor, KV heads over tensor, `sao_jax.models.paged_mesh`), over its
+bytes per device split over tensor alone (the layout before the split: pages
+whole on every chip of the data axis); target <= 1 / data, printed with the
+mesh (`pool_page_shards` = data). One device: 1.
+
 `logp_parity_max_abs`: the largest |behavior_logp - policy_forward logp| over
 the engine's sampled tokens in the throughput run (the learner's forward on the
 same params and dtype). The last line is `RESULT {json}`.
@@ -73,7 +80,11 @@ import transformers
 
 from sao_jax.config.sampler import SamplerConfig
 from sao_jax.models import decode, forward, hf
+from sao_jax.config import MeshConfig
+from sao_jax.models.paged_mesh import pool_head_axis
 from sao_jax.sampler import sampling, steps
+from sao_jax.sampler.kv_layout import kv_layout
+from sao_jax.sharding.mesh import make_mesh
 from sao_jax.sampler.engine import Engine
 from sao_jax.sampler.paged_engine import PagedEngine
 
@@ -360,6 +371,25 @@ def prefill_batched_speedup(cfg, params, repeats: int, rows: int = 16,
           "single_flops": rows * flops(all_rows[:1], tokens[:1])}
 
 
+def pool_bytes_per_device(cfg, args) -> dict:
+  """The long-tail paged pool's bytes per device on a data x tensor mesh of the local
+  devices (tensor: the most that divide both the devices and the KV heads), split as
+  the engine lays it out vs over tensor alone (module docstring)."""
+  n = jax.local_device_count()
+  tensor = max(t for t in range(1, n + 1) if n % t == 0 and cfg.num_key_value_heads % t == 0)
+  data = n // tensor
+  mesh = make_mesh(MeshConfig(data=data, fsdp=1, tensor=tensor), jax.local_devices())
+  pages = -(-args.dense_slots * args.longtail_max_len // 16 // data) * data
+  sampler_cfg = SamplerConfig(kv_layout="paged", slots=data * args.paged_slots,
+                              max_seq_len=args.longtail_max_len, kv_page_size=16, kv_pages=pages)
+  pool = kv_layout(sampler_cfg).abstract_cache(cfg, sampler_cfg, mesh).kv[0]
+  per_device = lambda sharding: np.prod(sharding.shard_shape(pool.shape)) * pool.dtype.itemsize
+  heads_only = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(
+      None, None, pool_head_axis(dict(mesh.shape), cfg.num_key_value_heads), None))
+  return {"ratio": per_device(pool.sharding) / per_device(heads_only), "data": data,
+          "tensor": tensor}
+
+
 def logp_parity(engine: Engine, cfg, params, prompts: np.ndarray, new: int) -> float:
   """max |behavior_logp - policy_forward logp| over the tokens the engine samples."""
   for i, prompt in enumerate(prompts):
@@ -455,6 +485,7 @@ def main() -> None:
   fraction = floors["bandwidth_s"] / floors["step_s"]
   roofline = max(floors["bandwidth_s"], floors["compute_s"]) / floors["step_s"]
   pre = prefill_batched_speedup(cfg, params, args.repeats, args.prefill_rows, args.prefill_chunk)
+  split = pool_bytes_per_device(cfg, args)
   lengths = longtail["lengths"]
   step_ratio = lambda key: longtail[key] / longtail["dense_step_tps"]
   gflops = lambda flops, seconds: f"{flops / seconds / 1e9:.1f} GFLOP/s"
@@ -482,7 +513,9 @@ def main() -> None:
             f"{pre['speedup']:.2f}x"),
            ("  achieved", f"{gflops(pre['batched_flops'], pre['batched_s'])} / "
             f"{gflops(pre['single_flops'], pre['single_s'])} (same FLOPs: "
-            f"{pre['batched_flops'] / 1e9:.1f} G / {pre['single_flops'] / 1e9:.1f} G)")]
+            f"{pre['batched_flops'] / 1e9:.1f} G / {pre['single_flops'] / 1e9:.1f} G)"),
+           (f"pool bytes per device, data {split['data']} x tensor {split['tensor']}",
+            f"split / tensor only = {split['ratio']:.3f} (target <= 1 / {split['data']})")]
   width = max(len(name) for name, _ in rows)
   for name, value in rows:
     print(f"{name:<{width}}  {value}")
@@ -494,7 +527,9 @@ def main() -> None:
                 dense_same_batch_vs_dense_decode_call=round(step_ratio("same_batch_step_tps"), 3),
                 decode_bandwidth_fraction=round(fraction, 3),
                 decode_roofline_fraction=round(roofline, 3),
-                prefill_batched_speedup=round(pre["speedup"], 3))
+                prefill_batched_speedup=round(pre["speedup"], 3),
+                pool_bytes_per_device_ratio=round(float(split["ratio"]), 4),
+                pool_page_shards=split["data"])
   print("RESULT " + json.dumps(result))
 
 

@@ -156,7 +156,7 @@ def test_paged_decode_kernel_page_table_refusal_names_the_page_size():
       32768, 4)
   assert "ran out of memory: RESOURCE_EXHAUSTED: Allocation (size=4194304)" in message
   assert "--set sampler.kv_page_size=... larger (now 16)" in message
-  assert "--set sampler.mesh=fsdp=1,tensor=... (now tensor=1" in message
+  assert "--set sampler.mesh=... with more chips over data x tensor (now data=1" in message
 
 
 def test_sampler_advice_reads_the_sampler_mesh_not_the_learners():
@@ -165,7 +165,7 @@ def test_sampler_advice_reads_the_sampler_mesh_not_the_learners():
       cfg.sampler, sharded=True, mesh=MeshConfig(fsdp=1, tensor=4)))
   message = estimate.compiler_oom_message(cfg, "paged_decode", "RESOURCE_EXHAUSTED: odd", "v5p",
                                           32768, 4)
-  assert "(now tensor=4;" in message
+  assert "fsdp=1, tensor=4; tensor a divisor of the KV heads" in message
   assert "--set sampler.mesh=... (now data=1,fsdp=1,tensor=4,expert=1)" in message
 
 
@@ -200,9 +200,40 @@ def test_plan_table_shows_paged_beside_dense():
   assert ("paged_decode attention kernel on v5p (per device): 16 KV pages x 32 queries per "
           "block, VMEM limit 48 MiB") in table
   assert "decode step (batch 64, cache 32768)" in table
-  assert ("paged decode (same KV memory, mean episode 4096 tokens, pages of 16): 512 episodes"
-          in table)
+  assert ("paged decode (same KV memory, mean episode 4096 tokens, pages of 16): 512 episodes "
+          "(131072 pages per shard x 1 page shards)" in table)
   assert "\npaged_decode v5p:2x2x1" in table  # its compiled memory, a row like the others
+
+
+def test_a_multi_host_sampler_plans_the_split_pool(monkeypatch):
+  """On a two-host sampler slice (v5p:2x2x2, data=2 x tensor=4) the pool of 128 dense
+  rows' memory splits into 2 page shards of 8192 pages of 256 (each chip holding a
+  quarter of a shard's heads): 2 x 512 episodes of 4096 tokens, the call compiled for
+  1024 slots over 16384 pages, and the table says so."""
+  lowered = {}
+  monkeypatch.setattr(aot, "lower_train", lambda cfg, mesh, *args: "train_step")
+  monkeypatch.setattr(aot, "lower_decode",
+                      lambda cfg, mesh, batch, seq_len: lowered.setdefault("dense", batch))
+  monkeypatch.setattr(aot, "lower_engine_decode", lambda cfg, mesh, slots, pages, seq_len:
+                      lowered.setdefault("paged", (dict(mesh.shape), slots, pages)))
+  monkeypatch.setattr(aot, "_compile", lambda lowered_name, *args: lowered_name)
+  monkeypatch.setattr(aot, "_program", lambda name, topology, mesh, compiled: aot.Program(
+      name=name, topology=topology, mesh_shape=dict(mesh.shape), memory=_memory(1, 1),
+      compiler_flops=1.0, compiler_bytes=1.0, compiler_seconds=None))
+  monkeypatch.setattr(hardware, "topology_devices", lambda topology: jax.devices()[
+      :8 if topology == "v5p:2x2x2" else 4])
+  cfg = load_config(pathlib.Path(__file__).resolve().parents[1] / "configs" / "qwen3_8b_v5p32.py")
+  result = aot.plan(cfg, "v5p:2x2x4", cfg.sampler.max_seq_len, sampler_topology="v5p:2x2x2",
+                    sampler_mesh=MeshConfig(data=2, fsdp=1, tensor=4), sampler_batch=128)
+  assert result.page_shards == 2
+  assert lowered["paged"] == ({"data": 2, "fsdp": 1, "tensor": 4, "expert": 1}, 1024, 16384)
+  paged = aot.paged_decode(result)
+  assert (paged.episodes, paged.shards, paged.pages_per_shard) == (1024, 2, 8192)
+  assert "1024 episodes (8192 pages per shard x 2 page shards) vs 128 dense" in \
+      aot.format_plan(result)
+  # Pages that do not split evenly: the remainder is left out, episodes count per shard.
+  assert estimate.paged_pool_pages(3, 32, 16, shards=4) == 4
+  assert estimate.paged_episodes(3, 32, 24, 16, shards=2) == 2  # 3 pages a shard: 1 episode of 2
 
 
 def test_paged_decode_compiles_at_the_claimed_concurrency_in_the_dense_memory():
@@ -216,9 +247,10 @@ def test_paged_decode_compiles_at_the_claimed_concurrency_in_the_dense_memory():
   assert (episodes, pages) == (32, 128)  # 8 rows of 256 tokens = 128 pages of 16; 4 a episode
   compiled = aot.lower_engine_decode(cfg, mesh, episodes, pages, 256).compile()
   memory = estimate.MemoryUse.from_stats(compiled.memory_analysis())
-  m = cfg.model  # K and V pools per layer, bf16; KV heads are not split on an fsdp mesh
+  m = cfg.model  # K and V pools per layer, bf16; pages split over fsdp=4, KV heads whole
   pool = 2 * m.num_hidden_layers * pages * 16 * m.num_key_value_heads * m.head_dim * 2
-  assert memory.arguments >= pool and memory.aliased >= pool  # the pool is donated in place
+  # The pool is donated in place, a quarter of it on each device.
+  assert memory.arguments >= pool // 4 and pool // 4 <= memory.aliased < pool // 2
 
 
 def test_compiler_out_of_memory_message():
@@ -399,9 +431,10 @@ def test_plan_compiles_and_prints_the_kernel_sizes_a_tpu_run_uses():
                                   mesh=MeshConfig(data=1, fsdp=2, tensor=2)))
   result = aot.plan(cfg, "v5e:2x2", 64)
   page = cfg.sampler.kv_page_size
-  slots = max(estimate.paged_episodes(result.sampler_batch, 64, result.mean_episode_tokens, page),
-              cfg.sampler.slots)
-  per_device = KernelShapes(page_size=page, pages_per_seq=64 // page, num_q_tokens=slots,
+  # Slots and pages split over fsdp=2 (page shards): each device's kernel takes half.
+  slots = max(estimate.paged_episodes(result.sampler_batch, 64, result.mean_episode_tokens, page,
+                                      shards=2), -(-cfg.sampler.slots // 2) * 2)
+  per_device = KernelShapes(page_size=page, pages_per_seq=64 // page, num_q_tokens=slots // 2,
                             num_q_heads=2, num_kv_heads=1, head_dim=128,
                             q_dtype=jax.numpy.bfloat16, kv_dtype=jax.numpy.bfloat16)
   run = kernel_blocks("v5e", per_device)

@@ -102,9 +102,11 @@ class SamplerConfig:
   learner's; `Config.sampler_mesh`), its -1 axis filled for the local device
   count, MoE layers expert parallel over `expert`; otherwise it runs on one
   device. A model plus cache too large for one chip needs it. The paged pool
-  splits over `tensor` only (KV heads), whole on every chip of the other axes,
-  so a paged engine at pod scale wants its own mesh, e.g.
-  `MeshConfig(fsdp=1, tensor=4)` on a 4-chip host (configs/qwen3_8b_v5p32.py).
+  splits its pages over the mesh's data and fsdp axes (D = data x fsdp page
+  shards, each with its own allocator and slots / D slots: `slots` and
+  `kv_pages` must be multiples of D) and its KV heads over `tensor`, so each chip
+  holds pool / (D x tensor); at pod scale a sampler host runs e.g.
+  `MeshConfig(fsdp=1, tensor=4)` (configs/qwen3_8b_v5p32.py).
   """
 
   slots: int = 8  # sequences decoded at once (the decode batch width)

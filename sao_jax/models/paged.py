@@ -15,7 +15,11 @@ page pages_NxM[n, i // page] at offset i % page, and its RoPE position is i.
 `length_N[n]` is the number of real tokens slot n holds, as in `decode.KVCache`.
 
 `extend_paged` appends a chunk of C tokens to each of B rows, row b being slot
-rows_B[b] (a row id >= N is padding: it reads nothing and writes nothing). The
+rows_B[b] (a row id >= N is padding: it reads nothing and writes nothing).
+On a mesh whose batch axes split the pool into D page shards
+(`sao_jax.models.paged_mesh`) page ids in pages_NxM are local to the slot's
+shard, and the B rows are D blocks of B / D, block d holding slots of shard d
+(or padding) only: each device attends and writes for its block. The
 j-th real token of row b is written at position length + j and attends to
 positions [0, length + j] of its slot, exactly as `decode.extend` does for a
 dense row; padding tokens are written nowhere.
@@ -27,11 +31,13 @@ column) pairs in use are its L = `entries` entries, the first allocated
 columns of the table in row-major order (decode over all N slots; the host
 guarantees at most `entries` are allocated, e.g. the pool size P when no page
 is shared), so a decode step reads the pages in use, not N x max_seq_len
-positions. With `kernel` (prefill or decode) the Pallas TPU kernel reads
-them instead (`sao_jax.models.paged_kernel`), `entries` unused: row b's first
-length + n_b positions (n_b real chunk tokens) through its page table, its
-real tokens the queries, where every one of them has a page (the host
-allocates a chunk's pages before the call; a row that lacks one gets 0).
+positions. With D page shards `entries` counts per shard (each block of rows
+lists its own, row ids local to the block; e.g. P / D). With `kernel`
+(prefill or decode) the Pallas TPU kernel reads them instead
+(`sao_jax.models.paged_kernel`), `entries` unused: row b's first length + n_b
+positions (n_b real chunk tokens) through its page table, its real tokens the
+queries, where every one of them has a page (the host allocates a chunk's
+pages before the call; a row that lacks one gets 0).
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ import jax.numpy as jnp
 
 from sao_jax.config import ModelConfig
 from sao_jax.models.paged_attention import PagedLayer
+from sao_jax.models.paged_mesh import traced_page_shards
 from sao_jax.models.transformer import Params, model
 
 
@@ -71,7 +78,16 @@ def set_lengths(cache: PagedKVCache, rows_B: jax.Array, length_B: jax.Array) -> 
       cache, length_N=cache.length_N.at[rows_B].set(length_B.astype(jnp.int32), mode="drop"))
 
 
-def _entry_columns(table_BxM: jax.Array, count: int):
+def _entry_columns(table_BxM: jax.Array, count: int, shards: int):
+  """`_block_entries` of each of the table's `shards` row blocks: [shards * count] each,
+  row ids local to their block."""
+  b, m = table_BxM.shape
+  blocks = jax.vmap(lambda table: _block_entries(table, count))(
+      table_BxM.reshape(shards, b // shards, m))
+  return tuple(x.reshape(-1) for x in blocks)
+
+
+def _block_entries(table_BxM: jax.Array, count: int):
   """(row_L, page_L, column_L): the table's first `count` allocated columns, row-major;
   unused entries get row B, page 0."""
   b, m = table_BxM.shape
@@ -89,6 +105,10 @@ def extend_paged(params: Params, cfg: ModelConfig, cache: PagedKVCache, pages_Nx
   """Appends each row's real chunk tokens; returns next-token logits_BxV (float32) and the cache."""
   p, size, _, _ = cache.kv[0].shape
   m = pages_NxM.shape[1]
+  shards = traced_page_shards()
+  if rows_B.shape[0] % shards:
+    raise ValueError(f"extend_paged: {rows_B.shape[0]} rows do not split into the {shards} page "
+                     "shards of the mesh's batch axes; pass a multiple of them (D blocks of rows)")
   mask_BxC = mask_BxC.astype(bool)
   c = tokens_BxC.shape[1]
   table_BxM = pages_NxM.at[rows_B].get(mode="fill", fill_value=-1)
@@ -98,6 +118,7 @@ def extend_paged(params: Params, cfg: ModelConfig, cache: PagedKVCache, pages_Nx
   column_BxC = jnp.minimum(pos_BxC // size, m - 1)
   page_BxC = jnp.take_along_axis(table_BxM, column_BxC, axis=1)
   writable_BxC = mask_BxC & (page_BxC >= 0) & (pos_BxC < m * size)
+  # Past every page of the pool, local (a shard's) or whole: dropped.
   write_BxC = jnp.where(writable_BxC, page_BxC * size + pos_BxC % size, p * size)
   added_B = jnp.sum(mask_BxC, axis=1, dtype=jnp.int32)
   if kernel:
@@ -110,7 +131,7 @@ def extend_paged(params: Params, cfg: ModelConfig, cache: PagedKVCache, pages_Nx
   elif entries is None:  # whole tables: gathered attention, no entry list
     plan = dict(row_L=None, page_L=None, first_L=None, table_BxM=table_BxM)
   else:
-    row_L, page_L, column_L = _entry_columns(table_BxM, entries)
+    row_L, page_L, column_L = _entry_columns(table_BxM, entries, shards)
     plan = dict(row_L=row_L, page_L=page_L, first_L=column_L * size)
   layer_caches = [PagedLayer(kv, write_BxC, pos_BxC, **plan) for kv in cache.kv]
   net = model(params, cfg, "lm")

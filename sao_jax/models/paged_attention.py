@@ -32,8 +32,10 @@ reductions (which lower to scatters, slow on CPU). `PagedLayer` uses it when
 given `table_BxM` alone. Given `table_BxM`, `kv_len_B` and `query_BxC`
 (prefill or decode) it runs jax's Pallas TPU kernel instead
 (`sao_jax.models.paged_kernel`), which streams the pages rather than gathering
-them. Kept free of model imports so that `sao_jax.models.layers` can dispatch
-to it.
+them. On a mesh `PagedLayer.attend` runs the write and whichever path per
+device on its page shard (`sao_jax.models.paged_mesh`): entries, tables and
+write positions then hold page ids local to the shard. Kept free of model
+imports so that `sao_jax.models.layers` can dispatch to it.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import jax
 import jax.numpy as jnp
 
 from sao_jax.models.paged_kernel import kernel_attention
+from sao_jax.models.paged_mesh import on_page_shards
 
 _MASKED = -1e30  # finite, as in sao_jax.models.attention: exp(_MASKED - m) underflows to 0
 
@@ -64,10 +67,20 @@ class PagedLayer(NamedTuple):
 
   def attend(self, q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, window: int | None = None):
     """Writes the chunk's keys/values, then ragged attention over the entries (a
-    sliding-window layer passes its `window`; its pages stay allocated)."""
+    sliding-window layer passes its `window`; its pages stay allocated). On a mesh
+    each device does both for its page shard's rows with its block of the pool
+    (`paged_mesh.on_page_shards`)."""
+    local = lambda rows, heads, kv_pages: rows._replace(kv_pages=kv_pages)._attend_here(
+        *heads, window)
+    out, kv_pages = on_page_shards(local, self._replace(kv_pages=None),
+                                   (q_BxTxNxH, k_BxTxKxH, v_BxTxKxH), self.kv_pages)
+    return out, self._replace(kv_pages=kv_pages)
+
+  def _attend_here(self, q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, window):
+    """`attend` on whole arrays (one device, or one device's blocks)."""
     _, size, kv2, h = self.kv_pages.shape
     write = self.write_BxC.reshape(-1)
-    page, offset = write // size, write % size  # page P (padding) is out of range: dropped
+    page, offset = write // size, write % size  # pages past the pool (padding) are dropped
     # [B*T, K, 2, H] -> [B*T, 2K, H]: k_k at combined head 2k, v_k at 2k + 1.
     kv_new = jnp.stack([k_BxTxKxH, v_BxTxKxH], axis=-2).reshape(-1, kv2, h)
     kv_pages = self.kv_pages.at[page, offset].set(kv_new.astype(self.kv_pages.dtype), mode="drop")
@@ -79,7 +92,7 @@ class PagedLayer(NamedTuple):
     else:
       out = ragged_attention(q_BxTxNxH, kv_pages, self.pos_BxC, self.row_L, self.page_L,
                              self.first_L, window)
-    return out, self._replace(kv_pages=kv_pages)
+    return out, kv_pages
 
 
 def ragged_attention(q_BxTxNxH: jax.Array, kv_pages: jax.Array, pos_BxT: jax.Array,

@@ -4,7 +4,6 @@
                                                                                -> out_BxTxNxH
   record_blocks()                                          -> the KernelBlocks traced inside
   kernel_unsupported(num_heads, num_kv_heads, head_dim, dtype)                 -> reason or None
-  pool_head_axis(mesh_shape, num_kv_heads)                                     -> mesh axis or None
 
 `jax.experimental.pallas.ops.tpu.ragged_paged_attention` streams each
 sequence's pages from HBM into VMEM by DMA, a block of pages at a time, and
@@ -35,10 +34,10 @@ with queries are moved to the front as its `num_seqs` sequences, in the same
 order; the rest are past `num_seqs` and not computed. It wants every sequence
 it is given to hold a query and a key (block 0 of a sequence is prefetched
 before its length is read), so a call without queries gives it one dead
-sequence of one query and one key, whose output is set to 0. On a mesh the
-kernel runs per device under `shard_map`, heads split over `tensor` as the
-pool is (`pool_head_axis`); rows, pages and positions are whole on every
-device (the pool is not split over the batch axes).
+sequence of one query and one key, whose output is set to 0. `kernel_attention`
+is the per-device call: on a mesh `paged_attention.PagedLayer.attend` runs it
+under `shard_map` on each device's rows, heads and block of the pool, page ids
+local to that block (`sao_jax.models.paged_mesh`).
 
 Block sizes (KV pages and queries per block, VMEM limit) are
 `paged_blocks.kernel_blocks` for the generation and per-device shapes being
@@ -50,15 +49,12 @@ traced, never jax's own choice, so that `sao-plan` compiles what a TPU runs;
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import jax
 import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as rpa
-from jax.sharding import PartitionSpec
 
 from sao_jax.models.paged_blocks import KernelBlocks, KernelShapes, kernel_blocks, trace_generation
-from sao_jax.sharding.rules import logical_to_spec
 
 _recorded: list[list[KernelBlocks]] = []  # one list per open record_blocks()
 
@@ -74,14 +70,6 @@ def record_blocks():
     yield blocks
   finally:
     _recorded.remove(blocks)
-
-
-def pool_head_axis(mesh_shape: dict[str, int], num_kv_heads: int):
-  """The mesh axis a pool's combined-head axis splits over: that of the KV heads
-  (`tensor`) where it divides K, so that each device holds whole (k, v) pairs and
-  the query heads that read them; else None (whole)."""
-  (axis,) = logical_to_spec(("activation_kv_heads",), (num_kv_heads,), mesh_shape, strict=False)
-  return axis
 
 
 def kernel_unsupported(num_heads: int, num_kv_heads: int, head_dim: int, dtype) -> str | None:
@@ -101,19 +89,6 @@ def kernel_attention(q_BxTxNxH: jax.Array, kv_pages: jax.Array, query_BxT: jax.A
                      window: int | None = None, blocks: KernelBlocks | None = None
                      ) -> jax.Array:
   """Each row's query tokens, causal over its first kv_len_B[b] positions (module docstring)."""
-  mesh = jax.sharding.get_abstract_mesh()
-  local = functools.partial(_kernel_rows, window=window, blocks=blocks)
-  if mesh.empty:
-    return local(q_BxTxNxH, kv_pages, query_BxT, kv_len_B, table_BxM)
-  heads = pool_head_axis(dict(mesh.shape), kv_pages.shape[2] // 2)
-  # q [B, T, N, H] and the pool [P, page, 2K, H] both split their heads (axis 2).
-  heads_spec, whole = PartitionSpec(None, None, heads, None), PartitionSpec()
-  return jax.shard_map(local, mesh=mesh, in_specs=(heads_spec, heads_spec, whole, whole, whole),
-                       out_specs=heads_spec, check_vma=False)(q_BxTxNxH, kv_pages, query_BxT,
-                                                              kv_len_B, table_BxM)
-
-
-def _kernel_rows(q_BxTxNxH, kv_pages, query_BxT, kv_len_B, table_BxM, *, window, blocks):
   b, t, n, h = q_BxTxNxH.shape
   query_BxT = query_BxT.astype(bool)
   q_len_B = jnp.sum(query_BxT, axis=1, dtype=jnp.int32)

@@ -15,11 +15,16 @@ through the KV-layout seam `sao_jax.sampler.kv_layout` as the engine builds it) 
 compiled too, at the concurrency the paged figures claim: as many slots as
 episodes of the assumed mean length fit in the dense cache's memory, over a
 pool of exactly that memory, so the claim is checked by the compiler rather
-than only estimated. The Pallas kernel's block sizes in that call are the ones a
-TPU of the topology's generation runs (`sao_jax.models.paged_blocks`): the plan
-traces on the topology's devices, records them (`Plan.kernel_blocks`) and prints
-them. Nothing is ever allocated, so a 30B-parameter plan runs on
-a laptop CPU once libtpu is installed.
+than only estimated. On a sampler mesh with data (or fsdp) axes the pool is
+split into that many page shards (`sao_jax.models.paged_mesh`), each chip
+holding pool / (data x fsdp x tensor): the figures count episodes per shard
+(pages per shard over pages per episode) times the shards, as the engine
+admits them, e.g. a two-host v5p:2x2x2 sampler slice with data=2, tensor=4.
+The Pallas kernel's block sizes in that call are the ones a TPU of the
+topology's generation runs (`sao_jax.models.paged_blocks`): the plan traces on
+the topology's devices, records them (`Plan.kernel_blocks`) and prints them.
+Nothing is ever allocated, so a 30B-parameter plan runs on a laptop CPU once
+libtpu is installed.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from sao_jax.learner import state as state_lib
 from sao_jax.models import decode
 from sao_jax.models.paged_blocks import KernelBlocks
 from sao_jax.models.paged_kernel import record_blocks
+from sao_jax.models.paged_mesh import page_shards
 from sao_jax.models.transformer import abstract_params, param_shardings
 from sao_jax.planning import estimate, hardware
 from sao_jax.sampler import steps as sampler_steps
@@ -78,6 +84,7 @@ class Plan:
   hardware_flops: float
   roofline: estimate.Roofline
   kernel_blocks: tuple[KernelBlocks, ...] = ()  # the Pallas kernel's sizes in paged_decode
+  page_shards: int = 1  # the paged pool's shards on the sampler mesh (its data x fsdp)
 
   @property
   def limit_bytes(self) -> float:
@@ -204,6 +211,7 @@ def plan(cfg: Config, topology: str, seq_len: int, *, sampler_topology: str | No
                          or max(seq_len // 8, 1))
   decode_program = paged_program = None
   kernel_blocks: list[KernelBlocks] = []
+  shards = 1
   if with_decode:
     sampler_topology = sampler_topology or topology
     if hardware.parse_topology(sampler_topology)[0] != generation:
@@ -211,6 +219,7 @@ def plan(cfg: Config, topology: str, seq_len: int, *, sampler_topology: str | No
                        f"generation {generation!r} (one HBM limit per plan)")
     sampler_devices = hardware.topology_devices(sampler_topology)
     sampler = make_mesh(cfg.sampler_mesh(), sampler_devices)
+    shards = page_shards(dict(sampler.shape))
     decode_program = _program("decode_step", sampler_topology, sampler, _compile(
         lower_decode(cfg, sampler, sampler_batch, seq_len), cfg, "decode_step", sampler,
         device.name, seq_len))
@@ -218,10 +227,11 @@ def plan(cfg: Config, topology: str, seq_len: int, *, sampler_topology: str | No
     if plan_program is not None:  # the engine's own decode call, beside the dense step
       page = cfg.sampler.kv_page_size
       # Compiled for the episodes the figures claim, or the config's own slots when it
-      # runs more: the call that runs must fit too.
-      episodes = max(estimate.paged_episodes(sampler_batch, seq_len, mean_episode_tokens, page),
-                     cfg.sampler.slots)
-      pages = estimate.paged_pool_pages(sampler_batch, seq_len, page)
+      # runs more (a multiple of the page shards, as the engine needs): the call that
+      # runs must fit too.
+      episodes = max(estimate.paged_episodes(sampler_batch, seq_len, mean_episode_tokens, page,
+                                             shards), -(-cfg.sampler.slots // shards) * shards)
+      pages = estimate.paged_pool_pages(sampler_batch, seq_len, page, shards)
       with record_blocks() as kernel_blocks:
         lowered = lower_engine_decode(cfg, sampler, episodes, pages, seq_len)
       paged_program = _program(plan_program, sampler_topology, sampler, _compile(
@@ -235,7 +245,7 @@ def plan(cfg: Config, topology: str, seq_len: int, *, sampler_topology: str | No
               hardware_flops=hardware_flops,
               roofline=estimate.roofline(model_flops, hardware_flops, tokens, len(devices),
                                          device.peak_bf16_flops),
-              kernel_blocks=tuple(dict.fromkeys(kernel_blocks)))
+              kernel_blocks=tuple(dict.fromkeys(kernel_blocks)), page_shards=shards)
 
 
 def check_fits(result: Plan) -> None:
@@ -256,11 +266,13 @@ def decode_seconds(result: Plan) -> float:
 
 def paged_decode(result: Plan) -> estimate.PagedDecode:
   """The paged engine (pages of sampler.kv_page_size) in the dense decode plan's KV
-  memory, for `result.mean_episode_tokens`-token episodes (estimate.paged_decode)."""
+  memory split into the sampler mesh's page shards, for `result.mean_episode_tokens`-token
+  episodes (estimate.paged_decode)."""
   d, device = result.decode, result.device
   return estimate.paged_decode(result.sampler_batch, result.seq_len, result.mean_episode_tokens,
                                result.cfg.sampler.kv_page_size, d.compiler_flops,
-                               d.compiler_bytes, device.peak_bf16_flops, device.hbm_bytes_per_s)
+                               d.compiler_bytes, device.peak_bf16_flops, device.hbm_bytes_per_s,
+                               result.page_shards)
 
 
 def format_plan(result: Plan) -> str:
@@ -300,7 +312,8 @@ def format_plan(result: Plan) -> str:
                  f"XLA cost analysis) -> <= {result.sampler_batch / seconds:,.0f} tokens/s")
     paged = paged_decode(result)
     lines.append(f"paged decode (same KV memory, mean episode {result.mean_episode_tokens} tokens, "
-                 f"pages of {result.cfg.sampler.kv_page_size}): {paged.episodes} episodes vs "
+                 f"pages of {result.cfg.sampler.kv_page_size}): {paged.episodes} episodes "
+                 f"({paged.pages_per_shard} pages per shard x {paged.shards} page shards) vs "
                  f"{result.sampler_batch} dense, step >= {paged.seconds * 1e3:.2f} ms -> <= "
                  f"{paged.tokens_per_s:,.0f} tokens/s (estimated from the dense step's bytes and "
                  "FLOPs)")

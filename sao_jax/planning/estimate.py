@@ -144,12 +144,13 @@ def _advice(cfg: Config, memory: MemoryUse, program: str, seq_len: int,
                    "over more of the sampler's chips (fsdp x tensor), or a larger "
                    "--sampler-topology"]
   if program == "paged_decode":
-    # The pool splits over tensor only (docs/explanation/paged-kv-cache.md); the Pallas kernel holds
-    # its page tables in SMEM (1 MiB on v5p); the reference path gathers every listed page.
-    activation_fixes = [f"--set sampler.mesh=fsdp=1,tensor=... (now tensor="
-                        f"{sampler_mesh.tensor}; a divisor of the KV heads; with "
-                        "sampler.sharded): the pool is split over tensor only, whole on every "
-                        "chip of the batch axes",
+    # The pool splits pages over data/fsdp and KV heads over tensor
+    # (docs/explanation/paged-kv-cache.md); the Pallas kernel holds its page tables in
+    # SMEM (1 MiB on v5p); the reference path gathers every listed page.
+    activation_fixes = [f"--set sampler.mesh=... with more chips over data x tensor (now "
+                        f"data={sampler_mesh.data}, fsdp={sampler_mesh.fsdp}, tensor="
+                        f"{sampler_mesh.tensor}; tensor a divisor of the KV heads; with "
+                        "sampler.sharded): each chip holds pool / (data x fsdp x tensor)",
                         f"--set sampler.kv_page_size=... larger (now {cfg.sampler.kv_page_size}): "
                         "the Pallas kernel keeps slots x pages-per-episode page indices in SMEM",
                         "--set sampler.kv_layout=dense (off the kernel the paged decode gathers "
@@ -216,40 +217,52 @@ class PagedDecode:
   episodes: int    # concurrent episodes that fit
   seconds: float   # decode step lower bound
   tokens_per_s: float
+  shards: int = 1  # page shards the pool splits into (the sampler mesh's batch axes)
+  pages_per_shard: int = 0
 
 
-def paged_pool_pages(dense_slots: int, seq_len: int, page_size: int) -> int:
-  """Pages in the dense cache's KV memory: dense_slots rows of ceil(seq_len / page)."""
-  return dense_slots * -(-seq_len // page_size)
+def paged_pool_pages(dense_slots: int, seq_len: int, page_size: int, shards: int = 1) -> int:
+  """Pages in the dense cache's KV memory: dense_slots rows of ceil(seq_len / page),
+  rounded down to a multiple of `shards` (each shard holds as many)."""
+  return dense_slots * -(-seq_len // page_size) // shards * shards
 
 
-def paged_episodes(dense_slots: int, seq_len: int, mean_tokens: int, page_size: int) -> int:
-  """Episodes of `mean_tokens` tokens the dense cache's memory holds as pages
-  (`paged_decode`'s formula)."""
+def paged_episodes(dense_slots: int, seq_len: int, mean_tokens: int, page_size: int,
+                   shards: int = 1) -> int:
+  """Episodes of `mean_tokens` tokens the dense cache's memory holds as pages split into
+  `shards` pools (`paged_decode`'s formula)."""
   if not 0 < mean_tokens <= seq_len:
     raise ValueError(f"mean episode tokens={mean_tokens} is invalid: expected 0 < mean <= "
                      f"seq_len={seq_len}")
-  return paged_pool_pages(dense_slots, seq_len, page_size) // -(-mean_tokens // page_size)
+  per_shard = paged_pool_pages(dense_slots, seq_len, page_size, shards) // shards
+  return shards * (per_shard // -(-mean_tokens // page_size))
 
 
 def paged_decode(dense_slots: int, seq_len: int, mean_tokens: int, page_size: int,
                  dense_flops: float, dense_bytes: float, peak_flops: float,
-                 bytes_per_s: float) -> PagedDecode:
+                 bytes_per_s: float, shards: int = 1) -> PagedDecode:
   """Episodes and decode bound of the paged engine in the dense cache's memory.
 
-  The dense cache is dense_slots * ceil(seq_len / page) pages; an episode of
-  `mean_tokens` tokens (the assumed mean final length: an episode holds at most
-  that many while it decodes) needs ceil(mean_tokens / page) pages, so
+  The dense cache is dense_slots * ceil(seq_len / page) pages; split over D page
+  shards (`sao_jax.models.paged_mesh`: the sampler mesh's batch axes) each shard
+  holds P_D = floor(dense_slots * ceil(seq_len / page) / D) of them on its devices,
+  as the dense rows split over those axes. An episode of `mean_tokens` tokens (the
+  assumed mean final length: an episode holds at most that many while it decodes)
+  needs ceil(mean_tokens / page) pages of its slot's shard, so
 
-      episodes = floor(dense_slots * ceil(seq_len / page) / ceil(mean_tokens / page)).
+      episodes = D * floor(P_D / ceil(mean_tokens / page)).
 
   A full pool is read once per step like the dense cache, so the step moves the
   dense step's bytes, while its FLOPs grow with the batch:
 
       seconds >= max(dense_bytes / bandwidth, dense_flops * episodes / dense_slots / peak)
 
-  and tokens/s <= episodes / seconds.
+  (per device: the dense step's bytes and FLOPs are per device, and the split pool
+  and its episodes divide over the same devices), and tokens/s <= episodes / seconds.
   """
-  episodes = paged_episodes(dense_slots, seq_len, mean_tokens, page_size)
+  episodes = paged_episodes(dense_slots, seq_len, mean_tokens, page_size, shards)
   seconds = max(dense_bytes / bytes_per_s, dense_flops * episodes / dense_slots / peak_flops)
-  return PagedDecode(episodes=episodes, seconds=seconds, tokens_per_s=episodes / seconds)
+  return PagedDecode(episodes=episodes, seconds=seconds, tokens_per_s=episodes / seconds,
+                     shards=shards,
+                     pages_per_shard=paged_pool_pages(dense_slots, seq_len, page_size, shards)
+                     // shards)

@@ -35,9 +35,23 @@ prefill runs after the holder's. A GRPO group's n episodes thus prefill and
 hold its prompt once. `stats["shared_pages"]` counts pages taken this way.
 
 Batched prefill: the turns admitted in one `step` prefill together, up to the
-largest of `prefill_row_buckets` rows per call, each row one chunk of at most
-the largest prefill bucket; shapes are padded to a (rows, chunk) bucket pair,
-all compiled by `warmup`, so nothing compiles afterwards.
+largest of `prefill_row_buckets` rows per call (per page shard), each row one
+chunk of at most the largest prefill bucket; shapes are padded to a (rows,
+chunk) bucket pair, all compiled by `warmup`, so nothing compiles afterwards.
+
+Page shards. On a mesh whose batch axes (data, fsdp) span D devices the pool
+is split into D shards (`sao_jax.models.paged_mesh`): each device holds
+kv_pages / D pages and the rows of slots / D slots, and one allocator per shard
+hands out page ids local to it (`sao_jax.sampler.pages`). Slot s belongs to
+shard s // (slots / D) for good, so an episode stays in its slot's shard for
+as long as it holds the slot. Admission picks the shard: a turn without a slot
+takes an empty slot, else evicts a parked one, in the first shard of
+`PagePool.shard_order` that has one: for a new episode whose prompt pages a
+slot holds, that slot's shard (to share them), then the least loaded (most free
+pages, then fewest occupied slots, then the lowest index). Eviction of
+parked slots, preemption and prefix sharing all stay within a shard: a slot
+short of pages takes them from its own shard only. A prefill call's rows are D
+blocks, block d holding shard d's turns. D = 1 is the unsplit pool.
 """
 
 from __future__ import annotations
@@ -48,6 +62,7 @@ import jax
 import numpy as np
 
 from sao_jax.config import ModelConfig
+from sao_jax.models.paged_mesh import page_shards
 from sao_jax.sampler import paged_steps
 from sao_jax.sampler.engine import Engine, Generation, Turn, _Episode
 from sao_jax.sampler.pages import PagePool
@@ -71,7 +86,9 @@ class PagedEngine(Engine):
   def _init_device(self, model_cfg: ModelConfig, mesh: jax.sharding.Mesh | None) -> None:
     super()._init_device(model_cfg, mesh)
     cfg = self.cfg
-    self._pool = PagePool(cfg.num_kv_pages(), cfg.kv_page_size, cfg.slots, cfg.max_seq_len)
+    shards = 1 if mesh is None else page_shards(dict(mesh.shape))
+    self._pool = PagePool(cfg.num_kv_pages(), cfg.kv_page_size, cfg.slots, cfg.max_seq_len,
+                          shards)
 
   @property
   def free_pages(self) -> int:
@@ -85,9 +102,10 @@ class PagedEngine(Engine):
     """Compiles every (rows, chunk) prefill bucket and the decode step."""
     if self._episodes:
       raise ValueError("warmup() must run before any episode is submitted")
-    n = self.cfg.slots
+    n, shards = self.cfg.slots, self._pool.shards
     for chunk in self.cfg.prefill_buckets:
       for rows in self.cfg.prefill_row_buckets:  # padding rows only: nothing changes
+        rows *= shards
         zeros_BxC = np.zeros((rows, chunk), np.int32)
         self._cache, token, _ = self._steps.prefill(
             self._params, self._cache, self._pool.table_NxM, np.full(rows, n, np.int32),
@@ -99,8 +117,8 @@ class PagedEngine(Engine):
     jax.block_until_ready((token, outs))
 
   def _entry_buckets(self) -> tuple[int, ...]:
-    """Decode entry counts: the pool's pages, and twice that with prefix sharing."""
-    pages = self._pool.num_pages
+    """Decode entry counts per shard: its pages, and twice that with prefix sharing."""
+    pages = self._pool.pages_per_shard
     return (pages, 2 * pages) if self.cfg.kv_prefix_sharing else (pages,)
 
   # ---- slots and pages ----
@@ -115,16 +133,25 @@ class PagedEngine(Engine):
       if not self._holders[prefix]:
         del self._holders[prefix]
 
-  def _share_prefix(self, episode: _Episode, slot: int, placed: list[_Episode]) -> bool:
-    """Gives a new episode's empty slot the pages of its prompt's full pages before the
-    last token from a slot holding them; True if the holder was placed this step."""
+  def _prefix(self, episode: _Episode) -> tuple | None:
+    """The prompt's full pages before its last token, if a new episode may share them."""
     size = self.cfg.kv_page_size
     shared = (len(episode.tokens) - 1) // size * size
     if not self.cfg.kv_prefix_sharing or episode.num_turns or shared == 0:
+      return None
+    return tuple(episode.tokens[:shared])
+
+  def _share_prefix(self, episode: _Episode, slot: int, placed: list[_Episode]) -> bool:
+    """Gives a new episode's empty slot the pages of its prompt's full pages before the
+    last token from a slot of its shard holding them; True if the holder was placed this
+    step."""
+    prefix = self._prefix(episode)
+    if prefix is None:
       return False
-    prefix = tuple(episode.tokens[:shared])
-    holder = next(iter(self._holders.get(prefix, ())), None)
-    if holder is not None and self._pool.share(holder, slot, shared // size):
+    shard, shared = self._pool.shard_of(slot), len(prefix)
+    holder = next((h for h in self._holders.get(prefix, ()) if self._pool.shard_of(h) == shard),
+                  None)
+    if holder is not None and self._pool.share(holder, slot, shared // self.cfg.kv_page_size):
       episode.cache_len = shared
       same_step = any(other.slot == holder for other in placed)
     else:
@@ -133,19 +160,40 @@ class PagedEngine(Engine):
     self._prefix_of[slot] = prefix
     return same_step
 
-  def _evict_parked(self, keep: int | None = None) -> bool:
-    """Evicts the longest-parked slot whose episode is not queued (not `keep`)."""
+  def _evict_parked(self, shard: int, keep: int | None = None) -> bool:
+    """Evicts the shard's longest-parked slot whose episode is not queued (not `keep`)."""
     for slot in self._parked:
-      if slot != keep and self._episodes[self._owner[slot]].state != "queued":
+      if (slot != keep and self._pool.shard_of(slot) == shard
+          and self._episodes[self._owner[slot]].state != "queued"):
         self._evict(slot)
         return True
     return False
 
   def _get_pages(self, slot: int, n_tokens: int) -> bool:
     while not self._pool.ensure(slot, n_tokens):
-      if not self._evict_parked(keep=slot):
+      if not self._evict_parked(self._pool.shard_of(slot), keep=slot):
         return False
     return True
+
+  def _claim_slot_for(self, episode: _Episode) -> int | None:
+    """A slot for a turn without one (module docstring, page shards): an empty slot, else
+    the longest-parked one whose episode is not queued (evicted), each looked for in the
+    shards holding the episode's prompt pages first, then in all by load."""
+    pool = self._pool
+    holders = self._holders.get(self._prefix(episode), ())
+    occupied_D = np.bincount([pool.shard_of(slot) for slot, owner in enumerate(self._owner)
+                              if owner is not None], minlength=pool.shards)
+    order = {shard: rank for rank, shard in
+             enumerate(pool.shard_order(map(pool.shard_of, holders), occupied_D))}
+    empty = [slot for slot, owner in enumerate(self._owner) if owner is None]
+    if empty:
+      return min(empty, key=lambda slot: order[pool.shard_of(slot)])
+    parked = [slot for slot in self._parked if self._episodes[self._owner[slot]].state != "queued"]
+    if not parked:
+      return None
+    slot = min(parked, key=lambda slot: order[pool.shard_of(slot)])  # stable: longest parked
+    self._evict(slot)
+    return slot
 
   def _preempt(self, slot: int) -> None:
     episode = self._episodes[self._owner[slot]]
@@ -183,7 +231,7 @@ class PagedEngine(Engine):
     placed, followers = [], []
     for episode_id in list(self._queue):
       episode = self._episodes[episode_id]
-      slot = episode.slot if episode.slot is not None else self._claim_slot()
+      slot = episode.slot if episode.slot is not None else self._claim_slot_for(episode)
       if slot is None:
         continue
       resume = episode_id in self._resume
@@ -206,24 +254,31 @@ class PagedEngine(Engine):
     return placed, followers
 
   def _prefill(self, admitted: list[_Episode]) -> dict[Hashable, tuple]:
-    """Prefills the episodes' missing tokens, several rows per call; -> {id: (token,
-    behavior_logp)} sampled after each one's last token."""
+    """Prefills the episodes' missing tokens, several rows per call (in each shard's block
+    of rows); -> {id: (token, behavior_logp)} sampled after each one's last token."""
     chunk_max, rows_max = self.cfg.prefill_buckets[-1], self.cfg.prefill_row_buckets[-1]
     pending = [episode.tokens[episode.cache_len:len(episode.tokens) - (episode.id in self._resume)]
                for episode in admitted]
     done = [0] * len(admitted)
     sampled: dict[int, tuple] = {}
+    shards = self._pool.shards
     while len(sampled) < len(admitted):
-      live = [i for i in range(len(admitted)) if i not in sampled]
-      for group in (live[g:g + rows_max] for g in range(0, len(live), rows_max)):
-        pieces = [pending[i][done[i]:done[i] + chunk_max] for i in group]
-        chunk = next(b for b in self.cfg.prefill_buckets if b >= max(map(len, pieces)))
-        rows = next(b for b in self.cfg.prefill_row_buckets if b >= len(group))
-        rows_B = np.full(rows, self.cfg.slots, np.int32)
-        tokens_BxC, mask_BxC = np.zeros((rows, chunk), np.int32), np.zeros((rows, chunk), np.int32)
-        start_B, seed_B = np.zeros(rows, np.int32), np.zeros(rows, np.uint32)
-        for b, (i, piece) in enumerate(zip(group, pieces)):
-          episode = admitted[i]
+      live = [[i for i in range(len(admitted)) if i not in sampled
+               and self._pool.shard_of(admitted[i].slot) == shard] for shard in range(shards)]
+      calls = max(-(-len(block) // rows_max) for block in live)
+      for call in range(calls):
+        # blocks[d]: the episodes shard d prefills in this call (row block d).
+        blocks = [block[call * rows_max:(call + 1) * rows_max] for block in live]
+        group = [(d, j, i) for d, block in enumerate(blocks) for j, i in enumerate(block)]
+        pieces = {i: pending[i][done[i]:done[i] + chunk_max] for _, _, i in group}
+        chunk = next(b for b in self.cfg.prefill_buckets if b >= max(map(len, pieces.values())))
+        rows = next(b for b in self.cfg.prefill_row_buckets if b >= max(map(len, blocks)))
+        rows_B = np.full(shards * rows, self.cfg.slots, np.int32)
+        tokens_BxC = np.zeros((shards * rows, chunk), np.int32)
+        mask_BxC = np.zeros((shards * rows, chunk), np.int32)
+        start_B, seed_B = np.zeros(shards * rows, np.int32), np.zeros(shards * rows, np.uint32)
+        for d, j, i in group:
+          episode, piece, b = admitted[i], pieces[i], d * rows + j
           rows_B[b], start_B[b], seed_B[b] = episode.slot, episode.cache_len + done[i], episode.seed
           tokens_BxC[b, :len(piece)], mask_BxC[b, :len(piece)] = piece, 1
         self._cache, token_B, logp_B = self._steps.prefill(
@@ -231,10 +286,10 @@ class PagedEngine(Engine):
             start_B, seed_B)
         self.stats["prefill_calls"] += 1
         self.stats["prefill_rows"] += len(group)
-        for b, (i, piece) in enumerate(zip(group, pieces)):
-          done[i] += len(piece)
+        for d, j, i in group:
+          done[i] += len(pieces[i])
           if done[i] == len(pending[i]):
-            sampled[i] = (token_B, logp_B, b)
+            sampled[i] = (token_B, logp_B, d * rows + j)
     for i, episode in enumerate(admitted):
       episode.cache_len += len(pending[i])
     return {admitted[i].id: (np.asarray(token_B)[b], np.asarray(logp_B)[b])
@@ -253,8 +308,10 @@ class PagedEngine(Engine):
         continue  # preempted for an older one in this loop
       episode = self._episodes[self._owner[slot]]
       need = min(len(episode.tokens) - 1 + self.cfg.steps_per_call, self.cfg.max_seq_len)
+      shard = self._pool.shard_of(slot)
       while not self._get_pages(slot, need):
-        youngest = max(np.flatnonzero(self._active_N), key=self._admitted_at.__getitem__)
+        youngest = max((s for s in np.flatnonzero(self._active_N)
+                        if self._pool.shard_of(s) == shard), key=self._admitted_at.__getitem__)
         self._preempt(youngest)
         if youngest == slot:
           break
@@ -263,7 +320,7 @@ class PagedEngine(Engine):
     # Only active slots' pages are listed, so parked caches cost no attention reads.
     table_NxM = np.where(self._active_N[:, None], self._pool.table_NxM, -1)
     if entries is None:
-      listed = int((table_NxM >= 0).sum())
+      listed = int((table_NxM >= 0).reshape(self._pool.shards, -1).sum(axis=1).max())
       entries = next(e for e in self._entry_buckets() if e >= listed)
     return self._steps.decode(self._params, self._cache, table_NxM, self._token_N,
                               self._active_N, self._budget_N, self._seed_N, entries=entries)

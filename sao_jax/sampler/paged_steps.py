@@ -12,8 +12,10 @@ chunk tokens and samples the token that follows (rows_B[b] >= N: a padding row,
 no effect). Each row reads only its own slot's pages, so its result does not
 depend on the other rows. `decode` is `steps.decode` with attention over the
 pages listed in pages_NxM (the host lists only active slots' pages), at most
-`entries` of them (static: the pool's size, or twice it while pages are shared;
-`sao_jax.sampler.pages`). Sampling keys and
+`entries` of them per page shard (static: the shard's pages, or twice that while
+pages are shared; `sao_jax.sampler.pages`). On a mesh whose batch axes split the
+pool into D shards (`sao_jax.models.paged_mesh`), page ids are local to the
+slot's shard and prefill's B rows are D blocks, block d for shard d's slots. Sampling keys and
 `behavior_logp` are exactly the dense engine's. The cache argument is donated.
 Both attend through jax's Pallas TPU kernel or the pure-JAX reference as
 `attention_path` decides.
@@ -35,12 +37,13 @@ from jax.sharding import PartitionSpec
 from sao_jax.config import ModelConfig
 from sao_jax.config.sampler import SamplerConfig
 from sao_jax.models import paged
-from sao_jax.models.paged_kernel import kernel_unsupported, pool_head_axis
+from sao_jax.models.paged_kernel import kernel_unsupported
+from sao_jax.models.paged_mesh import (page_axes, page_entry, page_shards, pool_head_axis,
+                                       pool_spec)
 from sao_jax.models.transformer import Params
 from sao_jax.sampler.sampling import sample, token_keys
 from sao_jax.sampler.steps import Sampling, decode_loop
 from sao_jax.sharding.mesh import traced_on
-from sao_jax.sharding.rules import logical_to_spec
 
 
 class PagedSteps(NamedTuple):
@@ -126,15 +129,23 @@ def _compiled(cfg: ModelConfig, sampling: Sampling, mesh: jax.sharding.Mesh | No
 
 
 def cache_shardings(cache, mesh: jax.sharding.Mesh):
-  """Pools [P, page, 2K, H]: the combined-head axis over tensor where tensor divides K (each
-  device then holds whole (k, v) pairs), pages and positions whole; lengths over the batch axes."""
+  """Pools [P, page, 2K, H] split as `paged_mesh.pool_spec` splits them: pages over the
+  batch axes (D shards), the combined-head axis over tensor where tensor divides K;
+  lengths [N] over the batch axes too, each shard's slots with their pages."""
   mesh_shape = dict(mesh.shape)
+  shards = page_shards(mesh_shape)
+  for leaf in jax.tree.leaves(cache):
+    if leaf.shape[0] % shards:
+      raise ValueError(f"a paged cache of {leaf.shape[0]} {'slots' if leaf.ndim == 1 else 'pages'} "
+                       f"does not split over the {shards} page shards of mesh axes "
+                       f"{page_axes(mesh_shape)}: set sampler.slots and sampler.kv_pages to "
+                       f"multiples of {shards}")
 
   def one(leaf):
     if leaf.ndim == 1:
-      spec = logical_to_spec(("activation_batch",), leaf.shape, mesh_shape, strict=False)
+      spec = PartitionSpec(page_entry(mesh_shape))
     else:
-      spec = PartitionSpec(None, None, pool_head_axis(mesh_shape, leaf.shape[2] // 2), None)
+      spec = pool_spec(mesh_shape, leaf.shape[2] // 2)
     return jax.sharding.NamedSharding(mesh, spec)
 
   return jax.tree.map(one, cache)
@@ -156,13 +167,15 @@ def new_cache(cfg: ModelConfig, sampler: SamplerConfig,
 
 def abstract_decode_args(sampler: SamplerConfig, mesh: jax.sharding.Mesh):
   """The host arguments of `decode` after (params, cache), as the engine passes them
-  (numpy: replicated), and its static keywords, every page listed: for lowering."""
+  (numpy: replicated), and its static keywords, every page of each shard listed: for
+  lowering."""
   host = jax.sharding.NamedSharding(mesh, PartitionSpec())
   arg = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=host)
   n = sampler.slots
   columns = -(-sampler.max_seq_len // sampler.kv_page_size)
   return ((arg((n, columns), jnp.int32), arg((n,), jnp.int32), arg((n,), jnp.bool_),
-           arg((n,), jnp.int32), arg((n,), jnp.uint32)), {"entries": sampler.num_kv_pages()})
+           arg((n,), jnp.int32), arg((n,), jnp.uint32)),
+          {"entries": sampler.num_kv_pages() // page_shards(dict(mesh.shape))})
 
 
 def cache_rows(sampler: SamplerConfig, seq_len: int) -> int:

@@ -47,6 +47,9 @@ RULES: dict[str, tuple[str, ...]] = {
     "activation_vocab": ("tensor",),
     "activation_expert": ("expert",),
     "cache_length": (),
+    # The paged KV pool's page axis and the slots whose pages it holds
+    # (sao_jax.models.paged_mesh): split over the batch axes but not `expert`.
+    "kv_pages": ("data", "fsdp"),
 }
 
 

@@ -12,9 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec
 
-from sao_jax.config import MeshConfig, ModelConfig
+from sao_jax.config import ModelConfig
 from sao_jax.config.sampler import SamplerConfig
 from sao_jax.models import transformer
 from sao_jax.models.paged_attention import gathered_attention, ragged_attention
@@ -22,7 +21,6 @@ from sao_jax.models.paged_blocks import KernelBlocks
 from sao_jax.models.paged_kernel import kernel_attention, kernel_unsupported, record_blocks
 from sao_jax.sampler.paged_engine import PagedEngine
 from sao_jax.sampler.paged_steps import attention_path, compile_steps, new_cache
-from sao_jax.sharding.mesh import make_mesh, traced_on
 from tpu_interpret import interpret
 
 # head_dim 128: the kernel's online softmax needs a multiple of 128 (kernel_unsupported).
@@ -170,21 +168,6 @@ def test_kernel_support_names_what_it_cannot_take():
   assert kernel_unsupported(8, 2, 128, jnp.bfloat16) is None
   assert "head_dim=64" in kernel_unsupported(8, 2, 64, jnp.float32)
   assert "6 combined kv heads" in kernel_unsupported(6, 3, 128, jnp.float32)
-
-
-@pytest.mark.slow  # the kernel interpreted on 8 devices
-def test_kernel_on_a_mesh_splits_heads_over_tensor():
-  """Under shard_map each device runs the kernel on its tensor shard of the heads
-  (pool split as cache_shardings splits it): the same prefill output."""
-  q_BxCxNxH, kv_pages = _inputs(seed=1, tokens=CHUNK)
-  args = (np.arange(CHUNK)[None, :] < NEW_B[:, None], START_B + NEW_B, PREFILL_TABLE_BxM)
-  mesh = make_mesh(MeshConfig(fsdp=4, tensor=2))
-  pool = jax.device_put(kv_pages, NamedSharding(mesh, PartitionSpec(None, None, "tensor", None)))
-  with interpret():
-    want = kernel_attention(*map(jnp.asarray, (q_BxCxNxH, kv_pages, *args)))
-    got = jax.jit(traced_on(mesh, kernel_attention))(jnp.asarray(q_BxCxNxH), pool,
-                                                     *map(jnp.asarray, args))
-    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
 # A model the kernel takes: head_dim 128, 4 query heads per KV head.

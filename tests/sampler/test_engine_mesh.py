@@ -1,6 +1,6 @@
 """A sharded sampler lays its engine out on `sampler.mesh` (else the learner's mesh):
 the mesh `sao_jax.sampler.worker.engine_mesh` builds is the one params and the paged
-KV pool are placed on."""
+KV pool are placed on (pages over the batch axes, KV heads over tensor)."""
 
 import dataclasses
 
@@ -14,9 +14,10 @@ from sao_jax.models import transformer
 from sao_jax.sampler.paged_engine import PagedEngine
 from sao_jax.sampler.worker import engine_mesh
 
-# The learner shards fsdp over all 8 devices; the sampler splits KV heads over tensor.
+# The learner shards fsdp over all 8 devices; the sampler splits pages over fsdp and KV
+# heads over tensor. 8 slots over 96 pages: 4 or 8 page shards of 24 or 12 pages.
 CFG = Config(mesh=MeshConfig(fsdp=8), model=MODEL, sampler=with_sampler(
-    kv_layout="paged", kv_page_size=8, sharded=True, mesh=MeshConfig(fsdp=-1, tensor=2)))
+    kv_layout="paged", kv_page_size=8, slots=8, sharded=True, mesh=MeshConfig(fsdp=-1, tensor=2)))
 
 
 @pytest.fixture(scope="module")
@@ -35,9 +36,11 @@ def test_sharded_engine_is_placed_on_the_sampler_mesh(weights):
   mesh = engine_mesh(CFG.validate())
   assert dict(mesh.shape) == {"data": 1, "fsdp": 4, "tensor": 2, "expert": 1}
   eng = engine(weights, CFG.sampler, engine_cls=PagedEngine, mesh=mesh)
-  # Pools [P, page, 2K, H]: the 2 KV heads split over tensor, one (k, v) pair per device.
-  assert _pool_specs(eng) == {(None, None, "tensor", None)}
-  assert all(layer.addressable_shards[0].data.shape[2] == 2 for layer in eng._cache.kv)
+  # Pools [P, page, 2K, H]: pages over fsdp (24 a device), the 2 KV heads over tensor,
+  # one (k, v) pair per device.
+  assert _pool_specs(eng) == {("fsdp", None, "tensor", None)}
+  assert all(layer.addressable_shards[0].data.shape == (24, 8, 2, MODEL.head_dim)
+             for layer in eng._cache.kv)
   # q_proj [D, N, H]: embed over fsdp, heads over tensor.
   q_proj = eng._params["layers"][0]["attn"]["q_proj"]
   assert q_proj.sharding.mesh.shape == mesh.shape
@@ -49,7 +52,7 @@ def test_without_a_sampler_mesh_the_engine_uses_the_learners(weights):
   mesh = engine_mesh(learner.validate())
   assert dict(mesh.shape) == {"data": 1, "fsdp": 8, "tensor": 1, "expert": 1}
   eng = engine(weights, learner.sampler, engine_cls=PagedEngine, mesh=mesh)
-  assert _pool_specs(eng) == {(None, None, None, None)}  # whole on every chip
+  assert _pool_specs(eng) == {("fsdp", None, None, None)}  # 12 pages on each chip
   one_device = dataclasses.replace(learner, sampler=dataclasses.replace(learner.sampler,
                                                                         sharded=False))
   assert engine_mesh(one_device) is None

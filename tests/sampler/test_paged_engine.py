@@ -109,9 +109,13 @@ def test_groups_share_prompt_pages_and_sample_like_dense(weights):
 
 @pytest.mark.slow
 def test_sharded_paged_engine_matches_dense(weights, dense_rollout):
+  # fsdp=4 splits the pool into 4 page shards (2 slots over 12 pages each).
   mesh = make_mesh(MeshConfig(fsdp=4, tensor=2))
-  got, _ = _rollout(engine(weights, PAGED, engine_cls=PagedEngine, mesh=mesh))
+  eng = engine(weights, dataclasses.replace(PAGED, slots=8, kv_pages=48), engine_cls=PagedEngine,
+               mesh=mesh)
+  got, _ = _rollout(eng)
   _assert_same(got, dense_rollout)
+  assert eng.stats["preemptions"] > 0, eng.stats
 
 
 @pytest.mark.slow  # a dense and an expert-parallel paged rollout of an MoE model
@@ -122,7 +126,9 @@ def test_expert_parallel_paged_engine_matches_dense():
   weights = jax.tree.map(lambda x: x * 10.0 if x.ndim >= 2 else x, base)
   want, _ = _rollout(Engine(SAMPLER, moe, weights, stop_token_ids=(STOP,)))
   mesh = make_mesh(MeshConfig(fsdp=2, tensor=1, expert=4))
-  eng = PagedEngine(PAGED, moe, weights, stop_token_ids=(STOP,), mesh=mesh)
+  # Pages split over fsdp=2 (not expert): 2 shards of 3 slots over 14 pages.
+  eng = PagedEngine(dataclasses.replace(PAGED, kv_pages=28), moe, weights, stop_token_ids=(STOP,),
+                    mesh=mesh)
   got, _ = _rollout(eng)
   _assert_same(got, want)
   assert eng.stats["preemptions"] > 0, eng.stats
