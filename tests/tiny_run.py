@@ -8,5 +8,5 @@ TINY_MODEL = [
 TINY_RUN = TINY_MODEL + [
     "learner.batch_trajectories=8", "learner.critic_warmup_steps=1",
     "run.sft_steps=2", "run.sft_batch=4", "run.eval_episodes=4", "run.eval_every=2",
-    "sampler.slots=4", "sampler.max_new_tokens=24", "checkpoint.save_every_steps=2",
+    "sampler.slots=8", "sampler.max_new_tokens=24", "checkpoint.save_every_steps=2",
 ]

@@ -294,6 +294,19 @@ def restore_policy(cfg: Config, step: int | None, mesh: jax.sharding.Mesh) -> tu
   return merge(base, restored[field], cfg.lora, cfg.model), meta
 
 
+def sampler_mesh(cfg: Config) -> jax.sharding.Mesh:
+  """The mesh the evaluation engine runs on (`cfg.sampler_mesh()` over this process's
+  devices), refused before any policy is loaded when the paged pool's slots and pages
+  do not split over its page shards."""
+  from sao_jax.models import paged_mesh
+  from sao_jax.sharding.mesh import make_mesh
+
+  mesh = make_mesh(cfg.sampler_mesh())
+  if cfg.sampler.kv_layout == "paged":
+    paged_mesh.check_split(cfg.sampler.slots, cfg.sampler.num_kv_pages(), dict(mesh.shape))
+  return mesh
+
+
 def evaluate_checkpoint(cfg: Config, step: int | None = None, *,
                         limit: int | None = None) -> dict:
   """`benchmark` of the policy in checkpoint `step` (default: the latest) of the run
@@ -301,11 +314,10 @@ def evaluate_checkpoint(cfg: Config, step: int | None = None, *,
   the run's own tokenizer and chat format; what `sao-eval` reports. Only the policy
   is restored (`restore_policy`), straight onto its shards of the sampler mesh
   (`cfg.sampler_mesh()`) the engine runs on."""
-  from sao_jax.sharding.mesh import make_mesh
 
   cfg = startup.check(cfg.with_run_paths())
+  mesh = sampler_mesh(cfg)
   chat = load_chat(cfg.run.tokenizer_file, enable_thinking=cfg.run.enable_thinking)
-  mesh = make_mesh(cfg.sampler_mesh())
   policy, meta = restore_policy(cfg, step, mesh)
   version = int(meta["policy_version"])
   result = benchmark(cfg, chat, policy, version=version, limit=limit, mesh=mesh)
@@ -324,7 +336,6 @@ def evaluate_policy(cfg: Config, policy_dir: str | pathlib.Path, *,
   cache, never a train state."""
   from sao_jax.config import init_model
   from sao_jax.models import hf, params_io
-  from sao_jax.sharding.mesh import make_mesh
 
   cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, init=str(policy_dir)))
   cfg = startup.check(init_model.resolve(cfg.with_run_paths()))
@@ -336,7 +347,7 @@ def evaluate_policy(cfg: Config, policy_dir: str | pathlib.Path, *,
     raise FileNotFoundError(f"{str(policy_dir)!r} holds no tokenizer.json and run.tokenizer is "
                             "unset; pass --set run.tokenizer=<the model's tokenizer directory>")
   chat = load_chat(tokenizer, enable_thinking=cfg.run.enable_thinking)
-  mesh = make_mesh(cfg.sampler_mesh())
+  mesh = sampler_mesh(cfg)
   if checkpoint.kind == "hf":
     _, params = hf.load_hf(policy_dir, mesh)
   else:

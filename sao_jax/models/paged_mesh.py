@@ -43,6 +43,17 @@ def page_shards(mesh_shape: dict[str, int]) -> int:
   return math.prod(mesh_shape[axis] for axis in page_axes(mesh_shape))
 
 
+def check_split(slots: int, pages: int, mesh_shape: dict[str, int]) -> None:
+  """ValueError unless `slots` and `pages` both split evenly over the D page shards
+  (each shard holds slots / D slots and their pages / D pages)."""
+  shards = page_shards(mesh_shape)
+  for count, what in ((slots, "slots"), (pages, "pages")):
+    if count % shards:
+      raise ValueError(f"a paged cache of {count} {what} does not split over the {shards} page "
+                       f"shards of mesh axes {page_axes(mesh_shape)}: set sampler.slots and "
+                       f"sampler.kv_pages to multiples of {shards}")
+
+
 def page_entry(mesh_shape: dict[str, int]):
   """`page_axes` as a PartitionSpec entry: None, one axis name, or a tuple of them."""
   axes = page_axes(mesh_shape)

@@ -38,7 +38,7 @@ from sao_jax.config import ModelConfig
 from sao_jax.config.sampler import SamplerConfig
 from sao_jax.models import paged
 from sao_jax.models.paged_kernel import kernel_unsupported
-from sao_jax.models.paged_mesh import (page_axes, page_entry, page_shards, pool_head_axis,
+from sao_jax.models.paged_mesh import (check_split, page_entry, page_shards, pool_head_axis,
                                        pool_spec)
 from sao_jax.models.transformer import Params
 from sao_jax.sampler.sampling import sample, token_keys
@@ -133,13 +133,9 @@ def cache_shardings(cache, mesh: jax.sharding.Mesh):
   batch axes (D shards), the combined-head axis over tensor where tensor divides K;
   lengths [N] over the batch axes too, each shard's slots with their pages."""
   mesh_shape = dict(mesh.shape)
-  shards = page_shards(mesh_shape)
-  for leaf in jax.tree.leaves(cache):
-    if leaf.shape[0] % shards:
-      raise ValueError(f"a paged cache of {leaf.shape[0]} {'slots' if leaf.ndim == 1 else 'pages'} "
-                       f"does not split over the {shards} page shards of mesh axes "
-                       f"{page_axes(mesh_shape)}: set sampler.slots and sampler.kv_pages to "
-                       f"multiples of {shards}")
+  leaves = jax.tree.leaves(cache)
+  check_split(next(l.shape[0] for l in leaves if l.ndim == 1),
+              next(l.shape[0] for l in leaves if l.ndim > 1), mesh_shape)
 
   def one(leaf):
     if leaf.ndim == 1:

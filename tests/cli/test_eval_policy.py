@@ -14,7 +14,7 @@ from sao_jax.jobs import evaluate as evaluation
 from sao_jax.models import tokenizer as tokenizer_lib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-SMALL = ["sampler.slots=4", "sampler.max_new_tokens=8", "sampler.max_seq_len=512",
+SMALL = ["sampler.slots=8", "sampler.max_new_tokens=8", "sampler.max_seq_len=512",
          "sampler.prefill_buckets=(128, 512)", "env.max_turns=1"]
 
 

@@ -20,7 +20,7 @@ TINY = [
     "model.num_attention_heads=4", "model.num_key_value_heads=2", "model.vocab_size=384",
     "learner.batch_trajectories=8", "learner.critic_warmup_steps=0", "run.sft_steps=0",
     "run.sft_target_accuracy=0",
-    "run.eval_episodes=4", "run.eval_every=0", "sampler.slots=4", "sampler.max_new_tokens=24",
+    "run.eval_episodes=4", "run.eval_every=0", "sampler.slots=8", "sampler.max_new_tokens=24",
     "lora.enabled=true", "lora.rank=4", "lora.alpha=8.0", "learner.policy_lr=1e-3",
 ]
 

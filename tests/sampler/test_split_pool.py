@@ -56,3 +56,22 @@ def test_admission_tries_the_holders_shard_then_the_least_loaded():
   assert pool.shard_order((), occupied) == [1, 2, 0]
   assert pool.shard_order((), np.array([0, 1, 0])) == [2, 1, 0]  # same pages: fewer slots
   assert pool.shard_order([0], occupied) == [0, 1, 2]  # the holder's shard first
+
+
+def test_an_evaluation_whose_slots_do_not_split_is_refused_before_any_policy_loads(
+    monkeypatch):
+  """The demo's mesh (fsdp over all 8 devices) as the sampler mesh has 8 page shards:
+  4 slots cannot split over them, and `sao-eval` says so before restoring anything."""
+  import pathlib
+
+  from sao_jax.config import load_config
+  from sao_jax.jobs import evaluate
+
+  demo = pathlib.Path(__file__).resolve().parents[2] / "configs" / "demo_cpu.py"
+  restored = []
+  monkeypatch.setattr(evaluate, "restore_policy", lambda *a, **k: restored.append(a))
+  with pytest.raises(ValueError, match=r"4 slots does not split over the 8 page shards of mesh "
+                     r"axes \('fsdp',\): set sampler.slots and sampler.kv_pages to multiples of 8"):
+    evaluate.evaluate_checkpoint(load_config(demo, ["sampler.slots=4"]))
+  assert restored == []
+  assert dict(evaluate.sampler_mesh(load_config(demo, ["sampler.slots=8"])).shape)["fsdp"] == 8
