@@ -24,6 +24,7 @@ from sao_jax.sampler.engine import Engine
 from sao_jax.sampler.paged_engine import PagedEngine
 from sao_jax.sampler.paged_steps import cache_shardings
 from sao_jax.sharding.mesh import make_mesh, traced_on
+from same_trajectories import assert_same_trajectories
 from tpu_interpret import interpret
 
 # head_dim 128 so that the kernel takes it; 2 KV heads, one per tensor shard.
@@ -183,13 +184,7 @@ def test_split_pool_engine_samples_like_dense_and_learner(weights, dense_rollout
   assert {s.data.nbytes for s in pool.addressable_shards} == {
       pool.nbytes // (mesh_cfg.data * mesh_cfg.tensor)}
   want = dense_rollout
-  assert sorted(got) == sorted(want) == list(range(len(GROUPS)))
-  for i in want:
-    np.testing.assert_array_equal(got[i].tokens, want[i].tokens, err_msg=f"episode {i}")
-    np.testing.assert_array_equal(got[i].action_mask, want[i].action_mask)
-    np.testing.assert_allclose(got[i].behavior_logp, want[i].behavior_logp, rtol=0, atol=1e-5,
-                               err_msg=f"episode {i}")
-    assert got[i].num_turns == 3
+  assert_same_trajectories(got, want, len(GROUPS), turns=3)
   assert eng.stats["preemptions"] > 0, eng.stats
   assert eng.stats["shared_pages"] > 0, eng.stats  # followers went to their holder's shard
   assert eng.free_pages == SPLIT.kv_pages

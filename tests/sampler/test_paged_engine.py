@@ -15,6 +15,7 @@ from sao_jax.sampler.engine import Engine
 from sao_jax.sampler.paged_engine import PagedEngine
 from sao_jax.sampler.pages import PagePool
 from sao_jax.sharding.mesh import make_mesh
+from same_trajectories import assert_same_trajectories
 
 MAX_NEW = [2, 24, 5, 17, 9, 24, 3, 12]
 OBSERVATIONS = [[1, 2, 3], list(range(20, 40))]  # appended after turns 1 and 2
@@ -52,13 +53,7 @@ def dense_rollout(weights):
 
 
 def _assert_same(got, want):
-  assert sorted(got) == sorted(want) == list(range(len(MAX_NEW)))
-  for i in want:
-    np.testing.assert_array_equal(got[i].tokens, want[i].tokens, err_msg=f"episode {i}")
-    np.testing.assert_array_equal(got[i].action_mask, want[i].action_mask)
-    np.testing.assert_allclose(got[i].behavior_logp, want[i].behavior_logp, rtol=0, atol=1e-5,
-                               err_msg=f"episode {i}")
-    assert got[i].num_turns == want[i].num_turns == 3
+  assert_same_trajectories(got, want, len(MAX_NEW), turns=3)
 
 
 @pytest.mark.slow  # compiles 4 prefill and 2 decode programs: ~50 s on 2 cores
