@@ -66,8 +66,8 @@ class _ForcedOpening:
   def __getattr__(self, name):
     return getattr(self._chat, name)
 
-  def prompt(self, messages) -> np.ndarray:
-    return np.concatenate([self._chat.prompt(messages), self.opening_ids])
+  def prompt(self, messages, *, tools=None) -> np.ndarray:
+    return np.concatenate([self._chat.prompt(messages, tools=tools), self.opening_ids])
 
 
 def _play(cfg, chat, params, version: int, tasks, seed: int) -> list[Trajectory]:

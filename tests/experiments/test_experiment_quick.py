@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+from experiments import claims
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
@@ -28,7 +30,8 @@ def test_claim1_quick_end_to_end(tmp_path):
   text = doc.read_text()
   section = text.split("## Claim 1")[1].split("## Claim 2")[0]
   assert "quick mode" in section
-  for label in ("SAO", "GRPO+DIS", "GRPO"):
+  claim = claims.CLAIMS_BY_NAME["claim1_ordering"]
+  for label in (claims.VARIANTS[name].label for name in claim.variants):
     assert f"| {label} | 2 |" in section
     for seed in (0, 1):
       assert f"| {label} | {seed} |" in section
