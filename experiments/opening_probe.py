@@ -70,14 +70,33 @@ class _ForcedOpening:
     return np.concatenate([self._chat.prompt(messages, tools=tools), self.opening_ids])
 
 
-def _play(cfg, chat, params, version: int, tasks, seed: int) -> list[Trajectory]:
+def _play(cfg, chat, params, version: int, tasks, seed: int, path: str
+          ) -> tuple[list[Trajectory], dict[str, int]]:
+  """The episodes of `tasks` that can be probed, and how many were left out and why:
+  "env_failure" (the environment failed: no outcome) and "no_action" (no action token
+  to take an advantage at). A path none of whose episodes can be probed is an error
+  naming the first failure, never an empty row (a broken forced chat once made every
+  forced episode fail, and the probe reported no forced path without a word)."""
   engine = make_engine(cfg.sampler, cfg.model, params, chat, version=version)
   engine.warmup()
   runner = EpisodeRunner(engine, chat, lambda: make_env(cfg.env), max_episodes=cfg.sampler.slots,
                          env_threads=cfg.sampler.num_env_threads())
   trajs = run_to_completion(runner, iter(tasks), len(tasks),
                             num_slots=cfg.algorithm.running_mean_slots, seed=seed)
-  return [t for t in trajs if t.env_failure is None and t.action_mask.any()]
+  return _probed(trajs, path)
+
+
+def _probed(trajs: list[Trajectory], path: str) -> tuple[list[Trajectory], dict[str, int]]:
+  """`_play`'s selection (its docstring)."""
+  failed = [t for t in trajs if t.env_failure is not None]
+  silent = [t for t in trajs if t.env_failure is None and not t.action_mask.any()]
+  kept = [t for t in trajs if t.env_failure is None and t.action_mask.any()]
+  if trajs and not kept:
+    first = failed[0].env_failure if failed else "no action token in any episode"
+    raise RuntimeError(f"opening probe: none of the {len(trajs)} {path} episodes can be "
+                       f"probed ({len(failed)} failed, {len(silent)} without an action "
+                       f"token); the first failure: {first}")
+  return kept, {"env_failure": len(failed), "no_action": len(silent)}
 
 
 def _with_forced_actions(traj: Trajectory, forced: int) -> Trajectory:
@@ -152,16 +171,17 @@ def probe(cfg, step: int | None, episodes: int, opening: str, seed: int) -> dict
   state, meta = restore_state(cfg, step)
   params, version = policy_weights(cfg, state), int(state.policy_version)
   tasks = list(itertools.islice(make_tasks(dataclasses.replace(cfg.env, seed=seed)), episodes))
-  natural = _play(cfg, chat, params, version, tasks, seed)
+  natural, natural_left_out = _play(cfg, chat, params, version, tasks, seed, "natural")
   forced_chat = _ForcedOpening(chat, opening)
-  forced = [_with_forced_actions(t, forced_chat.opening_ids.size)
-            for t in _play(cfg, forced_chat, params, version, tasks, seed)]
+  forced, forced_left_out = _play(cfg, forced_chat, params, version, tasks, seed, "forced")
+  forced = [_with_forced_actions(t, forced_chat.opening_ids.size) for t in forced]
   paths = {"natural, tool": [t for t in natural if t.info.get("tool_calls", 0) > 0],
            "natural, no tool": [t for t in natural if t.info.get("tool_calls", 0) == 0],
            "forced opening": forced}
   return {"step": meta["step"], "paths": {
       name: _summary(opening_advantages(cfg, state, trajs)) for name, trajs in paths.items()
-      if trajs}, "turns": turn_advantages(cfg, state, paths["natural, tool"] or natural)}
+      if trajs}, "turns": turn_advantages(cfg, state, paths["natural, tool"] or natural),
+      "left_out": {"natural": natural_left_out, "forced opening": forced_left_out}}
 
 
 def _table(result: dict) -> str:
@@ -172,6 +192,9 @@ def _table(result: dict) -> str:
     cell = lambda k: stats.Summary(s[k], s[k + "_ci"], s["episodes"]).format()
     lines.append(f"| {name} | {s['episodes']} | {s['tool']:.2f} | {cell('g')} | {cell('a_gae')} | "
                  f"{cell('a_mc')} | {cell('bias')} |")
+  lines += ["", "Left out (not probed): " + "; ".join(
+      f"{path} {n['env_failure']} failed, {n['no_action']} without an action token"
+      for path, n in result["left_out"].items())]
   lines += ["", "Mean advantage per action token of natural tool episodes, by turn:", "",
             "| turn | success (tokens) | failure (tokens) | all (tokens) |", "|---|---|---|---|"]
   for turn, t in result["turns"].items():

@@ -88,6 +88,19 @@ def test_the_probe_runs_on_a_checkpoint_of_a_quick_run(tmp_path):
   assert step["step"] == 4 and step["paths"]["forced opening"]["episodes"] == 4
   assert sum(p["episodes"] for name, p in step["paths"].items() if name != "forced opening") == 4
   assert "| forced opening | 4 |" in probe.stdout
+  assert step["left_out"] == {"natural": {"env_failure": 0, "no_action": 0},
+                              "forced opening": {"env_failure": 0, "no_action": 0}}
+
+
+def test_episodes_left_out_are_counted_and_a_path_with_none_left_is_an_error():
+  import dataclasses
+  ok, failed = traj(1, 4, (5,), 1.0), dataclasses.replace(traj(2, 3, (2,), 0.0),
+                                                           env_failure="TypeError: prompt()")
+  silent = dataclasses.replace(ok, action_mask=np.zeros_like(ok.action_mask))
+  kept, left_out = opening_probe._probed([ok, failed, silent], "natural")
+  assert kept == [ok] and left_out == {"env_failure": 1, "no_action": 1}
+  with pytest.raises(RuntimeError, match=r"none of the 2 forced episodes.*TypeError: prompt\(\)"):
+    opening_probe._probed([failed, failed], "forced")
 
 
 def test_turn_advantages_group_each_turns_tokens_by_outcome():
