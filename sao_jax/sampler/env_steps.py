@@ -23,6 +23,13 @@
   ends); `abandoned` counts them, and `stuck` says how many still run.
   Steps that can hang for good (an uninterruptible C call) belong in a process
   the environment can kill (the sandbox, the math checker's child).
+- Stuck threads are bounded: when more than `workers` abandoned steps still run
+  at once, `collect` raises `StuckSteps`. Their threads cannot be killed, but the
+  process can: a sampler process ends with the error and its supervisor starts a
+  fresh one (the threads die with the old process; the restart budget counts it
+  as the crash it is). Without the bound an environment whose steps hang for good
+  would leak a thread, and whatever it holds, per timeout for as long as the
+  run lasts.
 - An exception raised by a step is its outcome (the caller fails that episode);
   a `BaseException` that is not an `Exception` (KeyboardInterrupt, SystemExit)
   is re-raised by `collect` on the caller's thread.
@@ -45,6 +52,11 @@ THREAD_NAME = "env-step"
 
 class StepTimeout(Exception):
   """An environment step ran past `env.step_timeout_s`."""
+
+
+class StuckSteps(RuntimeError):
+  """More abandoned environment steps still run than the pool tolerates (module
+  docstring): the process must end for their threads to end."""
 
 
 class EnvSteps:
@@ -183,7 +195,19 @@ class EnvSteps:
     self._dispatch()
     if base is not None:
       raise base
+    self._check_stuck()
     return out
+
+  def _check_stuck(self) -> None:
+    with self._lock:
+      stuck = len(self._stuck)
+    if stuck > self.workers:
+      raise StuckSteps(
+          f"{stuck} environment steps still run past env.step_timeout_s={self.timeout_s:g} s "
+          f"on threads that cannot be killed, more than the pool's {self.workers} step "
+          "threads: the process stops so that they end with it (a sampler process is "
+          "restarted by its supervisor). Make the environment's step return, or run what "
+          "can hang in a subprocess it kills on a deadline")
 
   def _next_deadline(self) -> float | None:
     if not self.timeout_s or not self._running:

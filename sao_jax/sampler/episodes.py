@@ -39,7 +39,9 @@ what they share must be thread-safe (the math checker's pool of processes).
 A step that runs past `step_timeout_s` (`env.step_timeout_s`) fails its episode
 as `StepTimeout` and frees its slot; the step's thread cannot be killed, so it
 is abandoned (`env_steps.abandoned`) and the environment closed on a thread of
-its own. `can_start` refuses new episodes while `max_episodes` are in flight
+its own; more abandoned steps still running than `env_threads` raise
+`env_steps.StuckSteps`, which ends a sampler process (its supervisor starts a
+fresh one, and the stuck threads end with the old). `can_start` refuses new episodes while `max_episodes` are in flight
 (decoding, queued, waiting on an environment or held for release) or while
 steps wait for a free step thread. `close` ends within `close_grace_s` plus the
 environments' own close.

@@ -22,7 +22,7 @@ from sao_jax.envs.base import Environment, StepResult, Task
 from sao_jax.models import transformer
 from sao_jax.models.tokenizer import train_tokenizer
 from sao_jax.sampler import scripted
-from sao_jax.sampler.env_steps import EnvSteps, StepTimeout
+from sao_jax.sampler.env_steps import EnvSteps, StepTimeout, StuckSteps
 from sao_jax.sampler.episodes import EpisodeRunner, make_engine, run_to_completion
 
 TOKENIZER = train_tokenizer(["seen chars at turn task solve the sum of numbers 0 1 2 3 4 5 6 7 8 9"] * 4,
@@ -320,6 +320,44 @@ def test_env_steps_timeout_abandons_and_drops_a_late_result():
   release.set()
   time.sleep(0.05)
   assert steps.collect(wait=False) == [] and steps.abandoned == 1 and steps.stuck == 0
+
+
+def test_more_stuck_steps_than_step_threads_stop_the_process():
+  """Steps that hang for good leak a thread per timeout; past the pool's own size
+  `collect` raises, so the process ends and its threads with it. The pool's clock
+  is the test's, moved past the timeout once each step has started on its thread
+  (a step abandoned before any thread took it never runs and holds no thread)."""
+  now = [0.0]
+  steps = EnvSteps(2, timeout_s=1.0, clock=lambda: now[0])
+  release = threading.Event()
+
+  def hang(started):
+    started.set()
+    return release.wait(10)
+
+  def time_out(key):
+    started = threading.Event()
+    steps.submit(key, lambda: hang(started))
+    assert started.wait(10)
+    now[0] += 1.0
+    return steps.collect(wait=False)
+
+  try:
+    for key in range(2):
+      [(got, error)] = time_out(key)
+      assert got == key and isinstance(error, StepTimeout)
+    assert steps.stuck == 2  # as many as the pool's threads: tolerated
+    with pytest.raises(StuckSteps, match=r"3 environment steps still run past "
+                       r"env.step_timeout_s=1 s.*the pool's 2 step threads"):
+      time_out(2)
+  finally:
+    release.set()
+  deadline = time.monotonic() + 10
+  while steps.stuck and time.monotonic() < deadline:
+    time.sleep(0.01)
+  assert steps.stuck == 0  # a hang that ends frees its thread
+  steps.submit(3, lambda: "ok")
+  assert steps.collect(wait=True) == [(3, "ok")]
 
 
 def test_release_order_and_timeouts_are_validated():
