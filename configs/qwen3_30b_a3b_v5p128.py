@@ -13,8 +13,8 @@ per chip in each of the 2 micro-batches; blocked attention and full remat.
 Samplers: `sao-sampler` runs one engine per sampler host, sharded over that
 host's 4 chips (`sampler.sharded`) on the sampler's own mesh `sampler.mesh` =
 tensor 4: each chip holds one of the 4 KV heads' pages (the paged pool splits
-over `tensor` only; on the learner's mesh, fsdp x expert 4, it would be whole
-on every chip) and a quarter of every expert's MLP width (Megatron style;
+KV heads over `tensor` and pages over data x fsdp, here 1;
+docs/explanation/paged-engine.md) and a quarter of every expert's MLP width (Megatron style;
 experts are not split over `expert` on this mesh). The paged KV engine
 (`kv_layout="paged"`), pages of 256 tokens, the pool the memory of 64 dense
 rows of 32K tokens (8,192 pages, 48 GiB per chip beside 14.2 GiB of params),

@@ -13,9 +13,9 @@ per layer plus one layer's working set; the 36 layers run as one `lax.scan`
 (88.0 GiB, 92.7%, and 13 minutes to compile).
 
 Samplers: one engine per sampler host, sharded over its 4 chips
-(`sampler.sharded`) on the sampler's own mesh `sampler.mesh` = tensor 4 (the
-learner's fsdp mesh would keep the paged pool whole on every chip: the pool
-splits over `tensor`, KV heads, only), with the paged KV engine
+(`sampler.sharded`) on the sampler's own mesh `sampler.mesh` = tensor 4 (a
+sampler process lays its mesh over its own host's chips; tensor splits the
+paged pool's KV heads, data x fsdp, here 1, its pages), with the paged KV engine
 (`kv_layout="paged"`) in pages of 256 tokens: a pool of the memory of 64 dense
 rows of 32K tokens (8,192 pages), read by the Pallas ragged paged attention
 kernel on TPU. 3.8 GiB of params and 72 GiB of pool per chip; for a mean
@@ -23,7 +23,7 @@ episode of 4,096 tokens (seq_len / 8) that pool holds 512 episodes, 8x the 64
 dense rows, and the engine runs 512 slots (`kv_pages=8192`; sao-plan's dense
 row is that memory's 64 rows, its `paged_decode` row compiles the decode call at
 the 512 slots over that pool). Pages of 16 would not compile: the kernel keeps 512 slots x
-2,048 page indices (4 MiB) in SMEM, 1 MiB on v5p (docs/explanation/paged-kv-cache.md).
+2,048 page indices (4 MiB) in SMEM, 1 MiB on v5p (docs/explanation/paged-engine.md).
 
 Prove it compiles and fits before paying for the slices (CPU + libtpu; ~9 min on
 2 quiet cores, ~40 on a heavily loaded machine):

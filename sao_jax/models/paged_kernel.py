@@ -11,7 +11,7 @@ keeps an online softmax (m, l, acc) per query: it holds a few blocks, where
 the pure-JAX `paged_attention` paths gather every listed page into
 temporaries (for the 8B config on a v5p host, decode 2.0 vs 6.8 GiB per chip;
 prefill of 4 x 8192 tokens 0.8 vs 110 GiB, `benchmarks/paged_prefill.py`:
-docs/explanation/paged-kv-cache.md). It reads the pool in the layout
+docs/explanation/paged-engine.md). It reads the pool in the layout
 `sao_jax.models.paged` keeps, [P, page, 2K, H] with k at even and v at odd
 combined heads.
 

@@ -145,7 +145,7 @@ def _advice(cfg: Config, memory: MemoryUse, program: str, seq_len: int,
                    "--sampler-topology"]
   if program == "paged_decode":
     # The pool splits pages over data/fsdp and KV heads over tensor
-    # (docs/explanation/paged-kv-cache.md); the Pallas kernel holds its page tables in
+    # (docs/explanation/paged-engine.md); the Pallas kernel holds its page tables in
     # SMEM (1 MiB on v5p); the reference path gathers every listed page.
     activation_fixes = [f"--set sampler.mesh=... with more chips over data x tensor (now "
                         f"data={sampler_mesh.data}, fsdp={sampler_mesh.fsdp}, tensor="
