@@ -1,17 +1,7 @@
 """`pytest_test`: a py_test that runs one test file under pytest with 8 emulated CPUs."""
 
 load("@rules_python//python:defs.bzl", "py_test")
-load("@pip//:requirements.bzl", "requirement")
-
-TEST_DEPS = [
-    requirement("pytest"),
-    requirement("hypothesis"),
-    requirement("rlax"),
-    requirement("transformers"),
-    requirement("safetensors"),
-    requirement("tokenizers"),
-    requirement("torch"),
-]
+load("//bazel:test_deps.bzl", "TEST_DEPS")
 
 def pytest_test(name, src, deps = [], data = [], size = "medium", **kwargs):
     py_test(

@@ -49,3 +49,23 @@ def test_library_depends_on_every_runtime_requirement():
   assert block, "BUILD has no py_library named sao_jax with a deps list"
   listed = re.findall(r'requirement\("([^"]+)"\)', block.group(1))
   assert listed == update_build.runtime_requirements(), "run `python bazel/update_build.py`"
+
+
+def _normalized(name: str) -> str:
+  return re.sub(r"[-_.]+", "-", name).lower()  # PEP 503
+
+
+def test_test_deps_are_the_dev_extra():
+  got = (ROOT / "bazel" / "test_deps.bzl").read_text()
+  assert got == update_build.render_test_deps(), "run `python bazel/update_build.py`"
+  assert "mkdocs" in update_build.test_requirements()  # sao-jax[docs] expanded
+
+
+def test_the_lock_pins_every_requirement():
+  """The pip hub resolves every runtime and test requirement from the lock (a
+  package missing there fails every Bazel target that needs it)."""
+  lines = (ROOT / "requirements_lock.txt").read_text().splitlines()
+  pinned = {_normalized(line.split("==")[0]) for line in lines if "==" in line}
+  wanted = {_normalized(n) for n in update_build.runtime_requirements() + update_build.test_requirements()}
+  assert not wanted - pinned, (f"requirements_lock.txt lacks {sorted(wanted - pinned)}: regenerate it "
+                               "(bazel/update_build.py's docstring says how)")
