@@ -6,6 +6,9 @@
   engine.warmup()                                 # compile every program once, up front
   engine.submit(episode_id, prompt_tokens, seed=s)  # a new episode; its first turn is queued
   turns = engine.step()                           # admit, decode; -> list[Turn] that ended
+  pending = engine.dispatch()                     # the same step in two halves: admit and
+  ...                                             #   launch the decode call, host work here,
+  turns = engine.complete(pending)                #   then wait for it (below)
   engine.submit(episode_id, observation_tokens)   # continue an episode after its Turn
   generation = engine.finish(episode_id)          # -> Generation; its slot is freed
   engine.set_params(params, version)              # in-flight weight update, next step on
@@ -62,6 +65,17 @@ config's layout to the engine class and its device programs (`programs`).
 Versions: `set_params` takes effect at the next prefill or decode call; every
 sampled token records the version that produced it, and turns and trajectories
 report the first and last.
+
+Host work beside the device: `step` is `complete(dispatch())`. `dispatch` admits
+queued turns (their prefill waits for its first tokens) and launches the decode
+call without waiting for it (jax dispatches asynchronously); `complete` waits for
+its tokens and records them. Between the two the caller runs its host work
+(environment outcomes, tokenising observations, `submit` of next turns, `finish`
+of episodes not decoding) while the device decodes, instead of after it. What
+the call reads is copied at dispatch (jax may alias host arrays it is given
+until the computation ends), so host work cannot change it; a `set_params`, or
+a `finish` of an episode the call is decoding, in between is refused (its tokens
+would be recorded under the wrong version, or for an episode that is gone).
 """
 
 from __future__ import annotations
@@ -103,6 +117,17 @@ class Generation:
   behavior_logp: np.ndarray  # float32, 0 off the action mask
   policy_versions: tuple[int, int] | None  # None if nothing was sampled
   num_turns: int
+
+
+@dataclasses.dataclass(frozen=True)
+class InFlight:
+  """A step between `Engine.dispatch` and `Engine.complete`: the turns its
+  prefills ended, and its decode call's outputs (device arrays, possibly not yet
+  computed; None when no slot decodes) for `slots`."""
+
+  turns: list[Turn]
+  outputs: tuple | None
+  slots: np.ndarray
 
 
 @dataclasses.dataclass
@@ -168,6 +193,7 @@ class Engine:
     self._budget_N = np.zeros(n, np.int32)
     self._seed_N = np.zeros(n, np.uint32)
     self.stats = {"prefill_calls": 0, "decode_calls": 0, "decode_steps": 0, "sampled_tokens": 0}
+    self._in_flight: InFlight | None = None  # between dispatch() and complete()
 
   def _init_device(self, model_cfg: ModelConfig, mesh: jax.sharding.Mesh | None) -> None:
     """The device programs and the empty cache of this engine's layout."""
@@ -197,6 +223,9 @@ class Engine:
 
   def set_params(self, params: Params, version: int) -> None:
     """New weights (same structure) for every call from the next one on."""
+    if self._in_flight is not None:
+      raise RuntimeError("set_params while a decode call is in flight: complete() it first "
+                         "(its tokens are recorded with the version that sampled them)")
     self._params, self._version = self._place(params), int(version)
 
   def _place(self, params: Params) -> Params:
@@ -250,15 +279,41 @@ class Engine:
   def step(self) -> list[Turn]:
     """Fills free slots from the queue (prefill), then decodes `steps_per_call`
     tokens in every active slot; returns the turns that ended."""
+    return self.complete(self.dispatch())
+
+  def dispatch(self) -> InFlight:
+    """`step`'s first half: admits queued turns (prefill) and launches the decode
+    call of every active slot without waiting for it (module docstring)."""
+    if self._in_flight is not None:
+      raise RuntimeError("dispatch while a decode call is in flight: complete() it first")
     turns: list[Turn] = []
     self._admit(turns)
-    if self._active_N.any():
-      self._decode(turns)
-    return turns
+    outputs = self._dispatch_decode()
+    self._in_flight = InFlight(turns, outputs, np.flatnonzero(self._active_N))
+    return self._in_flight
+
+  @staticmethod
+  def ready(step: InFlight) -> bool:
+    """Whether `complete(step)` would return without waiting for the device."""
+    return step.outputs is None or all(out.is_ready() for out in step.outputs)
+
+  def complete(self, step: InFlight) -> list[Turn]:
+    """`step`'s second half: waits for the decode call `dispatch` launched and
+    records its tokens; returns the turns that ended."""
+    if step is not self._in_flight:
+      raise RuntimeError("complete() takes the step the last dispatch() returned, once")
+    self._in_flight = None
+    if step.outputs is not None:
+      self._record_decode(step.outputs, step.slots, step.turns)
+    return step.turns
 
   def finish(self, episode_id: Hashable) -> Generation:
     """Ends the episode in any state (a turn in progress is cut where it is) and frees its slot."""
     episode = self._episode(episode_id)
+    if (self._in_flight is not None and episode.slot is not None
+        and episode.slot in self._in_flight.slots):
+      raise RuntimeError(f"finish({episode_id!r}) while the decode call in flight decodes it: "
+                         "complete() the step first")
     del self._episodes[episode_id]
     if episode.state == "queued":
       self._queue.remove(episode_id)
@@ -349,15 +404,23 @@ class Engine:
     self._extend_turn(episode, np.asarray(token)[None], np.asarray(logp)[None], turns)
 
   def _decode_call(self):
-    return self._steps.decode(self._params, self._cache, self._token_N, self._active_N,
-                              self._budget_N, self._seed_N)
+    # Copies: the call may read its host inputs until it ends, and host work between
+    # dispatch and complete changes these arrays (module docstring).
+    return self._steps.decode(self._params, self._cache, self._token_N.copy(),
+                              self._active_N.copy(), self._budget_N.copy(), self._seed_N.copy())
 
-  def _decode(self, turns: list[Turn]) -> None:
-    self._cache, tokens_KxN, logp_KxN, emitted_KxN = self._decode_call()
-    tokens_KxN, logp_KxN, emitted_KxN = map(np.asarray, (tokens_KxN, logp_KxN, emitted_KxN))
+  def _dispatch_decode(self) -> tuple | None:
+    """Launches the decode call of the active slots (None: no slot is active)."""
+    if not self._active_N.any():
+      return None
+    self._cache, *outputs = self._decode_call()
+    return tuple(outputs)
+
+  def _record_decode(self, outputs: tuple, slots: np.ndarray, turns: list[Turn]) -> None:
+    tokens_KxN, logp_KxN, emitted_KxN = map(np.asarray, outputs)
     self.stats["decode_calls"] += 1
     self.stats["decode_steps"] += self.cfg.steps_per_call
-    for slot in np.flatnonzero(self._active_N):
+    for slot in slots:
       emitted_K = emitted_KxN[:, slot]
       self._extend_turn(self._episodes[self._owner[slot]], tokens_KxN[emitted_K, slot],
                         logp_KxN[emitted_K, slot], turns)

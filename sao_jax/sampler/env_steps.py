@@ -105,13 +105,19 @@ class EnvSteps:
     self._waiting.append((key, step))
     self._dispatch()
 
-  def collect(self, *, wait: bool) -> list[tuple[Hashable, Any]]:
+  def collect(self, *, wait: bool, timeout_s: float | None = None) -> list[tuple[Hashable, Any]]:
     """The outcomes ready now, in completion order, timeouts included; with `wait`,
-    blocks until there is at least one (or nothing is pending)."""
+    blocks until there is at least one (or nothing is pending), for at most
+    `timeout_s` seconds of `time.monotonic` when given."""
     out = self._drain(block=False)
+    end = None if timeout_s is None else time.monotonic() + timeout_s
     while wait and not out and self.pending:
       deadline = self._next_deadline()
       left = None if deadline is None else max(deadline - self._clock(), 0.0)
+      if end is not None:
+        if (budget := end - time.monotonic()) <= 0:
+          break
+        left = budget if left is None else min(left, budget)
       out = self._drain(block=True, timeout=left)
     return out
 

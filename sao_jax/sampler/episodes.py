@@ -23,7 +23,11 @@ episode-lifecycle.md): a turn that ends hands its action's detokenisation and
 cache) and `step` returns after the engine step without waiting. The next
 `step` first collects the environment steps that completed and submits their
 observations, then steps the engine, which prefills them with the decoding it
-does anyway. The runner waits for an environment only when the engine has
+does anyway. The engine step is split (`Engine.dispatch` / `complete`): while its
+decode call runs on the device, the runner applies the environment steps that
+complete (their observations tokenised and queued for the next step), looking
+every `DEVICE_POLL_S` whether the call is done, so that host work overlaps the
+device instead of following it. The runner waits for an environment only when the engine has
 nothing to run (every episode in flight is waiting on one), and then only for
 the first to complete. An episode's tokens and behavior_logp depend on its seed,
 its task and the weights, never on when its steps returned (the engine's
@@ -114,6 +118,9 @@ def make_engine(cfg: SamplerConfig, model_cfg: ModelConfig, params: Params, chat
 ENV_DECLARED = "env_declared"  # failure_kind of a failure the environment returned
 MAX_EPISODE_METRICS = 16  # numbers of a final StepResult.info kept as info["metrics"]
 MAX_LABEL_CHARS = 64  # of a metric name or a task's source kept in a trajectory
+# How long the runner waits for an environment outcome before it looks again whether
+# the decode call in flight is done: the most a finished call can wait for the host.
+DEVICE_POLL_S = 0.0005
 
 
 def episode_metrics(result_info: Mapping[str, Any]) -> dict[str, float]:
@@ -227,7 +234,13 @@ class EpisodeRunner:
       outcomes = self._wait_for_env(until_all=False)  # nothing else can run
     for episode_id, outcome in outcomes:
       self._advance(episode_id, outcome, finished)
-    self._hand_over(self.engine.step())
+    in_flight = self.engine.dispatch()
+    # While the device decodes, environment steps that complete are applied (their
+    # observations tokenised and queued for the next step's prefill), as they come.
+    while self.env_steps.pending and not self.engine.ready(in_flight):
+      for episode_id, outcome in self.env_steps.collect(wait=True, timeout_s=DEVICE_POLL_S):
+        self._advance(episode_id, outcome, finished)
+    self._hand_over(self.engine.complete(in_flight))
     return self._released(finished)
 
   def _wait_for_env(self, *, until_all: bool) -> list[tuple[int, object]]:

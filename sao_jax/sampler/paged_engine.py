@@ -95,8 +95,9 @@ class PagedEngine(Engine):
     return self._pool.free_pages
 
   def finish(self, episode_id: Hashable) -> Generation:
+    generation = super().finish(episode_id)
     self._resume.discard(episode_id)
-    return super().finish(episode_id)
+    return generation
 
   def warmup(self) -> None:
     """Compiles every (rows, chunk) prefill bucket and the decode step."""
@@ -295,10 +296,9 @@ class PagedEngine(Engine):
     return {admitted[i].id: (np.asarray(token_B)[b], np.asarray(logp_B)[b])
             for i, (token_B, logp_B, b) in sampled.items()}
 
-  def _decode(self, turns: list[Turn]) -> None:
+  def _dispatch_decode(self) -> tuple | None:
     self._reserve_decode_pages()
-    if self._active_N.any():
-      super()._decode(turns)
+    return super()._dispatch_decode()
 
   def _reserve_decode_pages(self) -> None:
     """Pages for every active slot's next decode call, oldest first; preempts the
@@ -322,8 +322,10 @@ class PagedEngine(Engine):
     if entries is None:
       listed = int((table_NxM >= 0).reshape(self._pool.shards, -1).sum(axis=1).max())
       entries = next(e for e in self._entry_buckets() if e >= listed)
-    return self._steps.decode(self._params, self._cache, table_NxM, self._token_N,
-                              self._active_N, self._budget_N, self._seed_N, entries=entries)
+    # Copies, as in Engine._decode_call (table_NxM is a fresh array already).
+    return self._steps.decode(self._params, self._cache, table_NxM, self._token_N.copy(),
+                              self._active_N.copy(), self._budget_N.copy(), self._seed_N.copy(),
+                              entries=entries)
 
   def _extend_turn(self, episode: _Episode, tokens: np.ndarray, logps: np.ndarray,
                    turns: list[Turn]) -> None:

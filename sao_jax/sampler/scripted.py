@@ -3,8 +3,9 @@
   engine = ScriptedEngine(chat, lambda episode_id, turn: f"turn {turn} of {episode_id}")
   runner = EpisodeRunner(engine, chat, make_env, max_episodes=4)
 
-It implements what `sao_jax.sampler.episodes.EpisodeRunner` calls (`version`,
-`submit`, `step`, `busy`, `room`, `finish`) without a model: turn k of episode e
+It implements what `sao_jax.sampler.episodes.EpisodeRunner` calls (`version`, `submit`,
+`step`, `dispatch`, `ready`, `complete`, `busy`, `room`, `finish`) without a
+model: turn k of episode e
 "samples" the tokens of `script(e, k)` followed by the chat format's end token,
 with behavior_logp `LOGP` on every sampled token. Every queued episode's turn
 ends in the same `step`, as when a decode call finishes many tool calls at
@@ -24,7 +25,23 @@ from sao_jax.sampler.engine import Generation, Turn
 LOGP = -0.5  # the behavior_logp of every scripted token
 
 
-class ScriptedEngine:
+class StepAtOnce:
+  """`Engine.dispatch` / `ready` / `complete` for a stand-in whose `step` has no
+  device call to wait for: `dispatch` plays the step, `complete` returns its turns."""
+
+  def dispatch(self) -> list[Turn]:
+    return self.step()
+
+  @staticmethod
+  def ready(step: list[Turn]) -> bool:
+    return True
+
+  @staticmethod
+  def complete(step: list[Turn]) -> list[Turn]:
+    return step
+
+
+class ScriptedEngine(StepAtOnce):
   """`Engine`'s runner-facing part, playing `script(episode_id, turn) -> text`."""
 
   def __init__(self, chat: ChatFormat, script: Callable[[Hashable, int], str]):

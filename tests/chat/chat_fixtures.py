@@ -17,6 +17,7 @@ import tokenizers
 import transformers
 
 from sao_jax.sampler import engine as engine_lib
+from sao_jax.sampler.scripted import StepAtOnce
 
 TEMPLATES = pathlib.Path(__file__).parent.parent / "fixtures" / "chat_templates"
 _QWEN_TEXT = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>",
@@ -84,7 +85,7 @@ def hf_tokenizer(directory: pathlib.Path, family: str):
   return hf
 
 
-class ScriptedEngine:
+class ScriptedEngine(StepAtOnce):
   """The part of `Engine` the runner uses, for one episode at a time: turn k samples
   the canonical tokens of `actions[k]` and the format's end token."""
 

@@ -6,6 +6,8 @@ import jax
 import numpy as np
 import pytest
 
+from sao_jax.sampler.paged_engine import PagedEngine
+
 from engine_fixtures import (CHARS, SAMPLER, STOP, VOCAB, detokenize, engine, params, prompts,
                              run, with_sampler)
 
@@ -156,6 +158,46 @@ def test_parked_and_evicted_continuations_agree(weights):
   # Parked: the prompt, then the 4 new tokens (last sampled + observation) in one chunk.
   # Evicted: the prompt, 3 other episodes, then all 24 tokens again in two chunks.
   assert (parked_prefills, evicted_prefills) == (2, 1 + 3 + 2)
+
+
+@pytest.mark.parametrize("layout", ["dense", "paged"])
+def test_host_work_between_dispatch_and_complete_changes_nothing(weights, layout):
+  """The runner's host work while a decode call runs (finishing a parked episode,
+  submitting the next turn of another) gives the tokens and behavior_logp of doing
+  it after the call; a weight update or finishing a decoding episode in between is
+  refused."""
+  def play(between: bool):
+    eng = (engine(weights) if layout == "dense" else engine(
+        weights, with_sampler(kv_layout="paged", slots=3, kv_page_size=8, kv_pages=36),
+        engine_cls=PagedEngine))
+    eng.submit(0, prompts(3)[2], seed=9, max_new_tokens=2)
+    eng.submit(1, prompts(3)[1], seed=8, max_new_tokens=2)
+    run(eng)  # both turns end: parked
+    eng.submit(2, prompts(3)[0], seed=7, max_new_tokens=20)
+    pending = eng.dispatch()  # episode 2 decodes
+    host_work = lambda: (eng.finish(0), eng.submit(1, [5, 6], max_new_tokens=4))
+    if between:
+      finished, _ = host_work()
+      with pytest.raises(RuntimeError, match="set_params while a decode call is in flight"):
+        eng.set_params(weights, 1)
+      with pytest.raises(RuntimeError, match=r"finish\(2\) while the decode call in flight"):
+        eng.finish(2)
+      with pytest.raises(RuntimeError, match="dispatch while a decode call is in flight"):
+        eng.dispatch()
+    turns = eng.complete(pending)
+    if not between:
+      finished, _ = host_work()
+    with pytest.raises(RuntimeError, match="the step the last dispatch"):
+      eng.complete(pending)
+    turns += run(eng)
+    return finished, {t.episode_id: t for t in turns}, eng.finish(1), eng.finish(2)
+
+  after, overlapped = play(between=False), play(between=True)
+  assert sorted(after[1]) == sorted(overlapped[1]) == [1, 2]
+  for a, b in zip([after[0], *after[2:]], [overlapped[0], *overlapped[2:]]):
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    np.testing.assert_array_equal(a.behavior_logp, b.behavior_logp)
+  np.testing.assert_array_equal(after[1][2].tokens, overlapped[1][2].tokens)
 
 
 def test_no_recompilation_after_warmup(weights):

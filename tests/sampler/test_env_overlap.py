@@ -220,6 +220,53 @@ def test_decoding_goes_on_while_environments_step():
   runner.close()
 
 
+class SlowDevice(scripted.ScriptedEngine):
+  """A scripted engine whose decode calls take `call_s` on a pretend device (`ready`
+  is False until then); records dispatch, complete and finish in order."""
+
+  call_s = 1.0
+
+  def __init__(self):
+    super().__init__(CHAT, lambda episode, turn: "seen")
+    self.events, self._since = [], 0.0
+
+  def dispatch(self):
+    self.events.append("dispatch")
+    self._since = time.monotonic()
+    return super().dispatch()
+
+  def ready(self, step):
+    return time.monotonic() - self._since >= self.call_s
+
+  def complete(self, step):
+    self.events.append("complete")
+    return super().complete(step)
+
+  def finish(self, episode_id):
+    self.events.append(f"finish {episode_id}")
+    return super().finish(episode_id)
+
+
+def test_environment_outcomes_are_applied_while_the_decode_call_runs():
+  """Host work overlaps the device: steps that return during a decode call are
+  applied (here: their episodes finished) before the runner waits for the call."""
+  engine = SlowDevice()
+  runner = EpisodeRunner(engine, CHAT, SleepyEnv, max_episodes=4, env_threads=4,
+                         log=lambda text: None)
+  for i in range(2):
+    runner.start(task(i), prompt_id=0, seed=i)
+  runner.step()  # both turns end; their environment steps (0.3 s) start
+  runner.start(task(2), prompt_id=0, seed=2)  # decodes in the next call
+  done = runner.step()  # a 1 s call: both steps return within it
+  last = engine.events[len(engine.events) - 1 - engine.events[::-1].index("dispatch"):]
+  assert last[0] == "dispatch" and last[-1] == "complete", last
+  assert sorted(last[1:-1]) == ["finish 0", "finish 1"], last
+  assert sorted(traj.info["episode"] for traj in done) == [0, 1]
+  while runner.in_flight:
+    runner.step()
+  runner.close()
+
+
 def test_admission_waits_while_steps_wait_for_a_step_thread():
   SleepyEnv.peak = 0
   _, runner = scripted_runner(max_episodes=8, env_threads=2)
