@@ -7,10 +7,10 @@ page the navigation does not reach. The README stays a landing page.
 
 import os
 import pathlib
-import tomllib
 import re
 import subprocess
 import sys
+import tomllib
 
 import yaml
 
