@@ -60,18 +60,28 @@ SMOKE_STEPS = 20
 
 
 @pytest.mark.slow
-def test_centred_sao_with_lr_warmup_does_not_drift_where_plain_sao_collapses(tmp_path):
+def test_centring_and_lr_warmup_keep_the_first_updates_from_flattening_the_policy(tmp_path):
   """The drift setting of experiments/drift.py (replies of up to 4 tokens), seed 1:
-  plain SAO fell from chance to reward 0 by step 7 and stayed there, and so did
-  SAO with centred advantages alone (its first Adam update flattened the
-  policy); with centred advantages and a 10-step learning-rate warm-up the same
-  seed learns (docs/research/drift.md). Fails if either remedy stops working."""
+  plain SAO's first Adam updates flatten the policy (peak entropy over its first
+  4 updates 5.9 nats, uniform over the vocabulary being 5.95), the route by which it
+  then collapses; with centred advantages and a 10-step learning-rate warm-up they
+  keep it peaked (1.05 nats) (docs/research/drift.md, drift-recheck.md: 6 of 7 plain
+  runs above 4 nats, none with the remedies). Fails if either remedy stops working.
+
+  Whether a run collapses later is not checked here: it depends on the policy lag the
+  asynchronous sampler happens to give, and the same seed of the remedied arm has
+  collapsed in one run and learned in the next (the study reports the rates over
+  seeds). The first updates come before lag differs, and the learning rate is
+  constant after the warm-up, so 10 steps give the same first updates as 60."""
   from experiments import drift
   from sao_jax.config.loading import apply_overrides
-  cfg = apply_overrides(sanity_config("sao"), [
-      *drift.SETTING, f"learner.steps={drift.STEPS}", *drift.ARMS["sao_centred_lr_warmup"][1],
-      "seed=1", "env.seed=1"])
-  rewards = training_rewards(cfg, tmp_path)
-  smooth = np.convolve(rewards, np.ones(WINDOW) / WINDOW, mode="valid")
-  assert smooth.min() >= drift.COLLAPSED_BELOW, rewards
-  assert rewards[-WINDOW:].mean() >= drift.LEARNED_AT, rewards
+
+  def early_entropy(arm: str) -> float:
+    cfg = apply_overrides(sanity_config("sao"), [
+        *drift.SETTING, "learner.steps=10", *drift.ARMS[arm][1], "seed=1", "env.seed=1",
+        f"run.run_dir={tmp_path / arm}"])
+    assert train.run(cfg)["steps_done"] == 10
+    return drift.early_peak(tmp_path / arm, "policy/entropy")
+
+  plain, remedied = early_entropy("sao"), early_entropy("sao_centred_lr_warmup")
+  assert plain > 4.0 and remedied < 2.0, (plain, remedied)
