@@ -67,13 +67,14 @@ Algorithm: `sao_centered_gated` (batch-mean-centred advantages, no policy step o
 batch whose rewards are all equal) with a 10-step lr warm-up, not the paper's `sao`.
 Why (docs/research/variants.md has the numbers): in this project's own runs the
 paper's SAO collapsed from weak starts (7 of 8 seeds on the 4-token sanity task at lr
-3e-3, docs/drift.md; 1 of 3 on tool_math at lr 1e-4), through two routes that are Adam
+3e-3, docs/research/drift.md; 1 of 3 on tool_math at lr 1e-4), through two routes that are Adam
 normalising tiny, one-signed gradients into full-size steps (a critic's bias pushing
 every sampled token; the critic's residual error on all-equal batches); centring and
-the warm-up removed the first (0 of 8 in 60 steps), the gate the second (1 of 8
+the warm-up removed the first (0 of 8 in 60 steps; 2 of 8 in a later recheck,
+docs/research/drift-recheck.md), the gate the second (1 of 8
 collapsed, then recovered, over 1000 steps against 7 of 8 without it,
-docs/drift1000.md), and `sao_stable` (the same two fields) ran 1000 tool_math steps
-on 8 of 8 seeds without collapse (docs/claim6.md) at no measured cost in learning
+docs/research/drift1000.md), and `sao_stable` (the same two fields) ran 1000 tool_math steps
+on 8 of 8 seeds without collapse (docs/research/claim6.md) at no measured cost in learning
 speed. The gate only drops updates whose advantages are critic error (no outcome
 contrast); on a large, diverse batch it rarely fires (claim 6: 2.7% of steps). No run
 here was at this config's lr (1e-6) or scale, so this is a precaution, not a

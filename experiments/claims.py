@@ -97,7 +97,7 @@ CLAIMS = (
                "critic warm-up steps.", seeds=8),
 )
 
-# Claims of the paper this project does not test, and why (listed in docs/results.md).
+# Claims of the paper this project does not test, and why (listed in docs/research/results.md).
 UNTESTED = (
     ("SWE-bench Verified: 23.0 (base) -> 27.0 (GRPO+DIS) -> 29.8 (SAO)",
      "needs a coding agent on a real model (up to 300 turns, a sandboxed repository per task) "
