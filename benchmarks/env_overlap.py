@@ -33,19 +33,21 @@ import argparse
 import dataclasses
 import json
 import math
+import pathlib
 import random
 import time
 import types
 
 import jax
 
-from configs.demo_cpu import get_config
 from sao_jax.chat import chat_format
+from sao_jax.config import load_config
 from sao_jax.envs.base import Environment, StepResult, Task
 from sao_jax.models.tokenizer import train_tokenizer
 from sao_jax.models.transformer import init_params
 from sao_jax.sampler.episodes import EpisodeRunner, make_engine
 
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 Z99 = 2.3263  # the standard normal's 99th percentile
 
 
@@ -114,7 +116,7 @@ def main() -> None:
   args = parser.parse_args()
   if args.quick:
     args.seconds = 20.0
-  demo = get_config()
+  demo = load_config(ROOT / "configs" / "demo_cpu.py")
   chat = chat_format(None, train_tokenizer(
       [f"task {i}: add {i} and 7 tool output characters read" for i in range(64)],
       vocab_size=demo.model.vocab_size))
