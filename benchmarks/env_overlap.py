@@ -21,10 +21,11 @@ the runner sat waiting on environments with nothing to decode.
 
     .venv/bin/python benchmarks/env_overlap.py [--quick]
 
-Measured (2 loaded cores, 40 s per run, defaults): instant 2813 sampled tokens/s,
-overlap 2792 (27.3 episodes/s, never waiting on an environment), blocking 71
-(0.75 episodes/s, waiting 97.9% of the time): RESULT decode_ratio 0.993,
-episodes_per_s_vs_blocking 36.5, engine_idle_on_env_fraction 0.0.
+Measured (2 quiet cores, `--seconds 40`, 2026-12-07): instant 4245 sampled tokens/s,
+overlap 3777 (38.2 episodes/s, never waiting on an environment), blocking 71
+(0.75 episodes/s, waiting 98.2% of the time): RESULT decode_ratio 0.890,
+episodes_per_s_vs_blocking 50.9, engine_idle_on_env_fraction 0.0 (an earlier run on
+2 loaded cores: 0.993, 36.5, 0.0).
 """
 
 from __future__ import annotations

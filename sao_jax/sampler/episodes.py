@@ -23,9 +23,9 @@ episode-lifecycle.md): a turn that ends hands its action's detokenisation and
 cache) and `step` returns after the engine step without waiting. The next
 `step` first collects the environment steps that completed and submits their
 observations, then steps the engine, which prefills them with the decoding it
-does anyway. The engine step is split (`Engine.dispatch` / `complete`): while its
-decode call runs on the device, the runner applies the environment steps that
-complete (their observations tokenised and queued for the next step), looking
+does anyway. The engine step is split (`Engine.dispatch` / `complete`): on an
+accelerator (`Engine.overlaps_host`), while its decode call runs on the device,
+the runner applies the environment steps that complete (their observations tokenised and queued for the next step), looking
 every `DEVICE_POLL_S` whether the call is done, so that host work overlaps the
 device instead of following it. The runner waits for an environment only when the engine has
 nothing to run (every episode in flight is waiting on one), and then only for
@@ -237,7 +237,8 @@ class EpisodeRunner:
     in_flight = self.engine.dispatch()
     # While the device decodes, environment steps that complete are applied (their
     # observations tokenised and queued for the next step's prefill), as they come.
-    while self.env_steps.pending and not self.engine.ready(in_flight):
+    while (self.engine.overlaps_host and self.env_steps.pending
+           and not self.engine.ready(in_flight)):
       for episode_id, outcome in self.env_steps.collect(wait=True, timeout_s=DEVICE_POLL_S):
         self._advance(episode_id, outcome, finished)
     self._hand_over(self.engine.complete(in_flight))

@@ -29,6 +29,8 @@ class StepAtOnce:
   """`Engine.dispatch` / `ready` / `complete` for a stand-in whose `step` has no
   device call to wait for: `dispatch` plays the step, `complete` returns its turns."""
 
+  overlaps_host = True  # as on an accelerator: the runner's overlap path runs
+
   def dispatch(self) -> list[Turn]:
     return self.step()
 

@@ -174,6 +174,7 @@ def test_host_work_between_dispatch_and_complete_changes_nothing(weights, layout
     eng.submit(1, prompts(3)[1], seed=8, max_new_tokens=2)
     run(eng)  # both turns end: parked
     eng.submit(2, prompts(3)[0], seed=7, max_new_tokens=20)
+    assert not eng.overlaps_host  # the CPU backend: the runner does not wait in between
     pending = eng.dispatch()  # episode 2 decodes
     host_work = lambda: (eng.finish(0), eng.submit(1, [5, 6], max_new_tokens=4))
     if between:
