@@ -412,10 +412,14 @@ class Engine:
     self._extend_turn(episode, np.asarray(token)[None], np.asarray(logp)[None], turns)
 
   def _decode_call(self):
-    # Copies: the call may read its host inputs until it ends, and host work between
-    # dispatch and complete changes these arrays (module docstring).
-    return self._steps.decode(self._params, self._cache, self._token_N.copy(),
-                              self._active_N.copy(), self._budget_N.copy(), self._seed_N.copy())
+    return self._steps.decode(self._params, self._cache, *self._slot_inputs())
+
+  def _slot_inputs(self) -> tuple[np.ndarray, ...]:
+    """The decode call's per-slot host inputs (token, active, budget, seed), copied:
+    the call may read its host inputs until it ends, and host work between dispatch
+    and complete changes these arrays (module docstring)."""
+    return (self._token_N.copy(), self._active_N.copy(), self._budget_N.copy(),
+            self._seed_N.copy())
 
   def _dispatch_decode(self) -> tuple | None:
     """Launches the decode call of the active slots (None: no slot is active)."""

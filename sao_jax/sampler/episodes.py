@@ -25,11 +25,12 @@ cache) and `step` returns after the engine step without waiting. The next
 observations, then steps the engine, which prefills them with the decoding it
 does anyway. The engine step is split (`Engine.dispatch` / `complete`): on an
 accelerator (`Engine.overlaps_host`), while its decode call runs on the device,
-the runner applies the environment steps that complete (their observations tokenised and queued for the next step), looking
-every `DEVICE_POLL_S` whether the call is done, so that host work overlaps the
-device instead of following it. The runner waits for an environment only when the engine has
-nothing to run (every episode in flight is waiting on one), and then only for
-the first to complete. An episode's tokens and behavior_logp depend on its seed,
+the runner applies the environment steps that complete (their observations
+tokenised and queued for the next step), looking every `DEVICE_POLL_S` whether
+the call is done, so that host work overlaps the device instead of following it.
+The runner waits for an environment only when the engine has nothing to run
+(every episode in flight is waiting on one), and then only for the first to
+complete. An episode's tokens and behavior_logp depend on its seed,
 its task and the weights, never on when its steps returned (the engine's
 sampling keys are per episode and position); which episodes finish first does
 depend on timing: `info["episode"]` is each trajectory's start index, and
@@ -45,8 +46,8 @@ as `StepTimeout` and frees its slot; the step's thread cannot be killed, so it
 is abandoned (`env_steps.abandoned`) and the environment closed on a thread of
 its own; more abandoned steps still running than `env_threads` raise
 `env_steps.StuckSteps`, which ends a sampler process (its supervisor starts a
-fresh one, and the stuck threads end with the old). `can_start` refuses new episodes while `max_episodes` are in flight
-(decoding, queued, waiting on an environment or held for release) or while
+fresh one, and the stuck threads end with the old). `can_start` refuses new
+episodes while `max_episodes` are in flight (decoding, queued, waiting on an environment or held for release) or while
 steps wait for a free step thread. `close` ends within `close_grace_s` plus the
 environments' own close.
 

@@ -322,9 +322,8 @@ class PagedEngine(Engine):
     if entries is None:
       listed = int((table_NxM >= 0).reshape(self._pool.shards, -1).sum(axis=1).max())
       entries = next(e for e in self._entry_buckets() if e >= listed)
-    # Copies, as in Engine._decode_call (table_NxM is a fresh array already).
-    return self._steps.decode(self._params, self._cache, table_NxM, self._token_N.copy(),
-                              self._active_N.copy(), self._budget_N.copy(), self._seed_N.copy(),
+    # table_NxM is a fresh array already; the slot inputs are copied (Engine._slot_inputs).
+    return self._steps.decode(self._params, self._cache, table_NxM, *self._slot_inputs(),
                               entries=entries)
 
   def _extend_turn(self, episode: _Episode, tokens: np.ndarray, logps: np.ndarray,
