@@ -29,8 +29,8 @@ from sao_jax.config import Config, load_config
 BASE = pathlib.Path(__file__).resolve().parent / "qwen3_0_6b.py"
 
 
-def get_config() -> Config:
-  base = load_config(BASE)
+def get_config(host: str = "") -> Config:
+  base = load_config(f"{BASE}:{host}" if host else BASE)
   return dataclasses.replace(
       base, name="llama3_2_1b",
       model=dataclasses.replace(

@@ -33,12 +33,14 @@ algorithm.advantage_centering=none --set algorithm.require_reward_contrast=false
 learner.lr_warmup_steps=0`.
 """
 
+import dataclasses
+
 from sao_jax.config import (AlgorithmConfig, Config, DataConfig, LearnerConfig, MeshConfig,
-                            ModelConfig, RunConfig, SamplerConfig)
+                            ModelConfig, RunConfig, SamplerConfig, hosts)
 
 
-def get_config() -> Config:
-  return Config(
+def get_config(host: str = "") -> Config:
+  cfg = Config(
       name="qwen3_0_6b",
       mesh=MeshConfig(data=1, fsdp=-1, tensor=1, expert=1),
       model=ModelConfig(family="qwen3", vocab_size=151936, hidden_size=1024,
@@ -55,3 +57,6 @@ def get_config() -> Config:
       sampler=SamplerConfig(slots=32, max_seq_len=4096, prefill_buckets=(512, 2048)),
       run=RunConfig(run_dir="runs/qwen3_0_6b"),
   )
+  if not host:
+    return cfg
+  return hosts.on_host(cfg, host)

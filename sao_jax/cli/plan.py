@@ -1,5 +1,6 @@
 """`sao-plan`: prove a pod configuration compiles and fits before paying for the pod.
 
+  sao-plan --config configs/qwen3_4b.py:v6e-8     (a ready single-host config: its host's chips)
   sao-plan --config configs/qwen3_8b_v5p32.py --topology v5p:2x2x4 [--set a.b=c ...]
            [--seq-len 32768] [--sampler-topology v5p:2x2x2] [--sampler-batch 64]
            [--sampler-mesh data=1,fsdp=-1,tensor=1,expert=1] [--hbm-fraction 0.95] [--no-decode]
@@ -44,10 +45,18 @@ def _mesh(text: str) -> MeshConfig:
 def run(args: argparse.Namespace) -> int:
   cfg = startup.load(args.config, args.overrides)
   seq_len = args.seq_len or cfg.sampler.max_seq_len
-  result = aot.plan(cfg, args.topology, seq_len, sampler_topology=args.sampler_topology,
+  if args.topology:
+    targets = aot.Targets(args.topology, args.sampler_topology, None, False)
+  else:  # a config made for a host: what its learner and sampler processes open
+    targets = aot.host_targets(cfg)
+    print(f"run.host={cfg.run.host}: learner on {targets.topology}, sampler on "
+          f"{targets.sampler_topology}" + (f", rated as {targets.rate_as}" if targets.rate_as
+                                           else ""))
+  result = aot.plan(cfg, targets.topology, seq_len, sampler_topology=targets.sampler_topology,
                     sampler_mesh=args.sampler_mesh, sampler_batch=args.sampler_batch,
                     hbm_fraction=args.hbm_fraction, with_decode=not args.no_decode,
-                    mean_episode_tokens=args.mean_episode_tokens)
+                    mean_episode_tokens=args.mean_episode_tokens, rate_as=targets.rate_as,
+                    shared_device=targets.shared_device)
   print(aot.format_plan(result))
   aot.check_fits(result)
   print(f"fits: every program is within {args.hbm_fraction:.0%} of "
@@ -59,7 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog="sao-plan", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--config", required=True, help="a configs/<name>.py file")
-  parser.add_argument("--topology", required=True, help="TPU topology, e.g. v5p:4x4x4")
+  parser.add_argument("--topology", default=None,
+                      help="TPU topology, e.g. v5p:4x4x4 (default: the processes of the "
+                      "config's run.host, e.g. configs/qwen3_4b.py:v6e-8)")
   flags.add_set(parser)
   parser.add_argument("--seq-len", type=int, default=None,
                       help="tokens per trajectory and KV-cache slots (default: "

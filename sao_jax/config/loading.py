@@ -7,6 +7,7 @@ import ast
 import contextlib
 import dataclasses
 import importlib.util
+import inspect
 import json
 import pathlib
 import traceback
@@ -27,8 +28,11 @@ RENAMED_FIELDS = {"model.hf_path": "run.init"}
 
 def load_config(path: str | pathlib.Path, overrides: Sequence[str] = ()) -> Config:
   """Imports `path`, calls its `get_config()`, applies `--set` overrides, fills the
-  model section from the checkpoint `run.init` names (`init_model.resolve`), validates."""
-  path = pathlib.Path(path)
+  model section from the checkpoint `run.init` names (`init_model.resolve`), validates.
+
+  `FILE.py:ARG` calls `get_config(ARG)` (ml_collections' form): one file, several
+  variants, e.g. `configs/qwen3_4b.py:v5p-8` for a host (`sao_jax.config.hosts`)."""
+  path, arg = _split_argument(str(path))
   if path.is_dir():
     raise ValueError(f"config file {str(path)!r} is a directory; pass a file in it, like "
                      "configs/demo_cpu.py")
@@ -45,12 +49,26 @@ def load_config(path: str | pathlib.Path, overrides: Sequence[str] = ()) -> Conf
     spec.loader.exec_module(module)
   if not callable(getattr(module, "get_config", None)):
     raise ValueError(f"config file {str(path)!r} must define get_config() -> sao_jax.config.Config")
+  if arg is not None and not inspect.signature(module.get_config).parameters:
+    raise ValueError(f"config {str(path)}:{arg} passes {arg!r} to get_config(), which takes no "
+                     f"argument; pass {str(path)!r} alone")
   with _config_code(path, "calling its get_config()"):
-    config = module.get_config()
+    config = module.get_config() if arg is None else module.get_config(arg)
   if not isinstance(config, Config):
     raise ValueError(f"{str(path)!r}: get_config() returned {type(config).__name__}, "
                      "expected sao_jax.config.Config")
   return init_model.resolve(apply_overrides(config, overrides)).validate()
+
+
+def _split_argument(text: str) -> tuple[pathlib.Path, str | None]:
+  """'configs/x.py:v6e-8' -> (Path('configs/x.py'), 'v6e-8'); a plain path -> (path, None)."""
+  head, sep, arg = text.rpartition(".py:")
+  if not sep:
+    return pathlib.Path(text), None
+  if not arg:
+    raise ValueError(f"config {text!r} ends in ':' with no argument; pass {head + '.py'!r} or "
+                     f"{head + '.py:ARG'!r}")
+  return pathlib.Path(head + ".py"), arg
 
 
 @contextlib.contextmanager

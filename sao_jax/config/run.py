@@ -6,6 +6,7 @@ import dataclasses
 import pathlib
 
 from sao_jax import storage
+from sao_jax.config import hosts
 from sao_jax.config.checks import check_positive, fail
 
 # Where metrics go besides run_dir/metrics.jsonl, which is always written (resume,
@@ -88,6 +89,9 @@ class RunConfig:
   # process's, e.g. (6, 2) on 8 chips (`sao_jax.sharding.device_split`); they must
   # add up to the host's devices. (): every process sees all of them.
   device_split: tuple[int, ...] = ()
+  # The ready single-host layout this config was made for (`sao_jax.config.hosts`,
+  # e.g. "v6e-8"; set by `hosts.on_host`): sao-plan compiles for its chips. "": none.
+  host: str = ""
   # Sao-eval: sampled episodes per task besides the greedy one (0: greedy only).
   eval_samples: int = 0
   eval_pass_k: tuple[int, ...] = (1,)  # sao-eval: the k of pass@k
@@ -139,6 +143,15 @@ class RunConfig:
            f"expected 1 + run.num_samplers = {1 + self.num_samplers} device counts >= 1 (the "
            "learner's, then each sampler process's), e.g. (6, 2) for 8 devices and 1 sampler; "
            "() gives every process all devices")
+    if self.host:
+      if self.host not in hosts.HOSTS:
+        fail("run", "host", self.host, f"expected a ready layout ({', '.join(hosts.HOSTS)}, "
+             "sao_jax/config/hosts.py) or '' for none")
+      spec = hosts.HOSTS[self.host]
+      if split and sum(split) != spec.devices:
+        fail("run", "device_split", split,
+             f"run.host={self.host!r} has {spec.devices} devices: give out exactly that many, "
+             f"e.g. {spec.split}, or set run.host='' for another machine")
     if (isinstance(self.sft_check_episodes, bool) or not isinstance(self.sft_check_episodes, int)
         or self.sft_check_episodes < 0):
       fail("run", "sft_check_episodes", self.sft_check_episodes,

@@ -25,6 +25,13 @@ topology's generation runs (`sao_jax.models.paged_blocks`): the plan traces on
 the topology's devices, records them (`Plan.kernel_blocks`) and prints them.
 Nothing is ever allocated, so a 30B-parameter plan runs on a laptop CPU once
 libtpu is installed.
+
+A config made for a ready host (`run.host`, `sao_jax.config.hosts`) is planned on
+that host's processes (`host_targets`): the learner's program for the chips the
+learner opens, the sampler's for the sampler's; a GPU host's programs compile for
+its TPU proxy and are rated as its GPU (`rate_as`: HBM limit, peak, bandwidth),
+and on one shared GPU (`shared_device`) the learner's and the sampler's programs
+must fit in it together.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
-from sao_jax.config import Config, MeshConfig
+from sao_jax.config import Config, MeshConfig, hosts
 from sao_jax.learner import compile as compile_lib
 from sao_jax.learner import state as state_lib
 from sao_jax.models import decode
@@ -85,6 +92,8 @@ class Plan:
   roofline: estimate.Roofline
   kernel_blocks: tuple[KernelBlocks, ...] = ()  # the Pallas kernel's sizes in paged_decode
   page_shards: int = 1  # the paged pool's shards on the sampler mesh (its data x fsdp)
+  rated_as: str = ""  # a GPU whose figures rate programs compiled for a TPU proxy
+  shared_device: bool = False  # learner and sampler on the same device(s): memory adds
 
   @property
   def limit_bytes(self) -> float:
@@ -167,6 +176,31 @@ def lower_engine_decode(cfg: Config, mesh: jax.sharding.Mesh, slots: int, pages:
   return step.lower(params, cache, *args, **static)
 
 
+@dataclasses.dataclass(frozen=True)
+class Targets:
+  """Where `plan` compiles a config made for a ready host (`host_targets`)."""
+
+  topology: str
+  sampler_topology: str
+  rate_as: str | None
+  shared_device: bool
+
+
+def host_targets(cfg: Config) -> Targets:
+  """The compile targets of `cfg.run.host` under the config's own `run.device_split`
+  (`hosts.process_topology`); ValueError when the config names no host."""
+  if not cfg.run.host:
+    raise ValueError("the config names no run.host: pass --topology (and --sampler-topology), "
+                     f"or use a config made for a host ({', '.join(hosts.HOSTS)})")
+  spec = hosts.host(cfg.run.host)
+  split = cfg.run.device_split
+  learner, sampler = (split[0], split[1]) if split else (spec.devices, spec.devices)
+  return Targets(topology=hosts.process_topology(spec, learner),
+                 sampler_topology=hosts.process_topology(spec, sampler),
+                 rate_as=spec.chip if spec.platform == "gpu" else None,
+                 shared_device=not split)
+
+
 def batch_shards(mesh_shape: dict[str, int]) -> int:
   """Devices a batch dimension splits over (the activation-batch mesh axes)."""
   count = 1
@@ -186,14 +220,18 @@ def dense_rows(cfg: Config, seq_len: int) -> int:
 def plan(cfg: Config, topology: str, seq_len: int, *, sampler_topology: str | None = None,
          sampler_mesh: MeshConfig | None = None, sampler_batch: int | None = None,
          hbm_fraction: float = 0.95, with_decode: bool = True,
-         mean_episode_tokens: int | None = None) -> Plan:
+         mean_episode_tokens: int | None = None, rate_as: str | None = None,
+         shared_device: bool = False) -> Plan:
   """Compiles the train step (and the sampler's decode step) and estimates throughput.
 
   The sampler's programs run on `sampler_mesh` (default `cfg.sampler_mesh()`, the
   mesh a sharded sampler uses) over `sampler_topology` (default `topology`).
   `mean_episode_tokens` (default `sampler.expected_episode_tokens`, else seq_len //
   8: a long-tailed mix) is the assumed mean episode length for the paged engine's
-  figures (`paged_decode`)."""
+  figures (`paged_decode`). `rate_as` names a GPU (`hardware.GPUS`) whose memory
+  and speed rate the programs compiled for `topology` (an estimate); with
+  `shared_device` the sampler runs on the learner's devices and `check_fits` adds
+  their memory."""
   if seq_len < 2:
     raise ValueError(f"seq_len={seq_len} is invalid: a trajectory needs at least 2 tokens")
   if not 0.0 < hbm_fraction <= 1.0:
@@ -203,6 +241,10 @@ def plan(cfg: Config, topology: str, seq_len: int, *, sampler_topology: str | No
   generation, _ = hardware.parse_topology(topology)
   devices = hardware.topology_devices(topology)
   device = hardware.chip_spec(generation).per_device(hardware.num_chips(topology), len(devices))
+  if rate_as is not None:
+    if rate_as not in hardware.GPUS:
+      raise ValueError(f"rate_as={rate_as!r} is unknown: known GPUs are {', '.join(hardware.GPUS)}")
+    device = hardware.GPUS[rate_as]
   mesh = make_mesh(cfg.mesh, devices)
   train = _program("train_step", topology, mesh, _compile(
       lower_train(cfg, mesh, seq_len), cfg, "train_step", mesh, device.name, seq_len))
@@ -245,16 +287,31 @@ def plan(cfg: Config, topology: str, seq_len: int, *, sampler_topology: str | No
               hardware_flops=hardware_flops,
               roofline=estimate.roofline(model_flops, hardware_flops, tokens, len(devices),
                                          device.peak_bf16_flops),
-              kernel_blocks=tuple(dict.fromkeys(kernel_blocks)), page_shards=shards)
+              kernel_blocks=tuple(dict.fromkeys(kernel_blocks)), page_shards=shards,
+              rated_as=rate_as or "", shared_device=shared_device)
 
 
 def check_fits(result: Plan) -> None:
-  """Raises DoesNotFit for the first program over the HBM limit, naming what to change."""
+  """Raises DoesNotFit for the first program over the HBM limit, naming what to change;
+  on a shared device, also when the learner's and the sampler's programs together are."""
   for program in result.programs():
     if program.memory.total > result.limit_bytes:
       raise DoesNotFit(estimate.does_not_fit_message(
           result.cfg, program.name, program.memory, result.limit_bytes, result.device.name,
           result.seq_len, batch_shards(program.mesh_shape)))
+  if result.shared_device and shared_total(result) > result.limit_bytes:
+    raise DoesNotFit(
+        f"the learner and the sampler share each device, and together they need "
+        f"{shared_total(result) / estimate.GiB:.2f} GiB of the {result.limit_bytes / estimate.GiB:.2f} "
+        f"GiB limit on {result.device.name}: make one of them smaller (learner.micro_batches, "
+        "sampler.slots or sampler.kv_pages), or give them devices of their own (run.device_split)")
+
+
+def shared_total(result: Plan) -> int:
+  """Bytes per device when the learner's train step and the sampler's largest decode
+  program are resident at once (one shared device)."""
+  sampler = [p.memory.total for p in (result.decode, result.paged_decode) if p is not None]
+  return result.train.memory.total + max(sampler, default=0)
 
 
 def decode_seconds(result: Plan) -> float:
@@ -292,6 +349,13 @@ def format_plan(result: Plan) -> str:
                  f"{gib(m.outputs)} {gib(m.aliased)} {gib(m.generated_code)} {gib(m.total)} "
                  f"{gib(result.device.hbm_bytes)} {m.total / result.device.hbm_bytes:6.1%}")
   lines.append("(GiB per device; total = args + outputs - aliased + temps + code)")
+  if result.rated_as:
+    lines.append(f"ESTIMATE for {result.rated_as}: compiled by the TPU compiler for "
+                 f"{result.train.topology} (the same program and mesh) and rated with the "
+                 f"{result.rated_as}'s memory and speed; not measured on a GPU")
+  if result.shared_device:
+    lines.append(f"learner and sampler share each device: {shared_total(result) / estimate.GiB:.2f} "
+                 "GiB together")
   train = result.train
   compiler_time = (f", XLA optimal_seconds {train.compiler_seconds:.3g} s"
                    if train.compiler_seconds is not None else "")
