@@ -17,7 +17,8 @@
    another slice) and write to the directory transport. `run.device_split`
    splits this host's devices between the learner (its mesh) and each sampler
    process (started seeing only its own), checked before anything compiles
-   (`local_devices`, `sao_jax.sharding.device_split`).
+   (`local_devices`, `sao_jax.sharding.device_split`); on a TPU host it is made
+   before the backend starts (`claim_tpu_chips`), libtpu holding every chip it may.
    Multi-host learner (SAO_* environment, `sao_jax.sharding.distributed`): every host
    builds the pipeline for its share of each batch (`local_batch_sizes`) and
    reads a disjoint part of the directory transport (`DirectoryTransport` shard
@@ -177,13 +178,16 @@ def run(cfg: Config, *, resume: bool | None = True, log=print) -> dict:
   `resume`: True continues from the newest checkpoint there is (else step 0),
   False starts at step 0; None decides by `run.resume` (`resume_decision`), what
   `sao-train` does."""
+  # On a TPU host this process's chips are claimed first: libtpu reads their variables
+  # once, when the backend starts, and then holds every chip it was allowed.
+  tpu_sampler_envs = claim_tpu_chips(cfg)
   distributed.initialize()  # a multi-host learner: join the cluster the environment names
   # Refused before any directory is made, sampler started or program compiled.
   cfg = startup.check(init_model.resolve(cfg.with_run_paths()))
   init_model.check_init(cfg)
   init_model.check_dtypes(cfg.model, jax.devices())
   shared_run_dir(cfg)
-  learner_devices, sampler_envs = local_devices(cfg)
+  learner_devices, sampler_envs = local_devices(cfg, tpu_sampler_envs)
   if resume is None:
     resume = resume_decision(cfg, log)
   run_dir = storage.as_path(cfg.run.run_dir)  # a bucket URL: an epath (sao_jax.storage)
@@ -213,18 +217,65 @@ def shared_run_dir(cfg: Config) -> None:
                      "keep checkpoint.directory in the bucket")
 
 
-def local_devices(cfg: Config) -> tuple[list[jax.Device] | None, list[dict[str, str]]]:
+def one_host(cfg: Config, hosts: str) -> ValueError:
+  """The refusal of `run.device_split` for a learner on several hosts (`hosts` says why
+  it is)."""
+  return ValueError(f"run.device_split={cfg.run.device_split} splits one host's devices, and "
+                    f"{hosts}; set run.device_split=[] and run the samplers on their own hosts "
+                    "(sao-sampler)")
+
+
+def claim_tpu_chips(cfg: Config) -> list[dict[str, str]] | None:
+  """On a TPU host with `run.device_split`, this (the learner's) process's chip
+  variables set in os.environ, and each local sampler process's returned
+  (`device_split.tpu_plan`); None where the split is made after the backend starts
+  (`local_devices`: no split, or not a TPU host). Starts no backend, so it must run
+  before anything does (`jax.distributed`, `jax.devices()`); ValueError when the split
+  cannot be made."""
+  if not cfg.run.device_split:
+    return None
+  chips = device_split.host_tpu_chips()
+  if not chips:
+    return None
+  address = os.environ.get(distributed.ENV_ADDRESS)
+  if address:  # jax.process_count() would start the backend: the environment says it all
+    raise one_host(cfg, f"{distributed.ENV_ADDRESS}={address!r} makes this learner a cluster "
+                        "of hosts")
+  envs = device_split.tpu_plan(cfg.run.device_split, chips, os.environ,
+                               device_split.two_device_chips())
+  os.environ.update(envs[0])
+  return envs[1:]
+
+
+def local_devices(cfg: Config, tpu_sampler_envs: list[dict[str, str]] | None = None
+                  ) -> tuple[list[jax.Device] | None, list[dict[str, str]]]:
   """(the learner's devices, each local sampler process's environment) under
   `run.device_split` (`sao_jax.sharding.device_split`), checked against this host's
   devices before anything compiles; without a split, (None: all devices, no
-  variables)."""
+  variables). On a TPU host `claim_tpu_chips` made the split before the backend
+  started (`tpu_sampler_envs`): the learner's devices are all this process opened,
+  which must be its share."""
   if not cfg.run.device_split:
     return None, [{} for _ in range(cfg.run.num_samplers)]
   if jax.process_count() > 1:
-    raise ValueError(f"run.device_split={cfg.run.device_split} splits one host's devices, and "
-                     f"this learner spans {jax.process_count()} hosts; set run.device_split=[] "
-                     "and run the samplers on their own hosts (sao-sampler)")
-  return device_split.local_plan(cfg.run.device_split, jax.local_devices(), os.environ)
+    raise one_host(cfg, f"this learner spans {jax.process_count()} hosts")
+  if tpu_sampler_envs is None:
+    return device_split.local_plan(cfg.run.device_split, jax.local_devices(), os.environ)
+  devices = jax.local_devices()
+  if devices[0].platform != "tpu":  # /dev/vfio groups of some other device, say
+    raise ValueError(
+        f"run.device_split={cfg.run.device_split}: this host was taken for a TPU host "
+        "(entries under /dev/accel<n> or /dev/vfio), but JAX opened "
+        f"{devices[0].platform} devices; start sao-train with "
+        f"JAX_PLATFORMS={devices[0].platform} so the split is made over those")
+  if len(devices) != cfg.run.device_split[0]:
+    raise ValueError(
+        f"run.device_split={cfg.run.device_split}: the learner opened {len(devices)} TPU "
+        f"devices under TPU_VISIBLE_CHIPS={os.environ.get('TPU_VISIBLE_CHIPS')!r}, not its "
+        f"{cfg.run.device_split[0]}: the backend started before the split set its variables, "
+        "or the runtime ignored them; set run.device_split=[] and run the samplers on other "
+        "hosts (sao-sampler)")
+  return devices, tpu_sampler_envs
 
 
 def _run(cfg: Config, run_dir, *, resume: bool, log,

@@ -86,7 +86,7 @@ class WorkerSpec:
   transport: Any  # QueueTransport | DirectoryTransport
   worker_id: int = 0
   # Environment variables the process starts with (`spawned_with`): the devices it
-  # may open (`sao_jax.sharding.device_split.sampler_env`).
+  # may open (`sao_jax.sharding.device_split`: `sampler_env`, on TPU `tpu_plan`).
   env: tuple[tuple[str, str], ...] = ()
 
 
