@@ -16,7 +16,7 @@ is spawned with them, `sao_jax.sampler.worker.spawned_with`):
   tpu  the chips [start, start + n) and a one-process slice of them (`tpu_env`):
        TPU_VISIBLE_CHIPS=start,...,start+n-1   TPU_CHIPS_PER_PROCESS_BOUNDS=1,n,1
        TPU_PROCESS_BOUNDS=1,1,1   TPU_PROCESS_PORT=p   TPU_PROCESS_ADDRESSES=localhost:p
-       CLOUD_TPU_TASK_ID=0
+       CLOUD_TPU_TASK_ID=0   ALLOW_MULTIPLE_LIBTPU_LOAD=1
        (the recipe of vLLM's tpu-inference for data-parallel processes on one
        host, tpu_inference/worker/tpu_worker.py; not yet run on a TPU VM here)
 
@@ -48,7 +48,8 @@ import jax
 
 # libtpu's variables, as `tpu_env` sets them for each process.
 TPU_VARIABLES = ("TPU_VISIBLE_CHIPS", "TPU_CHIPS_PER_PROCESS_BOUNDS", "TPU_PROCESS_BOUNDS",
-                 "TPU_PROCESS_PORT", "TPU_PROCESS_ADDRESSES", "CLOUD_TPU_TASK_ID")
+                 "TPU_PROCESS_PORT", "TPU_PROCESS_ADDRESSES", "CLOUD_TPU_TASK_ID",
+                 "ALLOW_MULTIPLE_LIBTPU_LOAD")
 # The learner's TPU_PROCESS_PORT unless sao-train starts with one set; sampler i takes
 # the next ports (`tpu_plan`). Fixed ports rather than ones the OS picks: a restarted
 # sampler binds the port its predecessor freed, and a port below the ephemeral range
@@ -183,7 +184,11 @@ def tpu_env(start: int, count: int, port: int) -> dict[str, str]:
           "TPU_PROCESS_BOUNDS": "1,1,1",
           "TPU_PROCESS_PORT": str(port),
           "TPU_PROCESS_ADDRESSES": f"localhost:{port}",
-          "CLOUD_TPU_TASK_ID": "0"}
+          "CLOUD_TPU_TASK_ID": "0",
+          # Several processes of one host load libtpu, each for its own chips; libtpu's
+          # host-wide lock file would refuse all but the first (JAX's own multi-process
+          # TPU tests set this beside the chip bounds).
+          "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
 
 
 def tpu_plan(split: Sequence[int], chips: int, environ: Mapping[str, str],

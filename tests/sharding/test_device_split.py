@@ -103,16 +103,18 @@ def tpu_env(chips, port):
   return {"TPU_VISIBLE_CHIPS": ",".join(map(str, chips)),
           "TPU_CHIPS_PER_PROCESS_BOUNDS": f"1,{len(chips)},1", "TPU_PROCESS_BOUNDS": "1,1,1",
           "TPU_PROCESS_PORT": str(port), "TPU_PROCESS_ADDRESSES": f"localhost:{port}",
-          "CLOUD_TPU_TASK_ID": "0"}
+          "CLOUD_TPU_TASK_ID": "0", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
 
 
 @pytest.mark.parametrize("split, chips, expected", [
     ((4, 4), 8, [{"TPU_VISIBLE_CHIPS": "0,1,2,3", "TPU_CHIPS_PER_PROCESS_BOUNDS": "1,4,1",
                   "TPU_PROCESS_BOUNDS": "1,1,1", "TPU_PROCESS_PORT": "8476",
-                  "TPU_PROCESS_ADDRESSES": "localhost:8476", "CLOUD_TPU_TASK_ID": "0"},
+                  "TPU_PROCESS_ADDRESSES": "localhost:8476", "CLOUD_TPU_TASK_ID": "0",
+                  "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"},
                  {"TPU_VISIBLE_CHIPS": "4,5,6,7", "TPU_CHIPS_PER_PROCESS_BOUNDS": "1,4,1",
                   "TPU_PROCESS_BOUNDS": "1,1,1", "TPU_PROCESS_PORT": "8477",
-                  "TPU_PROCESS_ADDRESSES": "localhost:8477", "CLOUD_TPU_TASK_ID": "0"}]),
+                  "TPU_PROCESS_ADDRESSES": "localhost:8477", "CLOUD_TPU_TASK_ID": "0",
+                  "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}]),
     ((2, 2), 4, [tpu_env([0, 1], 8476), tpu_env([2, 3], 8477)]),
     ((6, 2), 8, [tpu_env([0, 1, 2, 3, 4, 5], 8476), tpu_env([6, 7], 8477)]),
     ((4, 1, 3), 8, [tpu_env([0, 1, 2, 3], 8476), tpu_env([4], 8477), tpu_env([5, 6, 7], 8478)]),
