@@ -8,8 +8,9 @@ import jax
 import pytest
 
 from sao_jax.cli import plan as plan_cli
-from sao_jax.config import MeshConfig, hosts, load_config
+from sao_jax.config import MeshConfig, apply_overrides, hosts, load_config
 from sao_jax.planning import aot, estimate, hardware
+from tiny_run import TINY_RUN
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 GIB = 2**30
@@ -125,3 +126,44 @@ def test_a_gpu_rating_replaces_the_tpu_chip(monkeypatch):
   assert result.roofline.step_seconds == pytest.approx(result.hardware_flops / (4 * 989e12))
   with pytest.raises(ValueError, match="rate_as='a100' is unknown: known GPUs are h100"):
     aot.plan(cfg, "v5p:2x2x1", 4096, with_decode=False, rate_as="a100")
+
+
+@pytest.mark.slow
+def test_a_host_layout_trains_end_to_end_on_the_emulated_devices(tmp_path):
+  """The v6e-8 layout on the 8 emulated CPU devices: the learner on devices 0-3 (fsdp 4),
+  one sampler process on its own 4 (a tensor-4 engine), two SAO steps through it."""
+  from sao_jax.jobs import train
+
+  cfg = hosts.on_host(load_config(CONFIGS / "demo_cpu.py"), "v6e-8")
+  cfg = apply_overrides(cfg, TINY_RUN + ["model.num_key_value_heads=4", "learner.steps=2",
+                                         f"run.run_dir={tmp_path / 'run'}", "run.eval_every=0",
+                                         "run.loggers="]).validate()
+  learner_devices, sampler_envs = train.local_devices(cfg)
+  assert [d.id for d in learner_devices] == [0, 1, 2, 3]
+  assert sampler_envs == [{"JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "4"}]
+  summary = train.run(cfg, log=print)
+  assert summary["steps_done"] == 2
+
+
+def test_a_sampler_slice_plans_without_the_train_step(monkeypatch):
+  """--no-train: the sampler's programs alone (nothing lowers the train step), the train
+  figures only analytic; planning nothing, or a shared device without its learner, is
+  refused."""
+  lowered = []
+  monkeypatch.setattr(aot, "lower_train", lambda *args: lowered.append("train_step"))
+  monkeypatch.setattr(aot, "lower_decode", lambda *args: lowered.append("decode_step") or "d")
+  monkeypatch.setattr(aot, "lower_engine_decode",
+                      lambda *args: lowered.append("paged_decode") or "p")
+  monkeypatch.setattr(aot, "_compile", lambda lowered_name, *args: lowered_name)
+  monkeypatch.setattr(aot, "_program", lambda name, topology, mesh, compiled: _program(name, 1))
+  monkeypatch.setattr(hardware, "topology_devices", lambda topology: jax.devices()[:4])
+  cfg = load_config(f"{CONFIGS / 'qwen3_0_6b.py'}:v6e-8")
+  result = aot.plan(cfg, "v6e:1x4", 4096, with_train=False)
+  assert lowered == ["decode_step", "paged_decode"] and result.train is None
+  assert [p.name for p in result.programs()] == ["decode_step", "paged_decode"]
+  aot.check_fits(result)
+  assert "train step not compiled (--no-train)" in aot.format_plan(result)
+  with pytest.raises(ValueError, match="nothing to plan"):
+    aot.plan(cfg, "v6e:1x4", 4096, with_train=False, with_decode=False)
+  with pytest.raises(ValueError, match="shared_device adds the learner's and the sampler's"):
+    aot.plan(cfg, "v6e:1x4", 4096, with_train=False, shared_device=True)

@@ -3,8 +3,8 @@
   sao-plan --config configs/qwen3_4b.py:v6e-8     (a ready single-host config: its host's chips)
   sao-plan --config configs/qwen3_8b_v5p32.py --topology v5p:2x2x4 [--set a.b=c ...]
            [--seq-len 32768] [--sampler-topology v5p:2x2x2] [--sampler-batch 64]
-           [--sampler-mesh data=1,fsdp=-1,tensor=1,expert=1] [--hbm-fraction 0.95] [--no-decode]
-           [--mean-episode-tokens 4096]
+           [--sampler-mesh data=1,fsdp=-1,tensor=1,expert=1] [--hbm-fraction 0.95]
+           [--mean-episode-tokens 4096] [--no-decode | --no-train]
 
 Runs on any CPU machine with libtpu installed (`pip install "jax[tpu]==<jax version>"`):
 AOT-compiles the learner's train step and the sampler's decode step for the
@@ -56,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
                     sampler_mesh=args.sampler_mesh, sampler_batch=args.sampler_batch,
                     hbm_fraction=args.hbm_fraction, with_decode=not args.no_decode,
                     mean_episode_tokens=args.mean_episode_tokens, rate_as=targets.rate_as,
-                    shared_device=targets.shared_device)
+                    shared_device=targets.shared_device and not args.no_train,
+                    with_train=not args.no_train)
   print(aot.format_plan(result))
   aot.check_fits(result)
   print(f"fits: every program is within {args.hbm_fraction:.0%} of "
@@ -91,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="assumed mean episode length for the paged engine's figures "
                       "(default: the config's sampler.expected_episode_tokens, else seq_len / 8)")
   parser.add_argument("--no-decode", action="store_true", help="plan the train step only")
+  parser.add_argument("--no-train", action="store_true",
+                      help="plan the sampler's programs only (a sampler slice, e.g. for "
+                      "sao-sampler; much faster for large models)")
   return parser
 
 

@@ -82,7 +82,7 @@ class Plan:
   device: hardware.Chip  # per-device share of the chip
   devices: int
   hbm_fraction: float  # usable share of HBM
-  train: Program
+  train: Program | None  # None: the sampler's programs alone (`plan(with_train=False)`)
   decode: Program | None
   paged_decode: Program | None  # the paged engine's decode call at `paged_decode(plan).episodes`
   sampler_batch: int
@@ -221,7 +221,7 @@ def plan(cfg: Config, topology: str, seq_len: int, *, sampler_topology: str | No
          sampler_mesh: MeshConfig | None = None, sampler_batch: int | None = None,
          hbm_fraction: float = 0.95, with_decode: bool = True,
          mean_episode_tokens: int | None = None, rate_as: str | None = None,
-         shared_device: bool = False) -> Plan:
+         shared_device: bool = False, with_train: bool = True) -> Plan:
   """Compiles the train step (and the sampler's decode step) and estimates throughput.
 
   The sampler's programs run on `sampler_mesh` (default `cfg.sampler_mesh()`, the
@@ -231,11 +231,17 @@ def plan(cfg: Config, topology: str, seq_len: int, *, sampler_topology: str | No
   figures (`paged_decode`). `rate_as` names a GPU (`hardware.GPUS`) whose memory
   and speed rate the programs compiled for `topology` (an estimate); with
   `shared_device` the sampler runs on the learner's devices and `check_fits` adds
-  their memory."""
+  their memory. `with_train=False` compiles the sampler's programs alone (a sampler
+  slice planned apart from its learner); the train figures are then only the
+  analytic FLOPs and roofline."""
   if seq_len < 2:
     raise ValueError(f"seq_len={seq_len} is invalid: a trajectory needs at least 2 tokens")
   if not 0.0 < hbm_fraction <= 1.0:
     raise ValueError(f"hbm_fraction={hbm_fraction} is invalid: expected 0 < fraction <= 1")
+  if not (with_train or with_decode):
+    raise ValueError("nothing to plan: with_train=False and with_decode=False")
+  if shared_device and not (with_train and with_decode):
+    raise ValueError("shared_device adds the learner's and the sampler's memory: plan both")
   if sampler_mesh is not None:  # planned as the config's sampler.mesh (advice names it)
     cfg = dataclasses.replace(cfg, sampler=dataclasses.replace(cfg.sampler, mesh=sampler_mesh))
   generation, _ = hardware.parse_topology(topology)
@@ -245,9 +251,11 @@ def plan(cfg: Config, topology: str, seq_len: int, *, sampler_topology: str | No
     if rate_as not in hardware.GPUS:
       raise ValueError(f"rate_as={rate_as!r} is unknown: known GPUs are {', '.join(hardware.GPUS)}")
     device = hardware.GPUS[rate_as]
-  mesh = make_mesh(cfg.mesh, devices)
-  train = _program("train_step", topology, mesh, _compile(
-      lower_train(cfg, mesh, seq_len), cfg, "train_step", mesh, device.name, seq_len))
+  train = None
+  if with_train:
+    mesh = make_mesh(cfg.mesh, devices)
+    train = _program("train_step", topology, mesh, _compile(
+        lower_train(cfg, mesh, seq_len), cfg, "train_step", mesh, device.name, seq_len))
   sampler_batch = sampler_batch or dense_rows(cfg, seq_len)
   mean_episode_tokens = (mean_episode_tokens or cfg.sampler.expected_episode_tokens
                          or max(seq_len // 8, 1))
@@ -300,11 +308,12 @@ def check_fits(result: Plan) -> None:
           result.cfg, program.name, program.memory, result.limit_bytes, result.device.name,
           result.seq_len, batch_shards(program.mesh_shape)))
   if result.shared_device and shared_total(result) > result.limit_bytes:
+    need, limit = shared_total(result) / estimate.GiB, result.limit_bytes / estimate.GiB
     raise DoesNotFit(
         f"the learner and the sampler share each device, and together they need "
-        f"{shared_total(result) / estimate.GiB:.2f} GiB of the {result.limit_bytes / estimate.GiB:.2f} "
-        f"GiB limit on {result.device.name}: make one of them smaller (learner.micro_batches, "
-        "sampler.slots or sampler.kv_pages), or give them devices of their own (run.device_split)")
+        f"{need:.2f} GiB of the {limit:.2f} GiB limit on {result.device.name}: make one of them "
+        "smaller (learner.micro_batches, sampler.slots or sampler.kv_pages), or give them "
+        "devices of their own (run.device_split)")
 
 
 def shared_total(result: Plan) -> int:
@@ -350,20 +359,24 @@ def format_plan(result: Plan) -> str:
                  f"{gib(result.device.hbm_bytes)} {m.total / result.device.hbm_bytes:6.1%}")
   lines.append("(GiB per device; total = args + outputs - aliased + temps + code)")
   if result.rated_as:
+    compiled_for = sorted({p.topology for p in result.programs()})
     lines.append(f"ESTIMATE for {result.rated_as}: compiled by the TPU compiler for "
-                 f"{result.train.topology} (the same program and mesh) and rated with the "
-                 f"{result.rated_as}'s memory and speed; not measured on a GPU")
+                 f"{' and '.join(compiled_for)} (the same programs and meshes) and rated with "
+                 f"the {result.rated_as}'s memory and speed; not measured on a GPU")
   if result.shared_device:
-    lines.append(f"learner and sampler share each device: {shared_total(result) / estimate.GiB:.2f} "
-                 "GiB together")
+    together = shared_total(result) / estimate.GiB
+    lines.append(f"learner and sampler share each device: {together:.2f} GiB together")
   train = result.train
-  compiler_time = (f", XLA optimal_seconds {train.compiler_seconds:.3g} s"
-                   if train.compiler_seconds is not None else "")
+  compiled = "train step not compiled (--no-train)"
+  if train is not None:
+    compiler_time = (f", XLA optimal_seconds {train.compiler_seconds:.3g} s"
+                     if train.compiler_seconds is not None else "")
+    compiled = (f"XLA cost analysis {train.compiler_flops:.3e} per device{compiler_time} "
+                "(loop bodies counted once: not a step total)")
   lines += [
       f"train FLOPs/step: model {result.model_flops:.3e}, with recompute "
       f"{result.hardware_flops:.3e} ({result.hardware_flops / result.devices:.3e} per device); "
-      f"XLA cost analysis {train.compiler_flops:.3e} per device{compiler_time} (loop bodies "
-      "counted once: not a step total)",
+      + compiled,
       f"roofline on {result.devices} x {result.device.name} "
       f"({result.device.peak_bf16_flops / 1e12:.0f} TFLOP/s bf16 each): step >= "
       f"{r.step_seconds:.2f} s, MFU <= {r.mfu:.1%}, tokens/s <= {r.tokens_per_s:,.0f} "
