@@ -59,6 +59,14 @@ bytes per device split over tensor alone (the layout before the split: pages
 whole on every chip of the data axis); target <= 1 / data, printed with the
 mesh (`pool_page_shards` = data). One device: 1.
 
+`plan_block_sizes_match_run`: 1 when the Pallas kernel block sizes that sao-plan
+compiles into a small paged config's decode call on a v5e:2x2 topology (recorded
+while `aot.plan` traces on the topology's compile-only devices, `Plan.kernel_blocks`)
+equal those a sampler running that config on v5e chips uses (`aot_plan.
+run_kernel_blocks`: `sao_jax.models.paged_blocks.kernel_blocks` at one chip's
+shapes), else 0; null, with the reason printed, where libtpu is not installed
+(nothing compiles for a TPU then). It needs no TPU: the plan compiles on the CPU.
+
 `logp_parity_max_abs`: the largest |behavior_logp - policy_forward logp| over
 the engine's sampled tokens in the throughput run (the learner's forward on the
 same params and dtype). The last line is `RESULT {json}`.
@@ -80,13 +88,16 @@ import transformers
 
 from sao_jax.config.sampler import SamplerConfig
 from sao_jax.models import decode, forward, hf
-from sao_jax.config import MeshConfig
+from sao_jax.config import AlgorithmConfig, Config, LearnerConfig, MeshConfig, ModelConfig
 from sao_jax.models.paged_mesh import pool_head_axis
+from sao_jax.planning import aot, hardware
 from sao_jax.sampler import sampling, steps
 from sao_jax.sampler.kv_layout import kv_layout
 from sao_jax.sharding.mesh import make_mesh
 from sao_jax.sampler.engine import Engine
 from sao_jax.sampler.paged_engine import PagedEngine
+
+from aot_plan import run_kernel_blocks  # this folder's: the run's sizes of a planned config
 
 HF_CONFIG = dict(vocab_size=8192, hidden_size=384, intermediate_size=1024, num_hidden_layers=6,
                  num_attention_heads=6, num_key_value_heads=2, head_dim=64, rope_theta=10000.0,
@@ -390,6 +401,46 @@ def pool_bytes_per_device(cfg, args) -> dict:
           "tensor": tensor}
 
 
+# `plan_block_sizes_match_run`: a small paged config whose decode call takes the Pallas
+# kernel on a TPU (head_dim a multiple of 128), its pool split over fsdp=2 page shards
+# and its heads over tensor=2, planned on a 4-chip v5e topology (seconds to compile).
+PLAN_TOPOLOGY = "v5e:2x2"
+
+
+def plan_config() -> Config:
+  """The small config `plan_block_sizes_match_run` plans. Its episodes are claimed to
+  run to max_seq_len (`expected_episode_tokens`), so the plan's decode call holds
+  exactly `sampler.slots` slots, the run's."""
+  model = ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=128, attention_impl="blocked", attention_block=16,
+                      remat_policy="full", param_dtype="bfloat16", compute_dtype="bfloat16")
+  sampler = SamplerConfig(kv_layout="paged", paged_attention="auto", slots=8, max_seq_len=64,
+                          kv_page_size=16, expected_episode_tokens=64, sharded=True,
+                          mesh=MeshConfig(data=1, fsdp=2, tensor=2))
+  return Config(name="plan_blocks", mesh=MeshConfig(fsdp=-1), model=model, sampler=sampler,
+                algorithm=AlgorithmConfig.for_variant("sao"),
+                learner=LearnerConfig(batch_trajectories=8, micro_batches=2))
+
+
+def plan_block_sizes_match_run(cfg: Config, topology: str = PLAN_TOPOLOGY
+                               ) -> tuple[int | None, str]:
+  """(1 if the kernel blocks sao-plan compiles `cfg`'s paged decode call with on
+  `topology` (`Plan.kernel_blocks`, recorded while it traces on the topology's
+  devices) are the ones the engine's decode call gets on a chip of that topology
+  (`aot_plan.run_kernel_blocks`: `paged_blocks.kernel_blocks` at one chip's shapes),
+  else 0; what was compared). None where libtpu is missing: nothing can compile for a
+  TPU here."""
+  try:
+    hardware.topology_devices(topology)
+  except ImportError as error:
+    return None, f"not checked: {error}"
+  result = aot.plan(cfg, topology, cfg.sampler.max_seq_len)
+  run = run_kernel_blocks(cfg, topology)
+  planned = "; ".join(b.describe() for b in result.kernel_blocks) or "none (reference path)"
+  return int(result.kernel_blocks == (run,)), f"{topology} plan: {planned}; run: {run.describe()}"
+
+
 def logp_parity(engine: Engine, cfg, params, prompts: np.ndarray, new: int) -> float:
   """max |behavior_logp - policy_forward logp| over the tokens the engine samples."""
   for i, prompt in enumerate(prompts):
@@ -516,6 +567,8 @@ def main() -> None:
             f"{pre['batched_flops'] / 1e9:.1f} G / {pre['single_flops'] / 1e9:.1f} G)"),
            (f"pool bytes per device, data {split['data']} x tensor {split['tensor']}",
             f"split / tensor only = {split['ratio']:.3f} (target <= 1 / {split['data']})")]
+  blocks_match, blocks_compared = plan_block_sizes_match_run(plan_config())
+  rows += [("plan's kernel blocks = run's", f"{blocks_match} ({blocks_compared})")]
   width = max(len(name) for name, _ in rows)
   for name, value in rows:
     print(f"{name:<{width}}  {value}")
@@ -529,7 +582,8 @@ def main() -> None:
                 decode_roofline_fraction=round(roofline, 3),
                 prefill_batched_speedup=round(pre["speedup"], 3),
                 pool_bytes_per_device_ratio=round(float(split["ratio"]), 4),
-                pool_page_shards=split["data"])
+                pool_page_shards=split["data"],
+                plan_block_sizes_match_run=blocks_match)
   print("RESULT " + json.dumps(result))
 
 

@@ -46,7 +46,10 @@ def main(argv: Sequence[str] | None = None) -> None:
   stop = threading.Event()
   signal.signal(signal.SIGTERM, lambda *_: stop.set())
   try:
-    cfg = startup.load(args.config, args.overrides)
+    # The workers open this host's devices, which this process does not count: only
+    # a sampler mesh with fixed data and fsdp sizes is checked against the pool here.
+    cfg = startup.load(args.config, args.overrides,
+                       lambda cfg: startup.sampler_meshes(cfg, [None] * args.workers))
     from sao_jax.sampler import remote
 
     remote.run(cfg, workers=args.workers, first_worker=args.first_worker, stop=stop,

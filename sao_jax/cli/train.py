@@ -55,7 +55,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     overrides = list(args.overrides)
     if args.resume is not None:
       overrides.append(f"run.resume={args.resume}")
-    cfg = startup.load(args.config, overrides)
+    # Without counting devices (which would start the backend before train.run claims
+    # its chips): run.device_split's shares and fixed mesh sizes (`startup`).
+    cfg = startup.load(args.config, overrides,
+                       lambda cfg: startup.train_sampler_meshes(cfg, None))
     if args.check:
       print(check(cfg))
       print(f"sao-train: {args.config} is valid", file=sys.stderr)

@@ -295,16 +295,17 @@ def restore_policy(cfg: Config, step: int | None, mesh: jax.sharding.Mesh) -> tu
 
 
 def sampler_mesh(cfg: Config) -> jax.sharding.Mesh:
-  """The mesh the evaluation engine runs on (`cfg.sampler_mesh()` over this process's
-  devices), refused before any policy is loaded when the paged pool's slots and pages
-  do not split over its page shards."""
-  from sao_jax.models import paged_mesh
+  """The mesh the evaluation engine runs on: `cfg.sampler_mesh()` over all devices
+  (`eval_meshes`, which `startup.check` checks the paged pool against first)."""
   from sao_jax.sharding.mesh import make_mesh
 
-  mesh = make_mesh(cfg.sampler_mesh())
-  if cfg.sampler.kv_layout == "paged":
-    paged_mesh.check_split(cfg.sampler.slots, cfg.sampler.num_kv_pages(), dict(mesh.shape))
-  return mesh
+  return make_mesh(cfg.sampler_mesh())
+
+
+def eval_meshes(cfg: Config) -> list[int]:
+  """`startup.check`'s `meshes` for sao-eval: its one engine spans every device
+  (`sampler_mesh`), sampler.sharded or not; refused there before any policy loads."""
+  return [jax.device_count()]
 
 
 def evaluate_checkpoint(cfg: Config, step: int | None = None, *,
@@ -315,7 +316,7 @@ def evaluate_checkpoint(cfg: Config, step: int | None = None, *,
   is restored (`restore_policy`), straight onto its shards of the sampler mesh
   (`cfg.sampler_mesh()`) the engine runs on."""
 
-  cfg = startup.check(cfg.with_run_paths())
+  cfg = startup.check(cfg.with_run_paths(), eval_meshes)
   mesh = sampler_mesh(cfg)
   chat = load_chat(cfg.run.tokenizer_file, enable_thinking=cfg.run.enable_thinking)
   policy, meta = restore_policy(cfg, step, mesh)
@@ -338,7 +339,7 @@ def evaluate_policy(cfg: Config, policy_dir: str | pathlib.Path, *,
   from sao_jax.models import hf, params_io
 
   cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, init=str(policy_dir)))
-  cfg = startup.check(init_model.resolve(cfg.with_run_paths()))
+  cfg = startup.check(init_model.resolve(cfg.with_run_paths()), eval_meshes)
   checkpoint = init_model.read_init(cfg.run.init)
   init_model.merge_model(cfg.model, checkpoint.model, cfg.run.init)
   init_model.check_dtypes(cfg.model, jax.devices())

@@ -3,6 +3,9 @@ anything compiles:
 
     cfg = startup.check(cfg)                     # a Config built in code
     cfg = startup.load(path, overrides)          # a config file (what the commands do)
+    cfg = startup.check(cfg, lambda cfg: [8])    # and a paged engine on a mesh of 8 devices
+    startup.sampler_meshes(cfg, devices)         -> the sampler processes' meshes to check
+    startup.train_sampler_meshes(cfg, host)      -> those of sao-train's local samplers
 
 `Config.validate()` checks what the config itself can know (types, ranges, one
 section against another). The names a config gives to code are checked against
@@ -11,7 +14,23 @@ that code here, the layer that may import it:
   - the environment (`env.name`, `env.options`, the task source, `env.reward_fn`):
     `sao_jax.envs.registry.check` imports it and checks its options;
   - the variant's advantage estimator and policy loss: `sao_jax.learner.step.
-    check_variant`, against the registries where those functions live.
+    check_variant`, against the registries where those functions live;
+  - the paged pool against the meshes the job's engines split it over
+    (`check_page_split`): D = data x fsdp page shards of the sampler mesh
+    (`cfg.sampler_mesh()`, `sao_jax.models.paged_mesh`) must divide sampler.slots
+    and the pool's pages, the refusal the engine itself would make once built,
+    after the policy was restored or the learner started.
+
+The meshes are given as device counts, one per engine, since only the job knows
+them: sao-eval's engine spans all devices; sao-train's sampler processes use the
+mesh only with sampler.sharded, over their run.device_split shares or else over
+the host's devices; sao-sampler's workers over their host's devices, which its
+supervisor (pinned to the CPU) does not open. A count not known yet is None:
+then only a mesh whose data and fsdp sizes are fixed is checked, since a -1 axis
+there takes the device count, and counting devices starts the backend, which
+sao-train's command must not do before `sao_jax.jobs.train.claim_tpu_chips` and
+`jax.distributed` (sao-train checks again in `train.run`, after them, with the
+host's count).
 
 Each error names the field, the value and what is allowed.
 """
@@ -19,21 +38,61 @@ Each error names the field, the value and what is allowed.
 from __future__ import annotations
 
 import pathlib
-from typing import Sequence
+from typing import Callable, Sequence
 
-from sao_jax.config import Config, load_config
+from sao_jax.config import MESH_AXES, Config, load_config
 from sao_jax.envs import registry
 from sao_jax.learner import step
+from sao_jax.models import paged_mesh
 
 
-def check(cfg: Config) -> Config:
-  """`cfg`, validated whole (module docstring); ValueError naming what is wrong."""
+def check(cfg: Config, meshes: Callable[[Config], Sequence[int | None]] = lambda cfg: ()
+          ) -> Config:
+  """`cfg`, validated whole (module docstring); ValueError naming what is wrong.
+  `meshes(cfg)`, asked once the rest is valid: the device count of each sampler mesh
+  the job lays a paged engine over (None: not known yet), each `check_page_split`."""
   cfg.validate()
   registry.check(cfg.env)
   step.check_variant(cfg.algorithm)
+  for devices in meshes(cfg):
+    check_page_split(cfg, devices)
   return cfg
 
 
-def load(path: str | pathlib.Path, overrides: Sequence[str] = ()) -> Config:
-  """`sao_jax.config.load_config(path, overrides)`, then `check`ed."""
-  return check(load_config(path, overrides))
+def load(path: str | pathlib.Path, overrides: Sequence[str] = (),
+         meshes: Callable[[Config], Sequence[int | None]] = lambda cfg: ()) -> Config:
+  """`sao_jax.config.load_config(path, overrides)`, then `check`ed (with `meshes`)."""
+  return check(load_config(path, overrides), meshes)
+
+
+def check_page_split(cfg: Config, devices: int | None) -> None:
+  """ValueError, naming the count, the page shards and the fix, unless the paged pool's
+  slots and pages split over the page shards of the sampler mesh (`cfg.sampler_mesh()`)
+  over `devices` devices (`paged_mesh.check_split`, the engine's own check). With
+  `devices` None only a mesh whose data and fsdp sizes are fixed is checked (module
+  docstring); a dense cache has no page shards."""
+  if cfg.sampler.kv_layout != "paged":
+    return
+  mesh = cfg.sampler_mesh()
+  if devices is not None:
+    shape = mesh.shape(devices)
+  elif -1 in (mesh.data, mesh.fsdp):
+    return
+  else:  # the shards are data x fsdp: a -1 tensor or expert axis does not change them
+    shape = {axis: getattr(mesh, axis) for axis in MESH_AXES}
+  paged_mesh.check_split(cfg.sampler.slots, cfg.sampler.num_kv_pages(), shape)
+
+
+def sampler_meshes(cfg: Config, devices: Sequence[int | None]) -> list[int | None]:
+  """The meshes of sampler processes with `devices` devices each (None: not known
+  here) that lay their engines over the sampler mesh: all of them with
+  sampler.sharded, else none (each engine then runs on one device, one page shard)."""
+  return list(devices) if cfg.sampler.sharded else []
+
+
+def train_sampler_meshes(cfg: Config, host_devices: int | None) -> list[int | None]:
+  """`sampler_meshes` of sao-train's run.num_samplers local sampler processes: each
+  opens its run.device_split share, or without a split all `host_devices` of the
+  host (`sao_jax.sharding.device_split`)."""
+  split = cfg.run.device_split
+  return sampler_meshes(cfg, split[1:] if split else [host_devices] * cfg.run.num_samplers)

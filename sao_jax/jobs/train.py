@@ -182,8 +182,10 @@ def run(cfg: Config, *, resume: bool | None = True, log=print) -> dict:
   # once, when the backend starts, and then holds every chip it was allowed.
   tpu_sampler_envs = claim_tpu_chips(cfg)
   distributed.initialize()  # a multi-host learner: join the cluster the environment names
-  # Refused before any directory is made, sampler started or program compiled.
-  cfg = startup.check(init_model.resolve(cfg.with_run_paths()))
+  # Refused before any directory is made, sampler started or program compiled. The
+  # chips are claimed and the cluster joined, so the host's devices may be counted.
+  cfg = startup.check(init_model.resolve(cfg.with_run_paths()),
+                      lambda cfg: startup.train_sampler_meshes(cfg, jax.local_device_count()))
   init_model.check_init(cfg)
   init_model.check_dtypes(cfg.model, jax.devices())
   shared_run_dir(cfg)

@@ -2,6 +2,7 @@
 
   page_axes(mesh_shape)                  -> the mesh axes pages and slots split over
   page_shards(mesh_shape)                -> D, the product of their sizes (1: not split)
+  check_split(slots, pages, mesh_shape)  -> ValueError unless both are multiples of D
   page_entry(mesh_shape)                 -> those axes as a PartitionSpec entry
   traced_page_shards()                   -> D of the abstract mesh being traced (1: none)
   pool_head_axis(mesh_shape, K)          -> the mesh axis KV heads split over, or None
@@ -45,13 +46,21 @@ def page_shards(mesh_shape: dict[str, int]) -> int:
 
 def check_split(slots: int, pages: int, mesh_shape: dict[str, int]) -> None:
   """ValueError unless `slots` and `pages` both split evenly over the D page shards
-  (each shard holds slots / D slots and their pages / D pages)."""
-  shards = page_shards(mesh_shape)
+  of a mesh of `mesh_shape` (`check_shards`)."""
+  check_shards(slots, pages, page_shards(mesh_shape), f"mesh axes {page_axes(mesh_shape)}")
+
+
+def check_shards(slots: int, pages: int, shards: int,
+                 axes: str = "the sampler mesh's data and fsdp axes") -> None:
+  """ValueError unless `slots` and `pages` are multiples of `shards` (each shard holds
+  slots / D slots and their pages / D pages). The one refusal of a pool that does not
+  split: the engine's cache, its page allocator and the start-up check
+  (`sao_jax.jobs.startup`) all ask here. `axes` names the axes the shards lie on."""
   for count, what in ((slots, "slots"), (pages, "pages")):
     if count % shards:
       raise ValueError(f"a paged cache of {count} {what} does not split over the {shards} page "
-                       f"shards of mesh axes {page_axes(mesh_shape)}: set sampler.slots and "
-                       f"sampler.kv_pages to multiples of {shards}")
+                       f"shards of {axes}: set sampler.slots and sampler.kv_pages to multiples "
+                       f"of {shards}, or set sampler.mesh with fewer data x fsdp devices")
 
 
 def page_entry(mesh_shape: dict[str, int]):

@@ -37,17 +37,15 @@ from typing import Iterable
 
 import numpy as np
 
+from sao_jax.models.paged_mesh import check_shards
+
 
 class PagePool:
   """Host-side page bookkeeping (module docstring)."""
 
   def __init__(self, num_pages: int, page_size: int, slots: int, max_seq_len: int,
                shards: int = 1):
-    if slots % shards or num_pages % shards:
-      raise ValueError(f"a pool split over {shards} shards (the sampler mesh's batch axes) needs "
-                       f"sampler.slots={slots} and sampler.kv_pages={num_pages} to be multiples "
-                       f"of {shards}; set them so, or set sampler.mesh with fewer data/fsdp "
-                       "devices")
+    check_shards(slots, num_pages, shards)
     self.page_size, self.shards = page_size, shards
     self.pages_per_slot = -(-max_seq_len // page_size)
     self.pages_per_shard, self.slots_per_shard = num_pages // shards, slots // shards

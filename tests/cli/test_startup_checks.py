@@ -3,6 +3,7 @@ at start-up, before any work: `Config.validate()` cannot, as config sits below t
 environments and the learner (`sao_jax.jobs.startup`)."""
 
 import pathlib
+import re
 
 import pytest
 
@@ -47,3 +48,65 @@ def test_every_command_refuses_a_bad_environment_before_any_work(command, overri
   assert exit_info.value.code not in (0, None)
   assert message in str(exit_info.value.code) + capsys.readouterr().err
   assert not (tmp_path / "hf").exists()
+
+
+# The demo's mesh (fsdp=-1) over the 8 emulated devices has 8 page shards (data x fsdp).
+SPLIT_REFUSAL = (r"a paged cache of {count} slots does not split over the {shards} page shards "
+                 r"of mesh axes \('fsdp',\): set sampler.slots and sampler.kv_pages to multiples "
+                 r"of {shards}")
+
+
+def test_a_pool_the_eval_mesh_cannot_split_is_refused_by_the_startup_check():
+  from sao_jax.config import load_config
+  from sao_jax.jobs import evaluate, startup
+
+  cfg = load_config(DEMO, ["sampler.slots=4"])
+  with pytest.raises(ValueError, match=SPLIT_REFUSAL.format(count=4, shards=8)):
+    startup.check(cfg, evaluate.eval_meshes)
+  startup.check(cfg)  # sao-train's samplers run the demo unsharded: one device, one shard
+  startup.check(load_config(DEMO, ["sampler.slots=8"]), evaluate.eval_meshes)
+  startup.check(load_config(DEMO, ["sampler.slots=4", "sampler.kv_layout=dense"]),
+                evaluate.eval_meshes)  # no pages to split
+
+
+def test_sao_eval_refuses_a_pool_its_mesh_cannot_split_before_restoring_anything(
+    monkeypatch, tmp_path, capsys):
+  from sao_jax.jobs import evaluate
+
+  restored = []
+  monkeypatch.setattr(evaluate, "restore_policy", lambda *a, **k: restored.append(a))
+  monkeypatch.setattr(evaluate, "load_chat", lambda *a, **k: restored.append(a))
+  with pytest.raises(SystemExit) as exit_info:
+    evaluate_cli.main(["--config", DEMO, "--set", "sampler.slots=4",
+                       "--set", f"run.run_dir={tmp_path / 'run'}"])
+  assert exit_info.value.code == 2
+  assert re.search(SPLIT_REFUSAL.format(count=4, shards=8), capsys.readouterr().err)
+  assert restored == []
+
+
+def test_sao_train_check_refuses_a_sampler_share_that_cannot_split_its_pool(capsys):
+  """run.device_split=(6, 2) gives the one sharded sampler 2 devices: fsdp=-1 makes 2
+  page shards, known from the config alone (no backend started: the chips are not
+  claimed yet), and 3 slots do not split over them."""
+  sets = ["run.device_split=[6,2]", "run.num_samplers=1", "sampler.slots=3"]
+  with pytest.raises(SystemExit) as exit_info:
+    train_cli.main(["--config", DEMO, "--check", *_sets(sets + ["sampler.sharded=true"])])
+  assert re.search(SPLIT_REFUSAL.format(count=3, shards=2), str(exit_info.value.code)
+                   + capsys.readouterr().err)
+  train_cli.main(["--config", DEMO, "--check", *_sets(sets)])  # unsharded: one device each
+
+
+def test_sao_sampler_refuses_a_fixed_sampler_mesh_that_cannot_split_its_pool(monkeypatch,
+                                                                             capsys):
+  from sao_jax.sampler import remote
+
+  started = []
+  monkeypatch.setattr(remote, "run", lambda *a, **k: started.append(a))
+  with pytest.raises(SystemExit) as exit_info:
+    sampler_cli.main(["--config", DEMO, *_sets(REMOTE), *_sets(
+        ["sampler.sharded=true", "sampler.mesh=fsdp=4,tensor=-1", "sampler.slots=6"])])
+  assert exit_info.value.code == 2
+  message = capsys.readouterr().err
+  assert "a paged cache of 6 slots does not split over the 4 page shards of mesh axes ('fsdp',)" \
+      in message
+  assert started == []

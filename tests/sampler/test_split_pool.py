@@ -40,8 +40,9 @@ def test_sharing_stays_within_a_shard_and_within_its_entry_budget():
 
 
 def test_a_split_pool_names_what_does_not_divide():
-  with pytest.raises(ValueError, match=r"sampler.slots=6 and sampler.kv_pages=16 to be "
-                                       r"multiples of 4"):
+  with pytest.raises(ValueError, match=r"a paged cache of 6 slots does not split over the 4 "
+                                       r"page shards of the sampler mesh's data and fsdp axes: "
+                                       r"set sampler.slots and sampler.kv_pages to multiples of 4"):
     PagePool(num_pages=16, page_size=4, slots=6, max_seq_len=16, shards=4)
   with pytest.raises(ValueError, match=r"3 pages of 4 tokens per shard \(12 over 4 shards\) "
                                        r"cannot hold one episode"):
