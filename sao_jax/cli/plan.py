@@ -1,11 +1,13 @@
 """`sao-plan`: prove a pod configuration compiles and fits before paying for the pod.
 
-  sao-plan --config configs/qwen3_4b.py:v6e-8     (a ready single-host config: its host's chips)
+  sao-plan --config configs/qwen3_4b.py:v6e-8
   sao-plan --config configs/qwen3_8b_v5p32.py --topology v5p:2x2x4 [--set a.b=c ...]
            [--seq-len 32768] [--sampler-topology v5p:2x2x2] [--sampler-batch 64]
            [--sampler-mesh data=1,fsdp=-1,tensor=1,expert=1] [--hbm-fraction 0.95]
            [--mean-episode-tokens 4096] [--no-decode | --no-train]
 
+A config made for a host (`FILE.py:HOST`, `run.host`) needs no topology: the
+chips its learner and sampler processes open are planned (`aot.host_targets`).
 Runs on any CPU machine with libtpu installed (`pip install "jax[tpu]==<jax version>"`):
 AOT-compiles the learner's train step and the sampler's decode step for the
 named TPU topology on abstract (never allocated) arrays, prints per-device
