@@ -214,12 +214,17 @@ def report(out: pathlib.Path, path: pathlib.Path = REPORT) -> str:
               "(one-sided Fisher that SAO collapses less: p = "
               f"{stats.fisher_fewer_collapses(sum(sao_c), len(sao_c), sum(grpo_c), len(grpo_c)):.3f}"
               ")."]
-    lines += ["", "Per seed (mean reward over the run):", "",
-              "| seed | " + " | ".join(f"`{n}`" for n in groups) + " | difference |",
-              "|---|" + "---|" * (len(groups) + 1)]
+    lines += ["", "Per seed (mean reward over the run, and each run's mean policy lag: the "
+              "updates between a trajectory's first token and the step that trained it, "
+              "which follows how fast the sampler ran beside the learner, i.e. the "
+              "machine's load; docs/research/drift-recheck.md shows one seed's outcome "
+              "changing with it):", "",
+              "| seed | " + " | ".join(f"`{n}`" for n in groups) + " | difference | "
+              + " | ".join(f"lag `{n}`" for n in groups) + " |",
+              "|---|" + "---|" * (2 * len(groups) + 1)]
     for a, b in _pairs(groups):
       lines.append(f"| {a.seed} | {primary(a):.3f} | {primary(b):.3f} | "
-                   f"{primary(a) - primary(b):+.3f} |")
+                   f"{primary(a) - primary(b):+.3f} | {a.mean_lag():.2f} | {b.mean_lag():.2f} |")
   return "\n".join(lines) + "\n"
 
 

@@ -77,6 +77,17 @@ class Run:
   def final_accuracy(self) -> float:
     return float(self.eval_accuracy[-1]) if self.eval_accuracy.size else math.nan
 
+  def mean_lag(self) -> float:
+    """Mean policy lag of the trajectories trained on (policy updates between a
+    trajectory's first token and the step that trained it), from the staleness
+    histogram: sum_k k * count_k / sum_k count_k. An asynchronous run's lag follows
+    how fast its sampler ran beside its learner, i.e. the machine's load. NaN
+    without a histogram."""
+    counts = {int(key.rpartition("_")[2]): float(np.nansum(values))
+              for key, values in self.metrics.items() if key.startswith("staleness/lag_")}
+    total = sum(counts.values())
+    return sum(k * c for k, c in counts.items()) / total if total else math.nan
+
 
 def load_run(run_dir: str | pathlib.Path) -> Run:
   run_dir = pathlib.Path(run_dir)

@@ -83,6 +83,11 @@ def test_e1_supported_when_sao_gains_on_every_seed(tmp_path):
   assert f"signed-rank p = {1 / 1024:.4f}" in text
   assert "Manipulation check passed: (a) warm-start reward over the first 5 steps 0.100" in text
   assert "| `sao_centered_gated` | 10 |" in text and "0.300 ± 0.000 |" in text  # gate skips
+  # Per seed, each run's mean lag: the synthetic histogram puts half the batch at lag 0
+  # and half at lag 1.
+  assert "| difference | lag `sao_centered_gated` | lag `grpo` |" in text
+  # Seed 0: SAO (5 x 0.1 + 35 steps from 0.1 to 0.32) / 40 = 0.196, GRPO (to 0.3) 0.1875.
+  assert "| 0 | 0.196 | 0.188 | +0.009 | 0.50 | 0.50 |" in text
 
 
 def test_e1_not_supported_states_what_it_could_detect(tmp_path):
