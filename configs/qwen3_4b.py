@@ -2,9 +2,14 @@
 
 Architecture from `Qwen/Qwen3-4B` config.json (36 layers, hidden 2560, 32
 query / 8 kv heads of 128, SwiGLU 9728, vocab 151936, rope_theta 1e6, tied
-embeddings, bf16). The run setting is configs/qwen3_0_6b.py's; on a ready host
-(`configs/qwen3_4b.py:v6e-8`, sao_jax/config/hosts.py) its layout and the
-figures sao-plan gives for it: docs/guides/single-host.md.
+embeddings, bf16). The run setting (algorithm, learner, data, sampler) is
+configs/qwen3_0_6b.py's. On one TPU VM or GPU box, pass the machine (`:v6e-8`,
+`:v5p-8`, `:h100-8`, `:h100-1`; sao_jax/config/hosts.py, docs/guides/single-host.md),
+plan it (needs libtpu, no TPU) and point it at the checkpoint directory:
+
+    .venv/bin/sao-plan --config configs/qwen3_4b.py:v6e-8
+    .venv/bin/sao-train --config configs/qwen3_4b.py:v6e-8 \\
+        --set run.init=/path/to/Qwen3-4B --set run.tokenizer=/path/to/Qwen3-4B
 """
 
 import dataclasses
@@ -13,6 +18,9 @@ import pathlib
 from sao_jax.config import Config, load_config
 
 BASE = pathlib.Path(__file__).resolve().parent / "qwen3_0_6b.py"
+# Micro-batches per host where the base's 4 do not fit: on a v6e-8's 4 learner chips
+# (32 GiB each) 4 need 30.8 GiB per chip, over the 30.4 GiB sao-plan allows.
+MICRO_BATCHES = {"v6e-8": 8}
 
 
 def get_config(host: str = "") -> Config:
@@ -21,4 +29,6 @@ def get_config(host: str = "") -> Config:
       base, name="qwen3_4b",
       model=dataclasses.replace(base.model, hidden_size=2560, intermediate_size=9728,
                                 num_hidden_layers=36, num_attention_heads=32),
+      learner=dataclasses.replace(base.learner, micro_batches=MICRO_BATCHES.get(
+          host, base.learner.micro_batches)),
       run=dataclasses.replace(base.run, run_dir="runs/qwen3_4b"))

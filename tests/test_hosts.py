@@ -96,6 +96,7 @@ def test_one_shared_gpu_must_hold_the_learner_and_the_sampler_together():
   table = aot.format_plan(_plan(40, 30, shared=True))
   assert "ESTIMATE for h100: compiled by the TPU compiler for v5p:1x1x1" in table
   assert "learner and sampler share each device: 71.00 GiB together" in table
+  assert "attention kernel of the TPU proxy" in table and "reference attention path" in table
 
 
 def test_sao_plan_takes_the_hosts_targets_from_the_config(monkeypatch, capsys):

@@ -396,5 +396,9 @@ def format_plan(result: Plan) -> str:
                  "FLOPs)")
   if result.paged_decode is not None:
     blocks = "; ".join(b.describe() for b in result.kernel_blocks) or "none (reference path)"
-    lines.append(f"paged_decode attention kernel on {result.device.name} (per device): {blocks}")
+    if result.rated_as:  # the Pallas kernel is TPU-only: the proxy compiled it, a GPU does not
+      lines.append(f"paged_decode attention kernel of the TPU proxy (per device): {blocks}; on "
+                   f"{result.rated_as} the engine runs the reference attention path instead")
+    else:
+      lines.append(f"paged_decode attention kernel on {result.device.name} (per device): {blocks}")
   return "\n".join(lines)
