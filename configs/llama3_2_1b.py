@@ -10,9 +10,25 @@ the run at the local directory (weights and tokenizer):
         --set run.init=/path/to/Llama-3.2-1B --set run.tokenizer=/path/to/Llama-3.2-1B
 
 The learner refuses a directory whose config.json differs from the `model`
-section. Plan it first (needs libtpu; tests/test_ready_configs.py runs this):
+section. On one TPU VM or GPU box, pass the machine (`:v6e-8`, `:v5p-8`, `:h100-8`,
+`:h100-1`; sao_jax/config/hosts.py, docs/guides/single-host.md) and plan it first
+(needs libtpu, no TPU):
 
-    .venv/bin/sao-plan --config configs/llama3_2_1b.py --topology v5p:2x2x1
+    .venv/bin/sao-plan --config configs/llama3_2_1b.py:v6e-8
+
+sao-plan's figures for each host (GiB per device; libtpu 0.0.42.1;
+tests/test_ready_configs.py compiles each and checks them; GPU hosts are
+estimates, docs/guides/single-host.md):
+
+    host    program       topology    mesh       total     HBM
+    v6e-8   train_step    v6e:1x4     fsdp=4      12.77   32.00
+    v6e-8   decode_step   v6e:1x4     tensor=4     1.69   32.00
+    v6e-8   paged_decode  v6e:1x4     tensor=4     4.14   32.00
+    v5p-8   train_step    v5p:1x2x1   fsdp=2      21.56   95.00
+    v5p-8   decode_step   v5p:1x2x1   tensor=2     3.57   95.00
+    v5p-8   paged_decode  v5p:1x2x1   tensor=2     8.27   95.00
+    v6e-8   roofline: MFU <= 75.8%, train tokens/s <= 117,340, paged decode tokens/s <= 40,399
+    v5p-8   roofline: MFU <= 75.8%, train tokens/s <= 29,335, paged decode tokens/s <= 39,416
 
 Algorithm: the base config's, `sao_centered_gated` with a 10-step lr warm-up rather than
 the paper's `sao`; why, and the overrides that give the paper's SAO: the docstring of

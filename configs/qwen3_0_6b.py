@@ -9,9 +9,33 @@ local directory (weights and tokenizer):
         --set run.init=/path/to/Qwen3-0.6B --set run.tokenizer=/path/to/Qwen3-0.6B
 
 The learner refuses a directory whose config.json differs from the `model`
-section. Plan it first (needs libtpu; tests/test_ready_configs.py runs this):
+section. On one TPU VM or GPU box, pass the machine (`:v6e-8`, `:v5p-8`, `:h100-8`,
+`:h100-1`; sao_jax/config/hosts.py, docs/guides/single-host.md) and plan it first
+(needs libtpu, no TPU):
 
-    .venv/bin/sao-plan --config configs/qwen3_0_6b.py --topology v5p:2x2x1
+    .venv/bin/sao-plan --config configs/qwen3_0_6b.py:v6e-8
+
+sao-plan's figures for each host (GiB per device; libtpu 0.0.42.1;
+tests/test_ready_configs.py compiles each and checks them; GPU hosts are
+estimates, docs/guides/single-host.md):
+
+    host    program       topology    mesh       total     HBM
+    v6e-8   train_step    v6e:1x4     fsdp=4      10.05   32.00
+    v6e-8   decode_step   v6e:1x4     tensor=4     3.86   32.00
+    v6e-8   paged_decode  v6e:1x4     tensor=4     4.54   32.00
+    v5p-8   train_step    v5p:1x2x1   fsdp=2      15.43   95.00
+    v5p-8   decode_step   v5p:1x2x1   tensor=2     7.67   95.00
+    v5p-8   paged_decode  v5p:1x2x1   tensor=2     8.74   95.00
+    h100-8  train_step    v5p:2x2x1   fsdp=4      10.06   79.65
+    h100-8  decode_step   v5p:2x2x1   tensor=4     3.88   79.65
+    h100-8  paged_decode  v5p:2x2x1   tensor=4     4.64   79.65
+    h100-1  train_step    v5p:1x1x1   one         19.46   79.65
+    h100-1  decode_step   v5p:1x1x1   one         15.21   79.65
+    h100-1  paged_decode  v5p:1x1x1   one         16.18   79.65
+    v6e-8   roofline: MFU <= 74.0%, train tokens/s <= 188,243, paged decode tokens/s <= 73,104
+    v5p-8   roofline: MFU <= 74.0%, train tokens/s <= 47,061, paged decode tokens/s <= 65,781
+    h100-8  roofline: MFU <= 74.0%, train tokens/s <= 202,802, paged decode tokens/s <= 157,104
+    h100-1  roofline: MFU <= 74.0%, train tokens/s <= 50,701, paged decode tokens/s <= 41,681
 
 Algorithm: `sao_centered_gated` (batch-mean-centred advantages, no policy step on a
 batch whose rewards are all equal) with a 10-step lr warm-up, not the paper's `sao`.

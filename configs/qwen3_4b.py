@@ -10,6 +10,24 @@ plan it (needs libtpu, no TPU) and point it at the checkpoint directory:
     .venv/bin/sao-plan --config configs/qwen3_4b.py:v6e-8
     .venv/bin/sao-train --config configs/qwen3_4b.py:v6e-8 \\
         --set run.init=/path/to/Qwen3-4B --set run.tokenizer=/path/to/Qwen3-4B
+
+sao-plan's figures for each host (GiB per device; libtpu 0.0.42.1;
+tests/test_ready_configs.py compiles each and checks them; GPU hosts are
+estimates, docs/guides/single-host.md):
+
+    host    program       topology    mesh       total     HBM
+    v6e-8   train_step    v6e:1x4     fsdp=4      26.54   32.00
+    v6e-8   decode_step   v6e:1x4     tensor=4     6.44   32.00
+    v6e-8   paged_decode  v6e:1x4     tensor=4     7.43   32.00
+    v5p-8   train_step    v5p:1x2x1   fsdp=2      56.29   95.00
+    v5p-8   decode_step   v5p:1x2x1   tensor=2    12.89   95.00
+    v5p-8   paged_decode  v5p:1x2x1   tensor=2    14.41   95.00
+    h100-8  train_step    v5p:2x2x1   fsdp=4      30.77   79.65
+    h100-8  decode_step   v5p:2x2x1   tensor=4     6.50   79.65
+    h100-8  paged_decode  v5p:2x2x1   tensor=4     7.50   79.65
+    v6e-8   roofline: MFU <= 75.7%, train tokens/s <= 31,905, paged decode tokens/s <= 31,553
+    v5p-8   roofline: MFU <= 75.7%, train tokens/s <= 7,976, paged decode tokens/s <= 36,056
+    h100-8  roofline: MFU <= 75.7%, train tokens/s <= 34,372, paged decode tokens/s <= 72,948
 """
 
 import dataclasses
