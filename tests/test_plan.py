@@ -442,3 +442,24 @@ def test_plan_compiles_and_prints_the_kernel_sizes_a_tpu_run_uses():
   assert run != kernel_blocks(None, per_device)  # the off-TPU sizes it compiled before
   assert f"paged_decode attention kernel on v5e (per device): {run.describe()}" in \
       aot.format_plan(result)
+
+
+@pytest.mark.slow
+@pytest.mark.tpu_compile
+def test_the_split_pool_compiles_and_fits_on_a_two_host_sampler_slice():
+  """#39's plan, compiled for real (sampler programs only, --no-train: 56 s alone, 15 min
+  beside other compiles):
+  the 8B pod config's engine on a two-host v5p:2x2x2 sampler slice with data 2 x tensor
+  4, over the memory of 128 dense rows of 32K tokens, holds 2 page shards of 8,192
+  pages of 256: 1,024 episodes of 4,096 tokens, and the call at that many slots fits.
+  Measured with libtpu 0.0.42.1: paged_decode 77.99 GiB of 95 per chip."""
+  _libtpu()
+  cfg = load_config(pathlib.Path(__file__).resolve().parents[1] / "configs" / "qwen3_8b_v5p32.py")
+  result = aot.plan(cfg, "v5p:2x2x4", cfg.sampler.max_seq_len, sampler_topology="v5p:2x2x2",
+                    sampler_mesh=MeshConfig(data=2, fsdp=1, tensor=4), sampler_batch=128,
+                    with_train=False)
+  aot.check_fits(result)
+  paged = aot.paged_decode(result)
+  assert (paged.episodes, paged.shards, paged.pages_per_shard) == (1024, 2, 8192)
+  assert result.paged_decode.mesh_shape == {"data": 2, "fsdp": 1, "tensor": 4, "expert": 1}
+  assert result.paged_decode.memory.total / estimate.GiB == pytest.approx(77.99, abs=0.01)
