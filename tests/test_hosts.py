@@ -21,7 +21,10 @@ def test_a_host_config_gets_the_hosts_split_and_meshes():
   assert cfg.run.host == "v6e-8"
   assert (cfg.run.num_samplers, cfg.run.device_split) == (1, (4, 4))
   assert cfg.mesh == MeshConfig(data=1, fsdp=-1, tensor=1, expert=1)
-  assert cfg.sampler.sharded and cfg.sampler.mesh == MeshConfig(data=1, fsdp=1, tensor=4)
+  # Tensor over whatever a sampler process opens: its 4 chips in the run, the whole host
+  # under sao-eval (a fixed tensor=4 would not lay out over sao-eval's 8).
+  assert cfg.sampler.sharded and cfg.sampler.mesh == MeshConfig(data=1, fsdp=1, tensor=-1)
+  assert cfg.sampler.mesh.shape(4)["tensor"] == 4 and cfg.sampler.mesh.shape(8)["tensor"] == 8
   assert cfg.model.num_hidden_layers == 36  # the file's own model, not the base's
   one_gpu = load_config(f"{CONFIGS / 'qwen3_0_6b.py'}:h100-1")
   assert one_gpu.run.device_split == () and not one_gpu.sampler.sharded

@@ -6,8 +6,9 @@ in `run.host` and gets the host's split and meshes:
 
   run.num_samplers = 1, run.device_split = (learner devices, sampler devices)
   mesh             = fsdp over the learner's devices (params, Adam moments, batch)
-  sampler.mesh     = tensor over the sampler's devices (KV heads and weights split;
-                     one device: an unsharded engine)
+  sampler.mesh     = tensor over all the devices a sampler process opens (KV heads
+                     and weights split; one device: an unsharded engine); tensor=-1,
+                     so `sao-eval`, which opens the whole host, spreads it over that
 
 `sao-plan` compiles exactly that: the learner's program for the chips the learner
 process opens and the sampler's for the sampler process's (`process_topology`).
@@ -88,6 +89,6 @@ def on_host(cfg, name: str):
   run = dataclasses.replace(cfg.run, host=name, num_samplers=1, device_split=spec.split)
   sharded = spec.sampler_devices > 1
   sampler = dataclasses.replace(cfg.sampler, sharded=sharded, mesh=MeshConfig(
-      data=1, fsdp=1, tensor=spec.sampler_devices) if sharded else None)
+      data=1, fsdp=1, tensor=-1) if sharded else None)
   return dataclasses.replace(cfg, run=run, sampler=sampler,
                              mesh=MeshConfig(data=1, fsdp=-1, tensor=1, expert=1))
