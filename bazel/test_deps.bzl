@@ -16,4 +16,6 @@ TEST_DEPS = [
     requirement("import-linter"),
     requirement("mkdocs"),
     requirement("mkdocs-material"),
+    requirement("gcsfs"),
+    requirement("gcp-storage-emulator"),
 ]

@@ -113,9 +113,10 @@ def _one_tpu_compile_at_a_time(request):
 
 @pytest.fixture
 def emulated_gcs():
-  """gs:// served by an in-memory fsspec filesystem standing in for gcsfs (which the
-  test machines do not install), for epath (which asks fsspec for "gcs") and fsspec;
-  yields that filesystem."""
+  """gs:// served by an in-memory fsspec filesystem standing in for gcsfs, for epath
+  (which asks fsspec for "gcs") and fsspec; yields that filesystem. It reaches the
+  files `sao_jax.storage` writes, not TensorStore's own gcs driver, so orbax's arrays
+  in a bucket are tested against a GCS server instead (tests/test_checkpoint_bucket.py)."""
   import fsspec
   from etils.epath import backend
   from fsspec.implementations.memory import MemoryFileSystem
