@@ -154,6 +154,33 @@ def early_peak(directory: pathlib.Path, key: str) -> float:
   return max(updated[:EARLY_UPDATES])
 
 
+def sampled_entropy(cfg, episodes: int = 64) -> float:
+  """The entropy (nats per action token) of the policy in the latest checkpoint of the
+  run `cfg` describes, estimated on its own episodes: -mean log pi(a_t | s_t) over the
+  action tokens of `episodes` episodes of the run's task, sampled with the run's
+  sampler settings from seed `run.eval_seed`. For tempered sampling that is the
+  tempered distribution's entropy, like the learner's "policy/entropy" at temperature 1.
+
+  Unlike `early_peak`, the same checkpoint gives the same value on every run: the
+  learner's metric is measured on each step's batch, and after the first update which
+  policy versions a batch holds depends on when the sampler picked up new weights."""
+  from sao_jax.chat import load_chat
+  from sao_jax.envs.registry import make_tasks
+  from sao_jax.jobs import evaluate, startup
+
+  cfg = startup.check(cfg.with_run_paths(), evaluate.eval_meshes)
+  mesh = evaluate.sampler_mesh(cfg)
+  params, meta = evaluate.restore_policy(cfg, None, mesh)
+  chat = load_chat(cfg.run.tokenizer_file, enable_thinking=cfg.run.enable_thinking)
+  env_cfg = dataclasses.replace(cfg.env, seed=cfg.run.eval_seed)
+  runner = evaluate.Episodes(cfg, cfg.sampler, env_cfg, chat, params,
+                             int(meta["policy_version"]), mesh)
+  trajs = runner.run(make_tasks(env_cfg), episodes, seed=cfg.run.eval_seed, desc="entropy",
+                     leave=False)
+  logp = np.concatenate([t.behavior_logp[t.action_mask.astype(bool)] for t in trajs])
+  return float(-logp.mean())
+
+
 @dataclasses.dataclass(frozen=True)
 class ArmResult:
   arm: str

@@ -54,7 +54,7 @@ from sao_jax.types import Trajectory
 GREEDY = dict(top_k=1, temperature=1.0)
 
 
-class _Episodes:
+class Episodes:
   """An engine with `sampler` settings and a runner of `cfg.env`-like episodes on it."""
 
   def __init__(self, cfg: Config, sampler: SamplerConfig, env_cfg, chat: ChatFormat,
@@ -81,9 +81,9 @@ class Evaluator:
     self._cfg = cfg
     self._env_cfg = dataclasses.replace(
         cfg.env, seed=cfg.run.eval_seed if seed is None else seed)
-    self._episodes = _Episodes(cfg, dataclasses.replace(cfg.sampler, **GREEDY), self._env_cfg,
+    self._episodes = Episodes(cfg, dataclasses.replace(cfg.sampler, **GREEDY), self._env_cfg,
                                chat, params, version)
-    self._sampled = (_Episodes(cfg, sampled_settings(cfg), self._env_cfg, chat, params, version)
+    self._sampled = (Episodes(cfg, sampled_settings(cfg), self._env_cfg, chat, params, version)
                      if cfg.run.eval_samples else None)
     self._chat = chat
 
@@ -171,7 +171,7 @@ def benchmark(cfg: Config, chat: ChatFormat, params: Params, *, version: int = 0
     sources[task.id] = str(task.metadata.get("source", tasks.name))
   greedy_success, sampled_success = {}, collections.Counter()
   failures = collections.Counter()
-  greedy = _Episodes(cfg, dataclasses.replace(cfg.sampler, **GREEDY), tasks.env_cfg, chat,
+  greedy = Episodes(cfg, dataclasses.replace(cfg.sampler, **GREEDY), tasks.env_cfg, chat,
                      params, version, mesh)
   for traj in greedy.run(iter(tasks), tasks.count, seed=run.eval_seed, desc="greedy"):
     greedy_success[traj.info["task"]] = _success(traj)
@@ -179,7 +179,7 @@ def benchmark(cfg: Config, chat: ChatFormat, params: Params, *, version: int = 0
   del greedy  # its KV cache, before the sampling engine allocates one
   n = run.eval_samples
   if n:
-    sampled = _Episodes(cfg, sampled_settings(cfg), tasks.env_cfg, chat, params, version, mesh)
+    sampled = Episodes(cfg, sampled_settings(cfg), tasks.env_cfg, chat, params, version, mesh)
     repeated = (task for task in tasks for _ in range(n))
     for traj in sampled.run(repeated, tasks.count * n, seed=run.eval_seed + 1,
                             desc=f"sampled x{n}"):
