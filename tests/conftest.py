@@ -78,7 +78,8 @@ _TIERS = {
     "integration": ("envs/sandbox/", "envs/coding/", "envs/style/", "sampler/test_sampler_",
                     "sampler/test_samplers_", "sampler/test_killed_writers",
                     "sampler/test_weights_net", "sampler/test_weights_wire",
-                    "learner/test_checkpoint_resume", "data/test_transport"),
+                    "learner/test_checkpoint_resume", "data/test_transport",
+                    "test_checkpoint_bucket"),
 }
 _TESTS = pathlib.Path(__file__).parent
 
