@@ -79,6 +79,26 @@ def test_resume_differences_reads_tuples_as_the_json_lists_saved():
   assert train.resume_differences(saved, cfg) == ["model.mlp_only_layers: checkpoint [1], now []"]
 
 
+def test_a_config_saved_by_another_version_differs_only_where_it_really_does():
+  """A run preempted before an upgrade: its saved config has a field since removed
+  (`model.hf_path`, unset) and lacks fields since added, each at its default
+  (`learner.weight_decay`; `env.dataset`, a whole nested section). The old code named
+  all three ("model.hf_path: checkpoint None, now '<missing>'", ...)."""
+  import json
+  cfg = load_config(DEMO)
+  saved = json.loads(json.dumps(dataclasses.asdict(cfg)))
+  saved["model"]["hf_path"] = None
+  del saved["learner"]["weight_decay"], saved["env"]["dataset"]
+  assert train.resume_differences(saved, cfg) == []
+  saved["model"]["hf_path"] = "Qwen/Qwen3-0.6B"  # set: the new code cannot honour it
+  assert train.resume_differences(saved, cfg) == [
+      "model.hf_path: checkpoint 'Qwen/Qwen3-0.6B', now '<missing>'"]
+  del saved["model"]["hf_path"]
+  launched = apply_overrides(cfg, ["learner.weight_decay=0.5"])  # an added field, set
+  assert train.resume_differences(saved, launched) == [
+      f"learner.weight_decay: checkpoint {cfg.learner.weight_decay!r}, now 0.5"]
+
+
 def test_a_bucket_checkpoint_directory_is_looked_up_in_the_bucket(tmp_path, emulated_gcs):
   cfg = _config(tmp_path, "checkpoint.directory=gs://bucket/run/ckpt", "run.resume=never")
   assert train.resume_decision(cfg) is False

@@ -48,6 +48,7 @@ from sao_jax.channel import weights
 from sao_jax.channel.published import published_template, published_weights
 from sao_jax.config import Config, init_model
 from sao_jax.config.run import RESUME_IDENTITY, RESUME_MAY_CHANGE
+from sao_jax.config.versions import as_this_version
 from sao_jax.data import pipeline
 from sao_jax.data.learner_data import learner_batches, learner_transport, local_batch_sizes
 from sao_jax.envs.registry import make_env
@@ -82,6 +83,7 @@ def resume_differences(saved: dict, cfg: Config) -> list[str]:
   """The `run.RESUME_IDENTITY` fields in which `saved` (a config as a checkpoint
   stores it, JSON) and `cfg` differ, as "field: checkpoint X, now Y" lines."""
   current = json.loads(json.dumps(dataclasses.asdict(cfg)))  # tuples as the JSON lists saved
+  saved = as_this_version(saved, cfg)  # fields added or removed since it was saved
   differences = []
 
   def compare(path: str, a, b):

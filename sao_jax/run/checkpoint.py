@@ -43,6 +43,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from sao_jax.config import CheckpointConfig, Config, LoraConfig
+from sao_jax.config.versions import as_this_version
 from sao_jax.storage import storage_path
 
 FORMAT_VERSION = 1
@@ -221,7 +222,7 @@ class Checkpointer:
     except Exception as error:  # orbax raises many types for unreadable files
       raise _Damaged(f"checkpoint {path} does not restore (its metadata): "
                      f"{plain_error(error)}") from error
-    saved_model = meta.get("config", {}).get("model", {})
+    saved_model = as_this_version(meta.get("config", {}).get("model", {}), self._config.model)
     diffs = _describe_difference(saved_model, dataclasses.asdict(self._config.model), "model.")
     diffs += _lora_difference(meta.get("config", {}).get("lora"), self._config.lora)
     if meta.get("format") != FORMAT_VERSION or diffs:

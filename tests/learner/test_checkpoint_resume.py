@@ -1,6 +1,7 @@
 """Checkpoints: resume equals an uninterrupted run, SIGTERM, other meshes, bad checkpoints."""
 
 import dataclasses
+import json
 import os
 import pathlib
 import re
@@ -169,6 +170,46 @@ def test_checkpoint_of_another_model_shape_is_named(tmp_path, two_steps):
   with pytest.raises(CheckpointError, match=r"model.hidden_size: checkpoint 32 vs config 64"):
     run_learner(dataclasses.replace(bigger, learner=dataclasses.replace(bigger.learner, steps=3)),
                 Batches())
+
+
+def _edit_saved_model(directory, edit) -> None:
+  """Rewrites the model section every checkpoint's meta recorded, as an older or newer
+  version of the config class would have written it."""
+  for path in directory.glob("*/meta/metadata"):
+    meta = json.loads(path.read_text())
+    edit(meta["config"]["model"])
+    path.write_text(json.dumps(meta))
+
+
+def test_a_checkpoint_of_another_version_resumes_when_only_unset_or_new_fields_differ(
+    tmp_path, two_steps):
+  """What an upgrade between a preemption and the relaunch leaves: the checkpoint's
+  model section has a field since removed (`hf_path`, unset) and lacks one since added
+  (here `rope_truncate`, at its default). The old code refused ("model.hf_path:
+  checkpoint None vs config '<missing>'")."""
+  cfg = copy_of(two_steps, tmp_path)
+
+  def older(model):
+    model["hf_path"] = None
+    del model["rope_truncate"]
+
+  _edit_saved_model(tmp_path, older)
+  state, _, meta = Checkpointer(cfg).restore(abstract_state(cfg))
+  assert meta["step"] == 2 and jax.tree.leaves(state)
+
+
+@pytest.mark.parametrize("edit, named", [
+    (lambda model: model.update(hf_path="Qwen/Qwen3-0.6B"),
+     "model.hf_path: checkpoint 'Qwen/Qwen3-0.6B' vs config '<missing>'"),
+    (lambda model: model.update(rope_truncate=False), "model.rope_truncate: checkpoint False vs "
+     "config True"),
+])
+def test_a_removed_field_that_was_set_or_a_changed_field_is_still_refused(tmp_path, two_steps,
+                                                                          edit, named):
+  cfg = copy_of(two_steps, tmp_path)
+  _edit_saved_model(tmp_path, edit)
+  with pytest.raises(CheckpointError, match=re.escape(named)):
+    Checkpointer(cfg).restore(abstract_state(cfg))
 
 
 def test_corrupt_checkpoints_are_named_and_left_in_place(tmp_path, two_steps):
