@@ -55,6 +55,8 @@ def check(cfg: Config, meshes: Callable[[Config], Sequence[int | None]] = lambda
   registry.check(cfg.env)
   step.check_variant(cfg.algorithm)
   for devices in meshes(cfg):
+    if devices is not None:
+      cfg.sampler_mesh_shape(devices)  # a dense engine's mesh too
     check_page_split(cfg, devices)
   return cfg
 
@@ -75,7 +77,7 @@ def check_page_split(cfg: Config, devices: int | None) -> None:
     return
   mesh = cfg.sampler_mesh()
   if devices is not None:
-    shape = mesh.shape(devices)
+    shape = cfg.sampler_mesh_shape(devices)
   elif -1 in (mesh.data, mesh.fsdp):
     return
   else:  # the shards are data x fsdp: a -1 tensor or expert axis does not change them

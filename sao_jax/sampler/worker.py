@@ -168,6 +168,7 @@ def engine_mesh(cfg: Config):
   import jax
 
   from sao_jax.sharding.mesh import make_mesh
+  cfg.sampler_mesh_shape(len(jax.local_devices()))  # the refusal that names the fix
   return make_mesh(cfg.sampler_mesh(), jax.local_devices())
 
 

@@ -96,6 +96,23 @@ def test_sao_train_check_refuses_a_sampler_share_that_cannot_split_its_pool(caps
   train_cli.main(["--config", DEMO, "--check", *_sets(sets)])  # unsharded: one device each
 
 
+def test_sao_train_check_refuses_a_sampler_mesh_larger_than_its_process_devices(capsys):
+  """A sampler mesh of data 2 x tensor 4 (what sao-plan compiles for a two-host
+  v5p:2x2x2 sampler slice) given to a local sampler with 2 devices: refused before
+  anything starts, naming that a sampler spanning hosts is not built and the fix. The
+  old check stopped at mesh.shape's "axis sizes ... use 8 devices but 2 are available"
+  for a paged cache, and not at all for a dense one."""
+  for layout in ("paged", "dense"):
+    sets = ["run.device_split=[6,2]", "run.num_samplers=1", "sampler.sharded=true",
+            "sampler.mesh=data=2,tensor=4", f"sampler.kv_layout={layout}"]
+    with pytest.raises(SystemExit) as exit_info:
+      train_cli.main(["--config", DEMO, "--check", *_sets(sets)])
+    message = str(exit_info.value.code) + capsys.readouterr().err
+    assert "sampler.mesh={'data': 2, 'tensor': 4, 'expert': 1}: a sampler process " \
+        "lays its engine over its own devices, 2 here" in message, message
+    assert "A sampler spanning hosts is not built" in message
+
+
 def test_sao_sampler_refuses_a_fixed_sampler_mesh_that_cannot_split_its_pool(monkeypatch,
                                                                              capsys):
   from sao_jax.sampler import remote

@@ -32,6 +32,16 @@ def _pool_specs(eng):
   return {tuple(layer.sharding.spec) for layer in eng._cache.kv}
 
 
+def test_a_sampler_mesh_beyond_the_process_devices_names_the_fix():
+  """What a sao-sampler worker on one host of a multi-host sampler slice meets: its
+  mesh asks for 16 devices, the process has 8."""
+  cfg = dataclasses.replace(CFG, sampler=dataclasses.replace(
+      CFG.sampler, mesh=MeshConfig(data=2, fsdp=1, tensor=8)))
+  with pytest.raises(ValueError, match=r"a sampler process lays its engine over its own "
+                     r"devices, 8 here .*give each host its own sampler process"):
+    engine_mesh(cfg.validate())
+
+
 def test_sharded_engine_is_placed_on_the_sampler_mesh(weights):
   mesh = engine_mesh(CFG.validate())
   assert dict(mesh.shape) == {"data": 1, "fsdp": 4, "tensor": 2, "expert": 1}
