@@ -401,4 +401,12 @@ def format_plan(result: Plan) -> str:
                    f"{result.rated_as} the engine runs the reference attention path instead")
     else:
       lines.append(f"paged_decode attention kernel on {result.device.name} (per device): {blocks}")
+  sampler = next((p for p in result.programs() if p.name in ("decode_step", "paged_decode")),
+                 None)
+  if sampler is not None and hardware.num_chips(sampler.topology) > result.device.host_chips:
+    hosts = -(-hardware.num_chips(sampler.topology) // result.device.host_chips)
+    lines.append(f"note: the sampler topology {sampler.topology} spans {hosts} hosts; these "
+                 "figures are for one engine over all of them, which no sampler process runs "
+                 "yet (each runs on one host's chips: plan a run's sampler with one host, e.g. "
+                 "--sampler-topology of one host)")
   return "\n".join(lines)
