@@ -164,14 +164,10 @@ def sampled_entropy(cfg, episodes: int = 64) -> float:
   Unlike `early_peak`, the same checkpoint gives the same value on every run: the
   learner's metric is measured on each step's batch, and after the first update which
   policy versions a batch holds depends on when the sampler picked up new weights."""
-  from sao_jax.chat import load_chat
   from sao_jax.envs.registry import make_tasks
-  from sao_jax.jobs import evaluate, startup
+  from sao_jax.jobs import evaluate
 
-  cfg = startup.check(cfg.with_run_paths(), evaluate.eval_meshes)
-  mesh = evaluate.sampler_mesh(cfg)
-  params, meta = evaluate.restore_policy(cfg, None, mesh)
-  chat = load_chat(cfg.run.tokenizer_file, enable_thinking=cfg.run.enable_thinking)
+  cfg, mesh, chat, params, meta = evaluate.checkpoint_policy(cfg)
   env_cfg = dataclasses.replace(cfg.env, seed=cfg.run.eval_seed)
   runner = evaluate.Episodes(cfg, cfg.sampler, env_cfg, chat, params,
                              int(meta["policy_version"]), mesh)

@@ -316,13 +316,21 @@ def evaluate_checkpoint(cfg: Config, step: int | None = None, *,
   is restored (`restore_policy`), straight onto its shards of the sampler mesh
   (`cfg.sampler_mesh()`) the engine runs on."""
 
+  cfg, mesh, chat, policy, meta = checkpoint_policy(cfg, step)
+  version = int(meta["policy_version"])
+  result = benchmark(cfg, chat, policy, version=version, limit=limit, mesh=mesh)
+  return {"step": meta["step"], "policy_version": version, **result}
+
+
+def checkpoint_policy(cfg: Config, step: int | None = None):
+  """(checked cfg, sampler mesh, chat format, policy params, meta) of checkpoint `step`
+  (default: the latest) of the run `cfg` describes: what an engine over that policy
+  needs, the params restored alone onto the sampler mesh (`restore_policy`)."""
   cfg = startup.check(cfg.with_run_paths(), eval_meshes)
   mesh = sampler_mesh(cfg)
   chat = load_chat(cfg.run.tokenizer_file, enable_thinking=cfg.run.enable_thinking)
   policy, meta = restore_policy(cfg, step, mesh)
-  version = int(meta["policy_version"])
-  result = benchmark(cfg, chat, policy, version=version, limit=limit, mesh=mesh)
-  return {"step": meta["step"], "policy_version": version, **result}
+  return cfg, mesh, chat, policy, meta
 
 
 def evaluate_policy(cfg: Config, policy_dir: str | pathlib.Path, *,
