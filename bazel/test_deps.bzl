@@ -17,5 +17,6 @@ TEST_DEPS = [
     requirement("mkdocs"),
     requirement("mkdocs-material"),
     requirement("gcsfs"),
+    requirement("fsspec"),
     requirement("gcp-storage-emulator"),
 ]
