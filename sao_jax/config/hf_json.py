@@ -164,6 +164,13 @@ def config_from_hf(source: str | pathlib.Path | dict[str, Any], **overrides: Any
     raise ValueError(f"unsupported architecture {archs!r} in config.json; sao_jax loads "
                      f"{', '.join(HF_ARCHITECTURES)}")
   arch = HF_ARCHITECTURES[archs[0]]
+  # transformers' AutoModel picks the class by model_type, not by architectures: a
+  # directory that disagrees would load there as another model than the one we train.
+  if hf.get("model_type", arch.model_type) != arch.model_type:
+    raise ValueError(f"config.json has model_type={hf['model_type']!r} but architectures "
+                     f"{archs!r}, whose model_type is {arch.model_type!r}; transformers would "
+                     f"load it as another model. Set model_type to {arch.model_type!r} (or "
+                     "architectures to the class of its model_type)")
   for name, value in arch.fixed.items():
     if hf.get(name, value) != value:
       raise _unsupported(name, hf[name], f"{name}={value!r} for {archs[0]}")

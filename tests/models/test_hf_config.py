@@ -217,3 +217,15 @@ def test_gemma3_local_and_global_rope_equal_transformers():
     freq, scaling = rope.layer_frequencies(cfg, index)
     np.testing.assert_allclose(freq, getattr(ref, f"{kind}_inv_freq").numpy(), rtol=1e-6, atol=0)
     assert scaling == getattr(ref, f"{kind}_attention_scaling") == 1.0
+
+
+@pytest.mark.parametrize("name", list(HF_ARCHITECTURES))
+def test_model_type_that_disagrees_with_architectures_is_refused(name):
+  """transformers' AutoModel builds the class of model_type: a Qwen3ForCausalLM
+  directory saying model_type "gpt2" would load there as GPT-2."""
+  arch = HF_ARCHITECTURES[name]
+  assert hf_json.config_from_hf({"architectures": [name], "model_type": arch.model_type}).family \
+      == arch.family
+  with pytest.raises(ValueError, match=rf"model_type='gpt2' but architectures \['{name}'\], "
+                                       rf"whose model_type is '{arch.model_type}'"):
+    hf_json.config_from_hf({"architectures": [name], "model_type": "gpt2"})
