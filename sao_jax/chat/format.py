@@ -71,13 +71,12 @@ import tokenizers
 from sao_jax import bounded_json
 from sao_jax.chat import jinja, tool_calls
 from sao_jax.chat.untrusted import Protector
-from sao_jax.models.tokenizer import IM_END, IM_START, load_tokenizer
+from sao_jax.models.tokenizer import TOKENIZER_CONFIG, IM_END, IM_START, TEMPLATE_FILE, load_tokenizer
 
 ROLES = ("system", "user", "assistant", "tool")
 _EXTRA_KEYS = {"assistant": ("tool_calls", "reasoning_content"), "tool": ("name", "tool_call_id")}
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
                        "mask_token")  # what transformers passes a template (special_tokens_map)
-TEMPLATE_FILE, CONFIG_FILE = "chat_template.jinja", "tokenizer_config.json"
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '" + IM_START + "' + message['role'] + '\n' + message['content'] + '" + IM_END + "\n' }}"
@@ -176,16 +175,15 @@ class ChatFormat:
                        f"a checkpoint whose chat template renders {role!r} messages") from error
 
   def save(self, directory: str | pathlib.Path) -> None:
-    """Writes the template and its special tokens where `load_chat` finds them
-    (a run directory beside its tokenizer.json); ChatML writes none and removes stale ones."""
+    """Writes the template (ChatML's too: the run directory records the format it
+    trained with) and its special tokens where `load_chat` and transformers'
+    `AutoTokenizer` find them (a run directory beside its tokenizer.json, an export).
+    The config names `PreTrainedTokenizerFast`, so transformers takes tokenizer.json
+    as it is rather than a family's class chosen by config.json's model_type."""
     directory = pathlib.Path(directory)
-    template, config = directory / TEMPLATE_FILE, directory / CONFIG_FILE
-    if self.template == CHATML_TEMPLATE:
-      template.unlink(missing_ok=True)
-      config.unlink(missing_ok=True)
-      return
-    template.write_text(self.template, encoding="utf-8")
-    config.write_text(json.dumps(self.special_tokens, indent=1), encoding="utf-8")
+    (directory / TEMPLATE_FILE).write_text(self.template, encoding="utf-8")
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", **self.special_tokens}
+    (directory / TOKENIZER_CONFIG).write_text(json.dumps(config, indent=1), encoding="utf-8")
 
   def _ids(self, rendered: str) -> np.ndarray:
     return np.asarray(self._protector.encode(rendered), np.int32)
@@ -260,7 +258,7 @@ class ChatFormat:
 
 def _template_source(directory: pathlib.Path) -> tuple[str | None, dict[str, Any]]:
   """The template `directory` ships (None: none) and its tokenizer_config.json."""
-  config_file = directory / CONFIG_FILE
+  config_file = directory / TOKENIZER_CONFIG
   # Input from a downloaded checkpoint: capped (Gemma 3's, listing ~6k added tokens, is ~1 MB).
   config = (bounded_json.loads(config_file.read_bytes(), max_bytes=64 * 2**20, max_depth=16,
                                what=str(config_file)) if config_file.is_file() else {})
@@ -309,7 +307,8 @@ def chat_format(path: str | pathlib.Path | None, tokenizer: tokenizers.Tokenizer
     return ChatFormat(tokenizer, CHATML_TEMPLATE, special_tokens={},
                       enable_thinking=enable_thinking, name="ChatML")
   return ChatFormat(tokenizer, template, special_tokens=_special_tokens(config),
-                    enable_thinking=enable_thinking, name=repr(str(directory)))
+                    enable_thinking=enable_thinking,
+                    name="ChatML" if template == CHATML_TEMPLATE else repr(str(directory)))
 
 
 def load_chat(path: str | pathlib.Path, *, enable_thinking: bool = True) -> ChatFormat:

@@ -1,22 +1,30 @@
-"""`sao-convert`: Hugging Face checkpoint directory <-> sao_jax params directory, for
-every architecture of `sao_jax.config.families` (Qwen3, Qwen3-MoE, Qwen2.5, Llama 3.x,
-Gemma 3 text).
+"""`sao-convert`: a run's checkpoint -> Hugging Face directory, and Hugging Face
+checkpoint directory <-> sao_jax params directory, for every architecture of
+`sao_jax.config.families` (Qwen3, Qwen3-MoE, Qwen2.5, Llama 3.x, Gemma 3 text).
 
+  sao-convert run-to-hf --config configs/x.py [--set ...] [--step N] --out ./exported
+                        [--value-out ./critic] [--peft-out ./adapter] [--tokenizer-dir DIR]
   sao-convert hf-to-sao --hf-dir ./Qwen3-0.6B --out ./params
   sao-convert sao-to-hf --params ./params --out ./exported [--tokenizer-dir ./Qwen3-0.6B]
-  sao-convert lora-to-hf --config configs/x.py [--set ...] [--step N] --out ./merged
-                         [--peft-out ./adapter] [--tokenizer-dir ./Qwen3-0.6B]
+
+`run-to-hf` takes any run by its config and overrides, as given to sao-train:
+the policy of its newest checkpoint (or `--step`), full params or, under LoRA,
+the base from `run.init` merged with the adapters, written as a directory
+`transformers.AutoModelForCausalLM.from_pretrained` loads, with the tokenizer and
+chat template the run trained with (`sao_jax.jobs.export`). `--value-out` also
+writes the value model as a sao_jax params directory, `--peft-out` (LoRA runs)
+the adapters as a PEFT directory for that base
+(`peft.PeftModel.from_pretrained(base_model, ADAPTER_DIR)`). The params are
+restored onto this host's devices; `JAX_PLATFORMS=cpu sao-convert ...` uses the
+host's CPU instead. `lora-to-hf` is its former name, kept for one release.
 
 The underscore spellings of earlier releases (--hf_dir, --tokenizer_dir,
 --max_shard_mb, --peft_out) still work, for one release.
 
 The sao_jax format is described in `sao_jax.models.params_io` (model_config.json
-plus params.safetensors keyed by param path). `sao-to-hf` writes a directory
-that `transformers.AutoModelForCausalLM.from_pretrained` loads. `lora-to-hf`
-takes a LoRA run (`lora.enabled`) by its config: its checkpoint's adapters
-(latest, or `--step`) on the base from `run.init`, written merged as an HF
-directory and, with `--peft_out`, as a PEFT adapter directory for that base
-(`peft.PeftModel.from_pretrained(base_model, ADAPTER_DIR)`).
+plus params.safetensors keyed by param path). `sao-to-hf` writes a policy's such
+directory as a Hugging Face directory (a value model's is refused: it has no
+Hugging Face class).
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from typing import Sequence
 
 from sao_jax.cli import flags
 from sao_jax.jobs import startup
-from sao_jax.models import hf, params_io, peft_io
+from sao_jax.models import hf, params_io
 
 # Old spelling -> flag (hidden aliases, kept for one release).
 ALIASES = {"--hf_dir": "--hf-dir", "--tokenizer_dir": "--tokenizer-dir",
@@ -39,8 +47,13 @@ def run(args: argparse.Namespace) -> None:
     cfg, params = hf.load_hf(args.hf_dir)
     params_io.save_params(args.out, params, cfg)
     print(f"wrote sao_jax params ({cfg.num_hidden_layers} layers) to {args.out}")
-  elif args.command == "lora-to-hf":
-    export_lora(args)
+  elif args.command in ("run-to-hf", "lora-to-hf"):
+    from sao_jax.jobs import export
+
+    export.export_run(startup.load(args.config, args.overrides), args.out, step=args.step,
+                      value_dir=args.value_out, peft_dir=args.peft_out,
+                      tokenizer_dir=args.tokenizer_dir,
+                      max_shard_bytes=args.max_shard_mb * 2**20)
   else:
     cfg, head, params = params_io.load_params(args.params)
     if head != "lm":
@@ -48,24 +61,6 @@ def run(args: argparse.Namespace) -> None:
     hf.export_hf(params, cfg, args.out, max_shard_bytes=args.max_shard_mb * 2**20,
                  tokenizer_dir=args.tokenizer_dir)
     print(f"wrote Hugging Face checkpoint to {args.out}")
-
-
-def export_lora(args: argparse.Namespace) -> None:
-  from sao_jax.jobs.evaluate import restore_state
-  from sao_jax.learner.state import policy_weights
-
-  cfg = startup.load(args.config, args.overrides)
-  if not cfg.lora.enabled:
-    raise ValueError(f"{args.config}: lora.enabled is false; export its checkpoints' full "
-                     "params with sao-eval's run or sao-to-hf instead")
-  state, meta = restore_state(cfg, args.step)
-  hf.export_hf(policy_weights(cfg, state), cfg.model, args.out,
-               max_shard_bytes=args.max_shard_mb * 2**20, tokenizer_dir=args.tokenizer_dir)
-  print(f"wrote the merged policy of step {meta['step']} to {args.out}")
-  if args.peft_out:
-    peft_io.export_peft(state.policy_adapters, cfg.model, cfg.lora, args.peft_out,
-                        base_model=None if cfg.run.init == "random" else cfg.run.init)
-    print(f"wrote its PEFT adapter directory to {args.peft_out}")
 
 
 def _shard_mb(text: str) -> int:
@@ -89,25 +84,29 @@ def build_parser() -> argparse.ArgumentParser:
   to_sao.add_argument("--out", required=True, help="sao_jax params directory to write")
   to_hf = sub.add_parser("sao-to-hf", help="sao_jax params directory -> HF directory")
   to_hf.add_argument("--params", required=True,
-                     help="sao_jax params directory (hf-to-sao's --out, or a run's policy)")
+                     help="sao_jax params directory (hf-to-sao's --out); a run's checkpoint "
+                     "exports with run-to-hf")
   to_hf.add_argument("--out", required=True, help="Hugging Face directory to write")
   _export_flags(to_hf)
-  from_lora = sub.add_parser("lora-to-hf", help="LoRA run checkpoint -> merged HF directory "
-                            "(and a PEFT adapter directory)")
-  from_lora.add_argument("--config", required=True, help="the run's configs/<name>.py")
-  flags.add_set(from_lora, help="the run's overrides, as given to sao-train (repeatable)")
-  from_lora.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
-  from_lora.add_argument("--out", required=True,
-                         help="Hugging Face directory to write the merged policy to")
-  from_lora.add_argument("--peft-out", dest="peft_out", default=None,
-                         help="also write the adapters as a PEFT adapter directory here")
-  _export_flags(from_lora)
+  from_run = sub.add_parser("run-to-hf", aliases=["lora-to-hf"],
+                            help="a run's checkpoint (full or LoRA) -> HF directory with the "
+                            "run's tokenizer and chat template")
+  from_run.add_argument("--config", required=True, help="the run's configs/<name>.py")
+  flags.add_set(from_run, help="the run's overrides, as given to sao-train (repeatable)")
+  from_run.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+  from_run.add_argument("--out", required=True,
+                        help="Hugging Face directory to write the policy to (LoRA: merged)")
+  from_run.add_argument("--value-out", dest="value_out", default=None,
+                        help="also write the value model here, as a sao_jax params directory")
+  from_run.add_argument("--peft-out", dest="peft_out", default=None,
+                        help="LoRA runs: also write the adapters as a PEFT adapter directory here")
+  _export_flags(from_run)
   return parser
 
 
 def _export_flags(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--tokenizer-dir", dest="tokenizer_dir", default=None,
-                      help="copy tokenizer files from here")
+                      help="copy tokenizer files from here (run-to-hf: instead of the run's)")
   parser.add_argument("--max-shard-mb", dest="max_shard_mb", type=_shard_mb, default=5120,
                       help="largest safetensors shard in MiB (default 5120)")
 

@@ -260,38 +260,55 @@ def restore_state(cfg: Config, step: int | None = None, mesh: jax.sharding.Mesh 
 def restore_policy(cfg: Config, step: int | None, mesh: jax.sharding.Mesh) -> tuple[Params, dict]:
   """(policy params, meta) of checkpoint `step` (default: the latest) of the run `cfg`
   describes, each param on its shards of `mesh` (`param_shardings`). Only the policy
-  is read from the checkpoint (`Checkpointer.restore_items`): its params, or under
-  LoRA its adapters, merged into the base reloaded from `run.init` onto the mesh;
-  the critic, optimizer states and baselines stay on disk. Device memory: the
-  policy (plus, under LoRA, the base as held and the adapters)."""
-  from sao_jax.learner import state as state_lib
+  is read from the checkpoint (`restore_items`): its params, or under LoRA its
+  adapters, merged into the base reloaded from `run.init` onto the mesh; the
+  critic, optimizer states and baselines stay on disk. Device memory: the policy
+  (plus, under LoRA, the base as held and the adapters)."""
   from sao_jax.models import lora
   from sao_jax.models.transformer import param_shardings
   from sao_jax.run import bootstrap
-  from sao_jax.run.checkpoint import Checkpointer
 
-  shardings = param_shardings(cfg.model, mesh, "lm")
-  abstract = state_lib.abstract_state(cfg)
-  if cfg.lora.enabled:  # adapters are small: replicated, as the learner holds them
-    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    field, tree = "policy_adapters", abstract.policy_adapters
-    tree_shardings = jax.tree.map(lambda _: replicated, tree)
-  else:
-    field, tree, tree_shardings = "policy_params", abstract.policy_params, shardings
-  target = {field: jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                                tree, tree_shardings)}
-  checkpointer = Checkpointer(cfg)
-  try:
-    restored, meta = checkpointer.restore_items(target, step)
-  finally:
-    checkpointer.close()
+  field = "policy_adapters" if cfg.lora.enabled else "policy_params"
+  restored, meta = restore_items(cfg, (field,), step, mesh)
   if not cfg.lora.enabled:
     return restored[field], meta
   base = jax.jit(lora.frozen_base, static_argnums=(1, 2),
                  out_shardings=lora.base_shardings(cfg.model, cfg.lora, mesh))(
       bootstrap.initial_policy(cfg, mesh), cfg.model, cfg.lora)
-  merge = jax.jit(lora.merge, static_argnums=(2, 3), out_shardings=shardings)
+  merge = jax.jit(lora.merge, static_argnums=(2, 3),
+                  out_shardings=param_shardings(cfg.model, mesh, "lm"))
   return merge(base, restored[field], cfg.lora, cfg.model), meta
+
+
+def restore_items(cfg: Config, fields: tuple[str, ...], step: int | None,
+                  mesh: jax.sharding.Mesh) -> tuple[dict, dict]:
+  """({field: tree}, meta): the `TrainState` `fields` of checkpoint `step` (default:
+  the latest) and nothing else (`Checkpointer.restore_items`), each leaf read onto
+  its shards of `mesh`: policy and value params as the sampler and learner lay
+  them out (`param_shardings` of head "lm" or "value"), LoRA adapters (small)
+  replicated, as the learner holds them."""
+  from sao_jax.learner import state as state_lib
+  from sao_jax.models.transformer import param_shardings
+  from sao_jax.run.checkpoint import Checkpointer
+
+  abstract = state_lib.abstract_state(cfg)
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  layouts = {"policy_params": lambda: param_shardings(cfg.model, mesh, "lm"),
+             "value_params": lambda: param_shardings(cfg.model, mesh, "value"),
+             "policy_adapters": lambda: jax.tree.map(lambda _: replicated,
+                                                     abstract.policy_adapters)}
+  target = {}
+  for field in fields:
+    if field not in layouts:
+      raise ValueError(f"restore_items: {field!r} is not one of {sorted(layouts)}")
+    target[field] = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        getattr(abstract, field), layouts[field]())
+  checkpointer = Checkpointer(cfg)
+  try:
+    return checkpointer.restore_items(target, step)
+  finally:
+    checkpointer.close()
 
 
 def sampler_mesh(cfg: Config) -> jax.sharding.Mesh:

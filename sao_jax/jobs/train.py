@@ -304,7 +304,7 @@ def _run(cfg: Config, run_dir, *, resume: bool, log,
   source = "random init" if cfg.run.init == "random" else f"run.init={cfg.run.init}"
   log(f"model section ({source}; saved in {run_dir / 'config.json'}): "
       f"{init_model.describe(cfg.model)}")
-  chat = bootstrap.prepare_chat(cfg)
+  chat = bootstrap.prepare_chat(cfg, log)
   logger = MetricsLogger(run_dir, total_steps=cfg.learner.steps, loggers=cfg.run.loggers,
                          wandb_project=cfg.run.wandb_project, name=cfg.name,
                          config=dataclasses.asdict(cfg))

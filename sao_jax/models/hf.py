@@ -33,10 +33,11 @@ from sao_jax.config.families import FAMILIES
 from sao_jax.config.hf_json import (HF_CONFIG, MAX_JSON_BYTES, MAX_JSON_DEPTH, config_from_hf,
                                     hf_config, read_hf_config)
 from sao_jax.models.params_io import place, write_safetensors
+from sao_jax.models.tokenizer import TOKENIZER_CONFIG, TEMPLATE_FILE
 from sao_jax.models.transformer import Params, abstract_params, is_moe_layer, param_path, param_shardings
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "vocab.json", "merges.txt", "generation_config.json")
+TOKENIZER_FILES = ("tokenizer.json", TOKENIZER_CONFIG, "special_tokens_map.json", "vocab.json",
+                   "merges.txt", "generation_config.json", TEMPLATE_FILE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,13 +181,16 @@ def _unflatten(flat: dict[str, jax.Array], template: Params) -> Params:
 
 def export_hf(params: Params, cfg: ModelConfig, out_dir: str | pathlib.Path,
               max_shard_bytes: int = 5 * 2**30,
-              tokenizer_dir: str | pathlib.Path | None = None) -> None:
+              tokenizer_dir: str | pathlib.Path | None = None,
+              chat_template: str | None = None) -> None:
   """Writes policy `params` as an HF directory (config.json + safetensors shards).
 
   More than `max_shard_bytes` of tensors are split into
   `model-0000i-of-0000n.safetensors` with a `model.safetensors.index.json`.
   Tokenizer files found in `tokenizer_dir` are copied alongside; a `tokenizer_dir`
   holding none of `TOKENIZER_FILES` is an error, not a directory without a tokenizer.
+  `chat_template` (the template a run trained with) is written as chat_template.jinja,
+  over any the tokenizer directory held: `apply_chat_template` renders with it.
   `out_dir` must not hold weights already: transformers prefers a `model.safetensors`
   to an index, so an old single file beside a new sharded export would load the old
   model. config.json is written last, so a failed export is no loadable directory.
@@ -204,6 +208,8 @@ def export_hf(params: Params, cfg: ModelConfig, out_dir: str | pathlib.Path,
     raise
   for file in tokenizer_files:
     shutil.copy(file, out_dir / file.name)
+  if chat_template is not None:
+    (out_dir / TEMPLATE_FILE).write_text(chat_template, encoding="utf-8")
   (out_dir / HF_CONFIG).write_text(json.dumps(hf_config(cfg), indent=2))
 
 

@@ -24,6 +24,9 @@ from typing import Iterable
 import tokenizers
 
 IM_START, IM_END, END_OF_TEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
+# Beside a tokenizer.json, where transformers (>= 4.43) reads and writes a chat template,
+# and the config that may hold one instead (`chat_template`) with the special tokens.
+TEMPLATE_FILE, TOKENIZER_CONFIG = "chat_template.jinja", "tokenizer_config.json"
 
 
 def load_tokenizer(path: str | pathlib.Path) -> tokenizers.Tokenizer:

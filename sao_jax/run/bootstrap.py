@@ -14,17 +14,19 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import pathlib
-from typing import Iterator
+from typing import Callable, Iterator
 
 import jax
 
 from sao_jax import storage
 from sao_jax.chat import ChatFormat, chat_format, tool_calls
+from sao_jax.chat.format import CHATML_TEMPLATE
 from sao_jax.config import Config, hf_json, init_model, params_json
 from sao_jax.config.dataset import DATASET_SOURCES
 from sao_jax.envs.base import play
 from sao_jax.envs.registry import demonstration, make_env, make_tasks, resolve
 from sao_jax.models import hf, params_io, tokenizer as tokenizer_lib
+from sao_jax.models.tokenizer import TEMPLATE_FILE, TOKENIZER_CONFIG
 from sao_jax.models.transformer import Params, init_params
 
 TOKENIZER_DEMONSTRATIONS = 400  # transcripts a run's own tokenizer is trained on
@@ -69,7 +71,7 @@ def train_run_tokenizer(cfg: Config, transcripts: int = TOKENIZER_DEMONSTRATIONS
   return tokenizer_lib.train_tokenizer(texts, cfg.model.vocab_size)
 
 
-def prepare_chat(cfg: Config) -> ChatFormat:
+def prepare_chat(cfg: Config, log: Callable[[str], None] = print) -> ChatFormat:
   """The configured tokenizer (`run.tokenizer`), else the run's own copy, else one
   trained on the environment's texts, with its chat format (the template the
   tokenizer directory ships, else ChatML; `run.enable_thinking`). The run's copy
@@ -86,6 +88,13 @@ def prepare_chat(cfg: Config) -> ChatFormat:
     raise ValueError(f"the tokenizer has {tokenizer.get_vocab_size()} tokens but "
                      f"model.vocab_size={cfg.model.vocab_size}; raise model.vocab_size")
   chat = chat_format(source, tokenizer, enable_thinking=cfg.run.enable_thinking)
+  if cfg.run.tokenizer and chat.template == CHATML_TEMPLATE:
+    # A checkpoint's tokenizer without a template of its own: say which format the run
+    # trains with, since a model tuned on another template would be served with that one.
+    log(f"chat format: run.tokenizer={cfg.run.tokenizer!r} ships no chat template "
+        f"({TEMPLATE_FILE}, or chat_template in {TOKENIZER_CONFIG}); training with ChatML, "
+        f"which its tokenizer's tokens allow. To train with another template, put it in "
+        f"{TEMPLATE_FILE} beside the tokenizer.json")
   if not storage.is_url(cfg.run.run_dir) and not copy.is_file():
     copy.parent.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(copy))

@@ -222,9 +222,10 @@ def test_chatml_is_the_format_of_tokenizers_the_run_trains(chatml, tmp_path):
   assert chatml.end_token == "<|im_end|>"
   chatml.tokenizer.save(str(tmp_path / "tokenizer.json"))
   (tmp_path / "chat_template.jinja").write_text("stale")
-  chatml.save(tmp_path)  # a run directory keeps no template for ChatML
-  assert not (tmp_path / "chat_template.jinja").exists()
-  assert load_chat(tmp_path).template == chatml.template
+  chatml.save(tmp_path)  # a run directory records ChatML too, over a stale template
+  assert (tmp_path / "chat_template.jinja").read_text() == chatml.template
+  again = load_chat(tmp_path)
+  assert (again.template, again.name) == (chatml.template, "ChatML")
 
 
 def test_a_saved_template_reloads_identically(formats, tmp_path):

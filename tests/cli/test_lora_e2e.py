@@ -1,6 +1,6 @@
 """`sao-train` with LoRA end to end on CPU: the sampler process receives only adapters
 (merging them into the base it loaded once), checkpoints hold no base, `sao-eval`
-and `sao-convert lora-to-hf` (merged HF + PEFT directory) work from them."""
+and `sao-convert run-to-hf` (merged HF + PEFT directory) work from them."""
 
 import json
 import pathlib
@@ -66,7 +66,7 @@ def test_lora_run_syncs_adapters_only(tmp_path, monkeypatch):
   from sao_jax.jobs.evaluate import evaluate_checkpoint
   assert 0.0 <= evaluate_checkpoint(cfg)["overall"]["greedy_pass@1"] <= 1.0
   sets = [arg for override in overrides for arg in ("--set", override)]
-  convert_cli.main(["lora-to-hf", "--config", str(CONFIG), *sets, "--out", str(tmp_path / "merged"),
+  convert_cli.main(["run-to-hf", "--config", str(CONFIG), *sets, "--out", str(tmp_path / "merged"),
                     "--peft_out", str(tmp_path / "adapter")])
   assert (tmp_path / "merged" / "model.safetensors").is_file()
   config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())

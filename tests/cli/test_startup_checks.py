@@ -31,8 +31,8 @@ COMMANDS = {
     "sao-sampler": lambda sets, tmp: sampler_cli.main(["--config", DEMO, *_sets(REMOTE), *sets]),
     "sao-plan": lambda sets, tmp: plan_cli.main(["--config", DEMO, "--topology", "v5e:2x2",
                                                  *sets]),
-    "sao-convert lora-to-hf": lambda sets, tmp: convert_cli.main(
-        ["lora-to-hf", "--config", DEMO, "--out", str(tmp / "hf"), *sets]),
+    "sao-convert run-to-hf": lambda sets, tmp: convert_cli.main(
+        ["run-to-hf", "--config", DEMO, "--out", str(tmp / "hf"), *sets]),
 }
 
 
