@@ -194,7 +194,7 @@ def _sample(spec: WorkerSpec, alive: Callable[[], bool], cfg: Config, chat, poll
             log: Callable[[str], None]) -> None:
   """`run_sampler` once its channel is polled (by `poller`, on its own thread)."""
   from sao_jax.channel.published import published_to_policy
-  from sao_jax.envs.registry import make_env, make_tasks
+  from sao_jax.envs.registry import describe, make_env, make_tasks
   from sao_jax.run.bootstrap import initial_policy
   from sao_jax.sampler.episodes import EpisodeRunner, make_engine
   from sao_jax.sampler.prompt_ids import PromptIds
@@ -214,7 +214,8 @@ def _sample(spec: WorkerSpec, alive: Callable[[], bool], cfg: Config, chat, poll
                          max_episodes=cfg.sampler.slots * 2,
                          env_threads=cfg.sampler.num_env_threads(),
                          step_timeout_s=cfg.env.step_timeout_s,
-                         release=cfg.sampler.release_order, log=log)
+                         release=cfg.sampler.release_order, log=log,
+                         env_name=describe(cfg.env))
   tasks = make_tasks(cfg.env)
   group = cfg.algorithm.group_size
   prompt_ids = PromptIds(group, cfg.algorithm.running_mean_slots, spec.worker_id)
