@@ -96,8 +96,8 @@ def check_result(result: Any) -> BadResult | None:
   """None if `result` keeps the contract (module docstring), else the first field that
   does not."""
   if not isinstance(result, StepResult):
-    return BadResult("result", f"{shown(result)} ({type(result).__name__}): expected a sao_jax.envs.base.StepResult "
-                     "(StepResult.next, .finish or .fail)")
+    return BadResult("result", f"{shown(result)} ({type(result).__name__}): expected a "
+                     "sao_jax.envs.base.StepResult (StepResult.next, .finish or .fail)")
   if not isinstance(result.done, bool):
     return BadResult("done", f"{_field('done', result.done)}: expected True or False")
   if not result.done and not isinstance(result.observation, str):

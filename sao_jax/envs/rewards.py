@@ -87,8 +87,8 @@ def grade(fn: Callable[..., Any], path: str, timeout_s: float, response: str, ta
     number = contract.metric_value(item) if isinstance(key, str) else None
     if number is None:
       return StepResult.fail(f"reward function {path} returned {{{contract.shown(key)}: "
-                             f"{contract.shown(item)}}}: every value of its mapping must be a finite "
-                             "number", **info)
+                             f"{contract.shown(item)}}}: every value of its mapping must be a "
+                             "finite number", **info)
     metrics[key] = number
   return StepResult.finish(value["score"], "reward_fn", **info, **metrics)
 
