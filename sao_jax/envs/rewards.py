@@ -132,6 +132,8 @@ class RewardFnEnv(Environment):
 
   def step(self, action: str) -> StepResult:
     result = self.inner.step(action)
+    if not isinstance(result, StepResult):
+      return result  # the sampler's check refuses it, naming the environment (envs.contract)
     self._messages.append({"role": "assistant", "content": action})
     if not result.done:
       self._messages.append({"role": self.observation_role, "content": result.observation})

@@ -141,6 +141,14 @@ def test_a_bad_value_fails_its_episode_naming_the_environment_and_the_value(
   assert drops == {"env_failure": 1, f"env_failure/{kind}": 1}
 
 
+def test_a_result_that_is_not_a_step_result_is_refused_under_a_reward_function(plugin):
+  # The grading wrapper read result.done of whatever the environment returned.
+  config = EnvConfig(name=NAME, reward_fn="values_plugin:score_of")
+  done, runner, _ = run(config, ["dict"])
+  assert done[0].info["failure_kind"] == "bad_result" and runner.failures == {"bad_result": 1}
+  assert done[0].env_failure.startswith(f"environment '{NAME}' graded by env.reward_fn=")
+
+
 def test_a_huge_value_is_shown_bounded():
   bad = check_result(StepResult(done=True, reward=10**400))
   assert bad.kind == "bad_reward" and len(bad.problem) < SHOWN_CHARS + 300
