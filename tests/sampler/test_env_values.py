@@ -56,7 +56,13 @@ RESULTS = {
 
 class ValueEnv(Environment):
   def _reset(self, task):
+    if task.answer == "exit_in_reset":
+      sys.exit(4)
     return [{"role": "user", "content": task.prompt}]
+
+  def close(self):
+    if self.task is not None and self.task.answer == "exit_in_close":
+      sys.exit(5)
 
   def _step(self, action):
     return RESULTS.get(self.task.answer, RESULTS["good"])()
@@ -168,6 +174,18 @@ def test_sys_exit_in_a_plugins_step_fails_its_episode(plugin):
   assert done[1].env_failure == "step raised SystemExit: 3"
   assert [traj.outcome for traj in (done[0], done[2])] == [1.0, 1.0]
   assert runner.failures == {"SystemExit": 1} and "sys.exit(3)" in logs[0]
+
+
+def test_sys_exit_in_a_plugins_reset_or_close_is_that_episodes(plugin):
+  # On the runner's thread: reset's SystemExit ended the sampler; close's fails nothing
+  # (the episode's outcome stands; it is logged).
+  done, runner, logs = run(EnvConfig(name=NAME), ["exit_in_reset", "exit_in_close", "good"])
+  assert done[0].info["failure_kind"] == "SystemExit" and done[0].length == 0
+  assert done[0].env_failure == "reset raised SystemExit: 4"
+  assert [traj.outcome for traj in done[1:]] == [1.0, 1.0]
+  assert runner.failures == {"SystemExit": 1}
+  assert any("closing the environment of task 't1' failed with SystemExit" in line
+             for line in logs)
 
 
 @pytest.mark.parametrize("answer, shown", [
