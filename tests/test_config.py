@@ -1,11 +1,15 @@
 """Config dataclasses, validation errors, `--set` overrides and config files."""
 
 import dataclasses
+import functools
+import math
 import pathlib
+import re
 
 import pytest
 
 from sao_jax import config as cfg
+from sao_jax.config.checks import MAX_TIMEOUT_S
 from sao_jax.jobs import startup
 from sao_jax.learner import step
 
@@ -333,3 +337,60 @@ def test_a_variant_row_naming_an_unknown_function_is_refused_at_startup(monkeypa
 def test_a_variant_row_grouped_without_group_advantages_is_refused():
   with pytest.raises(ValueError, match=r"Variant.grouped"):
     cfg.algorithm.Variant(advantage="gae", policy_loss="dis", grouped=True)
+
+
+def _timeout_fields(section, prefix=""):
+  """The paths of every `*_timeout_s` field under `section`, nested sections included."""
+  for field in dataclasses.fields(section):
+    value = getattr(section, field.name)
+    if dataclasses.is_dataclass(value):
+      yield from _timeout_fields(value, f"{prefix}{field.name}.")
+    elif field.name.endswith("_timeout_s"):
+      yield f"{prefix}{field.name}"
+
+
+# Every *_timeout_s field, and the sandbox's wall-clock limit (a timeout by another name).
+TIMEOUTS = sorted(_timeout_fields(cfg.Config())) + ["env.tool.wall_time_s"]
+MAX_S = MAX_TIMEOUT_S
+
+
+def test_the_timeouts_are_found():
+  assert {"env.step_timeout_s", "env.reward_timeout_s"} <= set(TIMEOUTS)
+
+
+@pytest.mark.parametrize("value", [1e300, MAX_S + 1.0, -1.0])
+@pytest.mark.parametrize("path", TIMEOUTS)
+def test_a_timeout_the_runtime_cannot_wait_on_is_refused(path, value):
+  # 1e300 passed validation, then every step raised OverflowError ("timestamp out of
+  # range") in the runner, again after every restart.
+  config = cfg.apply_overrides(cfg.Config(), [f"{path}={value!r}"])
+  with pytest.raises(ValueError, match=rf"^{re.escape(f'{path}={value!r}')} is invalid: expected "
+                     rf"a finite number of seconds .* {MAX_S} \(one week, MAX_TIMEOUT_S\)\.$"):
+    config.validate()
+
+
+@pytest.mark.parametrize("value", [math.inf, math.nan])
+@pytest.mark.parametrize("path", TIMEOUTS)
+def test_a_timeout_section_refuses_inf_and_nan_itself(path, value):
+  # EnvConfig.validate (what registry.check runs) let env.step_timeout_s=inf through;
+  # env.reward_timeout_s=inf then made every grade() raise, dropping every episode.
+  *sections, name = path.split(".")
+  section = functools.reduce(getattr, sections, cfg.Config())
+  bad = dataclasses.replace(section, **{name: value})
+  with pytest.raises(ValueError, match=rf"{name}={value!r} is invalid: expected a finite"):
+    bad.validate()
+
+
+def test_timeouts_at_their_bounds_are_allowed():
+  ok = cfg.apply_overrides(cfg.Config(), [f"{path}={MAX_S}" for path in TIMEOUTS])
+  ok.validate()
+  cfg.apply_overrides(cfg.Config(), ["env.step_timeout_s=0"]).validate()  # 0: no timeout
+  with pytest.raises(ValueError, match=r"env.reward_timeout_s=0.0 is invalid: .* above 0"):
+    cfg.apply_overrides(cfg.Config(), ["env.reward_timeout_s=0"]).validate()
+
+
+def test_the_style_judges_timeout_option_has_the_same_bound():
+  from sao_jax.envs.style.spec import StyleOptions
+  with pytest.raises(ValueError, match=r"env.options.judge_timeout_s=1e\+300 is invalid: "
+                     rf"expected a finite number of seconds above 0, at most {MAX_S}"):
+    StyleOptions(judge_timeout_s=1e300).validate()

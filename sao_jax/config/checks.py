@@ -38,3 +38,25 @@ def check_finite(path: str, value: Any) -> None:
   elif isinstance(value, (tuple, list)):
     for index, item in enumerate(value):
       check_finite(f"{path}[{index}]", item)
+
+
+# The longest wait a `*_timeout_s` field may set: one week, longer than any single wait a
+# run means (an environment step, a reward function, a judge's verdict, a tool run), and
+# far inside what the runtime's waits take (`threading.TIMEOUT_MAX`, ~292 years on Linux):
+# env.step_timeout_s=1e300 passed validation and then raised OverflowError ("timestamp out
+# of range") in every step.
+MAX_TIMEOUT_S = 7 * 24 * 3600
+
+
+def check_timeout(section: str, obj: Any, field: str, *, zero_is_none: bool = False) -> None:
+  """`obj.field` is a timeout the runtime can wait on: a number of seconds (int or
+  float, not bool, not NaN or infinite) above 0 and at most `MAX_TIMEOUT_S`; or exactly
+  0 where the field documents "0: none" (`zero_is_none`). ValueError naming the field,
+  the value and what is allowed otherwise."""
+  value = getattr(obj, field)
+  number = not isinstance(value, bool) and isinstance(value, (int, float))
+  low_ok = number and (value >= 0 if zero_is_none else value > 0)  # False for NaN
+  if not (low_ok and value <= MAX_TIMEOUT_S):
+    span = "from 0 (0: no timeout) to" if zero_is_none else "above 0, at most"
+    fail(section, field, value, f"expected a finite number of seconds {span} {MAX_TIMEOUT_S} "
+         "(one week, MAX_TIMEOUT_S)")

@@ -7,7 +7,7 @@ import json
 import os
 from typing import Any, Mapping
 
-from sao_jax.config.checks import check_positive, fail
+from sao_jax.config.checks import check_positive, check_timeout, fail
 from sao_jax.config.dataset import DatasetConfig
 
 ENV_JUDGES = ("rule", "http")
@@ -51,9 +51,7 @@ class SandboxLimits:
   site_packages: bool = False
 
   def validate(self) -> None:
-    if isinstance(self.wall_time_s, bool) or not isinstance(self.wall_time_s, (int, float)) or (
-        not self.wall_time_s > 0):
-      fail("env.tool", "wall_time_s", self.wall_time_s, "expected a number of seconds > 0")
+    check_timeout("env.tool", self, "wall_time_s")
     check_positive("env.tool", self, "cpu_time_s", "memory_mb", "file_size_mb", "max_open_files",
                    "max_output_bytes", "disk_mb", "max_files")
     if self.max_open_files < 16:
@@ -167,9 +165,7 @@ class EnvConfig:
     if not isinstance(self.dataset, DatasetConfig):
       fail("env", "dataset", self.dataset, "expected a DatasetConfig (sao_jax.config.dataset)")
     check_positive("env", self, "max_turns", "max_observation_chars")
-    timeout = self.step_timeout_s
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
-      fail("env", "step_timeout_s", timeout, "expected seconds >= 0 (0: no timeout)")
+    check_timeout("env", self, "step_timeout_s", zero_is_none=True)
     if not isinstance(self.tool, SandboxLimits):
       fail("env", "tool", self.tool, "expected a SandboxLimits (sao_jax.config.env)")
     self.tool.validate()
@@ -180,6 +176,5 @@ class EnvConfig:
       fail("env", "seed", self.seed, "expected an integer")
     if not isinstance(self.reward_fn, str):
       fail("env", "reward_fn", self.reward_fn, "expected '' or 'package.module:function'")
-    value = self.reward_timeout_s
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-      fail("env", "reward_timeout_s", value, "expected a number of seconds > 0")
+    check_timeout("env", self, "reward_timeout_s")
+    check_timeout("env", self, "judge_timeout_s")  # deprecated, still carried over

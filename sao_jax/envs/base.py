@@ -73,7 +73,12 @@ class StepResult:
   """The outcome of one action. Build it with `next`, `finish` or `fail`.
 
   `reason` says why the episode ended ("answer", "max_turns", ...); `info`
-  carries per-episode diagnostics for logging.
+  carries per-episode diagnostics for logging. What the fields may hold is
+  checked where the sampler receives the result (`sao_jax.envs.contract`): the
+  reward a finite real number (int, float or numpy number, never a bool), the
+  observation a str, `done` a bool, `failure` and `reason` None or a str, `info`
+  a mapping; a result that breaks it fails its episode as `bad_<field>`, naming
+  the environment and the value. Nothing is converted.
   """
 
   observation: str | None = None
@@ -98,8 +103,9 @@ class StepResult:
 
   @classmethod
   def finish(cls, reward: float, reason: str, **info: Any) -> StepResult:
-    """The episode ends with `reward`."""
-    return cls(done=True, reward=float(reward), reason=reason, info=types.MappingProxyType(info))
+    """The episode ends with `reward` (a finite real number, taken as given: a "1.0"
+    is not a reward, and fails the episode where the sampler checks it)."""
+    return cls(done=True, reward=reward, reason=reason, info=types.MappingProxyType(info))
 
   @classmethod
   def fail(cls, failure: str, **info: Any) -> StepResult:
@@ -168,6 +174,8 @@ class Environment(abc.ABC):
       raise RuntimeError("step() called without an active episode; call reset(task) first.")
     self.turn += 1
     result = self._step(action)
+    if not isinstance(result, StepResult):
+      return result  # the sampler's check refuses it, naming the environment (envs.contract)
     if not result.done:
       if self.turn >= self.max_turns:
         result = StepResult.finish(0.0, "max_turns", turns=self.turn)
@@ -178,7 +186,8 @@ class Environment(abc.ABC):
 
   def _cap(self, observation: str) -> str:
     limit = self.max_observation_chars
-    if len(observation) <= limit:
+    if not isinstance(observation, str) or len(observation) <= limit:
+      # Not text: left as it is, for the sampler's check to refuse (envs.contract).
       return observation
     return (observation[:limit]
             + f"\n[observation truncated: showing {limit} of {len(observation)} characters]")

@@ -193,6 +193,15 @@ def check(config: EnvConfig) -> Resolved:
   return resolve(config)
 
 
+def describe(config: EnvConfig) -> str:
+  """How failure texts name `config`'s environment: its name, the import path it
+  resolves to (the plugin's module) and the reward function grading it, e.g.
+  "'echo' (my_pkg.env:SPEC) graded by env.reward_fn='my_pkg.score:reward'"."""
+  path = _import_path(config.name)
+  text = repr(config.name) + (f" ({path})" if path != config.name else "")
+  return text + (f" graded by env.reward_fn={config.reward_fn!r}" if config.reward_fn else "")
+
+
 def make_env(config: EnvConfig) -> Environment:
   """A new environment named by `config.name`, graded by `config.reward_fn` if set."""
   resolved = check(config)

@@ -18,10 +18,14 @@ fail (the environment's reward is kept as `info["env_reward"]`).
 
 The function is user code and trusted; the text it grades is not: it must
 never `eval`/`exec` the response or run it except through the sandbox
-(`sao_jax.envs.sandbox.run_python`). A function that raises, does not return
-within `env.reward_timeout_s`, or returns something that is not a finite number
-(or such a mapping) fails that episode as an environment failure naming the
-function (dropped and counted, never reward 0); the sampler goes on. A function
+(`sao_jax.envs.sandbox.run_python`). A function that raises (SystemExit
+included), does not return within `env.reward_timeout_s`, or returns a mapping
+without "score" or with a value that is not a finite number fails that episode
+as an environment failure naming the function (dropped and counted, never reward
+0); the sampler goes on. The score itself is passed on as returned, and the
+sampler checks it like every reward (`sao_jax.envs.contract`): one that is not a
+finite real number (a bool, a string, None, NaN) fails the episode as
+`bad_reward`, naming the environment, the function and the value. A function
 past its deadline cannot be stopped (Python threads cannot be killed): its
 thread is left to finish in the background, so a function that can hang should
 bound its own work.
@@ -30,15 +34,13 @@ bound its own work.
 from __future__ import annotations
 
 import copy
-import math
-import numbers
 import threading
 from typing import Any, Callable, Mapping
 
-from sao_jax.envs import plugins
+from sao_jax.envs import contract, plugins
 from sao_jax.envs.base import Environment, Message, StepResult, Task, Turn
 
-_SHOWN_CHARS = 200  # of an error or a bad value in a failure text
+_SHOWN_CHARS = 200  # of an error's message in a failure text
 
 
 def load_reward_fn(path: str) -> Callable[..., Any]:
@@ -48,18 +50,6 @@ def load_reward_fn(path: str) -> Callable[..., Any]:
     raise ValueError(f"env.reward_fn={path!r} names a {type(fn).__name__}, which is not "
                      "callable; name a function reward(response, task, messages)")
   return fn
-
-
-def _number(value: Any) -> float | None:
-  if isinstance(value, numbers.Real):
-    value = float(value)
-    return value if math.isfinite(value) else None
-  return None
-
-
-def _shown(value: Any) -> str:
-  text = repr(value)
-  return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "..."
 
 
 def grade(fn: Callable[..., Any], path: str, timeout_s: float, response: str, task: Task,
@@ -84,24 +74,23 @@ def grade(fn: Callable[..., Any], path: str, timeout_s: float, response: str, ta
     return StepResult.fail(f"reward function {path} raised {type(error).__name__}: "
                            f"{str(error)[:_SHOWN_CHARS]}", **info)
   value = box["value"]
+  if not isinstance(value, Mapping):
+    # The score as returned: the sampler checks it like every reward (envs.contract).
+    return StepResult.finish(value, "reward_fn", **info)
+  if "score" not in value:
+    return StepResult.fail(f"reward function {path} returned a mapping without 'score' "
+                           f"(keys {sorted(map(str, value))[:10]})", **info)
   metrics: dict[str, float] = {}
-  if isinstance(value, Mapping):
-    for key, item in value.items():
-      if not isinstance(key, str) or _number(item) is None:
-        return StepResult.fail(f"reward function {path} returned {{{_shown(key)}: "
-                               f"{_shown(item)}}}: every value of its mapping must be a finite "
-                               "number", **info)
-      metrics[key] = _number(item)
-    if "score" not in metrics:
-      return StepResult.fail(f"reward function {path} returned a mapping without 'score' "
-                             f"(keys {sorted(map(str, value))[:10]})", **info)
-    score = metrics.pop("score")
-  else:
-    score = _number(value)
-    if score is None:
-      return StepResult.fail(f"reward function {path} returned {_shown(value)}: expected a "
-                             "finite number or a mapping with a 'score'", **info)
-  return StepResult.finish(score, "reward_fn", **info, **metrics)
+  for key, item in value.items():
+    if key == "score":
+      continue
+    number = contract.metric_value(item) if isinstance(key, str) else None
+    if number is None:
+      return StepResult.fail(f"reward function {path} returned {{{contract.shown(key)}: "
+                             f"{contract.shown(item)}}}: every value of its mapping must be a "
+                             "finite number", **info)
+    metrics[key] = number
+  return StepResult.finish(value["score"], "reward_fn", **info, **metrics)
 
 
 class RewardFnEnv(Environment):
@@ -143,6 +132,8 @@ class RewardFnEnv(Environment):
 
   def step(self, action: str) -> StepResult:
     result = self.inner.step(action)
+    if not isinstance(result, StepResult):
+      return result  # the sampler's check refuses it, naming the environment (envs.contract)
     self._messages.append({"role": "assistant", "content": action})
     if not result.done:
       self._messages.append({"role": self.observation_role, "content": result.observation})

@@ -44,7 +44,7 @@ from sao_jax.config import Config, SamplerConfig
 from sao_jax.config.dataset import DATASET_SOURCES
 from sao_jax.envs import dataset_tasks
 from sao_jax.envs.base import Task
-from sao_jax.envs.registry import make_env, make_tasks, resolve
+from sao_jax.envs.registry import describe, make_env, make_tasks, resolve
 from sao_jax.jobs import eval_scores, startup
 from sao_jax.models.transformer import Params
 from sao_jax.run import metrics
@@ -64,7 +64,8 @@ class Episodes:
     self.engine = make_engine(sampler, cfg.model, params, chat, version=version, mesh=mesh)
     self.engine.warmup()
     self._runner = EpisodeRunner(self.engine, chat, lambda: make_env(env_cfg),
-                                 max_episodes=sampler.slots, env_threads=sampler.num_env_threads())
+                                 max_episodes=sampler.slots, env_threads=sampler.num_env_threads(),
+                                 env_name=describe(env_cfg))
 
   def run(self, tasks: Iterator[Task], count: int, *, seed: int, desc: str,
           leave: bool = True) -> list[Trajectory]:

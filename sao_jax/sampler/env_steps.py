@@ -2,7 +2,7 @@
 
   steps = EnvSteps(workers=4, timeout_s=30.0)
   steps.submit(episode_id, lambda: env.step(action))  # runs when a worker is free
-  for episode_id, outcome in steps.collect(wait=False): ...  # outcome: a value or an Exception
+  for episode_id, outcome in steps.collect(wait=False): ...  # a value or what the step raised
   steps.close(grace_s=5.0)
 
 `EpisodeRunner` (`sao_jax.sampler.episodes`) hands every turn that ends to
@@ -30,9 +30,11 @@
   as the crash it is). Without the bound an environment whose steps hang for good
   would leak a thread, and whatever it holds, per timeout for as long as the
   run lasts.
-- An exception raised by a step is its outcome (the caller fails that episode);
-  a `BaseException` that is not an `Exception` (KeyboardInterrupt, SystemExit)
-  is re-raised by `collect` on the caller's thread.
+- Whatever a step raises is its outcome (the caller fails that episode), a
+  `BaseException` that is not an `Exception` included: on a step thread a
+  SystemExit or KeyboardInterrupt can only come from the step's own code (an
+  environment calling `sys.exit`), since signals arrive on the main thread, so it
+  ends that episode, never the process. Ctrl-C reaches the caller's thread as ever.
 - `close` waits at most `grace_s` for running steps, then abandons them; being
   daemon threads, they never hold the process's exit.
 
@@ -72,7 +74,7 @@ class EnvSteps:
     self._waiting: collections.deque[tuple[Hashable, Callable[[], Any]]] = collections.deque()
     self._running: dict[Hashable, tuple[int, float]] = {}  # key -> (ticket, start)
     self._work: queue.SimpleQueue = queue.SimpleQueue()  # (ticket, key, step) or None: exit
-    self._done: queue.SimpleQueue = queue.SimpleQueue()  # (key, ticket, outcome, is_base)
+    self._done: queue.SimpleQueue = queue.SimpleQueue()  # (key, ticket, outcome)
     self._threads: list[threading.Thread] = []  # started, not retired
     self._stuck: dict[int, threading.Thread] = {}  # abandoned ticket -> the thread running it
     # Which thread runs which ticket, and the tickets abandoned before any thread took
@@ -128,7 +130,7 @@ class EnvSteps:
     end = self._clock() + grace_s
     while self._running and self._clock() < end:
       try:
-        key, ticket, _, _ = self._done.get(timeout=max(end - self._clock(), 0.0))
+        key, ticket, _ = self._done.get(timeout=max(end - self._clock(), 0.0))
       except queue.Empty:
         break
       if self._running.get(key, (None,))[0] == ticket:
@@ -168,39 +170,33 @@ class EnvSteps:
           continue
         self._ticket_thread[ticket] = me
       try:
-        outcome, is_base = step(), False
-      except Exception as error:  # the episode's failure, handed to the caller
-        outcome, is_base = error, False
-      except BaseException as error:  # KeyboardInterrupt, SystemExit: the caller's
-        outcome, is_base = error, True
+        outcome = step()
+      # The episode's failure, handed to the caller: SystemExit too (module docstring).
+      except BaseException as error:
+        outcome = error
       with self._lock:
         del self._ticket_thread[ticket]
         retired = self._stuck.pop(ticket, None) is not None
-      self._done.put((key, ticket, outcome, is_base))
+      self._done.put((key, ticket, outcome))
       if retired:
         return  # abandoned: a replacement took this thread's place
 
   def _drain(self, *, block: bool, timeout: float | None = None) -> list[tuple[Hashable, Any]]:
-    out, base = [], None
+    out = []
     while True:
       try:
-        first = block and not out and base is None
-        key, ticket, outcome, is_base = (self._done.get(timeout=timeout) if first
-                                         else self._done.get_nowait())
+        first = block and not out
+        key, ticket, outcome = (self._done.get(timeout=timeout) if first
+                                else self._done.get_nowait())
       except queue.Empty:
         break
       running = self._running.get(key)
       if running is None or running[0] != ticket:
         continue  # an abandoned step that returned after all: dropped
       del self._running[key]
-      if is_base:
-        base = base or outcome
-      else:
-        out.append((key, outcome))
+      out.append((key, outcome))
     out += self._expire()
     self._dispatch()
-    if base is not None:
-      raise base
     self._check_stuck()
     return out
 

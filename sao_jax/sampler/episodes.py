@@ -71,6 +71,16 @@ One episode's fault is never the runner's: any exception from `env.reset`,
 an observation ends that episode as an environment failure with
 `info["failure_kind"]` = the exception's type (environment-declared failures
 get `ENV_DECLARED`), which the learner counts as `dropped/env_failure/<kind>`.
+Environment code that calls `sys.exit` fails its episode the same way (kind
+"SystemExit"), in `reset`, `step` or `close`; a KeyboardInterrupt on the
+runner's thread (Ctrl-C) still ends the runner, and one raised by a step on its
+step thread is that step's (`env_steps`). Every value `env.step` returns passes
+one check before any field of it is read (`sao_jax.envs.contract`): a result
+that is not a `StepResult`, a reward that is not a finite real number (a bool,
+"0.9", None, [1.0], NaN, 10**400), an observation that is not text, ... fails
+its episode as `bad_<field>` ("bad_reward", ...), the text naming the
+environment (`env_name`: `registry.describe`, the name and import path) and the
+value; nothing is converted.
 `failures` counts them here too; the first traceback of each kind is logged
 (its messages escaped, `log_text.traceback_text`: they can quote the policy's
 text, a judge's reply or a tool's output), later ones only counted. An episode
@@ -83,7 +93,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import math
 import threading
 import time
 from typing import Any, Callable, Iterator, Mapping
@@ -94,6 +103,7 @@ import numpy as np
 from sao_jax.chat import ChatFormat, TurnTextError, tool_calls
 from sao_jax.config import ModelConfig, SamplerConfig
 from sao_jax.config.sampler import RELEASE_ORDERS
+from sao_jax.envs import contract
 from sao_jax.envs.base import Environment, Message, StepResult, Task
 from sao_jax.log_text import traceback_text
 from sao_jax.models.transformer import Params
@@ -117,6 +127,10 @@ def make_engine(cfg: SamplerConfig, model_cfg: ModelConfig, params: Params, chat
 
 
 ENV_DECLARED = "env_declared"  # failure_kind of a failure the environment returned
+# What environment code raises on the runner's thread (reset, close) that fails only its
+# episode: every Exception, and SystemExit (a plugin calling sys.exit). KeyboardInterrupt
+# is left to end the runner: there it is how Ctrl-C arrives.
+ENV_ERRORS = (Exception, SystemExit)
 MAX_EPISODE_METRICS = 16  # numbers of a final StepResult.info kept as info["metrics"]
 MAX_LABEL_CHARS = 64  # of a metric name or a task's source kept in a trajectory
 # How long the runner waits for an environment outcome before it looks again whether
@@ -132,9 +146,9 @@ def episode_metrics(result_info: Mapping[str, Any]) -> dict[str, float]:
   for key, value in result_info.items():
     if len(out) == MAX_EPISODE_METRICS:
       break
-    if (isinstance(key, str) and 0 < len(key) <= MAX_LABEL_CHARS
-        and isinstance(value, (int, float)) and math.isfinite(value)):
-      out[key] = float(value)
+    number = contract.metric_value(value)  # None for text, NaN, 10**400, ...
+    if isinstance(key, str) and 0 < len(key) <= MAX_LABEL_CHARS and number is not None:
+      out[key] = number
   return out
 
 
@@ -152,8 +166,10 @@ class _Live:
 class EpisodeRunner:
   """Drives episodes of `make_env()` environments through `engine`.
 
-  `failures` counts episodes that raised, by exception type; `log` receives the
-  first traceback of each type. `env_wait_s` is the wall time `step` spent
+  `failures` counts failed episodes by kind (the exception's type, or the
+  `bad_<field>` of a result the contract refuses); `log` receives the first
+  traceback (or message) of each kind. `env_name` is how failure texts name the
+  environment (`registry.describe`; "" = its class). `env_wait_s` is the wall time `step` spent
   waiting on environments with nothing to decode (overlap) or after every engine
   step (overlap=False).
   """
@@ -161,7 +177,8 @@ class EpisodeRunner:
   def __init__(self, engine: Engine, chat: ChatFormat, make_env: Callable[[], Environment], *,
                max_episodes: int, env_threads: int = 1, overlap: bool = True,
                step_timeout_s: float = 0.0, release: str = "finish",
-               close_grace_s: float = 5.0, log: Callable[[str], None] = print):
+               close_grace_s: float = 5.0, log: Callable[[str], None] = print,
+               env_name: str = ""):
     if env_threads < 1:
       raise ValueError(f"env_threads={env_threads!r}: expected >= 1 (1: one at a time)")
     if release not in RELEASE_ORDERS:
@@ -173,7 +190,7 @@ class EpisodeRunner:
     self.env_steps = EnvSteps(env_threads, step_timeout_s)
     self.failures: collections.Counter[str] = collections.Counter()
     self.env_wait_s = 0.0
-    self._log = log
+    self._log, self._env_name = log, env_name
     self._logged: set[str] = set()
     self._live: dict[int, _Live] = {}
     self._failed: list[tuple[int, Trajectory]] = []  # failed before the engine; out next step
@@ -204,7 +221,7 @@ class EpisodeRunner:
       messages = list(env.reset(task))
       prompt = self._chat.prompt(messages, tools=env.tools or None)
       self.engine.submit(episode_id, prompt, seed=seed % 2**32)
-    except Exception as error:  # this episode's fault, never the runner's
+    except ENV_ERRORS as error:  # this episode's fault, never the runner's
       self._release(env, task)
       version = self.engine.version
       empty = np.zeros(0, np.float32)
@@ -301,11 +318,14 @@ class EpisodeRunner:
 
   def _apply(self, episode_id: int, outcome) -> Trajectory | None:
     live = self._live[episode_id]
-    if isinstance(outcome, Exception):
+    if isinstance(outcome, BaseException):  # SystemExit included (env_steps)
       return self._fail(episode_id, "step", outcome)
     action, result = outcome
+    bad = contract.check_result(result)  # before any field of it is read
+    if bad is not None:
+      return self._refuse(episode_id, bad)
     if result.done:
-      return self._finish(episode_id, reward=result.reward or 0.0,
+      return self._finish(episode_id, reward=float(result.reward),
                           failure=result.failure, reason=result.reason,
                           kind=None if result.failure is None else ENV_DECLARED,
                           result_info=result.info)
@@ -324,7 +344,19 @@ class EpisodeRunner:
     self.engine.submit(episode_id, tokens)
     return None
 
-  def _failure(self, stage: str, task: Task, error: Exception) -> str:
+  def _refuse(self, episode_id: int, bad: contract.BadResult) -> Trajectory:
+    """Fails the episode whose step returned `bad` (module docstring)."""
+    live = self._live[episode_id]
+    name = self._env_name or f"{type(live.env).__module__}.{type(live.env).__qualname__}"
+    text = f"environment {name} returned {bad.problem}"
+    self.failures[bad.kind] += 1
+    self._log_once(bad.kind, f"episode of task {live.task.id!r} failed: {text}; it is dropped "
+                   "as an environment failure (later ones are only counted, as "
+                   f"dropped/env_failure/{bad.kind})")
+    return self._finish(episode_id, reward=0.0, failure=text, reason="env_failure",
+                        kind=bad.kind)
+
+  def _failure(self, stage: str, task: Task, error: BaseException) -> str:
     """Counts `error` by type, logs its first traceback of that type; the failure text."""
     kind = type(error).__name__
     self.failures[kind] += 1
@@ -343,18 +375,19 @@ class EpisodeRunner:
       return
     try:
       env.close()
-    except Exception as error:
+    except ENV_ERRORS as error:
       self._log_once(f"close/{type(error).__name__}", f"closing the environment of task "
                      f"{task.id!r} failed with {type(error).__name__}", error)
 
-  def _log_once(self, key: str, text: str, error: Exception) -> None:
+  def _log_once(self, key: str, text: str, error: BaseException | None = None) -> None:
     if key not in self._logged:
       self._logged.add(key)
       # The message can hold policy text (a parser quoting it), a judge's reply or a
-      # tool's output: escaped, so it cannot forge log lines or drive the terminal.
-      self._log(f"{text}:\n" + traceback_text(error, limit=-20))
+      # tool's output: escaped, so it cannot forge log lines or drive the terminal
+      # (a refused value is escaped by contract.shown).
+      self._log(text if error is None else f"{text}:\n" + traceback_text(error, limit=-20))
 
-  def _fail(self, episode_id: int, stage: str, error: Exception) -> Trajectory:
+  def _fail(self, episode_id: int, stage: str, error: BaseException) -> Trajectory:
     failure = self._failure(stage, self._live[episode_id].task, error)
     # A timed-out step still runs on its abandoned thread, using the environment.
     return self._finish(episode_id, reward=0.0, failure=failure, reason="env_failure",

@@ -45,9 +45,12 @@ Samplers die with their learner. `process_main` wraps the run:
   feeder thread blocked on a full pipe that nobody will read again would hold
   the exit (and the accelerator) forever. Trajectories not yet in the pipe are
   dropped; the learner is stopping or gone.
-An exception is reported to the supervisor with its traceback before the
-process dies; the supervisor logs it and starts a fresh worker, which picks up
-the newest weights.
+Whatever ends `run` other than a return (an exception, a `sys.exit` in code it
+calls, a KeyboardInterrupt) is reported to the supervisor with its traceback
+before the process dies (exit code 1); the supervisor logs it and starts a fresh
+worker, which picks up the newest weights. A worker that is found dead while stop
+was not requested is a crash, report or not, whatever its exit code (0
+included): it counts against `max_restarts` and is logged with its exit code.
 """
 
 from __future__ import annotations
@@ -147,7 +150,9 @@ def process_main(run: Callable[[WorkerSpec, Callable[[], bool]], None], spec: Wo
   code = 0
   try:
     run(spec, alive)
-  except Exception as error:  # report, then die: the supervisor restarts us
+  # Report, then die: the supervisor restarts us. SystemExit too: a sys.exit in code the
+  # sampler runs (a plugin's) would otherwise end it with code 0 and nothing said.
+  except BaseException as error:
     code = 1
     # Messages escaped: a peer's file name or reply can be in them, and the learner logs it.
     report = traceback_text(error)
@@ -194,7 +199,7 @@ def _sample(spec: WorkerSpec, alive: Callable[[], bool], cfg: Config, chat, poll
             log: Callable[[str], None]) -> None:
   """`run_sampler` once its channel is polled (by `poller`, on its own thread)."""
   from sao_jax.channel.published import published_to_policy
-  from sao_jax.envs.registry import make_env, make_tasks
+  from sao_jax.envs.registry import describe, make_env, make_tasks
   from sao_jax.run.bootstrap import initial_policy
   from sao_jax.sampler.episodes import EpisodeRunner, make_engine
   from sao_jax.sampler.prompt_ids import PromptIds
@@ -214,7 +219,8 @@ def _sample(spec: WorkerSpec, alive: Callable[[], bool], cfg: Config, chat, poll
                          max_episodes=cfg.sampler.slots * 2,
                          env_threads=cfg.sampler.num_env_threads(),
                          step_timeout_s=cfg.env.step_timeout_s,
-                         release=cfg.sampler.release_order, log=log)
+                         release=cfg.sampler.release_order, log=log,
+                         env_name=describe(cfg.env))
   tasks = make_tasks(cfg.env)
   group = cfg.algorithm.group_size
   prompt_ids = PromptIds(group, cfg.algorithm.running_mean_slots, spec.worker_id)
@@ -383,6 +389,14 @@ def hand_over(transport, traj, alive: Callable[[], bool], poll_s: float = 1.0) -
   return False
 
 
+def _unreported(exitcode: int) -> str:
+  """Why a worker that left no report died, from its exit code."""
+  if exitcode < 0:
+    return f"exit code {exitcode}: killed by signal {-exitcode}, no report"
+  return (f"exit code {exitcode} with no report: a sampler exits only when stopped, so "
+          "this is a crash")
+
+
 class SamplerSupervisor:
   """Starts, watches, restarts and stops sampler processes (learner side).
 
@@ -431,8 +445,7 @@ class SamplerSupervisor:
       if process.is_alive() or self._stop.is_set():
         continue
       process.join()
-      why = reports.get(spec.worker_id, f"exit code {process.exitcode} (killed by a signal "
-                        "if negative)")
+      why = reports.get(spec.worker_id, _unreported(process.exitcode))
       self.restarts += 1
       if self.restarts > self._max_restarts:
         raise RuntimeError(f"sampler {spec.worker_id} died {self.restarts} times; last: {why}")

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from sao_jax.config import EnvConfig
-from sao_jax.envs import plugins, registry
+from sao_jax.envs import contract, plugins, registry
 from sao_jax.envs.base import play
 
 PLUGIN = '''
@@ -202,8 +202,6 @@ def test_a_reward_function_replaces_the_reward_and_logs_its_metrics(plugin):
     ("raises", r"reward function echo_plugin:raises raised KeyError: 'ground_truth'"),
     ("hangs", r"reward function echo_plugin:hangs did not return within "
               r"env.reward_timeout_s=0.2s"),
-    ("nan", r"returned nan: expected a finite number"),
-    ("text", r"returned '1': expected a finite number"),
     ("no_score", r"returned a mapping without 'score'"),
     ("bad_metric", r"returned \{'note': 'fine'\}: every value of its mapping must be a finite"),
 ])
@@ -214,6 +212,16 @@ def test_a_failing_reward_function_fails_the_episode_not_the_caller(plugin, fn, 
   assert result.done and result.reason == "env_failure" and result.reward == 0.0
   assert result.failure is not None
   assert __import__("re").search(error, result.failure), result.failure
+
+
+@pytest.mark.parametrize("fn, shown", [("nan", "reward=nan (float)"),
+                                       ("text", "reward='1' (str)")])
+def test_a_reward_functions_score_reaches_the_one_check_unconverted(plugin, fn, shown):
+  """`grade` converts nothing: a score that is not a finite real number reaches the check
+  every step result passes (envs.contract), which fails the episode as bad_reward (through
+  the sampler's runner: tests/sampler/test_env_values.py)."""
+  bad = contract.check_result(_graded(plugin, fn, "hi"))
+  assert bad.kind == "bad_reward" and bad.problem.startswith(shown), bad
 
 
 @pytest.mark.parametrize("fn, error", [

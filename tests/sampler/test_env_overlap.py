@@ -8,6 +8,7 @@ other episodes; the pool bounds, times out and shuts down steps.
 """
 
 import random
+import sys
 import threading
 import time
 import types
@@ -329,7 +330,7 @@ def test_close_ends_within_its_grace_with_steps_in_flight():
   assert runner.env_steps.abandoned == 1
 
 
-def test_env_steps_pool_bounds_orders_and_reraises():
+def test_env_steps_pool_bounds_orders_and_hands_over_what_a_step_raises():
   steps = EnvSteps(2, timeout_s=0.0)
   gate = threading.Event()
   for key in range(3):
@@ -347,11 +348,18 @@ def test_env_steps_pool_bounds_orders_and_reraises():
   [(key, error)] = steps.collect(wait=True)
   assert key == "bad" and isinstance(error, ZeroDivisionError)
 
+  # Not Exceptions, and still the step's own (on a step thread only its code raises
+  # them): the outcome of that step, never raised on the caller's thread.
   def interrupt():
     raise KeyboardInterrupt
   steps.submit("stop", interrupt)
-  with pytest.raises(KeyboardInterrupt):
-    steps.collect(wait=True)
+  steps.submit("exit", lambda: sys.exit(2))
+  got = []
+  while steps.pending:
+    got += steps.collect(wait=True)
+  outcomes = dict(got)
+  assert isinstance(outcomes["stop"], KeyboardInterrupt)
+  assert isinstance(outcomes["exit"], SystemExit) and outcomes["exit"].code == 2
   with pytest.raises(ValueError, match="workers=0"):
     EnvSteps(0)
 

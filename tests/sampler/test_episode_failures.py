@@ -3,6 +3,7 @@ its tool-call parser or the tokenizer throws ends that episode as a counted
 environment failure (or, for malformed model text, a tool error the model sees),
 and the episodes after it run normally."""
 
+import sys
 import threading
 import time
 import types
@@ -262,14 +263,17 @@ def test_turns_that_end_together_step_their_environments_in_parallel(env_threads
 
 
 class InterruptedEnv(SlowToolEnv):
-  """SlowToolEnv whose "interrupt" task raises KeyboardInterrupt (not an Exception) in
-  its step, on a pool thread; records the environments closed."""
+  """SlowToolEnv whose "interrupt" task raises KeyboardInterrupt and whose "exit" task
+  calls sys.exit (neither an Exception) in its step, on a pool thread; records the
+  environments closed."""
 
   closed = []
 
   def _step(self, action):
     if self.task.metadata.get("fault") == "interrupt":
       raise KeyboardInterrupt
+    if self.task.metadata.get("fault") == "exit":
+      sys.exit(3)
     return super()._step(action)
 
   def close(self):
@@ -278,20 +282,46 @@ class InterruptedEnv(SlowToolEnv):
 
 
 @pytest.mark.parametrize("overlap", [False, True])
-def test_a_base_exception_on_an_env_thread_reaches_the_caller_and_close_releases_all(overlap):
-  """A KeyboardInterrupt (or SystemExit) is not an episode's failure: it leaves
-  `runner.step()` (at the step that collects it), and `close()` waits for the
-  other environments' steps (no thread left running) and releases every
-  environment."""
+def test_sys_exit_or_an_interrupt_raised_by_an_env_step_fails_only_its_episode(overlap):
+  """A step's SystemExit or KeyboardInterrupt (on a step thread it can only be the
+  environment's own: signals arrive on the main thread) left `runner.step()`, ending the
+  sampler process with exit code 0 and no report; now it fails that episode, named by
+  its type, and the other episodes finish."""
+  InterruptedEnv.closed = []
+  tasks = [task(0), task(1, "interrupt"), task(2, "exit"), task(3)]
+  done, runner, logs = run(tasks, make=InterruptedEnv, max_episodes=4, env_threads=4,
+                           overlap=overlap)
+  by_task = {traj.info["task"]: traj for traj in done}
+  assert len(done) == 4 and runner.in_flight == 0
+  assert by_task["t1-interrupt"].info["failure_kind"] == "KeyboardInterrupt"
+  assert by_task["t2-exit"].info["failure_kind"] == "SystemExit"
+  assert by_task["t2-exit"].env_failure == "step raised SystemExit: 3"
+  assert by_task["t0-None"].outcome == by_task["t3-None"].outcome == 1.0
+  assert runner.failures == {"KeyboardInterrupt": 1, "SystemExit": 1}
+  assert any("sys.exit(3)" in line for line in logs)  # where it was called, once
+  assert sorted(InterruptedEnv.closed) == sorted(t.id for t in tasks)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_an_interrupt_on_the_runners_thread_ends_it_and_close_releases_all(overlap):
+  """Ctrl-C arrives on the runner's thread (here: while the engine decodes): it leaves
+  `runner.step()`, and `close()` waits for the environments' steps (no thread left
+  running) and releases every environment."""
   InterruptedEnv.closed = []
   before = set(threading.enumerate())  # other tests' abandoned step threads may still run
-  runner = EpisodeRunner(ScriptedEngine(lambda episode, turn: "hello"), CHAT, InterruptedEnv,
-                         max_episodes=4, env_threads=4, overlap=overlap, log=lambda text: None)
-  tasks = [task(0), task(1, "interrupt"), task(2), task(3)]
+
+  def script(episode, turn):
+    if turn == 1:
+      raise KeyboardInterrupt  # the signal, arriving during a decode
+    return "hello"
+
+  runner = EpisodeRunner(ScriptedEngine(script), CHAT, InterruptedEnv, max_episodes=4,
+                         env_threads=4, overlap=overlap, log=lambda text: None)
+  tasks = [task(0), task(1), task(2), task(3)]
   for i, t in enumerate(tasks):
     runner.start(t, prompt_id=0, seed=i)
   with pytest.raises(KeyboardInterrupt):
-    for _ in range(3):
+    for _ in range(4):
       runner.step()
   assert runner.in_flight == 4  # nothing finished; the caller's close() releases them
   runner.close()

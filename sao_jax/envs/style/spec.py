@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from sao_jax.config.checks import fail
+from sao_jax.config.checks import check_timeout, fail
 from sao_jax.config.env import DEFAULT_STYLE_SCHEDULE, ENV_JUDGES, JUDGE_MAX_TOKENS
 from sao_jax.envs.base import EnvironmentSpec
 from sao_jax.envs.style import env as style
@@ -33,8 +33,7 @@ class StyleOptions:
       fail("env.options", "schedule", self.schedule, str(error).rstrip("."))
     if self.judge not in ENV_JUDGES:
       fail("env.options", "judge", self.judge, f"allowed values are {', '.join(map(repr, ENV_JUDGES))}")
-    if not self.judge_timeout_s > 0:
-      fail("env.options", "judge_timeout_s", self.judge_timeout_s, "expected a number of seconds > 0")
+    check_timeout("env.options", self, "judge_timeout_s")
     if self.judge_retries < 0:
       fail("env.options", "judge_retries", self.judge_retries, "expected an integer >= 0")
     if self.judge_max_tokens < 1:
