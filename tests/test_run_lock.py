@@ -1,6 +1,7 @@
 """One learner per run directory (sao_jax.run.lock)."""
 
 import os
+import re
 import tempfile
 
 import pytest
@@ -48,3 +49,24 @@ def test_a_bucket_run_directory_is_locked_on_this_host(tmp_path, monkeypatch):
   first.close()
   assert sorted(os.listdir(tmp_path)) == ["tmp"]
   assert run_lock.lock_path("gs://bucket/run").parent == tmp_path / "tmp" / run_lock.LOCAL_LOCKS
+
+
+@pytest.mark.parametrize("kind", ["symlink", "hardlink", "fifo", "directory"])
+def test_a_lock_file_that_is_a_link_or_not_a_file_is_refused_and_left_alone(tmp_path, kind):
+  # Before: open(path, "a+") followed a planted link, truncated the file it points to and
+  # wrote the pid into it.
+  victim = tmp_path / "precious.txt"
+  victim.write_text("keep me\n")
+  run_dir = tmp_path / "run"
+  run_dir.mkdir()
+  path = run_lock.lock_path(run_dir)
+  {"symlink": lambda: path.symlink_to(victim), "hardlink": lambda: os.link(victim, path),
+   "fifo": lambda: os.mkfifo(path), "directory": path.mkdir}[kind]()
+  what = {"symlink": f"is a symbolic link \\(to {re.escape(repr(str(victim)))}\\)",
+          "hardlink": "is a file with 2 names \\(a hard link\\)",
+          "fifo": "is not a regular file", "directory": "cannot be opened"}[kind]
+  with pytest.raises(ValueError, match=f"the run lock {re.escape(repr(str(path)))} {what}.*"
+                     f"remove it \\(rm {re.escape(repr(str(path)))}\\)"):
+    run_lock.hold(run_dir)
+  assert victim.read_text() == "keep me\n"
+  assert path.is_symlink() == (kind == "symlink")  # left where it was
