@@ -27,7 +27,7 @@ def _config(run_dir, *overrides):
 
 
 def _checkpoint(cfg, step=2):
-  checkpointer = Checkpointer(cfg)
+  checkpointer = Checkpointer(cfg, writer=True)
   try:
     checkpointer.save(step, _State(jnp.array(1), jnp.zeros(3)), {"position": step}, force=True)
   finally:

@@ -17,6 +17,12 @@ is a local file named after the URL in this machine's temporary directory
 (`LOCAL_LOCKS`), which refuses a second learner of that run on this host; learners of
 one bucket run on two machines cannot see each other's locks.
 
+The rule the lock enforces: nothing that does not hold it creates, deletes or renames
+anything in the run directory. `sao-train` takes it before it looks at the checkpoints
+there (`jobs.train.run`); readers (`sao-eval`, `sao-convert`, the `--resume auto`
+decision) open the checkpoint directory read-only (`run.checkpoint.Checkpointer`), so
+they never clean up a live learner's unfinished save or move a damaged step aside.
+
 The lock file is opened without following a symbolic link and only when it is a
 regular file with no other name (`_open_lock_file`): it is truncated and the pid
 written into it, which through a planted link would overwrite the file it points to.
