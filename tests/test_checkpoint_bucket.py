@@ -118,7 +118,7 @@ def config(directory: str, **checkpoint) -> Config:
 def save_steps(directory: str, steps: range, **checkpoint) -> None:
   """What the training loop does: save when due (orbax: the first step, then every
   `save_every_steps`), and the last step forced."""
-  checkpointer = Checkpointer(config(directory, **checkpoint))
+  checkpointer = Checkpointer(config(directory, **checkpoint), writer=True)
   for step in steps:
     checkpointer.save(step, state_at(step), {"position": step}, force=step == steps[-1])
   checkpointer.close()
@@ -161,7 +161,7 @@ def test_a_damaged_bucket_checkpoint_is_moved_aside_in_the_bucket(gcs_server):
     data = gcs_server.read(f"4/{name}")
     gcs_server.write(f"4/{name}", data[:len(data) // 2])
 
-  checkpointer = Checkpointer(config(directory))
+  checkpointer = Checkpointer(config(directory), writer=True)  # the learner's: it moves
   messages = []
   state, data, _ = checkpointer.restore(abstract(state_at(0)), log=messages.append)
   assert_equal(state, state_at(2))

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import pytest
 
 from sao_jax import storage
-from sao_jax.config import apply_overrides, load_config
+from sao_jax.config import apply_overrides, load_config, versions
 from sao_jax.jobs import train
 from sao_jax.run.checkpoint import Checkpointer
 
@@ -27,7 +27,7 @@ def _config(run_dir, *overrides):
 
 
 def _checkpoint(cfg, step=2):
-  checkpointer = Checkpointer(cfg)
+  checkpointer = Checkpointer(cfg, writer=True)
   try:
     checkpointer.save(step, _State(jnp.array(1), jnp.zeros(3)), {"position": step}, force=True)
   finally:
@@ -97,6 +97,35 @@ def test_a_config_saved_by_another_version_differs_only_where_it_really_does():
   launched = apply_overrides(cfg, ["learner.weight_decay=0.5"])  # an added field, set
   assert train.resume_differences(saved, launched) == [
       f"learner.weight_decay: checkpoint {cfg.learner.weight_decay!r}, now 0.5"]
+
+
+def test_a_removed_field_saved_at_its_last_default_is_no_difference():
+  """A removed field saved at the default it had when it went (`model.remat` False,
+  `env.tool_site_packages` False, `env.tool_memory_mb` 1024) is what this version does
+  without it. The old code dropped only a saved None and refused these runs
+  ("model.remat: checkpoint False, now '<missing>'")."""
+  import json
+  cfg = load_config(DEMO)
+  saved = json.loads(json.dumps(dataclasses.asdict(cfg)))
+  saved["model"].update(remat=False, hf_path=None)
+  saved["env"].update(tool_site_packages=False, tool_memory_mb=1024, tool_wall_time_s=10)
+  assert train.resume_differences(saved, cfg) == []
+  assert versions.as_this_version(saved["env"], cfg.env) == json.loads(
+      json.dumps(dataclasses.asdict(cfg.env)))
+  saved["model"]["remat"] = True  # set: this version has no such switch
+  saved["env"]["tool_memory_mb"] = 4096
+  assert train.resume_differences(saved, cfg) == [
+      "model.remat: checkpoint True, now '<missing>'",
+      "env.tool_memory_mb: checkpoint 4096, now '<missing>'"]
+  saved["model"]["remat"], saved["env"]["tool_memory_mb"] = False, 1024
+  saved["model"]["gone_unlisted"] = False  # a field no version here had: kept and named
+  assert train.resume_differences(saved, cfg) == [
+      "model.gone_unlisted: checkpoint False, now '<missing>'"]
+
+
+def test_the_removed_fields_table_lists_only_fields_the_classes_no_longer_have():
+  for cls, removed in versions.REMOVED.items():
+    assert removed and not set(removed) & {field.name for field in dataclasses.fields(cls)}, cls
 
 
 def test_a_bucket_checkpoint_directory_is_looked_up_in_the_bucket(tmp_path, emulated_gcs):

@@ -110,7 +110,8 @@ def resume_decision(cfg: Config, log=print) -> bool:
   """Whether this launch resumes, as `run.resume` says (`config.run.RESUME_MODES`);
   ValueError when it may not start: checkpoints there under "never", or of another
   run under "auto". Says so when a resuming launch finds no checkpoint, so a
-  typo'd run directory is not silently a new run."""
+  typo'd run directory is not silently a new run. Only reads the checkpoint
+  directory (a read-only `Checkpointer`); `run` asks after taking the run lock."""
   checkpoints, held = checkpoint_directory(cfg)
   mode = cfg.run.resume
   if not held:
@@ -124,7 +125,7 @@ def resume_decision(cfg: Config, log=print) -> bool:
                      "this config whatever changed, or set run.run_dir=ANOTHER_DIR")
   if mode == "auto":
     from sao_jax.run.checkpoint import Checkpointer  # pylint: disable=import-outside-toplevel
-    checkpointer = Checkpointer(cfg.with_run_paths())
+    checkpointer = Checkpointer(cfg.with_run_paths())  # read-only: it only reads the config
     try:
       saved = checkpointer.saved_config()
     finally:
@@ -192,8 +193,6 @@ def run(cfg: Config, *, resume: bool | None = True, log=print) -> dict:
   init_model.check_dtypes(cfg.model, jax.devices())
   shared_run_dir(cfg)
   learner_devices, sampler_envs = local_devices(cfg, tpu_sampler_envs)
-  if resume is None:
-    resume = resume_decision(cfg, log)
   run_dir = storage.as_path(cfg.run.run_dir)  # a bucket URL: an epath (sao_jax.storage)
   try:
     if not storage.is_url(cfg.run.run_dir):  # a bucket's object names make its directories
@@ -201,8 +200,12 @@ def run(cfg: Config, *, resume: bool | None = True, log=print) -> dict:
   except OSError as error:  # a file there or in its parents, no permission, a full disk
     raise ValueError(f"run.run_dir={cfg.run.run_dir!r} cannot be created as a directory "
                      f"({error.strerror or error}); set --set run.run_dir=ANOTHER_DIR") from error
+  # Held before anything looks into the run directory: a launch refused here has
+  # created, deleted and renamed nothing of the learner running there (`run.lock`).
   lock = run_lock.hold(cfg.run.run_dir, jax.process_index())
   try:
+    if resume is None:
+      resume = resume_decision(cfg, log)
     return _run(cfg, run_dir, resume=resume, log=log, learner_devices=learner_devices,
                 sampler_envs=sampler_envs)
   finally:

@@ -84,7 +84,8 @@ def run_learner(cfg: Config, batches: Iterator[Batch | tuple[Batch, dict]], *,
                           compile_lib.batch_shardings(cfg, mesh, length))
     return compiled[length]
 
-  checkpointer = Checkpointer(cfg) if cfg.checkpoint.directory else None
+  # The writer (`run.checkpoint`): the caller holds the run lock (`jobs.train.run`).
+  checkpointer = Checkpointer(cfg, writer=True) if cfg.checkpoint.directory else None
 
   def fresh_state(mesh):
     return compile_lib.init_sharded_state(cfg, mesh, jax.random.key(cfg.seed))

@@ -17,14 +17,23 @@ checkpoint (a crash mid-save leaves only a `*.orbax-checkpoint-tmp*` directory,
 which is ignored). Saves are asynchronous when `async_save` is on: the step
 returns once device buffers are copied and the write proceeds in background.
 
+Writer and readers: only the learner that holds the run lock (`sao_jax.run.lock`)
+opens a checkpoint directory as its writer (`Checkpointer(cfg, writer=True)`), which
+creates it, cleans up the temporary directories of saves killed midway, saves, deletes
+old steps and moves damaged ones aside. Every other process (`sao-eval`, `sao-convert`,
+the `--resume auto` decision) opens it read-only (the default): orbax's `read_only`
+manager creates, deletes and renames nothing, so a reader never removes a live
+learner's save in progress.
+
 Damage: a finished checkpoint can still be unreadable later (a disk filled up,
-a file truncated or overwritten). Resuming (`restore` without a step) takes the
-newest checkpoint that restores: each newer one that does not is reported in
-plain words (its path and what is wrong, without TensorStore's spec dump) and
-moved aside to `<directory>/corrupt-<step>-<UTC time>/`, never deleted, so its
-steps are trained again. When none restores, nothing is moved and the error
-lists every checkpoint's problem. A checkpoint of another model shape is not
-damage: it fails at once, naming the differing fields.
+a file truncated or overwritten, metadata that is not the JSON object saved).
+Reading without a step (`restore`, `restore_items`) takes the newest checkpoint
+that restores: each newer one that does not is reported in plain words (its path
+and what is wrong, without TensorStore's spec dump); the writer moves it aside to
+`<directory>/corrupt-<step>-<UTC time>/`, never deleted, so its steps are trained
+again, and a reader leaves it where it is. When none restores, nothing is moved
+and the error lists every checkpoint's problem. A checkpoint of another model shape
+is not damage: it fails at once, naming the differing fields.
 
 Preemption: `PreemptionWatcher` turns SIGTERM (what a TPU VM receives before it
 is reclaimed) into a flag the training loop polls between steps; the loop then
@@ -91,23 +100,50 @@ def _lora_difference(saved: dict | None, current: LoraConfig) -> list[str]:
                               {k: getattr(current, k) for k in keys}, "lora.")
 
 
-class Checkpointer:
-  """Saves and restores learner checkpoints under `cfg.checkpoint.directory`."""
+def _meta_problem(meta: Any) -> str | None:
+  """What makes `meta` (as read from a checkpoint) other than the JSON object `save`
+  writes, or None: it must be an object whose step and policy version are integers and
+  whose config holds a model section (and a lora section, or none: older checkpoints)."""
+  if not isinstance(meta, dict):
+    return f"its meta is {type(meta).__name__} {meta!r:.80}"
+  for key in ("step", "policy_version"):
+    if not isinstance(meta.get(key), int) or isinstance(meta.get(key), bool):
+      return f"its meta's {key} is {meta.get(key)!r:.80}"
+  config = meta.get("config")
+  if not isinstance(config, dict):
+    return f"its meta's config is {type(config).__name__} {config!r:.80}"
+  for name, optional in (("model", False), ("lora", True)):
+    section = config.get(name)
+    if not isinstance(section, dict) and not (optional and section is None):
+      return f"its meta's config.{name} is {type(section).__name__} {section!r:.80}"
+  return None
 
-  def __init__(self, cfg: Config):
+
+class Checkpointer:
+  """Saves and restores learner checkpoints under `cfg.checkpoint.directory`.
+
+  `writer=True` only in the learner that holds the run lock: it creates the directory,
+  cleans up killed saves, saves and moves damaged steps aside. The default opens it
+  read-only: nothing there is created, deleted or renamed (module docstring)."""
+
+  def __init__(self, cfg: Config, *, writer: bool = False):
     ckpt: CheckpointConfig = cfg.checkpoint
     if ckpt.directory is None:
       raise ValueError("checkpoint.directory is None; set --set checkpoint.directory=PATH "
                        "to enable checkpoints")
     self._config = cfg
+    self.writer = writer
     self.directory = storage_path(ckpt.directory)
-    self._manager = ocp.CheckpointManager(
-        self.directory,
-        options=ocp.CheckpointManagerOptions(
-            max_to_keep=ckpt.keep, save_interval_steps=ckpt.save_every_steps,
-            enable_async_checkpointing=ckpt.async_save, create=True,
-            cleanup_tmp_directories=True),
-        item_names=("state", "data", "meta"))
+    if writer:
+      options = ocp.CheckpointManagerOptions(
+          max_to_keep=ckpt.keep, save_interval_steps=ckpt.save_every_steps,
+          enable_async_checkpointing=ckpt.async_save, create=True, cleanup_tmp_directories=True)
+    else:  # orbax's read-only manager: no root made, no temporary directory removed
+      options = ocp.CheckpointManagerOptions(
+          read_only=True, create=False, cleanup_tmp_directories=False, max_to_keep=None,
+          save_interval_steps=0, enable_async_checkpointing=False)
+    self._manager = ocp.CheckpointManager(self.directory, options=options,
+                                          item_names=("state", "data", "meta"))
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -120,16 +156,18 @@ class Checkpointer:
     reads, or None when there is none."""
     for step in sorted(self.all_steps(), reverse=True):
       try:
-        meta = self._manager.restore(step, args=ocp.args.Composite(
-            meta=ocp.args.JsonRestore()))["meta"]
-      except Exception:  # pylint: disable=broad-except  # damaged: `restore` reports it
+        meta = self._read_meta(step)
+      except _Damaged:  # `restore` reports it
         continue
-      return meta.get("config")
+      return meta["config"]
     return None
 
   def save(self, step: int, state: Any, data_state: dict, *, force: bool = False) -> bool:
     """Saves if `step` is on the schedule (or `force`) and not saved yet; returns
     whether it saved."""
+    if not self.writer:
+      raise ValueError(f"{self.directory} was opened read-only; only the learner holding the "
+                       "run lock saves there (Checkpointer(cfg, writer=True))")
     if step in self._manager.all_steps():
       return False
     meta = {"format": FORMAT_VERSION, "step": step,
@@ -144,8 +182,8 @@ class Checkpointer:
   def restore(self, abstract_state: Any, step: int | None = None, *,
               log: Callable[[str], None] = print) -> tuple[Any, dict, dict]:
     """(state, data_state, meta) of `step`, laid out as `abstract_state`; without a
-    step, of the newest checkpoint that restores (damaged newer ones are moved
-    aside and reported through `log`, module docstring).
+    step, of the newest checkpoint that restores (damaged newer ones are reported
+    through `log`, and moved aside by the writer, module docstring).
 
     `abstract_state` is a pytree of `jax.ShapeDtypeStruct`s carrying the target
     shardings, so a checkpoint written on one mesh restores onto another.
@@ -156,19 +194,30 @@ class Checkpointer:
                               f"{self.all_steps() or 'none'}: pass one of them, or no step for "
                               "the latest")
       return self._restore_step(abstract_state, step)
+    return self._newest_that_restores(lambda step: self._restore_step(abstract_state, step),
+                                      log)
+
+  def _newest_that_restores(self, read: Callable[[int], Any], log: Callable[[str], None]):
+    """`read(step)` of the newest step it does not raise _Damaged for; each newer one is
+    reported through `log` and (by the writer only) moved aside."""
     damaged: list[tuple[int, _Damaged]] = []
     for candidate in sorted(self.all_steps(), reverse=True):
       try:
-        restored = self._restore_step(abstract_state, candidate)
+        restored = read(candidate)
       except _Damaged as error:
         damaged.append((candidate, error))
         continue
       for bad, error in damaged:
-        moved = self._move_aside(bad)
-        log(f"{error}. Moved it to {moved} (kept for inspection) and resuming from step "
-            f"{candidate}, the newest checkpoint that restores; the steps after it are "
-            "trained again.")
-      if damaged:
+        if self.writer:
+          moved = self._move_aside(bad)
+          log(f"{error}. Moved it to {moved} (kept for inspection) and resuming from step "
+              f"{candidate}, the newest checkpoint that restores; the steps after it are "
+              "trained again.")
+        else:
+          log(f"{error}. Skipped it (left in place: only the learner holding the run moves "
+              f"a damaged checkpoint aside) and read step {candidate}, the newest checkpoint "
+              "that restores.")
+      if damaged and self.writer:
         self._manager.reload()  # forget the moved steps
       return restored
     if not damaged:
@@ -186,21 +235,25 @@ class Checkpointer:
       (self.directory / str(step)).rename(target)
     return target
 
-  def restore_items(self, target: dict[str, Any], step: int | None = None) -> tuple[dict, dict]:
+  def restore_items(self, target: dict[str, Any], step: int | None = None, *,
+                    log: Callable[[str], None] = print) -> tuple[dict, dict]:
     """(the `target` fields of the train state of checkpoint `step` (default: the
-    latest), meta). `target` maps `TrainState` field names to abstract trees with
+    newest that restores, damaged newer ones reported through `log` as `restore`
+    does), meta). `target` maps `TrainState` field names to abstract trees with
     shardings (e.g. {"policy_params": params}); only those leaves are read (orbax's
     partial restore): the rest of the state (critic, optimizer states) is never
     loaded, and each leaf is read straight onto its shards. The meta is checked as
-    `restore` checks it; nothing is moved aside."""
+    `restore` checks it."""
     if step is None:
-      step = self.latest_step()
-      if step is None:
-        raise CheckpointError(f"no finished checkpoint in {self.directory}")
-    elif step not in self.all_steps():
+      return self._newest_that_restores(lambda step: self._restore_items_step(target, step),
+                                        log)
+    if step not in self.all_steps():
       raise CheckpointError(f"no checkpoint of step {step} in {self.directory}; its steps are "
                             f"{self.all_steps() or 'none'}: pass one of them, or no step for "
                             "the latest")
+    return self._restore_items_step(target, step)
+
+  def _restore_items_step(self, target: dict[str, Any], step: int) -> tuple[dict, dict]:
     meta = self._checked_meta(step)
     try:
       restored = self._manager.restore(step, args=ocp.args.Composite(
@@ -208,13 +261,13 @@ class Checkpointer:
               item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
               partial_restore=True)))
     except Exception as error:
-      raise CheckpointError(f"checkpoint {self.directory / str(step)} does not restore "
-                            f"{sorted(target)}: {plain_error(error)}") from error
+      raise _Damaged(f"checkpoint {self.directory / str(step)} does not restore "
+                     f"{sorted(target)}: {plain_error(error)}") from error
     return restored["state"], meta
 
-  def _checked_meta(self, step: int) -> dict:
-    """The meta of checkpoint `step`; _Damaged if it does not read, CheckpointError
-    if it is of another model, LoRA layout or format than this run's config."""
+  def _read_meta(self, step: int) -> dict:
+    """The meta of checkpoint `step`; _Damaged if it does not read or is not the JSON
+    object `save` writes (`_meta_problem`)."""
     path = self.directory / str(step)
     try:
       meta = self._manager.restore(step, args=ocp.args.Composite(
@@ -222,9 +275,21 @@ class Checkpointer:
     except Exception as error:  # orbax raises many types for unreadable files
       raise _Damaged(f"checkpoint {path} does not restore (its metadata): "
                      f"{plain_error(error)}") from error
-    saved_model = as_this_version(meta.get("config", {}).get("model", {}), self._config.model)
+    problem = _meta_problem(meta)
+    if problem:
+      raise _Damaged(f"checkpoint {path} does not restore (its metadata): {problem}, not the "
+                     "JSON object saved")
+    return meta
+
+  def _checked_meta(self, step: int) -> dict:
+    """The meta of checkpoint `step`; _Damaged if it does not read (`_read_meta`),
+    CheckpointError if it is of another model, LoRA layout or format than this run's
+    config."""
+    path = self.directory / str(step)
+    meta = self._read_meta(step)
+    saved_model = as_this_version(meta["config"]["model"], self._config.model)
     diffs = _describe_difference(saved_model, dataclasses.asdict(self._config.model), "model.")
-    diffs += _lora_difference(meta.get("config", {}).get("lora"), self._config.lora)
+    diffs += _lora_difference(meta["config"].get("lora"), self._config.lora)
     if meta.get("format") != FORMAT_VERSION or diffs:
       raise CheckpointError(
           f"checkpoint {path} does not match this run: "

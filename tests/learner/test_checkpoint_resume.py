@@ -232,6 +232,44 @@ def test_corrupt_checkpoints_are_named_and_left_in_place(tmp_path, two_steps):
   assert Checkpointer(cfg).all_steps() == steps and not list(tmp_path.glob("corrupt-*"))
 
 
+@pytest.mark.parametrize("damage", [
+    lambda meta: {**meta, "config": None}, lambda meta: {**meta, "config": "a string"},
+    lambda meta: {**meta, "config": [1, 2]}, lambda meta: [meta], lambda meta: "meta",
+    lambda meta: {**meta, "config": {**meta["config"], "model": None}},
+    lambda meta: {**meta, "step": "2"},
+], ids=["config-null", "config-string", "config-list", "meta-list", "meta-string",
+        "model-null", "step-string"])
+def test_a_checkpoint_whose_meta_has_the_wrong_type_is_damaged(tmp_path, two_steps, damage):
+  """Saved meta that is not the JSON object `save` writes is damage, like a truncated
+  array: skipped by a reader (left in place), moved aside by the writer, the previous
+  step restored. Before: AttributeError ('NoneType' object has no attribute 'get')."""
+  cfg = copy_of(two_steps, tmp_path)
+  *_, previous, newest = Checkpointer(cfg).all_steps()
+  path = tmp_path / str(newest) / "meta" / "metadata"
+  damaged = json.dumps(damage(json.loads(path.read_text())))
+  path.write_text(damaged)
+  saved_previous = json.loads((tmp_path / str(previous) / "meta" / "metadata").read_text())
+
+  reader, messages = Checkpointer(cfg), []
+  _, _, meta = reader.restore(abstract_state(cfg), log=messages.append)
+  assert meta["step"] == previous and reader.saved_config() == saved_previous["config"]
+  [message] = messages
+  assert message.startswith(f"checkpoint {tmp_path / str(newest)} does not restore (its "
+                            "metadata): its meta")
+  assert "not the JSON object saved. Skipped it (left in place" in message
+  assert f"read step {previous}" in message
+  assert reader.all_steps()[-1] == newest and not list(tmp_path.glob("corrupt-*"))
+
+  messages.clear()
+  _, _, meta = Checkpointer(cfg, writer=True).restore(abstract_state(cfg), log=messages.append)
+  assert meta["step"] == previous
+  [moved] = tmp_path.glob(f"corrupt-{newest}-*")
+  assert (moved / "meta" / "metadata").read_text() == damaged  # kept for inspection
+  [message] = messages
+  assert f"Moved it to {moved}" in message and f"resuming from step {previous}" in message
+  assert Checkpointer(cfg).all_steps()[-1] == previous
+
+
 def truncate_arrays(checkpoint_dir):
   """What a full disk or an interrupted copy leaves: every array file of the state cut in half."""
   files = [p for p in (checkpoint_dir / "state").rglob("*") if p.is_file() and p.parent.name == "d"]

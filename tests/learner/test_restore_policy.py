@@ -2,6 +2,8 @@
 holds a critic and optimizer states, each param on its shards of the config's mesh."""
 
 import dataclasses
+import json
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -42,7 +44,7 @@ def saved(tmp_path):
   state = state_lib.init_state(cfg, jax.random.key(0))
   state = state.replace(step=jnp.int32(3), policy_version=jnp.int32(2))
   assert jax.tree.leaves(state.value_params) and jax.tree.leaves(state.policy_opt_state)
-  checkpointer = Checkpointer(cfg)
+  checkpointer = Checkpointer(cfg, writer=True)
   assert checkpointer.save(3, state, {"position": 3}, force=True)
   checkpointer.close()
   return cfg, state
@@ -82,7 +84,7 @@ def test_restore_policy_under_lora_reads_only_the_adapters(tmp_path, monkeypatch
       checkpoint=C.CheckpointConfig(directory=str(tmp_path / "ckpt"), async_save=False)).validate()
   state = state_lib.init_state(cfg, jax.random.key(0))
   state = state.replace(policy_adapters=jax.tree.map(lambda x: x + 0.01, state.policy_adapters))
-  checkpointer = Checkpointer(cfg)
+  checkpointer = Checkpointer(cfg, writer=True)
   assert checkpointer.save(1, state_lib.checkpointed(cfg, state), {}, force=True)
   checkpointer.close()
   reads = _record_reads(monkeypatch)
@@ -100,3 +102,29 @@ def test_restore_policy_names_a_missing_step(saved):
   cfg, _ = saved
   with pytest.raises(CheckpointError, match=r"no checkpoint of step 5 .*its steps are \[3\]"):
     restore_policy(cfg, 5, make_mesh(cfg.sampler_mesh(), jax.devices()))
+
+
+def test_sao_eval_on_a_live_run_creates_deletes_and_moves_nothing(saved, capsys):
+  """`sao-eval` beside a running learner: that learner is saving step 5 (orbax's temporary
+  directory) and its step 4 has meta that does not read as saved. Before, the reader's
+  orbax manager deleted the save in progress (cleanup_tmp_directories) and the bad meta
+  raised AttributeError; now the reader skips step 4, says so, and changes no file."""
+  cfg, state = saved
+  directory = pathlib.Path(cfg.checkpoint.directory)
+  writer = Checkpointer(cfg, writer=True)
+  assert writer.save(4, state.replace(step=jnp.int32(4)), {"position": 4}, force=True)
+  writer.close()
+  meta_file = directory / "4" / "meta" / "metadata"
+  meta_file.write_text(json.dumps({**json.loads(meta_file.read_text()), "config": None}))
+  saving = directory / "5.orbax-checkpoint-tmp-1234" / "state"
+  saving.mkdir(parents=True)
+  (saving / "partial").write_bytes(b"\x01half a step")
+  before = {str(p.relative_to(directory)): None if p.is_dir() else p.read_bytes()
+            for p in sorted(directory.rglob("*"))}
+  policy, meta = restore_policy(cfg, None, make_mesh(cfg.sampler_mesh(), jax.devices()))
+  assert meta["step"] == 3 and jax.tree.leaves(policy)
+  assert before == {str(p.relative_to(directory)): None if p.is_dir() else p.read_bytes()
+                    for p in sorted(directory.rglob("*"))}
+  out = capsys.readouterr().out
+  assert f"checkpoint {directory / '4'} does not restore (its metadata): its meta's config is " \
+         "NoneType None" in out and "Skipped it (left in place" in out
