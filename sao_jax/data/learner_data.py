@@ -21,6 +21,7 @@ from sao_jax.channel import sealed
 from sao_jax.channel.transport import DirectoryTransport, QueueTransport
 from sao_jax.config import Config
 from sao_jax.data import pipeline
+from sao_jax.data.task_positions import TaskPositions
 from sao_jax.sharding import distributed
 
 
@@ -65,11 +66,13 @@ def local_batch_sizes(cfg: Config, hosts: int) -> tuple[int, int | None]:
 
 def learner_batches(cfg: Config, transport, *, current_version: Callable[[], int],
                     drops: pipeline.Drops,
-                    while_waiting: Callable[[], None] = lambda: None) -> Iterator:
+                    while_waiting: Callable[[], None] = lambda: None,
+                    positions: TaskPositions | None = None) -> Iterator:
   """This host's (Batch, BatchInfo) stream (`pipeline.learner_pipeline`) as the
   config says: its share of each batch, staleness against `current_version()`,
-  drops counted in `drops`; `while_waiting()` runs at every empty poll of the
-  transport (e.g. to restart samplers that died before sending anything)."""
+  drops counted in `drops`, the tasks that reached it recorded in `positions`;
+  `while_waiting()` runs at every empty poll of the transport (e.g. to restart
+  samplers that died before sending anything)."""
   batch_size, batch_tokens = local_batch_sizes(cfg, jax.process_count())
   running_mean = cfg.algorithm.spec.advantage == "running_mean"
   return pipeline.learner_pipeline(
@@ -78,4 +81,23 @@ def learner_batches(cfg: Config, transport, *, current_version: Callable[[], int
       vocab_size=cfg.model.vocab_size, current_version=current_version, drops=drops,
       num_prompt_slots=cfg.algorithm.running_mean_slots if running_mean else None,
       batch_tokens=batch_tokens, row_length=cfg.learner.row_length,
-      should_stop=lambda: while_waiting() or False)
+      should_stop=lambda: while_waiting() or False, positions=positions)
+
+
+class Checkpointed:
+  """`batches` with each item passed through `fn`, and the pipeline's `get_state` /
+  `set_state` (what `learner.loop` checkpoints: its held units and the task positions
+  of `task_positions`) on a learner of one host. On several, none: orbax writes the
+  checkpoint's data item from the first host only, and its held trajectories restored
+  on every host would be trained once per host."""
+
+  def __init__(self, batches, fn: Callable):
+    self._batches, self._fn = batches, fn
+    if jax.process_count() == 1:
+      self.get_state, self.set_state = batches.get_state, batches.set_state
+
+  def __iter__(self):
+    return self
+
+  def __next__(self):
+    return self._fn(next(self._batches))

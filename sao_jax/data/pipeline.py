@@ -3,6 +3,8 @@
     transport -> TransportDataset        trajectories as they finish (blocks, never polls a round)
               -> GroupDataset            single mode: each trajectory at once; group mode
                                          (GRPO): a prompt's group once all members finished
+              -> PositionsDataset        records each unit's task as reached (`task_positions`:
+                                         where a restarted sampler's task stream goes on)
               -> AdmitDataset            drops, counted per reason: environment failures,
                                          malformed trajectories, lag > max_lag, too long
               -> BatchDataset            `batch_trajectories` rows right-padded to the
@@ -59,6 +61,7 @@ import numpy as np
 
 from sao_jax.channel import records
 from sao_jax.config.learner import packed_rows
+from sao_jax.data.task_positions import TaskPositions
 from sao_jax.log_text import untrusted
 from sao_jax.types import Batch
 from sao_jax.types import Trajectory
@@ -289,6 +292,38 @@ class _GroupIterator(_Iterator):
       if len(members) == self._group_size:
         del self._waiting[traj.prompt_id]
         return members
+
+
+class PositionsDataset(grain.IterDataset):
+  """Units unchanged; each unit's task recorded in `positions` (`task_positions`), whose
+  record is this stage's state."""
+
+  def __init__(self, parent: grain.IterDataset, positions: TaskPositions):
+    super().__init__(parent)
+    self._positions = positions
+
+  def __iter__(self):
+    return _PositionsIterator(self._parent.__iter__(), self._positions)
+
+
+class _PositionsIterator(_Iterator):
+
+  def __init__(self, parent, positions: TaskPositions):
+    super().__init__(parent)
+    self._positions = positions
+
+  def __next__(self) -> list[Trajectory]:
+    unit = next(self._parent)
+    self._positions.record(unit)
+    return unit
+
+  def get_state(self) -> dict:
+    return {**super().get_state(), "task_positions": self._positions.get_state()}
+
+  def set_state(self, state: dict) -> None:
+    super().set_state(state)
+    # A checkpoint from before positions were kept: every stream starts at task 0.
+    self._positions.set_state(state.get("task_positions", {}))
 
 
 class AdmitDataset(grain.IterDataset):
@@ -543,8 +578,12 @@ def learner_pipeline(transport, *, batch_size: int, group_size: int, max_lag: in
                      current_version: Callable[[], int], drops: Drops,
                      num_prompt_slots: int | None = None,
                      should_stop: Callable[[], bool] = lambda: False,
-                     batch_tokens: int | None = None, row_length: int | None = None) -> Iterator:
+                     batch_tokens: int | None = None, row_length: int | None = None,
+                     positions: TaskPositions | None = None) -> Iterator:
   """The whole pipeline as one grain iterator of (Batch, BatchInfo).
+
+  `positions` records the tasks that reached the learner (`PositionsDataset`; a fresh
+  record when None).
 
   `batch_tokens` (with `row_length`) packs: `batch_tokens // row_length` rows of
   `row_length` tokens holding at most `batch_size` trajectories; trajectories
@@ -563,6 +602,7 @@ def learner_pipeline(transport, *, batch_size: int, group_size: int, max_lag: in
   dataset = TransportDataset(transport, should_stop=should_stop)
   stale = StaleFilter(current_version, max_lag, drops)
   dataset = GroupDataset(dataset, group_size, stale)
+  dataset = PositionsDataset(dataset, TaskPositions() if positions is None else positions)
   dataset = AdmitDataset(dataset, stale=stale, max_length=row_length if packed else buckets[-1],
                          vocab_size=vocab_size, drops=drops, num_prompt_slots=num_prompt_slots)
   if packed:

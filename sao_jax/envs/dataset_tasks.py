@@ -10,19 +10,26 @@ the source column's value or the dataset's name, and each of
 `metadata_columns` under its name. A dotted column (`reward_model.ground_truth`)
 walks into a struct column. A bad cell (missing value, a struct without the
 field, empty prompt, a message list that is not one, an answer not in the
-format, an id or source longer than `MAX_LABEL_CHARS`) raises ValueError naming the file,
-the row's index in it, the column and the value: no row is skipped. Rows are
-checked when read; `sao-eval` reads them all.
+format, an id or source longer than `MAX_LABEL_CHARS`) raises `BadRow` (a ValueError)
+naming the file, the row's index in it, the column and the value: no row is skipped.
+
+Every row is checked before a job starts (`check_rows`, from `registry.check_tasks`,
+which `jobs.startup.check` runs for sao-train, its --check, sao-eval and
+sao-sampler): one scan of the mapped columns, a row group at a time, refused with
+the number of bad rows and the first `MAX_REPORTED_ROWS` of them.
 
 `iterate_shuffled` streams a table through a grain `MapDataset`: a fresh seeded
 permutation of the row indices each epoch (grain's index shuffle: no index
-list is materialised), each row read when its turn comes.
+list is materialised), each row read when its turn comes, from any position of
+the stream (`start`: a restarted sampler continues where its stream stood). A row
+that has turned bad since the check (the file rewritten under a run) raises
+`BadRow` from that `next()` only: the stream stays usable and serves the next
+position after it (the sampler counts the row as a dropped episode).
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
 import os
 import pathlib
 import types
@@ -38,8 +45,18 @@ from sao_jax.envs.tasks import CHAT_ROLES
 
 _OPENERS = {"parquet": tables.open_parquet, "hf_disk": tables.open_saved_dataset}
 _SHOWN_CHARS = 200  # of a bad value in an error message
-_CELL = object()  # `_bad`'s default: show the cell  # of a chat-message prompt's messages
+_CELL = object()  # `_bad`'s default: show the cell
 MAX_LABEL_CHARS = 256  # of an id or source cell
+MAX_REPORTED_ROWS = 5  # bad rows `check_rows` names (it counts them all)
+
+
+class BadRow(ValueError):
+  """A dataset row that does not make a task; the message names the file, the row, the
+  column and the value, `where` the file and the row."""
+
+  def __init__(self, message: str, where: str):
+    super().__init__(message)
+    self.where = where
 
 
 class TaskTable:
@@ -59,11 +76,31 @@ class TaskTable:
     return len(self._table)
 
   def __getitem__(self, index: int) -> Task:
-    row = self._table.row(index)
+    return self._task(self._table.row(index), index)
+
+  def check_rows(self) -> None:
+    """ValueError naming how many rows are bad and the first MAX_REPORTED_ROWS (each
+    its file, row, column and value), after reading every row (`tables.ColumnTable.rows`)."""
+    bad, count = [], 0
+    for index, row in enumerate(self._table.rows()):
+      try:
+        self._task(row, index)
+      except BadRow as error:
+        count += 1
+        if len(bad) < MAX_REPORTED_ROWS:
+          bad.append(str(error))
+    if count:
+      raise ValueError(f"dataset {self.name!r} has {count} bad row(s) of {len(self)} (every row "
+                       f"is read before the run starts); the first {len(bad)}: "
+                       + " | ".join(bad))
+
+  def _task(self, row: tables.Row, index: int) -> Task:
     config = self._config
     prompt, messages = _prompt(row, config.prompt_column)
+    # The cell is read outside the `try`: its own error (a null) already names the row.
+    cell = _cell(row, config.answer_column)
     try:
-      answer = answers.reference_answer(_cell(row, config.answer_column), config.answer_format)
+      answer = answers.reference_answer(cell, config.answer_format)
     except ValueError as error:
       _bad(row, config.answer_column, f"{error} (env.dataset.answer_format="
                                       f"{config.answer_format!r})")
@@ -134,23 +171,34 @@ def _label(row: tables.Row, column: str) -> str:
 
 
 def _bad(row: tables.Row, column: str, problem: str, value=_CELL):
-  """ValueError naming file, row, column, the problem and `value` (default: the cell)."""
+  """BadRow naming file, row, column, the problem and `value` (default: the cell)."""
   shown = repr(_value(row, column) if value is _CELL else value)
   if len(shown) > _SHOWN_CHARS:
     shown = shown[:_SHOWN_CHARS] + f"... ({len(shown)} characters)"
-  raise ValueError(f"{row.file} row {row.index}, column {column!r}: {problem}; "
-                   f"the value is {shown}. Fix or remove the row.")
+  where = f"{row.file} row {row.index}"
+  raise BadRow(f"{where}, column {column!r}: {problem}; the value is {shown}. Fix or remove "
+               "the row.", where)
 
 
 def check_columns(config: DatasetConfig, source: str) -> None:
   """Opens the dataset once per process and state of its files (a missing mapped column,
   an unreadable file: ValueError naming the file), so that `registry.check` refuses
   it at start-up; cheap: Parquet footers, a save_to_disk directory's mapped columns."""
+  _opened(config, source, _stamp(config, source))
+
+
+def check_rows(config: DatasetConfig, source: str) -> None:
+  """`TaskTable.check_rows` of the dataset, once per process and state of its files:
+  every row read (memory: a row group or two of the mapped columns, as when training)."""
+  _rows_checked(config, source, _stamp(config, source))
+
+
+def _stamp(config: DatasetConfig, source: str) -> tuple:
+  """(path, mtime, size) of the dataset's files: a cache key that a rewrite changes."""
   config.validate(source)
   files = sorted(pathlib.Path(config.path).iterdir()) if os.path.isdir(config.path) else [
       pathlib.Path(config.path)]
-  stamp = tuple((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files if f.is_file())
-  _opened(config, source, stamp)
+  return tuple((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files if f.is_file())
 
 
 @functools.lru_cache(maxsize=16)
@@ -159,9 +207,31 @@ def _opened(config: DatasetConfig, source: str, stamp: tuple) -> None:
   TaskTable(config, source)
 
 
-def iterate_shuffled(table: TaskTable, *, seed: int = 0) -> Iterator[Task]:
-  """The table's tasks in a fresh seeded order each epoch, without end."""
-  # grain takes seeds in [0, 2**32); env.seed may be any integer.
-  dataset = grain.MapDataset.source(table).shuffle(seed=seed % 2**32).repeat()
-  for index in itertools.count():
-    yield dataset[index]
+@functools.lru_cache(maxsize=16)
+def _rows_checked(config: DatasetConfig, source: str, stamp: tuple) -> None:
+  del stamp  # as `_opened`
+  TaskTable(config, source).check_rows()
+
+
+class Shuffled:
+  """The table's tasks in a fresh seeded order each epoch, without end, from stream
+  position `start` (module docstring). `position` is that of the next task; a bad row
+  raises `BadRow` and is passed (the next call serves the position after it)."""
+
+  def __init__(self, table: TaskTable, *, seed: int = 0, start: int = 0):
+    # grain takes seeds in [0, 2**32); env.seed may be any integer.
+    self._dataset = grain.MapDataset.source(table).shuffle(seed=seed % 2**32).repeat()
+    self.position = start
+
+  def __iter__(self) -> Iterator[Task]:
+    return self
+
+  def __next__(self) -> Task:
+    index, self.position = self.position, self.position + 1
+    return self._dataset[index]
+
+
+def iterate_shuffled(table: TaskTable, *, seed: int = 0, start: int = 0) -> Iterator[Task]:
+  """`Shuffled(table, seed=seed, start=start)`: the table's tasks in a fresh seeded order
+  each epoch, without end."""
+  return Shuffled(table, seed=seed, start=start)

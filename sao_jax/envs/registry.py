@@ -2,6 +2,8 @@
 
     env = make_env(config)        # a fresh Environment (one per concurrent episode)
     tasks = make_tasks(config)    # an endless iterator of Task
+    tasks = make_tasks(config, start=k)  # the same stream from its k-th task on
+    check_tasks(config)           # every row of a file task source read and checked
     demo = demonstration(config)  # task -> scripted assistant turns, or None
 
 `env.name` resolves to an `EnvironmentSpec` (`base`) by one path for every
@@ -26,13 +28,19 @@ callable (`rewards`). `check(config)` runs all of this after `EnvConfig.validate
 (`sao_jax.jobs.startup`), so a plugin that does not import, an object that is not
 an environment, bad options or a bad reward function are refused before any
 sampler starts or anything compiles. Loaded tasks come back in a fresh seeded
-order each epoch.
+order each epoch. `check_tasks` reads every row of the shared file sources ("jsonl":
+the whole file, as a sampler loads it; "parquet", "hf_disk": `dataset_tasks.check_rows`),
+so a bad row is refused, naming file, row and column, before a run starts
+(`jobs.startup.check`). A stream starts at any position (`make_tasks(start=k)`, what a
+restarted sampler continues from): the shared sources seek to it, an environment's
+own source is advanced by drawing k tasks.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import logging
 from typing import Any, Callable, Iterator
 
@@ -53,10 +61,13 @@ BUILTIN_ENVIRONMENTS = {
     "single_turn": "sao_jax.envs.single_turn:SPEC",
 }
 
-SHARED_TASK_SOURCES: dict[str, Callable[[Any, EnvConfig], Iterator[Task]]] = {
-    "jsonl": lambda options, c: tasks.iterate_shuffled(tasks.load_jsonl(c.jsonl_path), seed=c.seed),
-    **{source: lambda options, c, s=source: dataset_tasks.iterate_shuffled(
-        dataset_tasks.TaskTable(c.dataset, s), seed=c.seed) for source in DATASET_SOURCES},
+# (options, config, start position) -> the stream from that position.
+SHARED_TASK_SOURCES: dict[str, Callable[[Any, EnvConfig, int], Iterator[Task]]] = {
+    "jsonl": lambda options, c, start: tasks.iterate_shuffled(
+        tasks.load_jsonl(c.jsonl_path), seed=c.seed, start=start),
+    **{source: lambda options, c, start, s=source: dataset_tasks.iterate_shuffled(
+        dataset_tasks.TaskTable(c.dataset, s), seed=c.seed, start=start)
+       for source in DATASET_SOURCES},
 }
 _REQUIRED = ("name", "make", "options", "task_sources")  # what an EnvironmentSpec has
 
@@ -118,8 +129,9 @@ def load_spec(name: str) -> EnvironmentSpec:
   return value
 
 
-def task_sources(spec: EnvironmentSpec) -> dict[str, Callable[[Any, EnvConfig], Iterator[Task]]]:
-  """The task sources `spec` accepts, its own first (the first is the default)."""
+def task_sources(spec: EnvironmentSpec) -> dict[str, Callable[..., Iterator[Task]]]:
+  """The task sources `spec` accepts, its own first (the first is the default); the
+  shared ones take the start position too (`make_tasks`)."""
   return {**spec.task_sources,
           **{name: build for name, build in SHARED_TASK_SOURCES.items()
              if name not in spec.task_sources}}
@@ -215,10 +227,24 @@ def make_env(config: EnvConfig) -> Environment:
   return env
 
 
-def make_tasks(config: EnvConfig) -> Iterator[Task]:
-  """An endless task iterator for `config.name` from its task source."""
+def make_tasks(config: EnvConfig, *, start: int = 0) -> Iterator[Task]:
+  """An endless task iterator for `config.name` from its task source, from its task
+  number `start` on (module docstring)."""
   resolved = check(config)
-  return task_sources(resolved.spec)[resolved.task_source](resolved.options, config)
+  own = resolved.spec.task_sources.get(resolved.task_source)
+  if own is None:  # a shared source: it seeks
+    return SHARED_TASK_SOURCES[resolved.task_source](resolved.options, config, start)
+  return itertools.islice(own(resolved.options, config), start, None)
+
+
+def check_tasks(config: EnvConfig) -> None:
+  """ValueError naming a bad row of `config`'s shared file task source, after reading
+  every row (module docstring); other sources are made as they are served."""
+  source = resolve(config).task_source
+  if source in DATASET_SOURCES:
+    dataset_tasks.check_rows(config.dataset, source)
+  elif source == "jsonl":
+    tasks.load_jsonl(config.jsonl_path)
 
 
 def demonstration(config: EnvConfig) -> Callable[[Task], list[str]] | None:

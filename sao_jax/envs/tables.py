@@ -3,6 +3,7 @@
     table = open_parquet("gsm8k/test.parquet", ["question", "answer"])
     table = open_saved_dataset("math500/", ["problem", "answer"])   # save_to_disk output
     len(table); table.row(17)   # -> Row(file, index in the file, {column: value})
+    for row in table.rows(): ...  # every row in order, a row group at a time
 
 Both read only the named columns. Parquet (a file, or every `*.parquet` in a
 directory, in name order) is read one row group at a time, the last
@@ -37,7 +38,7 @@ import json
 import os
 import pathlib
 import struct
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -89,6 +90,16 @@ class ColumnTable:
     chunk, offset = self._chunks[position], index - self._starts[position]
     values = self._table(position).slice(offset, 1).to_pylist()[0]
     return Row(chunk.file, chunk.first + offset, values)
+
+  def rows(self) -> Iterator[Row]:
+    """Every row in order, decoded DECODE_ROWS at a time: a scan (`row` slices one row
+    out of a group per call) that holds one group's named columns, like `row`."""
+    for position, chunk in enumerate(self._chunks):
+      offset = 0
+      for batch in self._table(position).to_batches(max_chunksize=DECODE_ROWS):
+        for values in batch.to_pylist():
+          yield Row(chunk.file, chunk.first + offset, values)
+          offset += 1
 
   def _table(self, position: int) -> pa.Table:
     if position in self._cache:

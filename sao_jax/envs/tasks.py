@@ -143,12 +143,17 @@ def _chat_prompt(messages: list, where: str) -> tuple[str, tuple]:
   return users[-1], tuple(out)
 
 
-def iterate_shuffled(tasks: list[Task], *, seed: int = 0) -> Iterator[Task]:
-  """`tasks` in a fresh seeded order each epoch, without end."""
-  for epoch in itertools.count():
+def iterate_shuffled(tasks: list[Task], *, seed: int = 0, start: int = 0) -> Iterator[Task]:
+  """`tasks` in a fresh seeded order each epoch, without end, from stream position
+  `start` (epoch `start // len(tasks)`; no earlier epoch is shuffled)."""
+  if not tasks:  # else an endless loop over nothing
+    raise ValueError("no tasks to iterate")
+  first_epoch, offset = divmod(start, len(tasks))
+  for epoch in itertools.count(first_epoch):
     order = list(tasks)
     random.Random(f"sao-epoch/{seed}/{epoch}").shuffle(order)
-    yield from order
+    yield from order[offset:]
+    offset = 0
 
 
 def check_generator_args(difficulty: int, kind: str, *, max_difficulty: int,

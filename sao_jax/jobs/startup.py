@@ -13,6 +13,9 @@ that code here, the layer that may import it:
 
   - the environment (`env.name`, `env.options`, the task source, `env.reward_fn`):
     `sao_jax.envs.registry.check` imports it and checks its options;
+  - every row of a file task source (JSONL, Parquet, save_to_disk):
+    `registry.check_tasks` reads them all, so a bad row is named (file, row,
+    column) by `sao-train --check` and refused before a run or evaluation starts;
   - the variant's advantage estimator and policy loss: `sao_jax.learner.step.
     check_variant`, against the registries where those functions live;
   - the paged pool against the meshes the job's engines split it over
@@ -53,6 +56,7 @@ def check(cfg: Config, meshes: Callable[[Config], Sequence[int | None]] = lambda
   the job lays a paged engine over (None: not known yet), each `check_page_split`."""
   cfg.validate()
   registry.check(cfg.env)
+  registry.check_tasks(cfg.env)
   step.check_variant(cfg.algorithm)
   for devices in meshes(cfg):
     if devices is not None:

@@ -50,7 +50,9 @@ from sao_jax.config import Config, init_model
 from sao_jax.config.run import RESUME_IDENTITY, RESUME_MAY_CHANGE
 from sao_jax.config.versions import as_this_version
 from sao_jax.data import pipeline
-from sao_jax.data.learner_data import learner_batches, learner_transport, local_batch_sizes
+from sao_jax.data.learner_data import (Checkpointed, learner_batches, learner_transport,
+                                       local_batch_sizes)
+from sao_jax.data.task_positions import TaskPositions
 from sao_jax.envs.registry import make_env
 from sao_jax.envs.sandbox import IsolationUnavailable
 from sao_jax.jobs import startup, warm_start
@@ -340,24 +342,25 @@ def _run(cfg: Config, run_dir, *, resume: bool, log,
       cfg, jax.eval_shape(lambda: bootstrap.initial_policy(cfg))), secret)
   drops = pipeline.Drops()
   transport = learner_transport(cfg, drops, secret)
+  # The tasks whose episodes reached the learner, per sampler worker: a restarted
+  # sampler goes on with its task stream from there (checkpointed with the pipeline).
+  positions = TaskPositions()
   supervisor = SamplerSupervisor(
       [WorkerSpec(cfg=cfg, tokenizer_path=cfg.run.tokenizer_file, weights=publisher.spec,
                   transport=transport, worker_id=i, env=tuple(sorted(sampler_envs[i].items())))
        for i in range(cfg.run.num_samplers)],
-      log=log)
+      log=log, task_start=positions.start)
   published = {"version": -1}
   # Waiting for trajectories, the learner restarts samplers that died: one that died
   # before the first step would otherwise leave it waiting forever.
   batches = learner_batches(cfg, transport, current_version=lambda: published["version"],
-                            drops=drops, while_waiting=supervisor.check)
+                            drops=drops, while_waiting=supervisor.check, positions=positions)
   # Weight-channel connection errors by reason (a network publisher counts them).
   peer_errors = getattr(publisher, "stats", {})
   # Padding share per batch: what bucketing wastes and packing (learner.batch_tokens) saves.
-  with_host_metrics = ((batch, {**batch_metrics(info, drops),
-                                "batch/padding_frac": info.padding_fraction,
-                                **{f"weights/errors/{k}": float(v)
-                                   for k, v in peer_errors.items()}})
-                       for batch, info in batches)
+  with_host_metrics = Checkpointed(batches, lambda item: (item[0], {
+      **batch_metrics(item[1], drops), "batch/padding_frac": item[1].padding_fraction,
+      **{f"weights/errors/{k}": float(v) for k, v in peer_errors.items()}}))
   summary: dict = {}
 
   def publish(state, force=False):

@@ -85,7 +85,8 @@ value; nothing is converted.
 (its messages escaped, `log_text.traceback_text`: they can quote the policy's
 text, a judge's reply or a tool's output), later ones only counted. An episode
 that fails before it reaches the engine still yields a (token-less) failed
-trajectory, so a GRPO group stays complete.
+trajectory, so a GRPO group stays complete; so does each episode of a task that
+could not be made (`reject`: a bad dataset row, `failure_kind` "BadRow").
 """
 
 from __future__ import annotations
@@ -208,7 +209,8 @@ class EpisodeRunner:
     environment step waiting for a free step thread."""
     return self.in_flight + n <= self.max_episodes and not self.env_steps.backlog
 
-  def start(self, task: Task, *, prompt_id: int, seed: int) -> None:
+  def start(self, task: Task, *, prompt_id: int, seed: int) -> int:
+    """Starts an episode of `task`; its id (`info["episode"]` of its trajectory)."""
     env = self._make_env()
     episode_id, self._next_id = self._next_id, self._next_id + 1
     try:
@@ -223,16 +225,29 @@ class EpisodeRunner:
       self.engine.submit(episode_id, prompt, seed=seed % 2**32)
     except ENV_ERRORS as error:  # this episode's fault, never the runner's
       self._release(env, task)
-      version = self.engine.version
-      empty = np.zeros(0, np.float32)
-      self._failed.append((episode_id, Trajectory(
-          tokens=np.zeros(0, np.int32), action_mask=np.zeros(0, np.int8), behavior_logp=empty,
-          rewards=empty, prompt_id=prompt_id, policy_versions=(version, version),
-          env_failure=self._failure("reset", task, error),
-          info={"task": task.id, "episode": episode_id, "turns": 0, "end": "env_failure",
-                "truncated": False, "tool_calls": 0, "failure_kind": type(error).__name__})))
-      return
+      self._fail_unstarted(episode_id, task, prompt_id, "reset", error)
+      return episode_id
     self._live[episode_id] = _Live(env, task, prompt_id, messages)
+    return episode_id
+
+  def reject(self, task: Task, error: Exception, *, prompt_id: int) -> int:
+    """An episode of a task that could not be made (`error`: a bad dataset row, naming
+    its file, row and column; `task` holds only an id for it): a failed token-less
+    trajectory, out at the next `step` and counted like a failure of `start`; its id."""
+    episode_id, self._next_id = self._next_id, self._next_id + 1
+    self._fail_unstarted(episode_id, task, prompt_id, "task", error)
+    return episode_id
+
+  def _fail_unstarted(self, episode_id: int, task: Task, prompt_id: int, stage: str,
+                      error: Exception) -> None:
+    version = self.engine.version
+    empty = np.zeros(0, np.float32)
+    self._failed.append((episode_id, Trajectory(
+        tokens=np.zeros(0, np.int32), action_mask=np.zeros(0, np.int8), behavior_logp=empty,
+        rewards=empty, prompt_id=prompt_id, policy_versions=(version, version),
+        env_failure=self._failure(stage, task, error),
+        info={"task": task.id, "episode": episode_id, "turns": 0, "end": "env_failure",
+              "truncated": False, "tool_calls": 0, "failure_kind": type(error).__name__})))
 
   def step(self) -> list[Trajectory]:
     """Applies the environment steps that completed, steps the engine and hands

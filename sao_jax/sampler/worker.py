@@ -13,7 +13,18 @@ trajectory to the transport (which blocks when the learner is far behind: that
 is the backpressure). In group mode (GRPO) each task is started `group_size`
 times with different seeds and one prompt id. An episode that fails (its
 environment raised, its observation could not be encoded) is that episode's
-failure, never the worker's (`sampler.episodes`).
+failure, never the worker's (`sampler.episodes`); so is a task that could not be
+made (a dataset row gone bad since the start-up check: each of its episodes is a
+failed trajectory naming the file, row and column, which the learner counts as
+`dropped/env_failure/BadRow`).
+
+Tasks come from the worker's stream from `WorkerSpec.task_start` on
+(`data.task_positions`: the supervisor gives a restarted worker where the tasks
+that reached the learner leave its stream, a checkpoint keeps it across
+`--resume`), and each trajectory carries its task's position in the stream
+(`info["task_position"]`). An episode's seed is a function of the worker, that
+position and its place in the group, so a restarted worker samples as the one
+before it would have.
 
 Under LoRA the channel carries only the adapters: the worker loads the frozen
 base once (`run.init`) and adopts each version as the base merged with them.
@@ -70,6 +81,7 @@ from typing import Any, Callable, Iterator
 
 from sao_jax.channel.transport import TransportClosed
 from sao_jax.config import Config
+from sao_jax.data.task_positions import TaskStart, served
 from sao_jax.log_text import logged_at, traceback_text, untrusted
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -88,6 +100,8 @@ class WorkerSpec:
   weights: Any  # a publisher's .spec (sampler.weights selects the backend)
   transport: Any  # QueueTransport | DirectoryTransport
   worker_id: int = 0
+  # Where its task stream starts (`data.task_positions`; the supervisor sets it).
+  task_start: TaskStart = TaskStart()
   # Environment variables the process starts with (`spawned_with`): the devices it
   # may open (`sao_jax.sharding.device_split`: `sampler_env`, on TPU `tpu_plan`).
   env: tuple[tuple[str, str], ...] = ()
@@ -199,6 +213,8 @@ def _sample(spec: WorkerSpec, alive: Callable[[], bool], cfg: Config, chat, poll
             log: Callable[[str], None]) -> None:
   """`run_sampler` once its channel is polled (by `poller`, on its own thread)."""
   from sao_jax.channel.published import published_to_policy
+  from sao_jax.envs.base import Task
+  from sao_jax.envs.dataset_tasks import BadRow
   from sao_jax.envs.registry import describe, make_env, make_tasks
   from sao_jax.run.bootstrap import initial_policy
   from sao_jax.sampler.episodes import EpisodeRunner, make_engine
@@ -221,11 +237,11 @@ def _sample(spec: WorkerSpec, alive: Callable[[], bool], cfg: Config, chat, poll
                          step_timeout_s=cfg.env.step_timeout_s,
                          release=cfg.sampler.release_order, log=log,
                          env_name=describe(cfg.env))
-  tasks = make_tasks(cfg.env)
+  tasks = served(lambda start: make_tasks(cfg.env, start=start), spec.task_start)
   group = cfg.algorithm.group_size
   prompt_ids = PromptIds(group, cfg.algorithm.running_mean_slots, spec.worker_id)
   seed = cfg.sampler.seed * 1_000_003 + spec.worker_id * 7919
-  started = 0
+  task_position: dict[int, int] = {}  # episode id -> its task's position in the stream
   counts = _ChannelCounts(poller)
   try:
     while alive():
@@ -233,13 +249,21 @@ def _sample(spec: WorkerSpec, alive: Callable[[], bool], cfg: Config, chat, poll
       if got is not None:
         engine.set_params(to_policy(got[0]), got[1])
       while runner.can_start(group):
-        task = next(tasks)
+        position, task = next(tasks)
+        bad = task if isinstance(task, BadRow) else None
+        if bad is not None:  # each of its episodes a counted failure, named by the row
+          task = Task(id=bad.where, prompt="", answer="")
         prompt_id = prompt_ids(task)
-        for _ in range(group):
-          runner.start(task, prompt_id=prompt_id, seed=seed + started)
-          started += 1
+        for member in range(group):
+          if bad is not None:
+            episode = runner.reject(task, bad, prompt_id=prompt_id)
+          else:
+            episode = runner.start(task, prompt_id=prompt_id,
+                                   seed=seed + position * group + member)
+          task_position[episode] = position
       for traj in runner.step():
         traj.info["worker"] = spec.worker_id
+        traj.info["task_position"] = task_position.pop(traj.info["episode"])
         traj.info["weight_waits"], traj.info["weight_errors"] = counts.take()
         if not hand_over(spec.transport, traj, alive):
           return
@@ -401,7 +425,9 @@ class SamplerSupervisor:
   """Starts, watches, restarts and stops sampler processes (learner side).
 
   `run` is what each process runs inside `process_main` (the sampler; a test
-  can script another, picklable by reference). `max_restarts` counts crashes: a
+  can script another, picklable by reference). `task_start(worker_id)` is where
+  a worker started now begins its task stream (`TaskPositions.start`; default: the
+  start of the stream). `max_restarts` counts crashes: a
   weight channel that stalls or drops is waited out inside the worker (module
   docstring), never a death. Call `start` and `check` from a
   thread that lives as long as the supervisor: a worker dies with the thread
@@ -410,8 +436,9 @@ class SamplerSupervisor:
 
   def __init__(self, specs: list[WorkerSpec], *, log: Callable[[str], None] = print,
                max_restarts: int = 10,
-               run: Callable[[WorkerSpec, Callable[[], bool]], None] = run_sampler):
-    self._specs, self._run = specs, run
+               run: Callable[[WorkerSpec, Callable[[], bool]], None] = run_sampler,
+               task_start: Callable[[int], TaskStart] = lambda worker_id: TaskStart()):
+    self._specs, self._run, self._task_start = specs, run, task_start
     self._context = multiprocessing.get_context("spawn")
     self._stop = self._context.Event()
     self._errors = self._context.Queue()
@@ -422,7 +449,9 @@ class SamplerSupervisor:
   def _spawn(self, spec: WorkerSpec) -> None:
     # Each incarnation writes through a transport of its own: a restart must not
     # inherit the pipe lock or half-written message a killed predecessor left behind.
-    spec = dataclasses.replace(spec, transport=spec.transport.for_writer(spec.worker_id))
+    # It goes on with its task stream after the tasks whose episodes reached the learner.
+    spec = dataclasses.replace(spec, transport=spec.transport.for_writer(spec.worker_id),
+                               task_start=self._task_start(spec.worker_id))
     process = self._context.Process(
         target=process_main, name=f"sao-sampler-{spec.worker_id}",
         args=(self._run, spec, self._stop, self._errors, os.getpid()), daemon=True)

@@ -24,6 +24,14 @@ def sampler_processes():
           and not any("resource_tracker" in part for part in p.cmdline())]
 
 
+def _task_positions(run_dir, step):
+  """The task positions saved in checkpoint `step`'s data-pipeline state."""
+  state = json.loads((run_dir / "checkpoints" / str(step) / "data" / "metadata").read_text())
+  while "task_positions" not in state:
+    state = state["parent"]
+  return state["task_positions"]
+
+
 def test_train_kill_sampler_then_resume(tmp_path, capsys, monkeypatch):
   from sao_jax.run import bootstrap
   # The run trains its own tokenizer and writes the copy samplers and sao-eval load,
@@ -66,6 +74,10 @@ def test_train_kill_sampler_then_resume(tmp_path, capsys, monkeypatch):
   assert len(transcripts) == cfg.run.eval_episodes  # fewer than run.eval_transcripts
   saved = {int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit()}
   assert {2, 3} <= saved and max(saved) == 3  # every 2 steps, and the final step
+  # The checkpoint keeps where sampler 0's task stream stands (data.task_positions),
+  # after the tasks that reached the learner, its restart included.
+  reached = _task_positions(run_dir, 2)["0"][0]
+  assert reached >= cfg.learner.batch_trajectories
 
   # Without --resume the CLI refuses to overwrite; with it, training continues. The newest
   # checkpoint (step 3) is damaged, so it resumes from step 2 and trains step 2 again.
@@ -89,6 +101,7 @@ def test_train_kill_sampler_then_resume(tmp_path, capsys, monkeypatch):
   assert [r["step"] for r in rows if "eval/accuracy" in r] == [-2, 0, 2, 4]  # -2: before SFT
   [events] = (run_dir / "tensorboard").iterdir()  # rebuilt from the rows kept
   assert ".resumed-at-2." in events.name
+  assert _task_positions(run_dir, 5)["0"][0] > reached  # the resumed stream went on
 
   # sao-eval restores the latest checkpoint's policy, evaluates it, prints a table and
   # writes the JSON report.

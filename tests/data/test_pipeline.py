@@ -163,7 +163,7 @@ def test_an_unfinished_group_that_can_no_longer_train_is_let_go_not_kept_forever
   np.testing.assert_array_equal(batch.prompt_ids[:, 0], [2, 2])
   assert dict(drops) == {"stale": 1, "future_version": 1}
   assert "an unfinished group (1 of 2 members)" in drops.examples["stale"]
-  assert it.get_state()["parent"]["parent"]["waiting"] == {}
+  assert it.get_state()["parent"]["parent"]["parent"]["waiting"] == {}  # batch, admit, positions, group
 
 
 def _resumed(trajs, consumed_state, **kwargs):

@@ -118,3 +118,32 @@ def test_dataset_driven_training_run(tmp_path):
 def metrics_rows(run_dir):
   from sao_jax.run.metrics import read_metrics
   return read_metrics(run_dir)
+
+
+@pytest.mark.slow  # a whole sao-train run (sampler process, learner): minutes
+def test_a_row_gone_bad_under_a_run_is_a_counted_drop(tmp_path, monkeypatch):
+  """A row that passed the start-up check and then went bad (the check is skipped here,
+  as for a file rewritten under the run): the sampler drops its episodes, counted as
+  dropped/env_failure/BadRow, and neither dies nor stops the run (it died on every
+  restart before)."""
+  from dataset_fixtures import GSM8K
+  from sao_jax.envs import registry
+  from sao_jax.jobs import train
+
+  base = load_config(ROOT / "configs" / "demo_cpu.py", TINY)
+  tokenizer_file = tmp_path / "tokenizer.json"
+  bootstrap.train_run_tokenizer(base, transcripts=10).save(str(tokenizer_file))
+  path = write_parquet(tmp_path / "gsm8k_train.parquet",
+                       dict(GSM8K, answer=GSM8K["answer"][:3] + [None] + GSM8K["answer"][4:]))
+  monkeypatch.setattr(registry, "check_tasks", lambda config: None)
+  cfg = load_config(ROOT / "configs" / "demo_cpu.py", TINY + [
+      f"run.run_dir={tmp_path / 'run'}", f"run.tokenizer={tokenizer_file}", "run.sft_steps=0",
+      "run.sft_target_accuracy=0.0", "run.eval_every=0", "learner.steps=2",
+      "learner.batch_trajectories=8", "learner.critic_warmup_steps=0",
+      "env.task_source=parquet", f"env.dataset.path={path}",
+      "env.dataset.prompt_column=question", "env.dataset.answer_format=gsm8k"])
+  lines = []
+  summary = train.run(cfg, log=lambda line: (print(line), lines.append(line)))
+  assert summary["steps_done"] == 2 and summary["sampler_restarts"] == 0
+  assert summary["dropped"]["env_failure/BadRow"] >= 1
+  assert any(f"{path} row 3, column 'answer': missing value (null)" in line for line in lines)
