@@ -67,7 +67,7 @@ def _saved_run(tmp_path, family, *, lora=False, template=True):
   state = state_lib.init_state(cfg, jax.random.key(0))
   if lora:
     state = state.replace(policy_adapters=jax.tree.map(lambda x: x + 0.01, state.policy_adapters))
-  checkpointer = Checkpointer(cfg)
+  checkpointer = Checkpointer(cfg, writer=True)
   assert checkpointer.save(3, state_lib.checkpointed(cfg, state), {}, force=True)
   checkpointer.close()
   return cfg, state, lines
