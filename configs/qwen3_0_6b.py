@@ -76,7 +76,7 @@ def get_config(host: str = "") -> Config:
                         remat_policy="full", scan_layers=True),
       algorithm=AlgorithmConfig.for_variant("sao_centered_gated"),
       learner=LearnerConfig(batch_trajectories=32, micro_batches=4, policy_lr=1e-6,
-                            value_lr=5e-6, lr_warmup_steps=10),
+                            lr_warmup_steps=10),
       data=DataConfig(length_buckets=(1024, 2048, 4096)),
       sampler=SamplerConfig(slots=32, max_seq_len=4096, prefill_buckets=(512, 2048)),
       run=RunConfig(run_dir="runs/qwen3_0_6b"),

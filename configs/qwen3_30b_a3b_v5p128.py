@@ -102,7 +102,7 @@ def get_config() -> Config:
                         scan_layers=True),
       algorithm=AlgorithmConfig.for_variant("sao_centered_gated"),
       learner=LearnerConfig(batch_trajectories=128, micro_batches=2, policy_lr=1e-6,
-                            value_lr=5e-6, lr_warmup_steps=10),
+                            lr_warmup_steps=10),
       # 512 episodes over the KV memory of 64 dense rows of 32K tokens (8,192 pages of 256).
       sampler=SamplerConfig(slots=512, max_seq_len=32768, prefill_buckets=(512, 2048, 8192),
                             sharded=True, mesh=MeshConfig(data=1, fsdp=1, tensor=4, expert=1),

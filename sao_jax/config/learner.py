@@ -7,6 +7,8 @@ import dataclasses
 from sao_jax.config.checks import check_choice, check_positive, fail
 
 ADVANTAGE_VALUES = ("before_critic_update", "after_critic_update")
+# The paper trains the critic at 5x the policy's learning rate (1e-6 and 5e-6).
+PAPER_VALUE_LR_SCALE = 5.0
 LR_SCHEDULES = ("constant", "cosine")
 
 
@@ -30,9 +32,12 @@ class LearnerConfig:
   micro_batches: int = 1  # gradient accumulation: the batch's rows are split into this many
   steps: int = 1000  # learner steps of the run (value-only steps included)
   policy_lr: float = 1e-6  # AdamW learning rate of the policy (paper: 1e-6)
-  value_lr: float = 5e-6  # AdamW learning rate of the critic (paper: 5e-6)
+  # AdamW learning rate of the critic; None: PAPER_VALUE_LR_SCALE (5) x policy_lr, the
+  # paper's ratio (5e-6 at the paper's policy_lr), which follows policy_lr when it is tuned.
+  value_lr: float | None = None
   lr_schedule: str = "constant"  # or "cosine" decay to 10% over `steps`
-  # Linear learning-rate warm-up from 0, in steps (a drift remedy, docs/algorithm.md §8).
+  # Linear warm-up of the policy's learning rate from 0, over its first updates (a drift
+  # remedy, docs/algorithm.md §8); the critic trains at its full rate from its first step.
   lr_warmup_steps: int = 0
   adam_b1: float = 0.9  # Adam's first-moment decay
   adam_b2: float = 0.999  # Adam's second-moment decay
@@ -48,6 +53,12 @@ class LearnerConfig:
   advantage_values: str = "before_critic_update"
 
   @property
+  def critic_lr(self) -> float:
+    """The critic's peak learning rate: `value_lr`, else the paper's multiple of
+    `policy_lr` (`PAPER_VALUE_LR_SCALE`)."""
+    return self.value_lr if self.value_lr is not None else PAPER_VALUE_LR_SCALE * self.policy_lr
+
+  @property
   def batch_rows(self) -> int:
     """Rows of every batch the step sees: packed rows, or one per trajectory."""
     if self.batch_tokens is None:
@@ -61,8 +72,12 @@ class LearnerConfig:
             f"must divide batch_trajectories={self.batch_trajectories}")
     self._validate_packing()
     for name in ("policy_lr", "value_lr", "adam_eps"):
-      if getattr(self, name) <= 0:
-        fail("learner", name, getattr(self, name), "expected a positive number")
+      value = getattr(self, name)
+      if name == "value_lr" and value is None:
+        continue
+      if value <= 0:
+        fail("learner", name, value, "expected a positive number" +
+             (" (or None: 5 x policy_lr, the paper's ratio)" if name == "value_lr" else ""))
     for name in ("adam_b1", "adam_b2"):
       if not 0.0 <= getattr(self, name) < 1.0:
         fail("learner", name, getattr(self, name), "expected 0 <= value < 1")

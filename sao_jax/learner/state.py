@@ -80,22 +80,25 @@ def with_frozen_parts(cfg: Config, restored: TrainState, fresh: TrainState) -> T
   return restored.replace(**filled)
 
 
-def _schedule(cfg: LearnerConfig, peak_lr: float) -> optax.Schedule:
-  decay_steps = max(cfg.steps - cfg.lr_warmup_steps, 1)
+def _schedule(cfg: LearnerConfig, peak_lr: float, warmup_steps: int) -> optax.Schedule:
+  """`peak_lr` after a linear warm-up from 0 over `warmup_steps` updates, then constant
+  or cosine-decayed to 10% over the rest of `cfg.steps`."""
+  decay_steps = max(cfg.steps - warmup_steps, 1)
   if cfg.lr_schedule == "cosine":
     decay = optax.cosine_decay_schedule(peak_lr, decay_steps, alpha=0.1)
   else:
     decay = optax.constant_schedule(peak_lr)
-  if not cfg.lr_warmup_steps:
+  if not warmup_steps:
     return decay
-  warmup = optax.linear_schedule(0.0, peak_lr, cfg.lr_warmup_steps)
-  return optax.join_schedules([warmup, decay], [cfg.lr_warmup_steps])
+  warmup = optax.linear_schedule(0.0, peak_lr, warmup_steps)
+  return optax.join_schedules([warmup, decay], [warmup_steps])
 
 
-def _adamw(cfg: LearnerConfig, peak_lr: float) -> optax.GradientTransformation:
+def _adamw(cfg: LearnerConfig, peak_lr: float, warmup_steps: int) -> optax.GradientTransformation:
   clip = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip is not None else []
-  return optax.chain(*clip, optax.adamw(_schedule(cfg, peak_lr), b1=cfg.adam_b1, b2=cfg.adam_b2,
-                                        eps=cfg.adam_eps, weight_decay=cfg.weight_decay))
+  return optax.chain(*clip, optax.adamw(_schedule(cfg, peak_lr, warmup_steps), b1=cfg.adam_b1,
+                                        b2=cfg.adam_b2, eps=cfg.adam_eps,
+                                        weight_decay=cfg.weight_decay))
 
 
 def frozen_value_mask(algorithm: AlgorithmConfig, value_params: Params) -> Params:
@@ -106,12 +109,16 @@ def frozen_value_mask(algorithm: AlgorithmConfig, value_params: Params) -> Param
 
 
 def policy_optimizer(learner: LearnerConfig) -> optax.GradientTransformation:
-  return _adamw(learner, learner.policy_lr)
+  """AdamW at `policy_lr`, warmed up over the policy's first `lr_warmup_steps` updates."""
+  return _adamw(learner, learner.policy_lr, learner.lr_warmup_steps)
 
 
 def value_optimizer(learner: LearnerConfig, frozen: Params) -> optax.GradientTransformation:
+  """AdamW at `critic_lr` from the first value update (the warm-up is the policy's:
+  the critic's value-only steps come first and must learn at the paper's rate),
+  and nothing for the frozen leaves."""
   labels = jax.tree.map(lambda is_frozen: "frozen" if is_frozen else "train", frozen)
-  return optax.partition({"train": _adamw(learner, learner.value_lr),
+  return optax.partition({"train": _adamw(learner, learner.critic_lr, 0),
                           "frozen": optax.set_to_zero()}, labels)
 
 

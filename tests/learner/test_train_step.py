@@ -125,6 +125,36 @@ def test_update_policy_schedule():
   assert update_policy_at(grpo.learner, grpo.algorithm, 0)
 
 
+def test_the_lr_warm_up_is_the_policys_and_the_critic_learns_from_its_first_step():
+  """Paper schedule (docs/algorithm.md §4): the critic's value-only warm-up steps train
+  it at its full rate; `lr_warmup_steps` holds back only the policy, whose first
+  update has learning rate 0. (Before, the critic's rate ramped from 0 too, so its
+  first value-only step changed nothing.)"""
+  cfg = make_config(lr_warmup_steps=5, critic_warmup_steps=1)
+  batch = make_batch(1)
+  warmed, _ = run(cfg, batch, update_policy=False)
+  unwarmed, _ = run(make_config(lr_warmup_steps=0, critic_warmup_steps=1), batch,
+                    update_policy=False)
+  for got, want in zip(leaves(warmed.value_params), leaves(unwarmed.value_params)):
+    np.testing.assert_array_equal(got, want)  # the K value updates at the full rate
+  stepped, _ = run(cfg, batch, update_policy=True, state=warmed)
+  for before, after in zip(leaves(warmed.policy_params), leaves(stepped.policy_params)):
+    np.testing.assert_array_equal(before, after)  # the policy's warm-up: lr 0 first
+
+
+def test_the_critic_lr_defaults_to_the_papers_multiple_of_the_policy_lr():
+  default = make_config(value_lr=None, policy_lr=2e-4)
+  assert default.learner.critic_lr == 1e-3 and C.LearnerConfig().critic_lr == pytest.approx(5e-6)
+  explicit = make_config(value_lr=1e-3, policy_lr=2e-4)
+  batch = make_batch(2)
+  a, _ = run(default, batch, update_policy=False)
+  b, _ = run(explicit, batch, update_policy=False)
+  for x, y in zip(leaves(a.value_params), leaves(b.value_params)):
+    np.testing.assert_array_equal(x, y)
+  with pytest.raises(ValueError, match=r"learner.value_lr=0 .*or None: 5 x policy_lr"):
+    C.LearnerConfig(value_lr=0).validate()
+
+
 @pytest.mark.parametrize("poison", ["behavior_logp", "rewards"])
 def test_nonfinite_update_is_skipped_and_counted(poison):
   cfg = make_config()
