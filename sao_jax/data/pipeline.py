@@ -61,7 +61,6 @@ import numpy as np
 
 from sao_jax.channel import records
 from sao_jax.data import failures
-from sao_jax.data.failures import Intake
 from sao_jax.config.learner import packed_rows
 from sao_jax.log_text import untrusted
 from sao_jax.types import Batch
@@ -308,7 +307,7 @@ class AdmitDataset(grain.IterDataset):
 
   def __init__(self, parent: grain.IterDataset, *, stale: StaleFilter,
                max_length: int, vocab_size: int, drops: Drops, num_prompt_slots: int | None = None,
-               intake: Intake | None = None):
+               intake: failures.Intake | None = None):
     super().__init__(parent)
     self._kwargs = dict(stale=stale, max_length=max_length, vocab_size=vocab_size, drops=drops,
                         num_prompt_slots=num_prompt_slots, intake=intake)
@@ -566,7 +565,8 @@ def learner_pipeline(transport, *, batch_size: int, group_size: int, max_lag: in
                      current_version: Callable[[], int], drops: Drops,
                      num_prompt_slots: int | None = None,
                      should_stop: Callable[[], bool] = lambda: False,
-                     on_poll: Callable[[], None] = lambda: None, intake: Intake | None = None,
+                     on_poll: Callable[[], None] = lambda: None,
+                     intake: failures.Intake | None = None,
                      batch_tokens: int | None = None, row_length: int | None = None) -> Iterator:
   """The whole pipeline as one grain iterator of (Batch, BatchInfo).
 
