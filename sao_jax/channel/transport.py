@@ -319,7 +319,7 @@ class DirectoryTransport:
     if examples is not None:
       # A name is any bytes a peer chose (escape sequences, line breaks); the log prints it.
       name = os.fsencode(path.name).decode(errors="backslashreplace")
-      examples[key] = untrusted(f"{name}: {detail}"[:300])
+      examples.setdefault(key, untrusted(f"{name}: {detail}"[:300]))
 
   def _bound_quarantine(self, fd: int, added: str) -> None:
     """Keeps `quarantine/` (opened as `fd`) within `QUARANTINE_FILES` files and

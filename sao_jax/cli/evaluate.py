@@ -10,9 +10,11 @@ Face directory: the base model before RL or a merged export; or a sao-convert
 params directory) sharded over the config's sampler mesh, and plays the benchmark tasks (every row of an
 `env.dataset` file, or `run.eval_episodes` generated tasks; `--episodes` caps
 them): greedy pass@1 and, with `--samples N`, mean@N and unbiased pass@k per
-`--pass-k`, overall and per source (`sao_jax.jobs.evaluate.benchmark`). Prints a
-table and writes the JSON report to `--output` (default
-RUN_DIR/eval/step_<step>.json).
+`--pass-k`, overall and per source (`sao_jax.jobs.evaluate.benchmark`), and each
+kind of environment failure with its count and first message. Prints a table and
+writes the JSON report to `--output` (refused when that file exists), by default
+RUN_DIR/eval/step_<step>.json, or step_<step>.2.json, .3, ... when an earlier
+report of the step is there (it is kept); the last line says where.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--samples", help="sampled episodes per task (run.eval_samples)")
   parser.add_argument("--pass-k", help="comma-separated k for pass@k (run.eval_pass_k)")
   parser.add_argument("--temperature", help="sampling temperature (run.eval_temperature)")
-  parser.add_argument("--output", help="JSON report path (default RUN_DIR/eval/step_<step>.json)")
+  parser.add_argument("--output", help="JSON report path, a new file (default "
+                      "RUN_DIR/eval/step_<step>.json, numbered .2, .3, ... when taken)")
   return parser
 
 
@@ -60,6 +63,10 @@ def main(argv: Sequence[str] | None = None) -> None:
   if output is not None and output.is_dir():
     parser.error(f"--output {args.output!r} is a directory; pass a file path, e.g. "
                  f"{output / 'report.json'}")
+  if output is not None and output.exists():  # a report there is not overwritten unasked
+    parser.error(f"--output {args.output!r} already exists; remove it first to replace it, "
+                 "or name another file (without --output, reports are numbered, never "
+                 "overwritten)")
   overrides = list(args.overrides)
   for field, value in (("eval_samples", args.samples), ("eval_temperature", args.temperature),
                        ("eval_pass_k", args.pass_k)):
@@ -77,9 +84,11 @@ def main(argv: Sequence[str] | None = None) -> None:
       report = evaluation.evaluate_checkpoint(cfg, args.step, limit=args.episodes)
   except (ValueError, FileNotFoundError) as error:
     parser.exit(2, f"error: {error}\n")
-  if output is None:
-    output = (evaluation.policy_report_path(cfg, args.policy) if args.policy
-              else evaluation.report_path(cfg, report["step"]))
+  earlier = None
+  if output is None:  # a report of the same checkpoint already there is kept
+    earlier = (evaluation.policy_report_path(cfg, args.policy) if args.policy
+               else evaluation.report_path(cfg, report["step"]))
+    output = evaluation.unused_report_path(earlier)
   try:  # written whole or not at all: a full disk leaves no half report to be read
     storage.write_atomic(output, json.dumps(report, indent=2).encode())
   except OSError as error:
@@ -90,7 +99,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         + (f", {report['samples']} samples per task at temperature {report['temperature']}"
            if report["samples"] else ", greedy"))
   print(eval_scores.format_table(report))
-  print(f"report: {output}")
+  print(f"report: {output}" + (f" ({earlier} holds an earlier report, kept)"
+                                if earlier is not None and output != earlier else ""))
 
 
 if __name__ == "__main__":

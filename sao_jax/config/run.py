@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import pathlib
 
 from sao_jax import storage
@@ -65,6 +66,14 @@ class RunConfig:
   `resume` (RESUME_MODES): what a launch does when the checkpoint directory
   already holds checkpoints; "auto" makes relaunching the identical command
   after a preemption continue the run (`sao-train --resume auto`).
+  `max_failure_fraction` and `failure_window` bound failed episodes: once at least
+  that share of the last `failure_window` trajectories the learner judged on their
+  own merits (admitted, or dropped as an environment failure, malformed or too
+  long; a stale one is only late) were dropped, the run stops with an error naming
+  each failure kind, its count and first message (`sao_jax.data.failures`): a
+  reward function that fails on every episode ends the run instead of hanging it.
+  While no learner step completes, the learner says every `waiting_report_s`
+  seconds what it is waiting for and what it dropped so far (`sao_jax.run.waiting`).
   """
 
   # Directory of the run's outputs: metrics, checkpoints, tokenizer, plots; or a bucket
@@ -102,6 +111,12 @@ class RunConfig:
   # Relaunching with checkpoints in the run directory: "never" refuses, "auto" resumes
   # the same config (refuses a changed one) or starts fresh, "always" resumes whatever changed.
   resume: str = "never"
+  # Stop the run once at least this share of the last failure_window judged
+  # trajectories were dropped as failures (1.0: only when every one of them was).
+  max_failure_fraction: float = 0.95
+  failure_window: int = 64  # judged trajectories the failure share is taken over
+  # Seconds between "waiting for trajectories" reports while no step completes (0: none).
+  waiting_report_s: float = 30.0
 
   @property
   def tokenizer_file(self) -> str:
@@ -165,6 +180,7 @@ class RunConfig:
     if self.sft_lr <= 0:
       fail("run", "sft_lr", self.sft_lr, "expected a positive learning rate")
     self._validate_eval_and_loggers()
+    self._validate_failure_bound()
     if self.resume not in RESUME_MODES:
       fail("run", "resume", self.resume, f"allowed values are {', '.join(map(repr, RESUME_MODES))}"
            " ('auto': continue a run of the same config, start fresh when there is none)")
@@ -192,6 +208,19 @@ class RunConfig:
            "which keeps no tokenizer copy (the tokenizers library reads local files): set "
            "run.tokenizer to a local tokenizer.json or model directory (run.init=DIR sets it "
            "when DIR holds one), or train the tokenizer in a local run directory first")
+
+  def _validate_failure_bound(self) -> None:
+    value = self.max_failure_fraction
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+      fail("run", "max_failure_fraction", value, "expected a fraction in (0, 1]: the run stops "
+           "once at least that share of the last run.failure_window episodes failed (1.0: only "
+           "when all of them did)")
+    check_positive("run", self, "failure_window")
+    value = self.waiting_report_s
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0
+        or not math.isfinite(value)):
+      fail("run", "waiting_report_s", value, "expected a finite number of seconds >= 0 "
+           "(0: no waiting reports)")
 
   def _validate_eval_and_loggers(self) -> None:
     ks = self.eval_pass_k

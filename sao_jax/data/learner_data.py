@@ -21,6 +21,7 @@ from sao_jax.channel import sealed
 from sao_jax.channel.transport import DirectoryTransport, QueueTransport
 from sao_jax.config import Config
 from sao_jax.data import pipeline
+from sao_jax.data.failures import Intake
 from sao_jax.data.task_positions import TaskPositions
 from sao_jax.sharding import distributed
 
@@ -65,14 +66,17 @@ def local_batch_sizes(cfg: Config, hosts: int) -> tuple[int, int | None]:
 
 
 def learner_batches(cfg: Config, transport, *, current_version: Callable[[], int],
-                    drops: pipeline.Drops,
+                    drops: pipeline.Drops, intake: Intake | None = None,
                     while_waiting: Callable[[], None] = lambda: None,
+                    on_poll: Callable[[], None] = lambda: None,
                     positions: TaskPositions | None = None) -> Iterator:
   """This host's (Batch, BatchInfo) stream (`pipeline.learner_pipeline`) as the
   config says: its share of each batch, staleness against `current_version()`,
-  drops counted in `drops`, the tasks that reached it recorded in `positions`;
+  drops counted in `drops`, every judged trajectory told to `intake` (the failure
+  bound, `data.failures`), the tasks that reached it recorded in `positions`;
   `while_waiting()` runs at every empty poll of the transport (e.g. to restart
-  samplers that died before sending anything)."""
+  samplers that died before sending anything), `on_poll()` at every poll (e.g. to
+  report what the learner waits for)."""
   batch_size, batch_tokens = local_batch_sizes(cfg, jax.process_count())
   running_mean = cfg.algorithm.spec.advantage == "running_mean"
   return pipeline.learner_pipeline(
@@ -81,7 +85,8 @@ def learner_batches(cfg: Config, transport, *, current_version: Callable[[], int
       vocab_size=cfg.model.vocab_size, current_version=current_version, drops=drops,
       num_prompt_slots=cfg.algorithm.running_mean_slots if running_mean else None,
       batch_tokens=batch_tokens, row_length=cfg.learner.row_length,
-      should_stop=lambda: while_waiting() or False, positions=positions)
+      should_stop=lambda: while_waiting() or False, on_poll=on_poll, intake=intake,
+      positions=positions)
 
 
 class Checkpointed:

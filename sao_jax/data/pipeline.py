@@ -43,10 +43,12 @@ pretraining, critic warm-up), when the policy does not change. Nothing is droppe
 `Drops` counts every rejected trajectory by reason for the metrics. What a
 trajectory says about itself is bounded there: environment failures are also
 counted by their `info["failure_kind"]` for the first `MAX_FAILURE_KINDS` kinds
-(later ones as `env_failure/other`), and an example keeps at most
+(later ones as `env_failure/other`), each kind keeps its first example, which holds at most
 `MAX_EXAMPLE_CHARS` characters with its control characters escaped, so a peer's
 records cannot add metric keys, log lines or memory without end, nor write escape
-sequences or forged lines into the learner's log.
+sequences or forged lines into the learner's log. Admission tells a
+`failures.Intake` of every trajectory it judges: its bound stops a run whose
+episodes (nearly) all fail, naming each failure kind and its first message.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ import numpy as np
 
 from sao_jax.channel import records
 from sao_jax.config.learner import packed_rows
+from sao_jax.data import failures
 from sao_jax.data.task_positions import TaskPositions
 from sao_jax.log_text import untrusted
 from sao_jax.types import Batch
@@ -73,18 +76,20 @@ MAX_EXAMPLE_CHARS = 300
 
 class Drops(collections.Counter):
   """Rejected trajectories by reason ('stale', 'env_failure', 'nan_logp', ...), and
-  `examples[reason]`: a detail of the latest one (the failure text, the lag), as one
+  `examples[reason]`: a detail of the first one (the failure text, the lag), as one
   printable line (`log_text.untrusted`: the learner logs it, and a sampler's failure
-  text can hold whatever the policy, a tool or a peer wrote)."""
+  text can hold whatever the policy, a tool or a peer wrote). The first, not the
+  latest: reports name each kind by its first message (`data.failures`)."""
 
   def __init__(self):
     super().__init__()
     self.examples: dict[str, str] = {}
 
   def add(self, reason: str, count: int, example: str) -> None:
-    """Counts `count` drops for `reason`; `example` (cut to MAX_EXAMPLE_CHARS) says why."""
+    """Counts `count` drops for `reason`; `example` (cut to MAX_EXAMPLE_CHARS) says why,
+    kept when it is the reason's first."""
     self[reason] += count
-    self.examples[reason] = untrusted(example[:MAX_EXAMPLE_CHARS])
+    self.examples.setdefault(reason, untrusted(example[:MAX_EXAMPLE_CHARS]))
 
 
 @dataclasses.dataclass
@@ -202,26 +207,31 @@ class _CarryingIterator(_Iterator):
 
 
 class TransportDataset(grain.IterDataset):
-  """Trajectories from `transport` as they arrive; ends when `should_stop()` or the
-  transport is closed and empty."""
+  """Trajectories from `transport` as they arrive; ends when `should_stop()` (asked at
+  every empty poll) or the transport is closed and empty. `on_poll()` runs before
+  every poll, empty or not: while trajectories keep coming and are all dropped, no
+  poll is empty, and the learner must still be able to say what it waits for."""
 
   def __init__(self, transport, *, should_stop: Callable[[], bool] = lambda: False,
-               poll_s: float = 0.2):
+               poll_s: float = 0.2, on_poll: Callable[[], None] = lambda: None):
     super().__init__()
     self._transport, self._should_stop, self._poll_s = transport, should_stop, poll_s
+    self._on_poll = on_poll
 
   def __iter__(self):
-    return _TransportIterator(self._transport, self._should_stop, self._poll_s)
+    return _TransportIterator(self._transport, self._should_stop, self._poll_s, self._on_poll)
 
 
 class _TransportIterator(_Iterator):
 
-  def __init__(self, transport, should_stop, poll_s):
+  def __init__(self, transport, should_stop, poll_s, on_poll):
     super().__init__()
     self._transport, self._should_stop, self._poll_s = transport, should_stop, poll_s
+    self._on_poll = on_poll
 
   def __next__(self) -> Trajectory:
     while True:
+      self._on_poll()
       traj = self._transport.get(timeout=self._poll_s)
       if traj is not None:
         self._counts["received"] = self._counts.get("received", 0) + 1
@@ -327,13 +337,15 @@ class _PositionsIterator(_Iterator):
 
 
 class AdmitDataset(grain.IterDataset):
-  """Filters each unit's members; counts every drop in `drops`."""
+  """Filters each unit's members; counts every drop in `drops`, and tells `intake`
+  (`failures.Intake`: the failure bound) of each member judged."""
 
   def __init__(self, parent: grain.IterDataset, *, stale: StaleFilter,
-               max_length: int, vocab_size: int, drops: Drops, num_prompt_slots: int | None = None):
+               max_length: int, vocab_size: int, drops: Drops, num_prompt_slots: int | None = None,
+               intake: failures.Intake | None = None):
     super().__init__(parent)
-    self._kwargs = dict(stale=stale, max_length=max_length,
-                        vocab_size=vocab_size, drops=drops, num_prompt_slots=num_prompt_slots)
+    self._kwargs = dict(stale=stale, max_length=max_length, vocab_size=vocab_size, drops=drops,
+                        num_prompt_slots=num_prompt_slots, intake=intake)
 
   def __iter__(self):
     return _AdmitIterator(self._parent.__iter__(), **self._kwargs)
@@ -341,10 +353,11 @@ class AdmitDataset(grain.IterDataset):
 
 class _AdmitIterator(_Iterator):
 
-  def __init__(self, parent, *, stale, max_length, vocab_size, drops, num_prompt_slots):
+  def __init__(self, parent, *, stale, max_length, vocab_size, drops, num_prompt_slots, intake):
     super().__init__(parent)
     self._stale, self._max_length = stale, max_length
     self._vocab_size, self._drops, self._slots = vocab_size, drops, num_prompt_slots
+    self._intake = intake
 
   def _reason(self, traj: Trajectory, version: int) -> str | None:
     if traj.env_failure is not None:
@@ -372,12 +385,8 @@ class _AdmitIterator(_Iterator):
         if reason is None:
           kept.append(traj)
         else:
-          kind = traj.info.get("failure_kind") if reason == "env_failure" else None
-          if isinstance(kind, str) and kind.isidentifier() and len(kind) <= 64:
-            kind = f"env_failure/{kind}"  # by exception type (sampler.episodes)
-            if kind not in self._drops and sum(
-                key.startswith("env_failure/") for key in self._drops) >= MAX_FAILURE_KINDS:
-              kind = "env_failure/other"
+          kind = self._failure_kind(traj) if reason == "env_failure" else None
+          if kind is not None:
             self._drops.add(kind, 1, traj.env_failure)
           self._drops.add(reason, 1, (
               traj.env_failure if reason == "env_failure" else
@@ -386,8 +395,21 @@ class _AdmitIterator(_Iterator):
               if reason == "future_version" else
               f"task {traj.info.get('task', '?')}, {traj.length} tokens"))
           self._counts[reason] = self._counts.get(reason, 0) + 1
+        if self._intake is not None:  # last: it raises when the failure bound is reached
+          self._intake.judged(None if reason is None else kind or reason)
       if kept:
         return kept
+
+  def _failure_kind(self, traj: Trajectory) -> str | None:
+    """`failures.failure_key`, the first MAX_FAILURE_KINDS kinds each on their own,
+    later ones `env_failure/other`; None when the trajectory names no kind."""
+    kind = failures.failure_key(traj)
+    if kind == failures.ENV_FAILURE:
+      return None
+    if kind not in self._drops and sum(
+        key.startswith("env_failure/") for key in self._drops) >= MAX_FAILURE_KINDS:
+      kind = "env_failure/other"
+    return kind
 
 
 class BatchDataset(grain.IterDataset):
@@ -578,12 +600,16 @@ def learner_pipeline(transport, *, batch_size: int, group_size: int, max_lag: in
                      current_version: Callable[[], int], drops: Drops,
                      num_prompt_slots: int | None = None,
                      should_stop: Callable[[], bool] = lambda: False,
+                     on_poll: Callable[[], None] = lambda: None,
+                     intake: failures.Intake | None = None,
                      batch_tokens: int | None = None, row_length: int | None = None,
                      positions: TaskPositions | None = None) -> Iterator:
   """The whole pipeline as one grain iterator of (Batch, BatchInfo).
 
-  `positions` records the tasks that reached the learner (`PositionsDataset`; a fresh
-  record when None).
+  `should_stop` and `on_poll`: `TransportDataset`'s; `intake` hears of every
+  trajectory admission judges (`failures.Intake`, whose bound can end the run);
+  `positions` records the tasks that reached the learner (`PositionsDataset`; a
+  fresh record when None).
 
   `batch_tokens` (with `row_length`) packs: `batch_tokens // row_length` rows of
   `row_length` tokens holding at most `batch_size` trajectories; trajectories
@@ -599,12 +625,13 @@ def learner_pipeline(transport, *, batch_size: int, group_size: int, max_lag: in
           f"learner.batch_tokens={batch_tokens} gives {rows} rows of row_length={row_length}, "
           f"fewer than algorithm.group_size={group_size}, so a group of long trajectories "
           f"might never fit one batch; raise batch_tokens to at least {group_size * row_length}")
-  dataset = TransportDataset(transport, should_stop=should_stop)
+  dataset = TransportDataset(transport, should_stop=should_stop, on_poll=on_poll)
   stale = StaleFilter(current_version, max_lag, drops)
   dataset = GroupDataset(dataset, group_size, stale)
   dataset = PositionsDataset(dataset, TaskPositions() if positions is None else positions)
   dataset = AdmitDataset(dataset, stale=stale, max_length=row_length if packed else buckets[-1],
-                         vocab_size=vocab_size, drops=drops, num_prompt_slots=num_prompt_slots)
+                         vocab_size=vocab_size, drops=drops, num_prompt_slots=num_prompt_slots,
+                         intake=intake)
   if packed:
     dataset = PackDataset(dataset, rows=rows, row_length=row_length, max_trajectories=batch_size,
                           pad_id=pad_id, stale=stale)

@@ -16,7 +16,8 @@ in math). Over the tasks of a group (all, or one source):
   binomials, rounded once.
 
 Episodes the environment could not judge (env failures) count as failures and
-are reported in `failures`.
+are reported in `failures`; `format_table` lists each kind with its first message
+(`failure_lines`, from the report's "failure_reasons").
 """
 
 from __future__ import annotations
@@ -90,4 +91,14 @@ def format_table(summary: dict) -> str:
   lines.append("-" * len(lines[0]))
   lines += [f"{name:<{width}}" + "".join(cell(group[c], w) for c, w in zip(columns, widths))
             for name, group in rows]
-  return "\n".join(lines)
+  return "\n".join(lines + failure_lines(summary.get("failure_reasons", {})))
+
+
+def failure_lines(reasons: dict[str, dict]) -> list[str]:
+  """One line per failure kind of a report: its count and first message (already one
+  printable line, `pipeline.Drops`), so the table says why episodes were not judged."""
+  if not reasons:
+    return []
+  return ["failures by kind (counted as unsolved):"] + [
+      f"  {untrusted(kind, SOURCE_CHARS)} {reason['count']} (first: {reason['first_message']})"
+      for kind, reason in reasons.items()]

@@ -20,7 +20,9 @@ their mean reward: the accuracy of the policy as training samples it.
 `benchmark` (what `sao-eval` runs) plays every task once greedily and, with
 `run.eval_samples` = n > 0, n more times sampled at `run.eval_temperature`;
 the report (`eval_scores`) holds greedy pass@1, mean@n and unbiased pass@k for
-`run.eval_pass_k`, overall and per source. Its tasks: every row of a dataset
+`run.eval_pass_k`, overall and per source, and under "failure_reasons" each kind of
+environment failure (`env_failure/<kind>`, as the learner counts its drops) with
+its count and first message. Its tasks: every row of a dataset
 task source (`env.dataset`) in file order, or the first `run.eval_episodes`
 tasks of another source (seeded with `run.eval_seed`); `limit` caps either.
 Progress bars (tqdm, on a terminal) count finished episodes.
@@ -42,6 +44,8 @@ from sao_jax import storage
 from sao_jax.chat import ChatFormat, load_chat
 from sao_jax.config import Config, SamplerConfig
 from sao_jax.config.dataset import DATASET_SOURCES
+from sao_jax.data.failures import failure_key, kinds as failure_kinds
+from sao_jax.data.pipeline import Drops
 from sao_jax.envs import dataset_tasks
 from sao_jax.envs.base import Task
 from sao_jax.envs.registry import describe, make_env, make_tasks, resolve
@@ -172,11 +176,12 @@ def benchmark(cfg: Config, chat: ChatFormat, params: Params, *, version: int = 0
     sources[task.id] = str(task.metadata.get("source", tasks.name))
   greedy_success, sampled_success = {}, collections.Counter()
   failures = collections.Counter()
+  reasons = Drops()  # failed episodes by kind, each with its first message
   greedy = Episodes(cfg, dataclasses.replace(cfg.sampler, **GREEDY), tasks.env_cfg, chat,
                      params, version, mesh)
   for traj in greedy.run(iter(tasks), tasks.count, seed=run.eval_seed, desc="greedy"):
     greedy_success[traj.info["task"]] = _success(traj)
-    failures[traj.info["task"]] += traj.env_failure is not None
+    failures[traj.info["task"]] += _failed(traj, reasons)
   del greedy  # its KV cache, before the sampling engine allocates one
   n = run.eval_samples
   if n:
@@ -185,11 +190,22 @@ def benchmark(cfg: Config, chat: ChatFormat, params: Params, *, version: int = 0
     for traj in sampled.run(repeated, tasks.count * n, seed=run.eval_seed + 1,
                             desc=f"sampled x{n}"):
       sampled_success[traj.info["task"]] += _success(traj)
-      failures[traj.info["task"]] += traj.env_failure is not None
+      failures[traj.info["task"]] += _failed(traj, reasons)
   scores = [eval_scores.TaskScore(source, greedy_success[task_id], n, sampled_success[task_id],
                                   failures[task_id]) for task_id, source in sources.items()]
   return {"tasks": tasks.name, "samples": n, "temperature": run.eval_temperature if n else None,
-          **eval_scores.summarize(scores, run.eval_pass_k if n else ())}
+          **eval_scores.summarize(scores, run.eval_pass_k if n else ()),
+          "failure_reasons": {kind: {"count": count, "first_message": reasons.examples[kind]}
+                              for kind, count in failure_kinds(reasons).items()}}
+
+
+def _failed(traj: Trajectory, reasons: Drops) -> bool:
+  """Whether the environment failed `traj`; if so it is counted in `reasons` by kind
+  (`failures.failure_key`, as the learner counts its drops)."""
+  if traj.env_failure is None:
+    return False
+  reasons.add(failure_key(traj), 1, traj.env_failure)
+  return True
 
 
 def write_transcripts(path, trajs: list[Trajectory], chat: ChatFormat) -> None:
@@ -213,6 +229,17 @@ def report_path(cfg: Config, step: int):
   """Where `sao-eval` writes the JSON report of checkpoint `step` unless told otherwise
   (a path, or an epath.Path in a bucket run directory, `sao_jax.storage`)."""
   return storage.as_path(cfg.run.run_dir) / "eval" / f"step_{step}.json"
+
+
+def unused_report_path(path):
+  """`path`, or when a report is already there the first `<stem>.<n><suffix>` beside it
+  (n = 2, 3, ...) that is not: a second `sao-eval` of the same checkpoint keeps the
+  first report (it overwrote it before)."""
+  candidate, number = path, 1
+  while candidate.exists():
+    number += 1
+    candidate = path.with_name(f"{path.stem}.{number}{path.suffix}")
+  return candidate
 
 
 def policy_report_path(cfg: Config, policy_dir: str | pathlib.Path):

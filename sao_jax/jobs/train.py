@@ -49,7 +49,7 @@ from sao_jax.channel.published import published_template, published_weights
 from sao_jax.config import Config, init_model
 from sao_jax.config.run import RESUME_IDENTITY, RESUME_MAY_CHANGE
 from sao_jax.config.versions import as_this_version
-from sao_jax.data import pipeline
+from sao_jax.data import failures, pipeline
 from sao_jax.data.learner_data import (Checkpointed, learner_batches, learner_transport,
                                        local_batch_sizes)
 from sao_jax.data.task_positions import TaskPositions
@@ -64,6 +64,7 @@ from sao_jax.models.value import value_params_from_policy
 from sao_jax.run import bootstrap
 from sao_jax.run import lock as run_lock
 from sao_jax.run.metrics import MetricsLogger, batch_metrics, plot_curves, read_metrics
+from sao_jax.run.waiting import WaitingReporter
 from sao_jax.sampler.worker import SamplerSupervisor, WorkerSpec
 from sao_jax.sharding import device_split, distributed
 from sao_jax.sharding.mesh import make_mesh
@@ -214,6 +215,14 @@ def run(cfg: Config, *, resume: bool | None = True, log=print) -> dict:
     lock.close()
 
 
+def sampler_status(cfg: Config, supervisor: SamplerSupervisor) -> str:
+  """How the samplers stand, for the learner's waiting reports."""
+  if not cfg.run.num_samplers:
+    return "samplers run elsewhere (run.num_samplers=0: sao-sampler writes to the transport)"
+  return (f"{len(supervisor.pids())} of {cfg.run.num_samplers} sampler processes alive, "
+          f"{supervisor.restarts} restarts")
+
+
 def shared_run_dir(cfg: Config) -> None:
   """ValueError for a bucket `run.run_dir` of a learner on several hosts: each host
   writes its own metrics.jsonl, config.json and summary.json (its own share of the
@@ -341,6 +350,9 @@ def _run(cfg: Config, run_dir, *, resume: bool, log,
   publisher = weights.make_publisher(cfg.sampler, published_template(
       cfg, jax.eval_shape(lambda: bootstrap.initial_policy(cfg))), secret)
   drops = pipeline.Drops()
+  # Every trajectory admission judges; its bound stops a run whose episodes all fail.
+  intake = failures.Intake(drops, max_fraction=cfg.run.max_failure_fraction,
+                           window=cfg.run.failure_window)
   transport = learner_transport(cfg, drops, secret)
   # The tasks whose episodes reached the learner, per sampler worker: a restarted
   # sampler goes on with its task stream from there (checkpointed with the pipeline).
@@ -350,16 +362,21 @@ def _run(cfg: Config, run_dir, *, resume: bool, log,
                   transport=transport, worker_id=i, env=tuple(sorted(sampler_envs[i].items())))
        for i in range(cfg.run.num_samplers)],
       log=log, task_start=positions.start)
+  reporter = WaitingReporter(intake, batch_size=local_batch_sizes(cfg, jax.process_count())[0],
+                             samplers=lambda: sampler_status(cfg, supervisor), log=log,
+                             every_s=cfg.run.waiting_report_s)
   published = {"version": -1}
   # Waiting for trajectories, the learner restarts samplers that died: one that died
   # before the first step would otherwise leave it waiting forever.
   batches = learner_batches(cfg, transport, current_version=lambda: published["version"],
-                            drops=drops, while_waiting=supervisor.check, positions=positions)
+                            drops=drops, intake=intake, while_waiting=supervisor.check,
+                            on_poll=reporter.poll, positions=positions)
   # Weight-channel connection errors by reason (a network publisher counts them).
   peer_errors = getattr(publisher, "stats", {})
   # Padding share per batch: what bucketing wastes and packing (learner.batch_tokens) saves.
   with_host_metrics = Checkpointed(batches, lambda item: (item[0], {
       **batch_metrics(item[1], drops), "batch/padding_frac": item[1].padding_fraction,
+      "episodes/failed_frac": intake.failed_fraction,
       **{f"weights/errors/{k}": float(v) for k, v in peer_errors.items()}}))
   summary: dict = {}
 
@@ -387,6 +404,7 @@ def _run(cfg: Config, run_dir, *, resume: bool, log,
     supervisor.check()
     if cfg.run.eval_every and steps_done % cfg.run.eval_every == 0:
       evaluate(steps_done, policy_weights(cfg, state), version)
+    reporter.stepped(steps_done)  # from here on the learner waits for the next batch
 
   reported_drops: set[str] = set()
 
@@ -395,7 +413,7 @@ def _run(cfg: Config, run_dir, *, resume: bool, log,
     log(logger.progress(step, metrics))
     for reason in sorted(set(drops) - reported_drops):  # say once why data is being dropped
       reported_drops.add(reason)
-      log(f"dropping trajectories: {reason} (e.g. {drops.examples.get(reason, '-')})")
+      log(f"dropping trajectories: {reason} (first: {drops.examples.get(reason, '-')})")
 
   def on_start(state, resumed):
     if resumed:  # the steps after the checkpoint are trained and logged again
@@ -406,19 +424,25 @@ def _run(cfg: Config, run_dir, *, resume: bool, log,
       evaluate(0, policy_weights(cfg, state), 0)
     publish(state, force=True)
     supervisor.start()
+    reporter.stepped(int(jax.device_get(state.step)))
 
   try:
     result = run_learner(cfg, with_host_metrics, on_metrics=on_metrics, after_step=after_step,
                          on_start=on_start, resume=resume, initial_state=initial_state,
                          base_state=base_state, log=log,
                          mesh=make_mesh(cfg.mesh, learner_devices) if learner_devices else None)
+  except failures.TooManyFailures as error:  # the run's account, then the error (exit 2)
+    summary.update({"stopped_by": "too_many_failures", "error": str(error), **intake.summary()})
+    storage.write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2).encode())
+    raise
   finally:
     transport.close()
     supervisor.stop()
     publisher.close()
     logger.close()
+  log(intake.closing_line())
   summary.update({"steps_done": result.steps_done, "stopped_by": result.stopped_by,
-                  "dropped": dict(drops), "weight_channel_errors": dict(peer_errors),
+                  **intake.summary(), "weight_channel_errors": dict(peer_errors),
                   "sampler_restarts": supervisor.restarts,
                   "plot": str(plot_curves(run_dir))})
   summary.update(rl_gain(run_dir))

@@ -187,8 +187,15 @@ METRICS: tuple[MetricDoc, ...] = (
               "samplers counted, as reported with this batch's trajectories"),
     MetricDoc("dropped/<reason>", "count", HOST,
               "trajectories dropped so far, by reason (cumulative): stale, future_version, "
-              "too_long, prompt_id_out_of_range, writer_died, env_failure/<exception type> "
-              "(first 32 kinds, then env_failure/other), quarantined_<reason> for record files"),
+              "too_long, prompt_id_out_of_range, writer_died, env_failure (all environment "
+              "failures) and env_failure/<kind>, each kind the sampler names on its own (an "
+              "exception type, or the environment's name for a bad value; first 32 kinds, then "
+              "env_failure/other), quarantined_<reason> for record files; each kind's first "
+              "message is logged once, and summary.json keeps them (dropped_first_message)"),
+    MetricDoc("episodes/failed_frac", "fraction", HOST,
+              "share of the last run.failure_window trajectories the learner judged (admitted, "
+              "or dropped as failed, malformed or too long; stale ones left out) that were "
+              "dropped; the run stops once it reaches run.max_failure_fraction"),
     MetricDoc("weights/errors/<reason>", "count", "every learner step, network weight channel",
               "weight-channel peer errors so far, by the code's reason (e.g. a failed "
               "handshake, handshake_evicted)"),

@@ -44,6 +44,7 @@ import numpy as np
 
 from sao_jax import storage
 from sao_jax.config.run import DEFAULT_LOGGERS
+from sao_jax.data import failures
 from sao_jax.data.pipeline import BatchInfo, Drops
 
 METRICS_FILE = "metrics.jsonl"
@@ -63,6 +64,7 @@ LAG_KEYS = 16
 # `.../other`: the names come from task files and trajectories, and each key is a
 # metrics column and a TensorBoard series for the rest of the run.
 MAX_NAMED_KEYS = 32
+PROGRESS_KINDS = 3  # drop kinds named in the progress line
 _named: dict[str, dict[str, None]] = {"source": {}, "metric": {}}
 
 
@@ -213,7 +215,8 @@ class MetricsLogger:
       old.unlink()
 
   def progress(self, step: int, metrics: Mapping[str, float]) -> str:
-    """`step 12/200 | reward 0.41 | eval 0.35 | lag 0.8 | 1,234 tok/s | ETA 3m10s`.
+    """`step 12/200 | reward 0.41 | eval 0.35 | lag 0.8 | dropped 5 (env_failure/ValueError
+    3, too_long 2) | 1,234 tok/s | ETA 3m10s` (the drops so far, when there are any).
 
     Rates count from the first line on, so warm-start, evaluation before it and
     compilation do not distort them.
@@ -229,6 +232,12 @@ class MetricsLogger:
       parts.append(f"eval {self.last_eval['eval/accuracy']:.3f}")
     if "staleness/mean" in metrics:
       parts.append(f"lag {metrics['staleness/mean']:.1f}")
+    dropped = failures.kinds({key.removeprefix("dropped/"): value for key, value in
+                              metrics.items() if key.startswith("dropped/")})
+    if dropped:  # so far, by kind: each first message is logged once (jobs.train)
+      parts.append(f"dropped {sum(dropped.values())} (" + ", ".join(
+          f"{kind} {count}" for kind, count in list(dropped.items())[:PROGRESS_KINDS]) +
+          (", ..." if len(dropped) > PROGRESS_KINDS else "") + ")")
     parts.append(f"{self._tokens / elapsed:,.0f} tok/s" if done else "-- tok/s")
     parts.append(f"ETA {int(eta // 60)}m{int(eta % 60):02d}s" if done else "ETA --")
     return " | ".join(parts)
