@@ -7,7 +7,7 @@ import json
 import os
 from typing import Any, Mapping
 
-from sao_jax.config.checks import check_positive, check_timeout, fail
+from sao_jax.config.checks import MAX_TIMEOUT_S, check_positive, check_timeout, fail
 from sao_jax.config.dataset import DatasetConfig
 
 ENV_JUDGES = ("rule", "http")
@@ -25,6 +25,9 @@ ENV_STYLES = ("academic", "cute", "chuunibyou", "classical")
 # refused where they cannot be set up; "unisolated" = rlimits only (logged loudly).
 SANDBOX_MODES = ("bwrap", "unisolated")
 DEFAULT_SANDBOX = SANDBOX_MODES[0]
+# The largest size limit in MiB whose bytes a kernel rlimit holds (a C long): beyond it the
+# sandbox's setrlimit raised OverflowError and every tool run failed to start.
+MAX_RLIMIT_MB = (2**63 - 1) >> 20
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -54,6 +57,14 @@ class SandboxLimits:
     check_timeout("env.tool", self, "wall_time_s")
     check_positive("env.tool", self, "cpu_time_s", "memory_mb", "file_size_mb", "max_open_files",
                    "max_output_bytes", "disk_mb", "max_files")
+    # What the kernel's rlimits take (10**30 passed and then failed every tool run).
+    if self.cpu_time_s > MAX_TIMEOUT_S:
+      fail("env.tool", "cpu_time_s", self.cpu_time_s,
+           f"at most {MAX_TIMEOUT_S} seconds (one week, MAX_TIMEOUT_S)")
+    for name in ("memory_mb", "file_size_mb"):
+      if getattr(self, name) > MAX_RLIMIT_MB:
+        fail("env.tool", name, getattr(self, name),
+             f"at most {MAX_RLIMIT_MB} MiB (what a kernel rlimit holds, MAX_RLIMIT_MB)")
     if self.max_open_files < 16:
       fail("env.tool", "max_open_files", self.max_open_files, "the interpreter needs at least 16")
     if self.max_files < 16:

@@ -15,8 +15,9 @@ this one check. A step result must be a `StepResult` whose
   is a str;
 - `reward` is a finite real number: an int, a float, a numpy integer or
   floating scalar (`numbers.Real`); not a bool (True is not a score), not a
-  string, None, a list or an array, not NaN or infinite, and not an int too
-  large for a float (10**400);
+  string, None, a list or an array, not NaN or infinite, and not beyond the
+  range of the float32 the learner trains it as (`REWARD_LIMIT`: 1e39, 10**400
+  would be trained as infinity, which skips the whole batch's update);
 - `failure` and `reason` are None or a str, and `info` is a mapping.
 
 A result that breaks it fails its episode as the environment's failure of kind
@@ -35,6 +36,8 @@ import numbers
 import reprlib
 from typing import Any, Mapping
 
+import numpy as np
+
 from sao_jax.envs.base import StepResult
 from sao_jax.log_text import untrusted
 
@@ -46,8 +49,10 @@ KINDS = tuple(f"bad_{field}" for field in FIELDS)
 
 _REPR = reprlib.Repr()
 _REPR.maxstring = _REPR.maxother = SHOWN_CHARS  # containers: their first few items
+# The largest reward magnitude: trajectories hold rewards as float32 (`types.Trajectory`).
+REWARD_LIMIT = float(np.finfo(np.float32).max)
 REWARD_EXPECTED = ("expected a finite real number (int, float or a numpy number; not a bool, "
-                   "a string, None or a sequence, not NaN or infinite)")
+                   f"a string, None or a sequence, not NaN, infinite or beyond ±{REWARD_LIMIT:.4g})")
 
 
 def shown(value: Any) -> str:
@@ -67,9 +72,9 @@ def reward_value(value: Any) -> float | None:
     return None
   try:
     number = float(value)
-  except (OverflowError, ValueError, TypeError):  # 10**400; a Real subclass that refuses
+  except Exception:  # pylint: disable=broad-except  # 10**400; a Real subclass that refuses
     return None
-  return number if math.isfinite(number) else None
+  return number if math.isfinite(number) and abs(number) <= REWARD_LIMIT else None
 
 
 def metric_value(value: Any) -> float | None:

@@ -26,7 +26,8 @@ manager creates, deletes and renames nothing, so a reader never removes a live
 learner's save in progress.
 
 Damage: a finished checkpoint can still be unreadable later (a disk filled up,
-a file truncated or overwritten, metadata that is not the JSON object saved).
+a file truncated or overwritten, metadata that is not the JSON object saved, or that
+of another step: a step directory renamed or copied over another).
 Reading without a step (`restore`, `restore_items`) takes the newest checkpoint
 that restores: each newer one that does not is reported in plain words (its path
 and what is wrong, without TensorStore's spec dump); the writer moves it aside to
@@ -100,15 +101,18 @@ def _lora_difference(saved: dict | None, current: LoraConfig) -> list[str]:
                               {k: getattr(current, k) for k in keys}, "lora.")
 
 
-def _meta_problem(meta: Any) -> str | None:
-  """What makes `meta` (as read from a checkpoint) other than the JSON object `save`
-  writes, or None: it must be an object whose step and policy version are integers and
-  whose config holds a model section (and a lora section, or none: older checkpoints)."""
+def _meta_problem(meta: Any, step: int) -> str | None:
+  """What makes `meta` (as read from the checkpoint of `step`) other than the JSON object
+  `save` writes, or None: it must be an object whose step (that of its directory) and
+  policy version are integers and whose config holds a model section (and a lora
+  section, or none: older checkpoints)."""
   if not isinstance(meta, dict):
     return f"its meta is {type(meta).__name__} {meta!r:.80}"
   for key in ("step", "policy_version"):
     if not isinstance(meta.get(key), int) or isinstance(meta.get(key), bool):
       return f"its meta's {key} is {meta.get(key)!r:.80}"
+  if meta["step"] != step:  # a step directory renamed or copied over another
+    return f"its meta's step is {str(meta['step'])[:80]}, in the directory of step {step}"
   config = meta.get("config")
   if not isinstance(config, dict):
     return f"its meta's config is {type(config).__name__} {config!r:.80}"
@@ -275,7 +279,7 @@ class Checkpointer:
     except Exception as error:  # orbax raises many types for unreadable files
       raise _Damaged(f"checkpoint {path} does not restore (its metadata): "
                      f"{plain_error(error)}") from error
-    problem = _meta_problem(meta)
+    problem = _meta_problem(meta, step)
     if problem:
       raise _Damaged(f"checkpoint {path} does not restore (its metadata): {problem}, not the "
                      "JSON object saved")

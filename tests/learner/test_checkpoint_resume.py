@@ -237,8 +237,11 @@ def test_corrupt_checkpoints_are_named_and_left_in_place(tmp_path, two_steps):
     lambda meta: {**meta, "config": [1, 2]}, lambda meta: [meta], lambda meta: "meta",
     lambda meta: {**meta, "config": {**meta["config"], "model": None}},
     lambda meta: {**meta, "step": "2"},
+    # Before: read as that other step: sao-eval reported it, sao-convert read the value
+    # model of it beside the policy of this directory's step.
+    lambda meta: {**meta, "step": meta["step"] - 1}, lambda meta: {**meta, "step": 10**30},
 ], ids=["config-null", "config-string", "config-list", "meta-list", "meta-string",
-        "model-null", "step-string"])
+        "model-null", "step-string", "step-of-another-directory", "step-huge"])
 def test_a_checkpoint_whose_meta_has_the_wrong_type_is_damaged(tmp_path, two_steps, damage):
   """Saved meta that is not the JSON object `save` writes is damage, like a truncated
   array: skipped by a reader (left in place), moved aside by the writer, the previous

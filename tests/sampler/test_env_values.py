@@ -31,6 +31,13 @@ import numpy as np
 
 from sao_jax.envs.base import Environment, EnvironmentSpec, StepResult
 
+
+
+class RefusingFloat(float):  # a Real whose float() raises what float() does not
+  def __float__(self):
+    raise RuntimeError("no float")
+
+
 # What a task's step returns: its answer names one of these.
 RESULTS = {
     "good": lambda: StepResult.finish(1.0, "answer"),
@@ -42,6 +49,8 @@ RESULTS = {
     "numeric_text": lambda: StepResult(done=True, reward="0.9"),
     "finish_text": lambda: StepResult.finish("1.0", "answer"),
     "huge": lambda: StepResult(done=True, reward=10**400),
+    "float32_huge": lambda: StepResult.finish(1e39, "answer"),
+    "refusing_float": lambda: StepResult.finish(RefusingFloat(0.5), "answer"),
     "bool": lambda: StepResult.finish(True, "answer"),
     "nan": lambda: StepResult.finish(float("nan"), "answer"),
     "array": lambda: StepResult.finish(np.ones(3), "answer"),
@@ -49,6 +58,7 @@ RESULTS = {
     "done": lambda: StepResult(done="yes"),
     "info": lambda: StepResult(done=True, reward=1.0, info=["x"]),
     "huge_metric": lambda: StepResult.finish(1.0, "answer", big=10**400),
+    "refusing_metric": lambda: StepResult.finish(1.0, "answer", m=RefusingFloat(0.5)),
     "dict": lambda: {"reward": 1.0},
     "exit": lambda: sys.exit(3),
 }
@@ -112,6 +122,8 @@ def run(config: EnvConfig, answers: list[str]):
     ("numeric_text", "bad_reward", "reward='0.9' (str)"),  # trained as 0.9
     ("finish_text", "bad_reward", "reward='1.0' (str)"),  # finish() made it 1.0
     ("huge", "bad_reward", "reward=1000000000"),  # OverflowError
+    ("float32_huge", "bad_reward", "reward=1e+39 (float)"),  # trained as inf: batch skipped
+    ("refusing_float", "bad_reward", "reward=0.5 (RefusingFloat)"),  # RuntimeError: sampler died
     ("bool", "bad_reward", "reward=True (bool)"),  # trained as 1.0
     ("nan", "bad_reward", "reward=nan (float)"),
     ("array", "bad_reward", "reward=array([1., 1., 1.]) (ndarray)"),
@@ -161,9 +173,11 @@ def test_a_huge_value_is_shown_bounded():
   assert check_result(StepResult(done=True, reward="x" * 10**6)).problem.count("x") <= SHOWN_CHARS
 
 
-def test_a_metric_too_large_for_a_float_is_not_a_metric(plugin):
-  # math.isfinite(10**400) raised OverflowError in the runner, outside the episode's catch.
-  done, runner, _ = run(EnvConfig(name=NAME), ["huge_metric", "good"])
+@pytest.mark.parametrize("answer", ["huge_metric", "refusing_metric"])
+def test_a_metric_that_is_no_float_is_not_a_metric(plugin, answer):
+  # math.isfinite(10**400) raised OverflowError in the runner, outside the episode's catch;
+  # so did a Real whose float() raises RuntimeError.
+  done, runner, _ = run(EnvConfig(name=NAME), [answer, "good"])
   assert [traj.outcome for traj in done] == [1.0, 1.0] and not runner.failures
   assert "metrics" not in done[0].info
 

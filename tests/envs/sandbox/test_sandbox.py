@@ -138,6 +138,20 @@ def test_invalid_limits_name_the_field():
     run("print(1)", sandbox.SandboxLimits(cpu_time_s=0))
 
 
+@pytest.mark.parametrize("field, value, allowed", [
+    ("cpu_time_s", 10**30, "at most 604800 seconds"), ("cpu_time_s", 2**63, "at most 604800"),
+    ("memory_mb", 10**30, "at most 8796093022207 MiB"),
+    ("file_size_mb", 10**15, "at most 8796093022207 MiB")])
+def test_a_limit_beyond_what_the_kernel_takes_is_refused_at_validation(field, value, allowed):
+  # Before: valid, and then every tool run failed with SandboxError (the bootstrap's
+  # setrlimit: OverflowError), dropping every episode of a tool environment.
+  limits = sandbox.SandboxLimits(**{field: value})
+  with pytest.raises(ValueError, match=f"env.tool.{field}={value}.*{allowed}"):
+    limits.validate()
+  largest = {"cpu_time_s": 7 * 24 * 3600}.get(field, (2**63 - 1) >> 20)
+  assert run("print(1)", dataclasses.replace(LIMITS, **{field: largest})).stdout == "1\n"
+
+
 @pytest.mark.parametrize("code, error", [("x = " + "-" * 100_000 + "1", "MemoryError"),
                                          ("x = " + "+" * 5_000 + "1", "RecursionError")])
 def test_code_too_nested_to_compile_is_the_codes_fault_not_a_harness_failure(code, error):
