@@ -12,5 +12,5 @@ from sao_jax.config import AlgorithmConfig, Config, EnvConfig, RunConfig
 
 def get_config() -> Config:
   return Config(name="from_hf", algorithm=AlgorithmConfig.for_variant("sao"),
-                env=EnvConfig(name="math_tool", problem_kind="arithmetic"),
+                env=EnvConfig(name="math_tool", options={"problem_kind": "arithmetic"}),
                 run=RunConfig(run_dir="runs/from_hf", sft_steps=0))

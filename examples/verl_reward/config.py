@@ -1,8 +1,10 @@
 """A reward function over a verl-style Parquet file, on the tiny CPU model.
 
     .venv/bin/python examples/verl_reward/make_data.py runs/verl_reward/train.parquet
+    PYTHONPATH=examples/verl_reward .venv/bin/python -m sao_jax.cli.make_tokenizer \
+        --config examples/verl_reward/config.py --out runs/verl_reward/tok
     PYTHONPATH=examples/verl_reward .venv/bin/sao-train --config examples/verl_reward/config.py \
-        --set run.tokenizer=PATH_TO_A_TOKENIZER_DIR
+        --set run.tokenizer=runs/verl_reward/tok
 
 The built-in "single_turn" environment plays each row's chat prompt; the reply is
 graded by `arith_reward.compute_score` (env.reward_fn). Dataset rows hold no

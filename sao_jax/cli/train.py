@@ -59,6 +59,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     # its chips): run.device_split's shares and fixed mesh sizes (`startup`).
     cfg = startup.load(args.config, overrides,
                        lambda cfg: startup.train_sampler_meshes(cfg, None))
+    startup.check_train_inputs(cfg.with_run_paths())
     if args.check:
       print(check(cfg))
       print(f"sao-train: {args.config} is valid", file=sys.stderr)

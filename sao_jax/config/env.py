@@ -138,6 +138,10 @@ class EnvConfig:
   # environment's reward (`sao_jax.envs.rewards`); "" = the environment's own reward.
   reward_fn: str = ""
   reward_timeout_s: float = 30.0  # per call of reward_fn; past it the episode fails
+  # How reward_fn is called (sao_jax.envs.rewards.CONVENTIONS): "auto" reads its signature
+  # (verl's compute_score(data_source, solution_str, ground_truth, extra_info) when it has
+  # a `solution_str` parameter), "sao" reward(response, task, messages), "verl" verl's.
+  reward_fn_convention: str = "auto"
   # Deprecated (LEGACY_OPTIONS): write env.options.<option> instead. A value other
   # than the default is carried over to the option (the defaults are the options').
   difficulty: int = DEFAULT_DIFFICULTY  # deprecated: env.options.difficulty

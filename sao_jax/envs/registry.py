@@ -194,7 +194,9 @@ def resolve(config: EnvConfig) -> Resolved:
       spec.check(options, config)
     except ValueError as error:
       raise ValueError(f"environment {spec.name!r}: {error}") from None
-  reward_fn = rewards.load_reward_fn(config.reward_fn) if config.reward_fn else None
+  rewards.check_convention(config.reward_fn_convention)
+  reward_fn = (rewards.load_reward_fn(config.reward_fn, config.reward_fn_convention)
+               if config.reward_fn else None)
   return Resolved(spec, options, source, reward_fn)
 
 

@@ -16,6 +16,25 @@ and any other numbers, which are kept as the episode's metrics
 environment's own reward at the end of every episode the environment did not
 fail (the environment's reward is kept as `info["env_reward"]`).
 
+verl's reward functions are called as verl calls them, unmodified
+(`verl/utils/reward_score/*.py`, a verl `custom_reward_function`):
+
+    def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs)
+    def compute_score(solution_str, ground_truth, method="strict", format_score=0.0, score=1.0)
+
+by keyword, with those of `data_source` (`metadata["source"]`), `solution_str`
+(the response), `ground_truth` (`task.answer`) and `extra_info`
+(`metadata["extra_info"]`, None without one) that the function names (all four
+when it takes `**kwargs`); its other parameters keep their defaults. Which
+convention a function follows is `env.reward_fn_convention`: "auto" (the
+default) reads its signature, verl's when a parameter is named `solution_str`
+(every verl scorer names it), else sao_jax's; "verl" or "sao" says it outright.
+A verl function's result is read as verl's `default_compute_score` reads its
+scorers': a mapping as is (its "score" the reward; of its other values, the
+numbers and bools are kept as metrics, bools as 0/1, and the rest, e.g. a
+predicted answer's text, are left out as verl keeps them out of its metrics), a
+number or bool as a float, a tuple or list by its first item.
+
 The function is user code and trusted; the text it grades is not: it must
 never `eval`/`exec` the response or run it except through the sandbox
 (`sao_jax.envs.sandbox.run_python`). A function that raises (SystemExit
@@ -34,6 +53,7 @@ bound its own work.
 from __future__ import annotations
 
 import copy
+import inspect
 import threading
 from typing import Any, Callable, Mapping
 
@@ -43,13 +63,69 @@ from sao_jax.envs.base import Environment, Message, StepResult, Task, Turn
 _SHOWN_CHARS = 200  # of an error's message in a failure text
 
 
-def load_reward_fn(path: str) -> Callable[..., Any]:
-  """The callable `path` names; ValueError naming `env.reward_fn` otherwise."""
+# env.reward_fn_convention's values: how a reward function is called (module docstring).
+CONVENTIONS = ("auto", "sao", "verl")
+# What a verl reward function may be given, by keyword (verl's reward managers' names).
+VERL_ARGUMENTS = ("data_source", "solution_str", "ground_truth", "extra_info")
+
+
+def check_convention(convention: str) -> None:
+  """ValueError naming `env.reward_fn_convention` unless it is one of `CONVENTIONS`."""
+  if convention not in CONVENTIONS:
+    raise ValueError(f"env.reward_fn_convention={convention!r} is invalid: allowed values are "
+                     f"{', '.join(map(repr, CONVENTIONS))}")
+
+
+def load_reward_fn(path: str, convention: str = "auto") -> Callable[..., Any]:
+  """The callable `path` names, called as `fn(response, task, messages)` (a verl
+  function behind `verl_adapter`, by `convention`); ValueError naming
+  `env.reward_fn` otherwise."""
+  check_convention(convention)
   fn = plugins.load_object(path, what=f"env.reward_fn={path!r}")
   if not callable(fn):
     raise ValueError(f"env.reward_fn={path!r} names a {type(fn).__name__}, which is not "
                      "callable; name a function reward(response, task, messages)")
+  if convention == "verl" or (convention == "auto" and "solution_str" in _parameters(fn)):
+    return verl_adapter(fn)
   return fn
+
+
+def _parameters(fn: Callable[..., Any]) -> dict[str, inspect.Parameter]:
+  """`fn`'s parameters by name; none when its signature cannot be read (a builtin)."""
+  try:
+    return dict(inspect.signature(fn).parameters)
+  except (TypeError, ValueError):
+    return {}
+
+
+def verl_adapter(fn: Callable[..., Any]) -> Callable[..., Any]:
+  """`fn`, a verl reward function, as `reward(response, task, messages)` (module docstring)."""
+  parameters = _parameters(fn)
+  takes_all = not parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD
+                                    for p in parameters.values())
+  names = [name for name in VERL_ARGUMENTS if takes_all or name in parameters]
+
+  def reward(response: str, task: Task, messages: list[Message]) -> Any:
+    del messages  # verl's functions grade the response alone
+    given = {"data_source": task.metadata.get("source"), "solution_str": response,
+             "ground_truth": task.answer, "extra_info": task.metadata.get("extra_info")}
+    return verl_result(fn(**{name: given[name] for name in names}))
+
+  return reward
+
+
+def verl_result(value: Any) -> Any:
+  """A verl function's result as sao_jax reads results: verl's `default_compute_score`
+  normalisation (module docstring); anything else is passed on for the usual checks."""
+  if isinstance(value, (tuple, list)) and value:
+    value = value[0]  # verl's scorers that return (score, details)
+  if isinstance(value, bool):
+    return float(value)
+  if isinstance(value, Mapping):
+    return {key: value[key] if key == "score" else contract.metric_value(value[key])
+            for key in value
+            if key == "score" or contract.metric_value(value[key]) is not None}
+  return value
 
 
 def grade(fn: Callable[..., Any], path: str, timeout_s: float, response: str, task: Task,

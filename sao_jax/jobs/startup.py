@@ -35,6 +35,12 @@ sao-train's command must not do before `sao_jax.jobs.train.claim_tpu_chips` and
 `jax.distributed` (sao-train checks again in `train.run`, after them, with the
 host's count).
 
+What sao-train reads from this host in its first minute is checked by
+`check_train_inputs` (`sao-train` and `sao-train --check` call it, on the machine
+that trains): `run.init` a loadable checkpoint, `run.tokenizer` an existing
+tokenizer, and a run whose tasks are dataset rows (which hold no texts to train
+a tokenizer on, nor demonstrations) given a tokenizer and no SFT warm-start.
+
 Each error names the field, the value and what is allowed.
 """
 
@@ -43,7 +49,8 @@ from __future__ import annotations
 import pathlib
 from typing import Callable, Sequence
 
-from sao_jax.config import MESH_AXES, Config, load_config
+from sao_jax.config import MESH_AXES, Config, init_model, load_config
+from sao_jax.config.dataset import DATASET_SOURCES
 from sao_jax.envs import registry
 from sao_jax.learner import step
 from sao_jax.models import paged_mesh
@@ -69,6 +76,39 @@ def load(path: str | pathlib.Path, overrides: Sequence[str] = (),
          meshes: Callable[[Config], Sequence[int | None]] = lambda cfg: ()) -> Config:
   """`sao_jax.config.load_config(path, overrides)`, then `check`ed (with `meshes`)."""
   return check(load_config(path, overrides), meshes)
+
+
+# How to build a tokenizer for a dataset run offline (`sao_jax.cli.make_tokenizer`).
+MAKE_TOKENIZER = "python -m sao_jax.cli.make_tokenizer --config CONFIG --out DIR"
+
+
+def check_train_inputs(cfg: Config) -> None:
+  """FileNotFoundError / ValueError naming the field and the fix unless what a training
+  run reads at its start is there (module docstring). `cfg` is resolved
+  (`init_model.resolve`: a checkpoint with a tokenizer.json fills `run.tokenizer`)."""
+  init_model.check_init(cfg)
+  tokenizer = cfg.run.tokenizer
+  if tokenizer:
+    path = pathlib.Path(tokenizer)
+    if not (path / "tokenizer.json" if path.is_dir() else path).is_file():
+      raise FileNotFoundError(
+          f"run.tokenizer={tokenizer!r} is not a tokenizer.json nor a directory holding one "
+          "on this host; name the tokenizer.json of the model you start from (or its "
+          f"directory), or build one for a dataset run: {MAKE_TOKENIZER}")
+  source = registry.resolve(cfg.env).task_source
+  if source not in DATASET_SOURCES:
+    return
+  if cfg.run.sft_steps:
+    raise ValueError(f"run.sft_steps={cfg.run.sft_steps} but env.task_source={source!r}: dataset "
+                     "rows hold no demonstrations to warm-start on; set run.sft_steps=0")
+  copy = cfg.run.tokenizer_file
+  # A resumed run has its copy; a bucket run directory needs run.tokenizer (RunConfig).
+  if not tokenizer and not pathlib.Path(copy).is_file():
+    raise ValueError(f"run.tokenizer='' but env.task_source={source!r}: dataset rows hold no "
+                     "texts to train the run's own tokenizer on; set run.tokenizer to the "
+                     "tokenizer.json of the model you start from (or its directory; run.init=DIR "
+                     "sets it when DIR holds one), or build one from the dataset offline: "
+                     f"{MAKE_TOKENIZER}, then --set run.tokenizer=DIR")
 
 
 def check_page_split(cfg: Config, devices: int | None) -> None:

@@ -192,7 +192,7 @@ def run(cfg: Config, *, resume: bool | None = True, log=print) -> dict:
   # chips are claimed and the cluster joined, so the host's devices may be counted.
   cfg = startup.check(init_model.resolve(cfg.with_run_paths()),
                       lambda cfg: startup.train_sampler_meshes(cfg, jax.local_device_count()))
-  init_model.check_init(cfg)
+  startup.check_train_inputs(cfg)
   init_model.check_dtypes(cfg.model, jax.devices())
   shared_run_dir(cfg)
   learner_devices, sampler_envs = local_devices(cfg, tpu_sampler_envs)

@@ -52,10 +52,12 @@ def demonstrations(cfg: Config, chat: ChatFormat | None) -> Iterator[Demonstrati
                      "run.sft_steps=0")
   source = resolve(cfg.env).task_source
   if source in DATASET_SOURCES:
-    raise ValueError(f"env.task_source={source!r}: dataset rows hold no "
-                     "demonstrations to warm-start on or to train a tokenizer from; set "
-                     "run.sft_steps=0 and run.tokenizer (a tokenizer.json, or the model's "
-                     "directory), and start from a trained policy (run.init)")
+    # sao-train refuses this before it starts (`startup.check_train_inputs`).
+    field = (f"run.sft_steps={cfg.run.sft_steps}: set run.sft_steps=0" if cfg.run.sft_steps
+             else "run.tokenizer='': set run.tokenizer (a tokenizer.json, or the model's "
+             "directory)")
+    raise ValueError(f"env.task_source={source!r}: dataset rows hold no demonstrations to "
+                     f"warm-start on or to train a tokenizer from; {field}")
   template_format = "fenced" if chat is None else chat.tool_format
   for task in make_tasks(cfg.env):
     env = make_env(cfg.env)

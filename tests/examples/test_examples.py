@@ -3,6 +3,7 @@ as its own package (entry point), a reward function over a verl-style Parquet fi
 and a native tool-calling run, each a few `sao-train` steps on the tiny CPU model."""
 
 import importlib
+import itertools
 import json
 import pathlib
 import shutil
@@ -88,7 +89,7 @@ def verl_example(tmp_path, monkeypatch):
     yield path
   finally:
     sys.path.remove(str(EXAMPLES / "verl_reward"))
-    for name in ("make_data", "arith_reward"):
+    for name in ("make_data", "arith_reward", "arith_verl"):
       sys.modules.pop(name, None)
 
 
@@ -102,6 +103,32 @@ def test_the_verl_reward_example_grades_rows_with_the_reward_function(verl_examp
   assert (result.reward, result.info["boxed"], result.reason) == (1.0, 1.0, "reward_fn")
   result = play(registry.make_env(cfg.env), task, ["no idea"]).result
   assert (result.reward, result.info["boxed"]) == (0.0, 0.0)
+
+
+def test_the_verl_reward_example_grades_with_a_function_in_verls_convention(verl_example):
+  """`arith_verl.compute_score(data_source, solution_str, ground_truth, extra_info)`, as
+  verl's scorers are written, grades the example's episodes through the real runner."""
+  from sao_jax.chat import chat_format
+  from sao_jax.models.tokenizer import train_tokenizer
+  from sao_jax.sampler.episodes import EpisodeRunner, run_to_completion
+  from sao_jax.sampler.scripted import ScriptedEngine
+  cfg = startup.load(EXAMPLES / "verl_reward" / "config.py",
+                    [f"env.dataset.path={verl_example}", "env.reward_fn=arith_verl:compute_score"])
+  tasks = list(itertools.islice(registry.make_tasks(cfg.env), 16))
+  reply = f"\\boxed{{{tasks[0].answer}}}"  # right for the first task (and its equals)
+  chat = chat_format(None, train_tokenizer([reply] * 4, vocab_size=300))
+  runner = EpisodeRunner(ScriptedEngine(chat, lambda episode, turn: reply), chat,
+                         lambda: registry.make_env(cfg.env), max_episodes=4,
+                         step_timeout_s=cfg.env.step_timeout_s, log=print,
+                         env_name=registry.describe(cfg.env))
+  done = run_to_completion(runner, iter(tasks), len(tasks), num_slots=4, seed=0)
+  assert not runner.failures and {traj.info["end"] for traj in done} == {"reward_fn"}
+  answers = {task.id: task.answer for task in tasks}
+  assert [traj.outcome for traj in done] == [
+      float(answers[traj.info["task"]] == tasks[0].answer) for traj in done]
+  assert any(traj.outcome == 1.0 for traj in done) and any(traj.outcome == 0 for traj in done)
+  metrics = done[0].info["metrics"]
+  assert metrics["boxed"] == 1.0 and metrics["row"] >= 0 and "source" not in metrics
 
 
 @pytest.mark.slow
