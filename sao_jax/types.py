@@ -15,6 +15,12 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
+# A GRPO group's prompt id is `worker_id << COUNTER_BITS | k` (`sao_jax.sampler.prompt_ids`
+# says why): sampler worker ids lie in [0, MAX_WORKERS), so that ids stay in [0, 2**31),
+# the batch's int32. Here, below every reader of a trajectory's worker id.
+COUNTER_BITS = 21
+MAX_WORKERS = 2 ** (31 - COUNTER_BITS)
+
 
 class Batch(NamedTuple):
   """A batch of B rows of length T (host numpy or device arrays), each row holding

@@ -5,6 +5,7 @@ resumed run's) continues its stream instead of serving its tasks again.
     positions.record(unit)               # learner: a task's episodes reached it
     start = positions.start(worker_id)   # supervisor: where a (re)started worker begins
     for position, task in served(lambda k: make_tasks(env, start=k), start): ...  # worker
+                                         # (`sao_jax.sampler.task_stream`)
 
 A worker numbers the tasks of its stream 0, 1, 2, ... (`registry.make_tasks(start=k)`
 is the stream from task k on, so a restarted worker's numbers go on where the last
@@ -32,13 +33,8 @@ oldest gap is given up: its tasks are not served again).
 from __future__ import annotations
 
 import dataclasses
-import itertools
-from typing import Callable, Iterator
 
-from sao_jax.envs.base import Task
-from sao_jax.envs.dataset_tasks import BadRow
-from sao_jax.sampler.prompt_ids import MAX_WORKERS
-from sao_jax.types import Trajectory
+from sao_jax.types import MAX_WORKERS, Trajectory
 
 MAX_DONE = 4096  # positions past a worker's `position` kept; a few hundred in flight at most
 MAX_POSITION = 2**53  # of a task in a stream: exact as a JSON number
@@ -96,20 +92,3 @@ class TaskPositions:
 
 def _integer(value, largest: int) -> bool:
   return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= largest
-
-
-def served(make_tasks: Callable[[int], Iterator[Task]], start: TaskStart
-           ) -> Iterator[tuple[int, Task | BadRow]]:
-  """(position, task) of a worker's stream from `start`: `make_tasks(k)` is the stream
-  from task k on; positions in `start.done` are passed over; a row that does not make a
-  task (`BadRow`, the stream stays usable) comes as the error, for the worker to count
-  as a dropped episode."""
-  stream = make_tasks(start.position)
-  done = set(start.done)
-  for position in itertools.count(start.position):
-    try:
-      task: Task | BadRow = next(stream)
-    except BadRow as error:
-      task = error
-    if position not in done:
-      yield position, task

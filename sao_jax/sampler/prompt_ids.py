@@ -30,9 +30,7 @@ import secrets
 import zlib
 
 from sao_jax.envs.base import Task
-
-COUNTER_BITS = 21
-MAX_WORKERS = 2 ** (31 - COUNTER_BITS)  # ids stay in [0, 2**31): the batch's int32
+from sao_jax.types import COUNTER_BITS, MAX_WORKERS
 
 
 def prompt_slot(task: Task, num_slots: int) -> int:

@@ -81,7 +81,8 @@ from typing import Any, Callable, Iterator
 
 from sao_jax.channel.transport import TransportClosed
 from sao_jax.config import Config
-from sao_jax.data.task_positions import TaskStart, served
+from sao_jax.data.task_positions import TaskStart
+from sao_jax.sampler.task_stream import served
 from sao_jax.log_text import logged_at, traceback_text, untrusted
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>

@@ -12,7 +12,8 @@ from sao_jax.cli import train as train_cli
 from sao_jax.config import EnvConfig
 from sao_jax.config.dataset import DatasetConfig
 from sao_jax.data import pipeline
-from sao_jax.data.task_positions import TaskStart, served
+from sao_jax.data.task_positions import TaskStart
+from sao_jax.sampler.task_stream import served
 from sao_jax.envs import dataset_tasks, registry
 from sao_jax.envs.base import Task
 
