@@ -17,7 +17,8 @@ from sao_jax.channel.transport import QueueTransport
 from sao_jax.config import EnvConfig
 from sao_jax.config.dataset import DatasetConfig
 from sao_jax.data import pipeline
-from sao_jax.data.task_positions import MAX_DONE, TaskPositions, TaskStart, served
+from sao_jax.data.task_positions import MAX_DONE, TaskPositions, TaskStart
+from sao_jax.sampler.task_stream import served
 from sao_jax.envs import registry
 from sao_jax.sampler.worker import SamplerSupervisor, WorkerSpec, hand_over
 from sao_jax.types import Trajectory
