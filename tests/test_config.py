@@ -267,6 +267,41 @@ def test_overrides_refuse_non_finite_numbers_wrong_types_and_whole_sections(over
     cfg.apply_overrides(cfg.Config(), [override])
 
 
+@pytest.mark.parametrize("override, message", [
+    # Before: "fields are adam_b1, adam_b2, ..." (every field of the section), no nearest name.
+    ("learner.stpes=5", "LearnerConfig has no field 'stpes'; did you mean learner.steps?"),
+    ("lerner.steps=5", "Config has no field 'lerner'; did you mean learner.steps?"),
+    ("learner.critic_warmup=3", "did you mean learner.critic_warmup_steps?"),
+])
+def test_a_misspelt_override_names_the_nearest_fields(override, message):
+  with pytest.raises(ValueError) as error:
+    cfg.apply_overrides(cfg.Config(), [override])
+  assert str(error.value).endswith(message) and "fields are" not in str(error.value)
+
+
+def test_an_override_near_no_field_lists_the_sections_fields():
+  with pytest.raises(ValueError, match=r"has no field 'zzz'; fields are adam_b1, adam_b2, .*steps"):
+    cfg.apply_overrides(cfg.Config(), ["learner.zzz=1"])
+
+
+@pytest.mark.parametrize("override, message", [
+    # Before: "cannot parse as int" and nothing more.
+    ("learner.steps=five", "override learner.steps='five': cannot parse as int; learner.steps "
+     "is of type int, e.g. --set learner.steps=1000 (its value now)"),
+    ("model.scan_layers=yes", "(expected true or false); model.scan_layers is of type bool, "
+     "e.g. --set model.scan_layers=false (its value now)"),
+    ("run.eval_pass_k=x", "run.eval_pass_k is of type tuple[int, ...], e.g. --set "
+     "run.eval_pass_k=1 (its value now)"),
+    # A field that is None now: an example of its type.
+    ("learner.batch_tokens=many", "learner.batch_tokens is of type int | None, e.g. --set "
+     "learner.batch_tokens=8"),
+])
+def test_an_unparsable_override_names_its_type_and_an_example(override, message):
+  with pytest.raises(ValueError) as error:
+    cfg.apply_overrides(cfg.Config(), [override])
+  assert str(error.value).endswith(message)
+
+
 def test_tuple_overrides_convert_their_items():
   config = cfg.apply_overrides(cfg.Config(), ["run.eval_pass_k=[1, 4]", "run.loggers=()"])
   assert config.run.eval_pass_k == (1, 4) and config.run.loggers == ()

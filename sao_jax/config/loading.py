@@ -6,6 +6,7 @@ import argparse
 import ast
 import contextlib
 import dataclasses
+import difflib
 import importlib.util
 import inspect
 import json
@@ -127,7 +128,7 @@ def _replace_path(obj: Any, parts: list[str], raw: str, full_key: str) -> Any:
   name = parts[0]
   if name not in fields:
     raise ValueError(f"override {full_key!r}: {type(obj).__name__} has no field {name!r}; "
-                     f"fields are {', '.join(sorted(fields))}")
+                     + _nearest_fields(full_key, parts, fields))
   current = getattr(obj, name)
   hint = typing.get_type_hints(type(obj))[name]
   allowed = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
@@ -157,13 +158,52 @@ def _replace_path(obj: Any, parts: list[str], raw: str, full_key: str) -> Any:
       raise ValueError(f"override {full_key}={raw!r}: expected a Python dict literal, e.g. "
                        f"{full_key}={{'difficulty': 3}}, or set one key: {full_key}.KEY=VALUE")
     return dataclasses.replace(obj, **{name: value})
-  return dataclasses.replace(obj, **{name: _parse_value(raw, hint, full_key)})
+  return dataclasses.replace(obj, **{name: _parse_value(raw, hint, full_key, current)})
 
 
-def _parse_value(raw: str, hint: Any, key: str) -> Any:
+def _nearest_fields(full_key: str, parts: list[str], fields) -> str:
+  """'did you mean learner.steps?': the whole keys of the fields whose names are
+  nearest the misspelt `parts[0]` (difflib), the rest of the key kept; the list of
+  fields only when none is near."""
+  keys = full_key.split(".")
+  head, tail = keys[:len(keys) - len(parts)], parts[1:]
+  near = difflib.get_close_matches(parts[0], list(fields), n=3, cutoff=0.6)
+  if not near:
+    return f"fields are {', '.join(sorted(fields))}"
+  return "did you mean " + " or ".join(".".join([*head, name, *tail]) for name in near) + "?"
+
+
+# A value of each scalar type as --set writes it, for a field whose value is None.
+_EXAMPLES = {int: "8", float: "0.5", bool: "true", str: "text"}
+
+
+def _example(current: Any, hint: Any) -> str | None:
+  """A value for a field annotated `hint` as --set writes it: the field's `current`
+  value, or, when that is None, one of its type (None for a type without one)."""
+  if isinstance(current, bool):
+    return str(current).lower()
+  if isinstance(current, (int, float, str)):
+    return str(current)
+  if isinstance(current, tuple) and current and all(
+      isinstance(item, _SCALARS) for item in current):
+    return ",".join(_example(item, type(item)) or "" for item in current)
+  if isinstance(current, tuple):
+    return repr(current)
+  allowed = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+  for kind in allowed:
+    if kind in _EXAMPLES:
+      return _EXAMPLES[kind]
+    items = typing.get_args(kind)
+    if typing.get_origin(kind) is tuple and len(items) == 2 and items[0] in _EXAMPLES:
+      return f"{_EXAMPLES[items[0]]},{_EXAMPLES[items[0]]}"
+  return None
+
+
+def _parse_value(raw: str, hint: Any, key: str, current: Any = None) -> Any:
   """Parses `raw` for a field annotated `hint` (int, float, str, bool, tuple, Optional),
   by the rules of `apply_overrides`; a tuple's items must have the annotated item type
-  (`(1.5,)` is no tuple[int, ...])."""
+  (`(1.5,)` is no tuple[int, ...]). A value that does not parse is refused naming the
+  field's type and an example (`current`, the field's value, when it has one)."""
   allowed = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
   if raw in ("None", "none", "null") and type(None) in allowed:
     return None
@@ -188,6 +228,10 @@ def _parse_value(raw: str, hint: Any, key: str) -> Any:
   if any(typing.get_origin(kind) is tuple for kind in allowed):
     expected = (" (expected comma-separated items of that type, e.g. 1,4 or a,b, or a "
                 "Python tuple literal, e.g. (1, 4) or ('a',))")
+  example = _example(current, hint) if key else None
+  if example is not None:
+    now = " (its value now)" if current is not None else ""
+    expected += f"; {key} is of type {type_name(hint)}, e.g. --set {key}={example}{now}"
   raise ValueError(f"override {key}={raw!r}: cannot parse as {type_name(hint)}{expected}")
 
 
