@@ -255,8 +255,10 @@ def _anchor(section: str) -> str:
 def render_metrics() -> str:
   lines = [GENERATED, "", "# Metrics", "",
            "Every key a run writes to `RUN_DIR/metrics.jsonl` (and TensorBoard, W&B), "
-           "generated from `sao_jax.run.metric_docs`. Learner rows carry `step` and `time` "
-           "besides the keys; SFT rows have negative steps; evaluation rows carry the "
+           "generated from `sao_jax.run.metric_docs`. Learner rows carry `step` (the "
+           "step's index, from 0) and `time` besides the keys, while checkpoint directories "
+           "and evaluation rows are numbered by steps done: `checkpoints/8` holds the state "
+           "after rows 0 to 7, and its evaluation row has `step` 8; SFT rows have negative steps; evaluation rows carry the "
            "`eval/` keys. `<k>` and `<reason>` stand for a part of the key. "
            "[Tracking and plots](../guides/tracking.md) shows how to read them.", "",
            "| key | unit | when | meaning |", "| --- | --- | --- | --- |"]
