@@ -43,6 +43,18 @@ def check(cfg) -> str:
   return json.dumps(dataclasses.asdict(cfg.with_run_paths()), indent=2)
 
 
+def done_line(summary: dict, eval_every: int) -> str:
+  """The run's last word: steps done, why it stopped, and the held-out accuracy of its
+  last evaluation, or that none ran (not a NaN accuracy)."""
+  line = f"done: {summary['steps_done']} steps ({summary['stopped_by']}); "
+  if "eval/accuracy" in summary:
+    return line + f"held-out accuracy {summary['eval/accuracy']:.3f}"
+  why = ("run.eval_every=0" if not eval_every else
+         f"run.eval_every={eval_every} and no evaluation fell in this launch's steps")
+  return line + (f"no evaluation ran ({why}); evaluate a checkpoint with "
+                 "sao-eval --config CONFIG [--step N]")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
   parser = build_parser()
   args = parser.parse_args(argv)
@@ -62,6 +74,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     startup.check_train_inputs(cfg.with_run_paths())
     if args.check:
       print(check(cfg))
+      warning = startup.no_policy_update(cfg)
+      if warning:
+        print(f"sao-train: {warning}", file=sys.stderr)
       print(f"sao-train: {args.config} is valid", file=sys.stderr)
       return
     # After argument errors: importing JAX (with sao_jax.jobs.train) takes seconds.
@@ -71,8 +86,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                         log=lambda line: print(line, flush=True))
   except (ValueError, FileNotFoundError) as error:
     parser.exit(2, f"error: {error}\n")
-  print(f"done: {summary['steps_done']} steps ({summary['stopped_by']}); "
-        f"held-out accuracy {summary.get('eval/accuracy', float('nan')):.3f}")
+  print(done_line(summary, cfg.run.eval_every))
   print(f"run directory: {cfg.run.run_dir}  (metrics.jsonl, tensorboard/, checkpoints/)")
   print(f"plot: {summary['plot']}")
 

@@ -41,7 +41,9 @@ that trains): `run.init` a loadable checkpoint, `run.tokenizer` an existing
 tokenizer, and a run whose tasks are dataset rows (which hold no texts to train
 a tokenizer on, nor demonstrations) given a tokenizer and no SFT warm-start.
 
-Each error names the field, the value and what is allowed.
+Each error names the field, the value and what is allowed. `no_policy_update` is a
+warning, not an error: a critic variant's run whose steps end before the critic's
+warm-up does (sao-train logs it at start-up, `--check` prints it).
 """
 
 from __future__ import annotations
@@ -109,6 +111,23 @@ def check_train_inputs(cfg: Config) -> None:
                      "tokenizer.json of the model you start from (or its directory; run.init=DIR "
                      "sets it when DIR holds one), or build one from the dataset offline: "
                      f"{MAKE_TOKENIZER}, then --set run.tokenizer=DIR")
+
+
+def no_policy_update(cfg: Config) -> str | None:
+  """The start-up warning of a critic variant whose `learner.steps` do not exceed its
+  value-only steps (`step.value_only_steps`): such a run never updates the policy.
+  None for any other run. A warning, not a refusal: training the critic alone (to
+  resume from later) is a use."""
+  value_only = step.value_only_steps(cfg.learner, cfg.algorithm)
+  learner = cfg.learner
+  if not value_only or learner.steps > value_only:
+    return None
+  return (f"warning: learner.steps={learner.steps} does not exceed learner.value_pretrain_steps="
+          f"{learner.value_pretrain_steps} + learner.critic_warmup_steps="
+          f"{learner.critic_warmup_steps} (algorithm.variant={cfg.algorithm.variant!r} trains "
+          "its critic alone first): every step of this run is value-only and no policy update "
+          f"would happen; set learner.steps above {value_only} or lower "
+          "learner.critic_warmup_steps")
 
 
 def check_page_split(cfg: Config, devices: int | None) -> None:

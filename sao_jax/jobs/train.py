@@ -26,7 +26,10 @@
 5. Learner loop (`learner.loop.run_learner`): value-only steps first (value
    pretraining, critic warm-up), then SAO steps; after each step the policy is
    published when its version changed, dead samplers are restarted, and every
-   `run.eval_every` steps the held-out set is evaluated.
+   `run.eval_every` steps the held-out set is evaluated. A run that cannot change
+   the policy says so: at start-up when its steps end inside the critic's warm-up
+   (`startup.no_policy_update`), and when the policy's gradient has been exactly 0
+   for a few steps in a row, with the cause (`sao_jax.run.zero_gradient`).
 6. Outputs: a progress line per step, `metrics.jsonl`, TensorBoard events,
    orbax checkpoints (`checkpoint.directory`, default RUN_DIR/checkpoints) and
    `curves.png` at the end. A resumed (or restarted) run replaces the rows of
@@ -60,11 +63,13 @@ from sao_jax.jobs.evaluate import Evaluator, transcripts_path
 from sao_jax.learner import compile as compile_lib
 from sao_jax.learner.loop import run_learner
 from sao_jax.learner.state import policy_weights, state_from_params
+from sao_jax.learner.step import value_only_steps
 from sao_jax.models.value import value_params_from_policy
 from sao_jax.run import bootstrap
 from sao_jax.run import lock as run_lock
 from sao_jax.run.metrics import MetricsLogger, batch_metrics, plot_curves, read_metrics
 from sao_jax.run.waiting import WaitingReporter
+from sao_jax.run.zero_gradient import ZeroGradientWatch
 from sao_jax.sampler.worker import SamplerSupervisor, WorkerSpec
 from sao_jax.sharding import device_split, distributed
 from sao_jax.sharding.mesh import make_mesh
@@ -318,6 +323,9 @@ def _run(cfg: Config, run_dir, *, resume: bool, log,
   source = "random init" if cfg.run.init == "random" else f"run.init={cfg.run.init}"
   log(f"model section ({source}; saved in {run_dir / 'config.json'}): "
       f"{init_model.describe(cfg.model)}")
+  warning = startup.no_policy_update(cfg)
+  if warning:
+    log(warning)
   chat = bootstrap.prepare_chat(cfg, log)
   logger = MetricsLogger(run_dir, total_steps=cfg.learner.steps, loggers=cfg.run.loggers,
                          wandb_project=cfg.run.wandb_project, name=cfg.name,
@@ -407,10 +415,15 @@ def _run(cfg: Config, run_dir, *, resume: bool, log,
     reporter.stepped(steps_done)  # from here on the learner waits for the next batch
 
   reported_drops: set[str] = set()
+  zero_gradient = ZeroGradientWatch(
+      value_only_steps=value_only_steps(cfg.learner, cfg.algorithm), total_steps=cfg.learner.steps)
 
   def on_metrics(step, metrics):
     logger.write(step, metrics)
     log(logger.progress(step, metrics))
+    warning = zero_gradient.observe(step, metrics)
+    if warning:
+      log(warning)
     for reason in sorted(set(drops) - reported_drops):  # say once why data is being dropped
       reported_drops.add(reason)
       log(f"dropping trajectories: {reason} (first: {drops.examples.get(reason, '-')})")

@@ -374,11 +374,18 @@ def _opening_advantages(batch: Batch, adv: jax.Array) -> Metrics:
           "episodes/single_turn_frac": jnp.sum(single) / jnp.maximum(jnp.sum(single | multi), 1)}
 
 
+def value_only_steps(learner: LearnerConfig, algorithm: AlgorithmConfig) -> int:
+  """The learner steps that update only the critic before the first policy update:
+  value pretraining and critic warm-up (docs/algorithm.md §4) of critic variants, else 0."""
+  if not algorithm.uses_critic:
+    return 0
+  return learner.value_pretrain_steps + learner.critic_warmup_steps
+
+
 def update_policy_at(learner: LearnerConfig, algorithm: AlgorithmConfig, step: int) -> jax.Array:
-  """The `update_policy` flag for learner step `step`: False during value
-  pretraining and critic warm-up (docs/algorithm.md §4) of critic variants, else True."""
-  value_only = learner.value_pretrain_steps + learner.critic_warmup_steps
-  return jnp.asarray(not algorithm.uses_critic or step >= value_only)
+  """The `update_policy` flag for learner step `step` (from 0): False on the
+  `value_only_steps`, else True."""
+  return jnp.asarray(step >= value_only_steps(learner, algorithm))
 
 
 def train_step(state: state_lib.TrainState, batch: Batch, update_policy: jax.Array, *,
