@@ -32,7 +32,8 @@
    for a few steps in a row, with the cause (`sao_jax.run.zero_gradient`).
 6. Outputs: a progress line per step, `metrics.jsonl`, TensorBoard events,
    orbax checkpoints (`checkpoint.directory`, default RUN_DIR/checkpoints) and
-   `curves.png` at the end. A resumed (or restarted) run replaces the rows of
+   `curves.png` at the end, and the first and the last training batch's first
+   episodes as text (`train_transcripts`). A resumed (or restarted) run replaces the rows of
    the steps it trains again (`MetricsLogger.rewind`), so each step is logged once.
    `run.run_dir` may be a bucket URL: what lives there and what is refused is
    `sao_jax.storage`'s list.
@@ -58,7 +59,7 @@ from sao_jax.data.learner_data import (Checkpointed, learner_batches, learner_tr
 from sao_jax.data.task_positions import TaskPositions
 from sao_jax.envs.registry import make_env
 from sao_jax.envs.sandbox import IsolationUnavailable
-from sao_jax.jobs import startup, warm_start
+from sao_jax.jobs import startup, train_transcripts, warm_start
 from sao_jax.jobs.evaluate import Evaluator, transcripts_path
 from sao_jax.learner import compile as compile_lib
 from sao_jax.learner.loop import run_learner
@@ -382,10 +383,21 @@ def _run(cfg: Config, run_dir, *, resume: bool, log,
   # Weight-channel connection errors by reason (a network publisher counts them).
   peer_errors = getattr(publisher, "stats", {})
   # Padding share per batch: what bucketing wastes and packing (learner.batch_tokens) saves.
-  with_host_metrics = Checkpointed(batches, lambda item: (item[0], {
-      **batch_metrics(item[1], drops), "batch/padding_frac": item[1].padding_fraction,
-      "episodes/failed_frac": intake.failed_fraction,
-      **{f"weights/errors/{k}": float(v) for k, v in peer_errors.items()}}))
+  # The learner step each batch is for (set by on_start): the first and the last
+  # batch's episodes are written as text (`train_transcripts`).
+  batch_step = {"next": 0}
+
+  def with_metrics(item):
+    step, batch_step["next"] = batch_step["next"], batch_step["next"] + 1
+    if step in train_transcripts.transcript_steps(cfg):
+      train_transcripts.write_batch_transcripts(
+          train_transcripts.train_transcripts_path(cfg, step), item[0], chat, step)
+    return item[0], {
+        **batch_metrics(item[1], drops), "batch/padding_frac": item[1].padding_fraction,
+        "episodes/failed_frac": intake.failed_fraction,
+        **{f"weights/errors/{k}": float(v) for k, v in peer_errors.items()}}
+
+  with_host_metrics = Checkpointed(batches, with_metrics)
   summary: dict = {}
 
   def publish(state, force=False):
@@ -437,7 +449,8 @@ def _run(cfg: Config, run_dir, *, resume: bool, log,
       evaluate(0, policy_weights(cfg, state), 0)
     publish(state, force=True)
     supervisor.start()
-    reporter.stepped(int(jax.device_get(state.step)))
+    batch_step["next"] = int(jax.device_get(state.step))
+    reporter.stepped(batch_step["next"])
 
   try:
     result = run_learner(cfg, with_host_metrics, on_metrics=on_metrics, after_step=after_step,

@@ -62,6 +62,13 @@ def test_train_kill_sampler_then_resume(tmp_path, capsys, monkeypatch):
   steps = [r["step"] for r in rows if "reward/mean" in r]
   assert steps == [0, 1, 2]
   assert any("eval/accuracy" in r for r in rows) and any("sft/loss" in r for r in rows)
+  # The first and the last training batch's first episodes, as text (#49 item 9).
+  for step in (0, 2):
+    episodes = [json.loads(l) for l in
+                (run_dir / "transcripts" / f"train_step_{step}.jsonl").read_text().splitlines()]
+    assert len(episodes) == 4 and all(e["step"] == step and e["text"] for e in episodes)
+  assert sorted(p.name for p in (run_dir / "transcripts").iterdir()) == [
+      "train_step_0.jsonl", "train_step_2.jsonl"]
   # Every key a real run logs is in the metrics reference (sao_jax/run/metric_docs.py).
   from sao_jax.run import metric_docs
   undocumented = {k for r in rows for k in r if k not in ("step", "time")
