@@ -63,6 +63,7 @@ from sao_jax.learner.state import policy_weights, state_from_params
 from sao_jax.models.value import value_params_from_policy
 from sao_jax.run import bootstrap
 from sao_jax.run import lock as run_lock
+from sao_jax.run.critic_window import CriticWindow
 from sao_jax.run.metrics import MetricsLogger, batch_metrics, plot_curves, read_metrics
 from sao_jax.run.waiting import WaitingReporter
 from sao_jax.sampler.worker import SamplerSupervisor, WorkerSpec
@@ -407,8 +408,10 @@ def _run(cfg: Config, run_dir, *, resume: bool, log,
     reporter.stepped(steps_done)  # from here on the learner waits for the next batch
 
   reported_drops: set[str] = set()
+  critic_window = CriticWindow()
 
   def on_metrics(step, metrics):
+    metrics = {**metrics, **critic_window.update(metrics)}  # pooled over the last steps
     logger.write(step, metrics)
     log(logger.progress(step, metrics))
     for reason in sorted(set(drops) - reported_drops):  # say once why data is being dropped
