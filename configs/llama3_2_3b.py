@@ -25,6 +25,16 @@ estimates, docs/guides/single-host.md):
     v5p-8   paged_decode  v5p:1x2x1   tensor=2    10.85   95.00
     v6e-8   roofline: MFU <= 75.9%, train tokens/s <= 42,376, paged decode tokens/s <= 40,153
     v5p-8   roofline: MFU <= 75.9%, train tokens/s <= 10,594, paged decode tokens/s <= 46,362
+
+Departs from the paper (each algorithm and learner field whose value differs from
+the paper's `sao` and `LearnerConfig` defaults; tests/test_config_departures.py
+checks the list):
+- `algorithm.variant` (`sao_centered_gated`), `algorithm.advantage_centering`
+  (`batch_mean`), `algorithm.require_reward_contrast` (true) and
+  `learner.lr_warmup_steps` (10; the paper: none): the precautions against the
+  collapses argued in configs/qwen3_0_6b.py (a precaution at this lr and scale, not a measurement).
+- `learner.batch_trajectories` (32; the paper: 128): a batch for one host; the
+  sao-plan figures above are at this batch.
 """
 
 import dataclasses

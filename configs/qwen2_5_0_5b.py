@@ -17,6 +17,16 @@ section. Plan it first (needs libtpu; tests/test_ready_configs.py runs this):
 Algorithm: the base config's, `sao_centered_gated` with a 10-step lr warm-up rather than
 the paper's `sao`; why, and the overrides that give the paper's SAO: the docstring of
 configs/qwen3_0_6b.py.
+
+Departs from the paper (each algorithm and learner field whose value differs from
+the paper's `sao` and `LearnerConfig` defaults; tests/test_config_departures.py
+checks the list):
+- `algorithm.variant` (`sao_centered_gated`), `algorithm.advantage_centering`
+  (`batch_mean`), `algorithm.require_reward_contrast` (true) and
+  `learner.lr_warmup_steps` (10; the paper: none): the precautions against the
+  collapses argued in configs/qwen3_0_6b.py (a precaution at this lr and scale, not a measurement).
+- `learner.batch_trajectories` (32; the paper: 128): a batch for one host, the base
+  config's (configs/qwen3_0_6b.py).
 """
 
 import dataclasses

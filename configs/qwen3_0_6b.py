@@ -55,6 +55,16 @@ here was at this config's lr (1e-6) or scale, so this is a precaution, not a
 measurement. The paper's SAO: `--set algorithm.variant=sao --set
 algorithm.advantage_centering=none --set algorithm.require_reward_contrast=false --set
 learner.lr_warmup_steps=0`.
+
+Departs from the paper (each algorithm and learner field whose value differs from
+the paper's `sao` and `LearnerConfig` defaults; tests/test_config_departures.py
+checks the list):
+- `algorithm.variant` (`sao_centered_gated`), `algorithm.advantage_centering`
+  (`batch_mean`), `algorithm.require_reward_contrast` (true) and
+  `learner.lr_warmup_steps` (10; the paper: none): the precautions against the
+  collapses argued above (a precaution at this lr and scale, not a measurement).
+- `learner.batch_trajectories` (32; the paper: 128): a batch for one host; the
+  sao-plan figures above are at this batch.
 """
 
 import dataclasses

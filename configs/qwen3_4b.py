@@ -28,6 +28,16 @@ estimates, docs/guides/single-host.md):
     v6e-8   roofline: MFU <= 75.7%, train tokens/s <= 31,905, paged decode tokens/s <= 31,553
     v5p-8   roofline: MFU <= 75.7%, train tokens/s <= 7,976, paged decode tokens/s <= 36,056
     h100-8  roofline: MFU <= 75.7%, train tokens/s <= 34,372, paged decode tokens/s <= 72,948
+
+Departs from the paper (each algorithm and learner field whose value differs from
+the paper's `sao` and `LearnerConfig` defaults; tests/test_config_departures.py
+checks the list):
+- `algorithm.variant` (`sao_centered_gated`), `algorithm.advantage_centering`
+  (`batch_mean`), `algorithm.require_reward_contrast` (true) and
+  `learner.lr_warmup_steps` (10; the paper: none): the precautions against the
+  collapses argued in configs/qwen3_0_6b.py (a precaution at this lr and scale, not a measurement).
+- `learner.batch_trajectories` (32; the paper: 128): a batch for one host; the
+  sao-plan figures above are at this batch.
 """
 
 import dataclasses

@@ -47,7 +47,7 @@ from typing import Sequence
 import numpy as np
 
 from experiments import claims as claims_lib
-from experiments import runner, stats
+from experiments import critic, runner, stats
 from experiments.runs import Run, load_run
 
 SEEDS = 8  # registered: the verdict needs this many finished seeds per arm
@@ -147,10 +147,11 @@ def report(out: pathlib.Path, path: pathlib.Path = REPORT) -> str:
   manifest_path = out / "claims" / f"{EXPERIMENT.name}.json"
   manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {
       "runs": {}}
-  results = {}
+  runs, results = {}, {}
   for name in EXPERIMENT.variants:
     by_seed = sorted(manifest["runs"].get(name, {}).items(), key=lambda kv: int(kv[0]))
-    results[name] = arm_result(name, [load_run(out / rel) for _, rel in by_seed])
+    runs[name] = [load_run(out / rel) for _, rel in by_seed]
+    results[name] = arm_result(name, runs[name])
   outcome, sentences = verdict(results)
   lines = [
       "# E2: stability under the paper's semantics (issue #38)", "",
@@ -160,6 +161,7 @@ def report(out: pathlib.Path, path: pathlib.Path = REPORT) -> str:
       f"{stats.registration_commit(pathlib.Path(__file__))}). Setting: `configs/experiments/sanity_long.py`.", "",
       f"**Verdict (paper SAO collapses less than the paper's GRPO): {outcome}.** "
       + " ".join(sentences), "",
+      *_holds_for(runs, outcome),
       f"Collapsed: the trailing {SMOOTHING}-step mean training reward falls below "
       f"{COLLAPSED_BELOW} at some step; learned: mean over the last {FINAL_WINDOW} steps >= "
       f"{LEARNED_AT}.", "",
@@ -185,6 +187,21 @@ def report(out: pathlib.Path, path: pathlib.Path = REPORT) -> str:
                for s, f, c in zip(arm.seeds, arm.final, arm.first_collapse)}
       lines.append(f"| `{name}` | " + " | ".join(cells.get(s, "-") for s in seeds) + " |")
   return "\n".join(lines) + "\n"
+
+
+def _holds_for(runs: dict[str, list[Run]], outcome: str) -> list[str]:
+  """The setting the verdict holds for, from the runs' configs, and the critic check
+  (added after the registration: not part of the verdict)."""
+  if not all(runs.values()):
+    return []
+  check = critic.critic_check(runs["sao"], critic.DIAGNOSTIC_THRESHOLD)
+  arms = "; ".join(f"`{name}` with {critic.schedule(arm[0])}" for name, arm in runs.items())
+  return [f"The result holds for: {arms}; compared per learner step at equal trajectories "
+          "per step (not wall-clock); task: the sanity bandit (one prompt, reward 1 iff the "
+          "reply of up to 4 tokens is the word), a 2-layer, 64-wide model on CPU.", "",
+          "Critic check (added after the registration, not part of the registered verdict; "
+          f"`sao`): {check.text}. By this check the verdict reads: "
+          f"**{critic.verdict_text(outcome, check)}**.", ""]
 
 
 def main(argv: Sequence[str] | None = None) -> None:

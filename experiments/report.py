@@ -390,17 +390,25 @@ REGISTERED = (("E1: single rollout against groups where groups fail", "e1.md"),
 
 
 def _registered(report: pathlib.Path) -> list[str]:
-  """Links to the registered experiments' reports (docs/research/), with their verdicts."""
+  """Links to the registered experiments' reports (docs/research/), with their verdicts,
+  the setting each holds for and the critic check, as their reports state them."""
   lines = []
   for title, name in REGISTERED:
     path = NOTES.parent / name
-    verdict = "not run yet"
+    verdict, setting = "not run yet", ""
     if path.is_file():
-      found = [line for line in path.read_text().splitlines() if line.startswith("**Verdict")]
+      text = path.read_text().splitlines()
+      found = [line for line in text if line.startswith("**Verdict")]
       verdict = found[0].split("): ")[-1].split(".**")[0] if found else "see the report"
+      holds = [line for line in text if line.startswith("The result holds for:")]
+      critic = [line.split("By this check the verdict reads: ")[-1] for line in text
+                if line.startswith("Critic check")]
+      setting = "".join([f" {holds[0]}" if holds else "",
+                         f" By the critic check added after the registration: {critic[0]}"
+                         if critic else ""])
     # Linked once its report exists (a link to a missing page breaks the docs site).
     named = f"[{title}]({_relative(path, report)})" if path.is_file() else title
-    lines.append(f"- {named}: **{verdict}**.")
+    lines.append(f"- {named}: **{verdict}**.{setting}")
   return ["Experiments registered apart from the claims (issue #38):", "", *lines, ""]
 
 

@@ -46,6 +46,14 @@ class Run:
   wall_s: float  # sum over the runner's sao-train invocations
   init: str  # run.init: the warm-start this run started from
   eval_episodes: int  # run.eval_episodes: the size of each held-out evaluation
+  learner: dict = dataclasses.field(default_factory=dict)  # config.json's learner section
+
+  @property
+  def value_only_steps(self) -> int:
+    """value_pretrain_steps + critic_warmup_steps: the steps before the policy's first
+    update, when only the critic trains (0 in a config without them)."""
+    return int(self.learner.get("value_pretrain_steps", 0)
+               + self.learner.get("critic_warmup_steps", 0))
 
   def final_reward(self, fraction: float = 0.25) -> float:
     """Mean reward over the last `fraction` of the steps."""
@@ -120,7 +128,8 @@ def load_run(run_dir: str | pathlib.Path) -> Run:
                              if k.startswith("staleness/lag_"))),
              dropped=int(sum(v for k, v in last.items() if k.startswith("dropped/"))),
              wall_s=float(sum(i["wall_s"] for i in state["invocations"])),
-             init=config["run"]["init"], eval_episodes=config["run"]["eval_episodes"])
+             init=config["run"]["init"], eval_episodes=config["run"]["eval_episodes"],
+             learner=config["learner"])
 
 
 def latest_checkpoint(run_dir: pathlib.Path) -> int | None:

@@ -14,6 +14,17 @@ warm-up steps (the sanity setting's), no held-out evaluation (the collapse
 criterion reads the training reward), checkpoints every 50 steps so an
 interrupted run resumes. The algorithm section is the variant's preset alone:
 none of the drift study's remedies.
+
+Departs from the paper (each algorithm and learner field whose value differs from
+the paper's `sao` and `LearnerConfig` defaults; tests/test_config_departures.py
+checks the list):
+- `learner.batch_trajectories` (32; the paper: 128), `learner.policy_lr` (3e-3; the
+  paper: 1e-6), `learner.value_lr` (1e-3: 0.33x the policy's, the paper 5x) and
+  `learner.critic_warmup_steps` (3; the paper: 10): the sanity setting's
+  (configs/sanity_cpu.py: a 4-token bandit that a 64-wide model learns within 40
+  steps at 3e-3), which the drift study and E2 registered as they were; at this lr
+  the first full-rate Adam step can flatten the policy (docs/research/drift.md), so
+  E2 does not test SAO at the paper's learning rates or critic schedule.
 """
 
 import dataclasses

@@ -16,6 +16,17 @@ exactly on its learner step (an in-run schedule switches by policy version,
 which trails the learner step by the critic warm-up). A run should show the
 reward rising within each phase, dropping at each switch and recovering;
 `docs/research/results.md` gives the steps to recover 90% of the pre-switch level.
+
+Departs from the paper (each algorithm and learner field whose value differs from
+the paper's `sao` and `LearnerConfig` defaults; tests/test_config_departures.py
+checks the list):
+- `learner.batch_trajectories` (16; the paper: 128): small batches for runs on a 2-core CPU.
+- `learner.policy_lr` (1e-4; the paper: 1e-6) and `learner.value_lr` (5e-4, the
+  paper's 5x ratio kept): learning rates scaled for a 0.36M-parameter model (the paper's are for
+  billions of parameters; at 2e-5 the style task's reward did not move in 20 SAO
+  steps, configs/experiments/style.py).
+- `learner.critic_warmup_steps` (3; the paper: 10): base.py's, shortened for runs
+  of 100-150 learner steps.
 """
 
 import dataclasses

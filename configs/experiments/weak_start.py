@@ -20,6 +20,15 @@ steps; held-out greedy accuracy on 256 tasks at step 0 and at the end.
 Checkpoints every 20 steps so an interrupted run resumes. The algorithm
 section is set per variant by the experiment (the demo's centring is not
 inherited: `sao_centered_gated` carries it, the paper's variants do not).
+
+Departs from the paper (each algorithm and learner field whose value differs from
+the paper's `sao` and `LearnerConfig` defaults; tests/test_config_departures.py
+checks the list):
+- `learner.batch_trajectories` (16; the paper: 128), `learner.policy_lr` (1e-4; the
+  paper: 1e-6), `learner.value_lr` (1e-4: 1x the policy's, the paper 5x),
+  `learner.lr_warmup_steps` (5; the paper: none) and `learner.critic_warmup_steps`
+  (3; the paper: 10): the CPU demo's (configs/demo_cpu.py), registered for E1 as they
+  were; E1 so did not test SAO with the paper's critic schedule.
 """
 
 import dataclasses

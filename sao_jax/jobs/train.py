@@ -68,6 +68,7 @@ from sao_jax.learner.step import value_only_steps
 from sao_jax.models.value import value_params_from_policy
 from sao_jax.run import bootstrap
 from sao_jax.run import lock as run_lock
+from sao_jax.run.critic_window import CriticWindow
 from sao_jax.run.metrics import MetricsLogger, batch_metrics, plot_curves, read_metrics
 from sao_jax.run.waiting import WaitingReporter
 from sao_jax.run.zero_gradient import ZeroGradientWatch
@@ -429,8 +430,10 @@ def _run(cfg: Config, run_dir, *, resume: bool, log,
   reported_drops: set[str] = set()
   zero_gradient = ZeroGradientWatch(
       value_only_steps=value_only_steps(cfg.learner, cfg.algorithm), total_steps=cfg.learner.steps)
+  critic_window = CriticWindow()
 
   def on_metrics(step, metrics):
+    metrics = {**metrics, **critic_window.update(metrics)}  # pooled over the last steps
     logger.write(step, metrics)
     log(logger.progress(step, metrics))
     warning = zero_gradient.observe(step, metrics)

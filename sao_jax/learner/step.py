@@ -40,7 +40,9 @@ Diagnostics of the training dynamics, every step: `advantage/mean`, `/std`,
 `/neg_frac` (share of action tokens with A < 0), `/zero_traj_frac` (share of
 trajectories with A = 0 on every action token: for GRPO, those in groups whose
 rewards are all equal); `value/bias` = mean(V_old - G)
-over action tokens (critic variants; G the value target); `policy/update_norm`,
+over action tokens (critic variants; G the value target), beside
+`value/return_mean`, `/return_var` and `/residual_var` (Var(G - V_old)), from which
+the host pools explained variance and bias over steps (`run.critic_window`); `policy/update_norm`,
 the global L2 norm of the policy's parameter change (0 when no update was
 applied; with LoRA the adapters' change, as only they train);
 `response/action_tokens_p50`, `_p90`, `_max`: percentiles (linear
@@ -410,6 +412,9 @@ def train_step(state: state_lib.TrainState, batch: Batch, update_policy: jax.Arr
     metrics["value/explained_variance"] = losses.explained_variance(old_values, returns, action)
     metrics["value/mean"] = losses.aggregate.masked_mean(old_values, action)
     metrics["value/bias"] = losses.aggregate.masked_mean(old_values - returns, action)
+    # With tokens/action and value/bias: what the host pools over a window of steps.
+    metrics.update({f"value/{k}": v for k, v in
+                    losses.critic_moments(old_values, returns, action).items()})
 
   advantage_values = old_values
   if alg.uses_critic and cfg.learner.advantage_values == "after_critic_update":

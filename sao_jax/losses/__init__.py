@@ -9,7 +9,7 @@ from sao_jax.losses.aggregate import LOSS_AGGS, loss_denominator
 from sao_jax.losses.gae import gae, length_adaptive_lam
 from sao_jax.losses.policy import (POLICY_LOSSES, dis_policy_loss, entropy_from_logits,
                                    ppo_clip_loss)
-from sao_jax.losses.value import explained_variance, value_loss
+from sao_jax.losses.value import critic_moments, explained_variance, value_loss
 
 __all__ = [
     "LOSS_AGGS",
@@ -17,6 +17,7 @@ __all__ = [
     "RunningMeanState",
     "dis_policy_loss",
     "entropy_from_logits",
+    "critic_moments",
     "explained_variance",
     "gae",
     "grpo_advantages",

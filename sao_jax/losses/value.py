@@ -8,7 +8,9 @@ same values the GAE used), so repeated value updates on one batch (K = 2) are
 kept near it.
 
 Explained variance `1 - Var(G - V) / Var(G)` over action tokens: 1 is perfect,
-0 is no better than a constant, negative is worse.
+0 is no better than a constant, negative is worse. `critic_moments` gives the
+batch's means and variances of G and of G - V, from which explained variance and
+bias over several batches pool exactly (`sao_jax.run.critic_window`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,23 @@ def explained_variance(values: jax.Array, returns: jax.Array, action_mask: jax.A
   var_residual = var(returns.astype(jnp.float32) - values.astype(jnp.float32))
   defined = var_returns > MIN_RETURN_VARIANCE
   return jnp.where(defined, 1.0 - var_residual / jnp.where(defined, var_returns, 1.0), jnp.nan)
+
+
+def critic_moments(values: jax.Array, returns: jax.Array,
+                   action_mask: jax.Array) -> dict[str, jax.Array]:
+  """Over masked tokens: `return_mean` (mean G), `return_var` (Var G) and
+  `residual_var` (Var(G - V)), population variances (divided by the token count);
+  the residual's mean is minus the bias, mean(V - G). With the token count these are
+  sufficient to pool explained variance and bias over batches: the pooled variance is
+  `sum_i n_i (var_i + (mean_i - mean)^2) / sum_i n_i`."""
+  mask = action_mask.astype(bool)
+  returns = returns.astype(jnp.float32)
+  residual = returns - values.astype(jnp.float32)
+  return_mean = agg.masked_mean(returns, mask)
+  return {"return_mean": return_mean,
+          "return_var": agg.masked_mean(jnp.square(returns - return_mean), mask),
+          "residual_var": agg.masked_mean(
+              jnp.square(residual - agg.masked_mean(residual, mask)), mask)}
 
 
 def value_loss(values: jax.Array, old_values: jax.Array, returns: jax.Array,

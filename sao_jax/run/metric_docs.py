@@ -18,6 +18,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from sao_jax.run.critic_window import WINDOW_STEPS
+
 # When a key is written (the `when` column). Learner rows are one per training step.
 STEP = "every learner step"
 CRITIC = "every learner step, critic variants (sao, sao_dis_only, ppo)"
@@ -146,6 +148,20 @@ METRICS: tuple[MetricDoc, ...] = (
     MetricDoc("value/mean", "reward", CRITIC, "mean critic value V_old over action tokens"),
     MetricDoc("value/bias", "reward", CRITIC, "mean of V_old - G over action tokens: the "
               "critic's bias against the value targets"),
+    MetricDoc("value/return_mean", "reward", CRITIC, "mean value target G over action tokens"),
+    MetricDoc("value/return_var", "reward^2", CRITIC,
+              "variance of G over action tokens (population: divided by the token count)"),
+    MetricDoc("value/residual_var", "reward^2", CRITIC,
+              "variance of G - V_old over action tokens; with value/return_var, "
+              "value/bias and tokens/action, what the window figures pool exactly"),
+    MetricDoc("value/explained_variance_window", "ratio", CRITIC,
+              f"1 - Var(G - V) / Var(G) over every action token of the last {WINDOW_STEPS} "
+              "learner steps (sao_jax.run.critic_window) pooled as one batch, not the "
+              "mean of the steps' figures; the progress line's critic EV; NaN when the "
+              "window's returns do not vary; restarts with a resumed process"),
+    MetricDoc("value/bias_window", "reward", CRITIC,
+              f"mean of V_old - G over every action token of the last {WINDOW_STEPS} learner steps "
+              "(token-weighted); the progress line's critic bias"),
     # Learner state.
     MetricDoc("nonfinite_skips", "count", STEP,
               "updates skipped so far because their loss or gradient was not finite"),

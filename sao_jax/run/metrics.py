@@ -45,6 +45,7 @@ import numpy as np
 from sao_jax import storage
 from sao_jax.config.run import DEFAULT_LOGGERS
 from sao_jax.data import failures
+from sao_jax.run.critic_window import BIAS_WINDOW, EV_WINDOW
 from sao_jax.data.pipeline import BatchInfo, Drops
 
 METRICS_FILE = "metrics.jsonl"
@@ -215,8 +216,11 @@ class MetricsLogger:
       old.unlink()
 
   def progress(self, step: int, metrics: Mapping[str, float]) -> str:
-    """`step 12/200 | reward 0.41 | eval 0.35 | lag 0.8 | dropped 5 (env_failure/ValueError
-    3, too_long 2) | 1,234 tok/s | ETA 3m10s` (the drops so far, when there are any).
+    """`step 12/200 | reward 0.41 | eval 0.35 | lag 0.8 | critic EV 0.31 bias -0.05 |
+    dropped 5 (env_failure/ValueError 3, too_long 2) | 1,234 tok/s | ETA 3m10s` (the
+    drops so far, when there are any; the critic's explained variance and bias over
+    the window of `critic_window.WINDOW_STEPS` steps, variants with a critic; EV "--"
+    while the window's returns do not vary).
 
     Rates count from the first line on, so warm-start, evaluation before it and
     compilation do not distort them.
@@ -232,6 +236,10 @@ class MetricsLogger:
       parts.append(f"eval {self.last_eval['eval/accuracy']:.3f}")
     if "staleness/mean" in metrics:
       parts.append(f"lag {metrics['staleness/mean']:.1f}")
+    if EV_WINDOW in metrics:
+      ev = metrics[EV_WINDOW]
+      parts.append(f"critic EV {'--' if math.isnan(ev) else f'{ev:.2f}'} "
+                   f"bias {metrics[BIAS_WINDOW]:+.2f}")
     dropped = failures.kinds({key.removeprefix("dropped/"): value for key, value in
                               metrics.items() if key.startswith("dropped/")})
     if dropped:  # so far, by kind: each first message is logged once (jobs.train)

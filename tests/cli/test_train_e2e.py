@@ -75,6 +75,11 @@ def test_train_kill_sampler_then_resume(tmp_path, capsys, monkeypatch):
                   and metric_docs.describe(k) is None}
   assert not undocumented, f"add to sao_jax/run/metric_docs.py: {sorted(undocumented)}"
   assert all(r["staleness/max"] <= cfg.data.max_lag for r in rows if "staleness/max" in r)
+  # The critic's quality pooled over the steps so far, in the file and the progress line.
+  train_rows = [r for r in rows if "reward/mean" in r]
+  assert all("value/explained_variance_window" in r and "value/bias_window" in r
+             for r in train_rows)
+  assert " | critic EV " in out
   assert (run_dir / "curves.png").stat().st_size > 0
   assert list((run_dir / "tensorboard").iterdir())
   transcripts = (run_dir / "eval" / "episodes_step_2.jsonl").read_text().splitlines()

@@ -35,7 +35,7 @@ def write_run(out: pathlib.Path, setting: str, variant: str, seed: int, rewards,
   rows.insert(0, {"step": -3, "time": 900.0, "sft/loss": 1.0})
   (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
   (run_dir / "config.json").write_text(json.dumps(
-      {"learner": {"batch_trajectories": BATCH},
+      {"learner": {"batch_trajectories": BATCH, "policy_lr": 1e-4, "value_lr": None},
        "run": {"init": f"warm/seed{seed}/policy", "eval_episodes": 64}}))
   (run_dir / "experiment.json").write_text(json.dumps(
       {"variant": variant, "seed": seed, "overrides": [], "done": True,

@@ -55,7 +55,7 @@ def test_e2_without_runs_is_not_tested(tmp_path):
   assert "GRPO): not tested.** No run has finished." in e2.report(tmp_path)
 
 
-def _e1(out, gain, *, seeds=10, start=0.1, all_equal=0.8, skip=0.3):
+def _e1(out, gain, *, seeds=10, start=0.1, all_equal=0.8, skip=0.3, ev=0.5):
   """SAO's reward rises by `gain[seed]` more than GRPO's over the run (same start)."""
   runs, steps = {}, 40
   for variant in e1.EXPERIMENT.variants:
@@ -64,7 +64,8 @@ def _e1(out, gain, *, seeds=10, start=0.1, all_equal=0.8, skip=0.3):
       rewards = np.concatenate([np.full(5, start),
                                 np.linspace(start, start + 0.2 + 2 * extra_gain, steps - 5)])
       extra = ({"advantage/zero_traj_frac": np.full(steps, all_equal)} if variant == "grpo"
-               else {"policy/no_contrast_skip": (np.arange(steps) < skip * steps)})
+               else {"policy/no_contrast_skip": (np.arange(steps) < skip * steps),
+                     "value/explained_variance": np.full(steps, ev)})
       runs.setdefault(variant, {})[str(seed)] = write_run(
           out, "weak_start", variant, seed, rewards.tolist(), extra=extra,
           accuracies=[0.0, 0.1], eval_every=steps)
@@ -96,6 +97,24 @@ def test_e1_not_supported_states_what_it_could_detect(tmp_path):
   text = e1.report(tmp_path)
   assert _verdict(text) == "not supported"
   assert "minimum detectable difference at 80% power" in text
+
+
+@pytest.mark.parametrize("ev,reads", [(0.1, "the critic did not learn"),
+                                      (0.5, "not supported")])
+def test_e1_states_its_setting_and_whether_the_critic_learned(tmp_path, ev, reads):
+  """Beside the registered verdict (unchanged), the setting from the runs' configs and
+  the critic check added after the registration."""
+  _e1(tmp_path, list(np.random.default_rng(1).normal(0.0, 0.05, 10)), ev=ev)
+  text = e1.report(tmp_path)
+  assert _verdict(text) == "not supported"
+  assert ("The result holds for: `sao_centered_gated` (centred advantages and the contrast "
+          "gate: not the paper's `sao`) with policy lr 1e-4 (no lr warm-up), critic lr 5e-4 "
+          "(5x the policy's; the paper: 5x), 0 value pretraining steps, 0 critic warm-up steps "
+          "(the paper: 10); `grpo` with policy lr 1e-4 (no lr warm-up); compared per learner "
+          "step at equal trajectories per step (not wall-clock)") in text
+  assert f"median over 10 seeds {ev:.2f} ({'BELOW' if ev < 0.3 else '>='} the threshold 0.3)" \
+      in text
+  assert f"By this check the verdict reads: **{reads}" in text
 
 
 def test_e1_with_fewer_than_ten_seeds_is_incomplete(tmp_path):

@@ -357,3 +357,21 @@ def test_claim_script_checks_its_paths_before_any_run(tmp_path, monkeypatch, cap
       runner.main(claim, args)
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
   assert not started
+
+
+def test_a_registered_experiment_is_listed_with_its_setting_and_critic_check(tmp_path,
+                                                                             monkeypatch):
+  """results.md repeats, beside each registered verdict, the setting its report says the
+  result holds for and the critic check's reading, as the report words them."""
+  monkeypatch.setattr(report, "NOTES", tmp_path / "results_notes.md")
+  (tmp_path / "e1.md").write_text(
+      "# E1\n\n**Verdict (SAO wins): not supported.** Details.\n\n"
+      "The result holds for: `sao` with policy lr 1e-4; per learner step.\n\n"
+      "Critic check (added after the registration): ... By this check the verdict reads: "
+      "**the critic did not learn (not: SAO lost)**.\n")
+  lines = report._registered(tmp_path / "results.md")
+  title = report.REGISTERED[0][0]
+  assert lines[2] == (f"- [{title}](e1.md): **not supported**. The result holds for: `sao` "
+                      "with policy lr 1e-4; per learner step. By the critic check added after "
+                      "the registration: **the critic did not learn (not: SAO lost)**.")
+  assert lines[3] == f"- {report.REGISTERED[1][0]}: **not run yet**."

@@ -264,7 +264,8 @@ def test_gae_span_response_runs_plain_gae_over_observations_too():
 
 
 def test_dynamics_diagnostics_have_their_defined_values():
-  """advantage/neg_frac, value/bias, policy/update_norm and the response-length
+  """advantage/neg_frac, value/bias, value/explained_variance (and the moments a window
+  pools), policy/update_norm and the response-length
   percentiles against their definitions on a constructed batch."""
   from sao_jax.learner import step as step_lib
   cfg = make_config()
@@ -279,8 +280,15 @@ def test_dynamics_diagnostics_have_their_defined_values():
   action = batch.action_mask > 0
   np.testing.assert_allclose(metrics["advantage/neg_frac"], np.mean(np.asarray(adv)[action] < 0))
   assert 0 < metrics["advantage/neg_frac"] < 1
-  np.testing.assert_allclose(metrics["value/bias"],
-                             np.mean((np.asarray(values) - np.asarray(returns))[action]), rtol=1e-5)
+  # The critic's quality on action tokens, by hand (numpy, float64).
+  g = np.asarray(returns, np.float64)[action]
+  v = np.asarray(values, np.float64)[action]
+  np.testing.assert_allclose(metrics["value/bias"], np.mean(v - g), rtol=1e-5)
+  np.testing.assert_allclose(metrics["value/explained_variance"],
+                             1 - np.var(g - v) / np.var(g), rtol=1e-4)
+  np.testing.assert_allclose(metrics["value/return_mean"], np.mean(g), rtol=1e-5)
+  np.testing.assert_allclose(metrics["value/return_var"], np.var(g), rtol=1e-4)
+  np.testing.assert_allclose(metrics["value/residual_var"], np.var(g - v), rtol=1e-4)
   delta = np.sqrt(sum(np.sum((new - old.astype(np.float64)) ** 2)
                       for new, old in zip(leaves(new_state.policy_params), old_policy)))
   np.testing.assert_allclose(metrics["policy/update_norm"], delta, rtol=1e-4)

@@ -1,0 +1,51 @@
+"""The README and the docs home page say the same about SAO against GRPO, and say for
+each result the setting it holds for, with the figures the generated reports
+(docs/research/e1.md, e2.md, from the runs' configs) state."""
+
+import pathlib
+import re
+
+import pytest
+
+ROOT = pathlib.Path(__file__).parents[2]
+START, END = "<!-- sao-vs-grpo:", "<!-- /sao-vs-grpo -->"
+
+
+def _block(path: pathlib.Path) -> str:
+  text = path.read_text()
+  assert text.count(START) == 1 and text.count(END) == 1, f"{path}: one {START} block"
+  return " ".join(text[text.index(START):text.index(END)].split()[1:])  # words, one space
+
+
+def _setting(report: str) -> dict[str, str]:
+  """The subject arm's figures from a report's "The result holds for:" line."""
+  line = next(line for line in (ROOT / "docs" / "research" / report).read_text().splitlines()
+              if line.startswith("The result holds for:"))
+  found = re.search(r"policy lr (\S+) .*?critic lr \S+ \((\S+)x the policy's.*?"
+                    r"(\d+) value pretraining steps, (\d+) critic warm-up steps", line)
+  critic = next(line for line in (ROOT / "docs" / "research" / report).read_text().splitlines()
+                if line.startswith("Critic check"))
+  median = re.search(r"median over \d+ seeds (\S+) ", critic).group(1)
+  return {"lr": found[1], "ratio": found[2], "pretrain": found[3], "warmup": found[4],
+          "median": median}
+
+
+def test_the_readme_and_the_home_page_agree():
+  readme, home = _block(ROOT / "README.md"), _block(ROOT / "docs" / "index.md")
+  assert readme == home
+
+
+@pytest.mark.parametrize("name,report", [("E1", "e1.md"), ("E2", "e2.md")])
+def test_each_result_names_the_setting_its_report_holds_for(name, report):
+  block = _block(ROOT / "README.md")
+  part = block[block.index(f"{name} (pre-registered"):]
+  part = part[:part.index("E2 (pre-registered")] if name == "E1" else part
+  want = _setting(report)
+  assert f"policy lr {want['lr']}" in part
+  assert f"critic at {want['ratio']}x the policy lr" in part
+  assert ("no value pretraining" if want["pretrain"] == "0"
+          else f"{want['pretrain']} value pretraining steps") in part
+  assert f"{want['warmup']} critic warm-up steps" in part
+  assert "per learner step, not wall-clock" in part
+  assert f"explain{'ed a median' if name == 'E1' else 'ed variance after warm-up was'} " \
+      f"{want['median']}" in part
