@@ -46,6 +46,7 @@ from sao_jax import storage
 from sao_jax.config.run import DEFAULT_LOGGERS
 from sao_jax.data import failures
 from sao_jax.data.pipeline import BatchInfo, Drops
+from sao_jax.run import timing
 
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "curves.png"
@@ -84,7 +85,9 @@ def batch_metrics(info: BatchInfo, drops: Drops) -> dict[str, float]:
   ran a tool (`episodes/tool_call_frac`); the mean outcome per data source
   (`reward/source/<source>`, tasks that name one) and the mean of each episode
   metric (`episodes/metric/<name>`: the numbers an environment or reward function
-  reports beside the reward), over the episodes that report it; the weight-channel
+  reports beside the reward), over the episodes that report it; the mean and largest
+  release delay of the batch's prompt groups (`groups/release_delay_s`, group mode:
+  `GroupDataset`); the weight-channel
   network faults the samplers waited out (`weights/sampler_waits`) and the peer
   errors and refused versions they counted (`weights/sampler_errors`), as reported
   with this batch's trajectories."""
@@ -93,7 +96,11 @@ def batch_metrics(info: BatchInfo, drops: Drops) -> dict[str, float]:
          "staleness/multi_version_frac": float(np.mean(info.version_spans > 0))
                                           if info.version_spans.size else 0.0,
          "batch/padding_rows": float(info.padding_rows),
-         "batch/mean_length": float(np.mean(info.lengths)) if info.lengths.size else 0.0}
+         "batch/mean_length": float(np.mean(info.lengths)) if info.lengths.size else 0.0,
+         timing.BATCH_TRAJECTORIES_KEY: float(info.lags.size)}
+  if info.group_release_s:
+    out["groups/release_delay_s"] = float(np.mean(info.group_release_s))
+    out["groups/release_delay_max_s"] = float(np.max(info.group_release_s))
   top = int(out["staleness/max"])
   for lag in range(min(top, LAG_KEYS - 1) + 1):
     out[f"staleness/lag_{lag}"] = float(np.sum(info.lags == lag))
@@ -120,7 +127,9 @@ def batch_metrics(info: BatchInfo, drops: Drops) -> dict[str, float]:
   if info.weight_waits or info.weight_errors:
     out["weights/sampler_waits"] = float(sum(info.weight_waits))
     out["weights/sampler_errors"] = float(sum(info.weight_errors))
-  for reason, count in drops.items():
+  # Stale drops from the first step on, 0 until there are any: the column a
+  # rollout-bound comparison reads is never missing.
+  for reason, count in {"stale": 0, **drops}.items():
     out[f"dropped/{reason}"] = float(count)
   return out
 
@@ -161,6 +170,8 @@ class MetricsLogger:
     self._first: tuple[float, int] | None = None  # (time, step) of the first progress line
     self._tokens = 0.0  # tokens trained since the first progress line
     self.last_eval: dict[str, float] = {}
+    # Where a resumed run's clock starts (`timing.carried_over` of the rows `rewind` kept).
+    self.carried = timing.carried_over([])
 
   def write(self, step: int, metrics: Mapping[str, float]) -> None:
     clean = {k: float(v) for k, v in metrics.items()}
@@ -198,6 +209,7 @@ class MetricsLogger:
       kept = [] if step is None else [row for row in _rows(path) if not _replayed(row, step)]
       write_jsonl(path, kept)
       self._jsonl = open(path, "a", encoding="utf-8")
+    self.carried = timing.carried_over(kept)
     if self._tb is not None:
       self._rewind_tensorboard(step, kept)
 
