@@ -47,3 +47,31 @@ def test_a_resumed_clock_goes_on_from_the_last_logged_row():
   assert metrics["time/elapsed_s"] == pytest.approx(11.5)
   assert metrics["data/trajectories_total"] == 24.0
   assert metrics["learner/idle_frac"] == 0.0
+
+
+def test_reward_is_plotted_against_elapsed_seconds_as_well_as_steps(tmp_path):
+  """curves.png gains a third panel, reward against time/elapsed_s, whose points are
+  (elapsed, reward) per step, the last row of a replayed step winning; a resumed
+  logger's clock starts at the last kept row."""
+  from PIL import Image  # pylint: disable=import-outside-toplevel
+
+  from sao_jax.run import metrics as metrics_lib  # pylint: disable=import-outside-toplevel
+
+  logger = metrics_lib.MetricsLogger(tmp_path, total_steps=3, loggers=())
+  for step, (elapsed, reward) in enumerate([(2.0, 0.1), (5.0, 0.3), (9.0, 0.2)]):
+    logger.write(step, {"reward/mean": reward, "time/elapsed_s": elapsed,
+                        "data/trajectories_total": 8.0 * (step + 1)})
+  logger.write(2, {"reward/mean": 0.5, "time/elapsed_s": 8.0})  # step 2 trained again
+  logger.rewind(2)  # resuming from the checkpoint at step 2
+  assert logger.carried == {"elapsed_s": 5.0, "trajectories": 16}
+  logger.write(2, {"reward/mean": 0.4, "time/elapsed_s": 7.0})
+  logger.close()
+  rows = metrics_lib.read_metrics(tmp_path)
+  points = metrics_lib.curve_points(rows, "reward/mean", "time/elapsed_s")
+  assert points.tolist() == [[2.0, 5.0, 7.0], [0.1, 0.3, 0.4]]
+  assert metrics_lib.curve_points(rows, "reward/mean").tolist() == [[0, 1, 2], [0.1, 0.3, 0.4]]
+  with Image.open(metrics_lib.plot_curves(tmp_path)) as png:
+    assert png.size[0] == 15 * 110  # three panels of 5 inches at 110 dpi
+  (tmp_path / "metrics.jsonl").write_text('{"step": 0, "time": 1, "reward/mean": 0.1}\n')
+  with Image.open(metrics_lib.plot_curves(tmp_path)) as png:
+    assert png.size[0] == 10 * 110  # rows from before the clock: the two panels only

@@ -302,9 +302,31 @@ def read_metrics(run_dir: str | pathlib.Path) -> list[dict]:
   return _rows(path)
 
 
+def curve_points(rows: list[dict], key: str, x: str = "step") -> np.ndarray:
+  """`[2, n]` (x, value) of `key`, one point per step (the last row written: a resumed
+  run's rows replace replayed ones), in step order, against `x` ("step" or another
+  key the rows carry, e.g. `time/elapsed_s`); rows without `x` are left out."""
+  by_step = {r["step"]: (r[x], r[key]) for r in rows if key in r and x in r}
+  points = [by_step[step] for step in sorted(by_step)]
+  return np.array(points, dtype=float).T.reshape(2, len(points))
+
+
+def _plot_reward(ax, points: np.ndarray) -> None:
+  """Training reward, with its moving mean once there are 10 points."""
+  steps, values = points
+  ax.plot(steps, values, marker="." if len(values) < 50 else None, alpha=0.5)
+  if len(values) >= 10:  # the trend through sampling noise
+    window = max(len(values) // 10, 5)
+    smooth = np.convolve(values, np.ones(window) / window, mode="valid")
+    ax.plot(steps[window - 1:], smooth, label=f"mean of last {window}")
+    ax.legend(loc="lower right")
+
+
 def plot_curves(run_dir: str | pathlib.Path):
-  """Draws reward (training) and eval accuracy against learner step to curves.png
-  (in `run_dir`, a local directory or a bucket URL); returns its path."""
+  """Draws reward (training) and eval accuracy against learner step, and training
+  reward against elapsed seconds (`time/elapsed_s`, when the rows carry it: what a
+  wall-clock comparison reads), to curves.png (in `run_dir`, a local directory or a
+  bucket URL); returns its path."""
   import io
 
   import matplotlib
@@ -313,7 +335,9 @@ def plot_curves(run_dir: str | pathlib.Path):
   import matplotlib.pyplot as plt
 
   rows = read_metrics(run_dir)
-  fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+  by_time = curve_points(rows, "reward/mean", timing.ELAPSED_KEY)
+  panels = 3 if by_time.shape[1] else 2
+  fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 3.6))
   series = [("reward/mean", "training reward (batch mean, sampled)"),
             ("eval/accuracy", "held-out accuracy (greedy)")]
   sampled = sorted({r["step"]: r["eval/sampled_accuracy"] for r in rows
@@ -323,18 +347,13 @@ def plot_curves(run_dir: str | pathlib.Path):
     axes[1].plot(steps, values, marker=".", label="sampled (run.eval_temperature)")
     series[1] = ("eval/accuracy", "held-out accuracy (greedy and sampled)")
   for ax, (key, title) in zip(axes, series):
-    # One point per step, the last written: a resumed run's rows replace replayed ones
-    # even in files from before `MetricsLogger.resume`.
-    points = sorted({r["step"]: r[key] for r in rows if key in r}.items())
-    if points:
-      steps, values = np.array(points).T
-      ax.plot(steps, values, marker="." if len(points) < 50 else None, alpha=0.5 if
-              key == "reward/mean" else 1.0)
-      if key == "reward/mean" and len(values) >= 10:  # the trend through sampling noise
-        window = max(len(values) // 10, 5)
-        smooth = np.convolve(values, np.ones(window) / window, mode="valid")
-        ax.plot(steps[window - 1:], smooth, label=f"mean of last {window}")
-        ax.legend(loc="lower right")
+    points = curve_points(rows, key)
+    if points.shape[1]:
+      steps = points[0]
+      if key == "reward/mean":
+        _plot_reward(ax, points)
+      else:
+        ax.plot(*points, marker="." if len(steps) < 50 else None)
       if steps.min() < 0:  # SFT warm-start steps are logged before step 0
         ax.axvspan(steps.min(), 0, color="0.9")
         ax.text(steps.min(), ax.get_ylim()[1], " SFT", va="top")
@@ -344,6 +363,11 @@ def plot_curves(run_dir: str | pathlib.Path):
     ax.set_title(title)
     ax.set_xlabel("learner step (negative: SFT warm-start)")
     ax.grid(alpha=0.3)
+  if panels == 3:
+    _plot_reward(axes[2], by_time)
+    axes[2].set_title("training reward against wall-clock time")
+    axes[2].set_xlabel("seconds trained (time/elapsed_s)")
+    axes[2].grid(alpha=0.3)
   fig.tight_layout()
   out = storage.as_path(run_dir) / PLOT_FILE
   png = io.BytesIO()
