@@ -74,6 +74,48 @@ class SandboxLimits:
       fail("env.tool", "site_packages", self.site_packages, "expected True or False")
 
 
+# How env.latency draws the delay added to each environment step (sao_jax.sampler.latency):
+# "none" adds nothing, "fixed" the same seconds every step, "lognormal" a long tail.
+LATENCY_KINDS = ("none", "fixed", "lognormal")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StepLatency:
+  """Simulated tool latency for any environment (the `env.latency` section; semantics:
+  `sao_jax.sampler.latency`): every environment step of a training rollout returns
+  after an added delay, slept on its step thread (no CPU; other episodes go on
+  decoding). Delays are drawn from a random stream per episode, seeded by the
+  episode's seed, so a run's delays repeat; each is cut to `max_s`. The slow,
+  long-tailed episodes of a rollout-bound run (docs/explanation/rollout-bound.md)."""
+
+  kind: str = "none"  # one of LATENCY_KINDS: none, fixed or lognormal
+  seconds: float = 1.0  # kind="fixed": every step's delay, seconds
+  median_s: float = 1.0  # kind="lognormal": the median delay, seconds
+  # kind="lognormal": standard deviation of the delay's log; the tail: with 1.0,
+  # one step in 20 waits more than 5.2 x median_s.
+  sigma: float = 1.0
+  max_s: float = 60.0  # every delay is cut to this many seconds
+
+  def validate(self) -> None:
+    if self.kind not in LATENCY_KINDS:
+      fail("env.latency", "kind", self.kind,
+           f"allowed values are {', '.join(map(repr, LATENCY_KINDS))}")
+    for name in ("seconds", "median_s", "sigma", "max_s"):
+      value = getattr(self, name)
+      if (isinstance(value, bool) or not isinstance(value, (int, float))
+          or not 0 <= value <= MAX_TIMEOUT_S):
+        fail("env.latency", name, value, f"expected a finite number >= 0, at most "
+             f"{MAX_TIMEOUT_S} (MAX_TIMEOUT_S)")
+    if self.kind == "lognormal" and not self.median_s > 0:
+      fail("env.latency", "median_s", self.median_s, "a log-normal delay needs a median > 0 "
+           "seconds; for no delay set env.latency.kind=none")
+    if self.kind != "none" and not self.max_s > 0:
+      fail("env.latency", "max_s", self.max_s, "expected the largest delay in seconds, > 0")
+    if self.kind == "fixed" and self.seconds > self.max_s:
+      fail("env.latency", "seconds", self.seconds, f"more than env.latency.max_s={self.max_s}, "
+           "which cuts every delay: raise max_s or lower seconds")
+
+
 # Defaults the built-in options share with their deprecated EnvConfig spellings.
 DEFAULT_DIFFICULTY = 2
 DEFAULT_STYLE_SCHEDULE = ((0, "academic"), (200, "cute"), (400, "chuunibyou"))
@@ -142,6 +184,9 @@ class EnvConfig:
   # (verl's compute_score(data_source, solution_str, ground_truth, extra_info) when it has
   # a `solution_str` parameter), "sao" reward(response, task, messages), "verl" verl's.
   reward_fn_convention: str = "auto"
+  # Delay added to every environment step of training rollouts, any environment
+  # (StepLatency, sao_jax.sampler.latency): e.g. --set env.latency.kind=lognormal.
+  latency: StepLatency = dataclasses.field(default_factory=StepLatency)
   # Deprecated (LEGACY_OPTIONS): write env.options.<option> instead. A value other
   # than the default is carried over to the option (the defaults are the options').
   difficulty: int = DEFAULT_DIFFICULTY  # deprecated: env.options.difficulty
@@ -184,6 +229,14 @@ class EnvConfig:
     if not isinstance(self.tool, SandboxLimits):
       fail("env", "tool", self.tool, "expected a SandboxLimits (sao_jax.config.env)")
     self.tool.validate()
+    if not isinstance(self.latency, StepLatency):
+      fail("env", "latency", self.latency, "expected a StepLatency (sao_jax.config.env)")
+    self.latency.validate()
+    if self.latency.kind != "none" and self.step_timeout_s and (
+        self.latency.max_s >= self.step_timeout_s):
+      fail("env.latency", "max_s", self.latency.max_s, f"the added delay alone would reach "
+           f"env.step_timeout_s={self.step_timeout_s} and fail the step: keep max_s below it, "
+           "or raise step_timeout_s")
     if self.sandbox not in SANDBOX_MODES:
       fail("env", "sandbox", self.sandbox,
            f"allowed values are {', '.join(map(repr, SANDBOX_MODES))}")

@@ -74,6 +74,8 @@ class RunConfig:
   reward function that fails on every episode ends the run instead of hanging it.
   While no learner step completes, the learner says every `waiting_report_s`
   seconds what it is waiting for and what it dropped so far (`sao_jax.run.waiting`).
+  `max_wall_s` > 0 is a wall-clock budget: the run ends at it or at
+  `learner.steps`, whichever comes first (`sao_jax.run.timing`).
   """
 
   # Directory of the run's outputs: metrics, checkpoints, tokenizer, plots; or a bucket
@@ -117,6 +119,11 @@ class RunConfig:
   failure_window: int = 64  # judged trajectories the failure share is taken over
   # Seconds between "waiting for trajectories" reports while no step completes (0: none).
   waiting_report_s: float = 30.0
+  # Wall-clock budget of the learner loop, seconds (0: none): once the run has trained
+  # this long (counted from the first batch asked for, resumes included:
+  # sao_jax.run.timing) it stops after the step in flight with a final checkpoint,
+  # summary.json stopped_by "wall_clock", like learner.steps but in time.
+  max_wall_s: float = 0.0
 
   @property
   def tokenizer_file(self) -> str:
@@ -221,6 +228,11 @@ class RunConfig:
         or not math.isfinite(value)):
       fail("run", "waiting_report_s", value, "expected a finite number of seconds >= 0 "
            "(0: no waiting reports)")
+    value = self.max_wall_s
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0
+        or not math.isfinite(value)):
+      fail("run", "max_wall_s", value, "expected a finite number of seconds >= 0 (0: no "
+           "wall-clock budget; the run ends at learner.steps), e.g. --set run.max_wall_s=3600")
 
   def _validate_eval_and_loggers(self) -> None:
     ks = self.eval_pass_k

@@ -56,6 +56,7 @@ from __future__ import annotations
 import base64
 import collections
 import dataclasses
+import time
 from typing import Callable, Iterator
 
 import grain
@@ -117,6 +118,9 @@ class BatchInfo:
   # or refused versions it counted, since its previous trajectory (`sampler.worker`).
   weight_waits: tuple[int, ...] = ()
   weight_errors: tuple[int, ...] = ()
+  # [groups completed into this batch] seconds from a group's first member reaching the
+  # learner to its last (`GroupDataset`; empty in single mode).
+  group_release_s: tuple[float, ...] = ()
 
   @property
   def padding_fraction(self) -> float:
@@ -250,22 +254,34 @@ class GroupDataset(grain.IterDataset):
   (`StaleFilter.is_future`). So what waits is bounded by what arrives within
   `max_lag` policy updates, whatever a peer sends: a group whose other members
   died with a sampler, or a resumed learner's restored groups, do not wait forever.
+
+  A group's *release delay* is the time from its first member reaching this stage
+  to its last (on `clock`, seconds): what GRPO waits for a group's slowest member.
+  It is written into every member's `info[GROUP_RELEASE_KEY]` (the same key
+  from a sampler or peer is removed on arrival, so only this stage sets it), read
+  into `BatchInfo.group_release_s`. A group restored from a checkpoint counts from
+  the restore.
   """
 
-  def __init__(self, parent: grain.IterDataset, group_size: int, stale: StaleFilter):
+  def __init__(self, parent: grain.IterDataset, group_size: int, stale: StaleFilter, *,
+               clock: Callable[[], float] = time.monotonic):
     super().__init__(parent)
-    self._group_size, self._stale = group_size, stale
+    self._group_size, self._stale, self._clock = group_size, stale, clock
 
   def __iter__(self):
-    return _GroupIterator(self._parent.__iter__(), self._group_size, self._stale)
+    return _GroupIterator(self._parent.__iter__(), self._group_size, self._stale, self._clock)
+
+
+GROUP_RELEASE_KEY = "group_release_s"
 
 
 class _GroupIterator(_Iterator):
 
-  def __init__(self, parent, group_size, stale):
+  def __init__(self, parent, group_size, stale, clock):
     super().__init__(parent)
-    self._group_size, self._stale = group_size, stale
+    self._group_size, self._stale, self._clock = group_size, stale, clock
     self._waiting: dict[int, list[Trajectory]] = collections.defaultdict(list)
+    self._opened: dict[int, float] = {}  # prompt id -> when its first member arrived
 
   def _let_go(self) -> None:
     """Drops the waiting groups that can no longer be trained (class docstring)."""
@@ -276,6 +292,7 @@ class _GroupIterator(_Iterator):
       if future or self._stale.is_stale(first, version):
         reason = "future_version" if future else "stale"
         members = self._waiting.pop(pid)
+        self._opened.pop(pid, None)
         self._stale.drops.add(reason, len(members), f"an unfinished group ({len(members)} of "
                               f"{self._group_size} members), versions {first.policy_versions}, "
                               f"learner at {version}")
@@ -289,18 +306,26 @@ class _GroupIterator(_Iterator):
     super().set_state(state)
     self._waiting = collections.defaultdict(list, {
         int(pid): _decode(members) for pid, members in state.get("waiting", {}).items()})
+    now = self._clock()
+    self._opened = {pid: now for pid in self._waiting}
 
   def __next__(self) -> list[Trajectory]:
     while True:
       traj = next(self._parent)
+      traj.info.pop(GROUP_RELEASE_KEY, None)  # only this stage says it
       if self._group_size == 1:
         return [traj]
+      now = self._clock()
       if traj.prompt_id not in self._waiting:
         self._let_go()
       members = self._waiting[traj.prompt_id]
+      opened = self._opened.setdefault(traj.prompt_id, now)
       members.append(traj)
       if len(members) == self._group_size:
         del self._waiting[traj.prompt_id]
+        del self._opened[traj.prompt_id]
+        for member in members:  # each: admission may drop some of them
+          member.info[GROUP_RELEASE_KEY] = now - opened
         return members
 
 
@@ -470,7 +495,11 @@ def _info(trajs: list[Trajectory], version: int, padding_rows: int, capacity: in
       episode_metrics=tuple(_numbers(t.info.get("metrics")) for t in trajs),
       # Capped: a sum of them becomes a float metric (a 400-digit count would overflow).
       weight_waits=tuple(min(_count(t.info.get("weight_waits")), _MAX_COUNT) for t in trajs),
-      weight_errors=tuple(min(_count(t.info.get("weight_errors")), _MAX_COUNT) for t in trajs))
+      weight_errors=tuple(min(_count(t.info.get("weight_errors")), _MAX_COUNT) for t in trajs),
+      # One per group (its members carry the same delay).
+      group_release_s=tuple(delay for _, delay in dict.fromkeys(
+          (t.prompt_id, float(t.info[GROUP_RELEASE_KEY])) for t in trajs
+          if GROUP_RELEASE_KEY in t.info)))
 
 
 MAX_LABEL_CHARS = 64  # of a source or a metric name read from a trajectory
@@ -603,13 +632,14 @@ def learner_pipeline(transport, *, batch_size: int, group_size: int, max_lag: in
                      on_poll: Callable[[], None] = lambda: None,
                      intake: failures.Intake | None = None,
                      batch_tokens: int | None = None, row_length: int | None = None,
-                     positions: TaskPositions | None = None) -> Iterator:
+                     positions: TaskPositions | None = None,
+                     clock: Callable[[], float] = time.monotonic) -> Iterator:
   """The whole pipeline as one grain iterator of (Batch, BatchInfo).
 
   `should_stop` and `on_poll`: `TransportDataset`'s; `intake` hears of every
   trajectory admission judges (`failures.Intake`, whose bound can end the run);
   `positions` records the tasks that reached the learner (`PositionsDataset`; a
-  fresh record when None).
+  fresh record when None); `clock` times groups' release delays (`GroupDataset`).
 
   `batch_tokens` (with `row_length`) packs: `batch_tokens // row_length` rows of
   `row_length` tokens holding at most `batch_size` trajectories; trajectories
@@ -627,7 +657,7 @@ def learner_pipeline(transport, *, batch_size: int, group_size: int, max_lag: in
           f"might never fit one batch; raise batch_tokens to at least {group_size * row_length}")
   dataset = TransportDataset(transport, should_stop=should_stop, on_poll=on_poll)
   stale = StaleFilter(current_version, max_lag, drops)
-  dataset = GroupDataset(dataset, group_size, stale)
+  dataset = GroupDataset(dataset, group_size, stale, clock=clock)
   dataset = PositionsDataset(dataset, TaskPositions() if positions is None else positions)
   dataset = AdmitDataset(dataset, stale=stale, max_length=row_length if packed else buckets[-1],
                          vocab_size=vocab_size, drops=drops, num_prompt_slots=num_prompt_slots,

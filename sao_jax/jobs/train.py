@@ -70,6 +70,7 @@ from sao_jax.run import bootstrap
 from sao_jax.run import lock as run_lock
 from sao_jax.run.critic_window import CriticWindow
 from sao_jax.run.metrics import MetricsLogger, batch_metrics, plot_curves, read_metrics
+from sao_jax.run.timing import RunClock
 from sao_jax.run.waiting import WaitingReporter
 from sao_jax.run.zero_gradient import ZeroGradientWatch
 from sao_jax.sampler.worker import SamplerSupervisor, WorkerSpec
@@ -459,6 +460,8 @@ def _run(cfg: Config, run_dir, *, resume: bool, log,
     result = run_learner(cfg, with_host_metrics, on_metrics=on_metrics, after_step=after_step,
                          on_start=on_start, resume=resume, initial_state=initial_state,
                          base_state=base_state, log=log,
+                         # A resumed run's clock goes on from its last kept row (rewind).
+                         clock=lambda: RunClock(**logger.carried),
                          mesh=make_mesh(cfg.mesh, learner_devices) if learner_devices else None)
   except failures.TooManyFailures as error:  # the run's account, then the error (exit 2)
     summary.update({"stopped_by": "too_many_failures", "error": str(error), **intake.summary()})

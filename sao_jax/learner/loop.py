@@ -19,6 +19,11 @@ the padded length, and they stop together when any host runs out of data
 
 On SIGTERM the loop finishes the step in flight, writes a checkpoint and
 returns with `stopped_by="preemption"`; rerunning the same command resumes.
+With `run.max_wall_s` > 0 the loop stops the same way once the run has trained
+that many seconds (`sao_jax.run.timing.RunClock`, resumes included), after the
+step in flight, with a final checkpoint: `stopped_by="wall_clock"`. Every step's
+host metrics carry the clock's: elapsed seconds, trajectories consumed, and the
+learner's idle share (the time `next(batches)` blocked).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from sao_jax.learner import compile as compile_lib
 from sao_jax.learner.state import TrainState, abstract_state, checkpointed, with_frozen_parts
 from sao_jax.learner.step import update_policy_at
 from sao_jax.run.checkpoint import Checkpointer, PreemptionWatcher
+from sao_jax.run.timing import BATCH_TRAJECTORIES_KEY, RunClock
 from sao_jax.sharding import distributed
 from sao_jax.sharding.mesh import make_mesh
 from sao_jax.types import Batch
@@ -46,7 +52,7 @@ class BatchIterator(Protocol):
 class LearnerResult:
   state: TrainState
   steps_done: int
-  stopped_by: str  # "steps" | "preemption" | "data_exhausted"
+  stopped_by: str  # "steps" | "preemption" | "wall_clock" | "data_exhausted"
 
 
 def _data_state(batches: Any) -> dict:
@@ -60,8 +66,11 @@ def run_learner(cfg: Config, batches: Iterator[Batch | tuple[Batch, dict]], *,
                 mesh: jax.sharding.Mesh | None = None, resume: bool = True,
                 initial_state: Callable[[jax.sharding.Mesh], TrainState] | None = None,
                 base_state: Callable[[jax.sharding.Mesh], TrainState] | None = None,
+                clock: Callable[[], RunClock] = RunClock,
                 log: Callable[[str], None] = print) -> LearnerResult:
-  """Trains until `cfg.learner.steps` steps are done, the data ends, or SIGTERM.
+  """Trains until `cfg.learner.steps` steps are done, the data ends, SIGTERM, or
+  `run.max_wall_s` seconds have passed on `clock()` (made after `on_start`; a
+  resumed run passes one that carries its elapsed time over).
 
   `initial_state(mesh)` builds the state of a fresh run (default: random init
   from `cfg.seed`); it is not called when resuming from a checkpoint. With LoRA
@@ -133,16 +142,22 @@ def run_learner(cfg: Config, batches: Iterator[Batch | tuple[Batch, dict]], *,
 
   start = int(jax.device_get(state.step))
   on_start(state, resumed)
+  run_clock = clock()
+  budget_s = cfg.run.max_wall_s
   watcher = PreemptionWatcher()
   stopped_by, pending = "steps", None
   step = start
   try:
     while step < cfg.learner.steps:
+      asked = run_clock.now()
       item = next_batch()
       if item is None:
         stopped_by = "data_exhausted"
         break
       batch, host_metrics = item
+      host_metrics = {**host_metrics, **run_clock.step(
+          wait_s=run_clock.now() - asked,
+          trajectories=int(host_metrics.get(BATCH_TRAJECTORIES_KEY, 0)))}
       step_fn, batch_sh = step_for(batch.shape[1])
       update_policy = update_policy_at(cfg.learner, cfg.algorithm, step)
       state, metrics = step_fn(state, place(batch, batch_sh), update_policy)
@@ -155,19 +170,24 @@ def run_learner(cfg: Config, batches: Iterator[Batch | tuple[Batch, dict]], *,
       # a preempted run must stop exactly at the step it saved.
       # Hosts stop together: SIGTERM may reach them at different steps.
       preempted = watcher.requested if hosts == 1 else distributed.any_host(watcher.requested)
+      # The budget is checked like SIGTERM (hosts agree), and saved the same way.
+      out_of_time = bool(budget_s) and run_clock.elapsed_s >= budget_s
+      if hosts > 1 and budget_s:
+        out_of_time = distributed.any_host(out_of_time)
+      stop = preempted or out_of_time
       if checkpointer:
         # A checkpoint must not outrun the metrics of its steps; the save waits for
         # this step's result anyway, so reporting it first costs no overlap.
-        if pending is not None and (preempted or checkpointer.due(step)):
+        if pending is not None and (stop or checkpointer.due(step)):
           report(*pending)
           pending = None
-        checkpointer.save(step, checkpointed(cfg, state), _data_state(batches), force=preempted)
-      if preempted:
-        stopped_by = "preemption"
+        checkpointer.save(step, checkpointed(cfg, state), _data_state(batches), force=stop)
+      if stop:
+        stopped_by = "preemption" if preempted else "wall_clock"
         break
     if pending is not None:
       report(*pending)
-    if checkpointer and stopped_by != "preemption" and step > start:
+    if checkpointer and stopped_by not in ("preemption", "wall_clock") and step > start:
       checkpointer.save(step, checkpointed(cfg, state), _data_state(batches), force=True)
   finally:
     watcher.close()

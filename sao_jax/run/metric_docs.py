@@ -179,6 +179,27 @@ METRICS: tuple[MetricDoc, ...] = (
               "share of trajectories sampled by more than one policy version"),
     MetricDoc("batch/padding_rows", "count", HOST, "rows of the batch that hold no trajectory"),
     MetricDoc("batch/mean_length", "tokens", HOST, "mean trajectory length in the batch"),
+    MetricDoc("batch/trajectories", "count", HOST, "trajectories in the batch"),
+    MetricDoc("groups/release_delay_s", "seconds", "every learner step, group mode (grpo)",
+              "mean over the batch's prompt groups of the time from a group's first member "
+              "reaching the learner to its last: what GRPO waits for a group's slowest "
+              "episode (sao_jax.data.pipeline.GroupDataset)"),
+    MetricDoc("groups/release_delay_max_s", "seconds", "every learner step, group mode (grpo)",
+              "largest release delay of a prompt group in the batch"),
+    # The learner's wall clock (sao_jax.run.timing), every row of a sao-train run.
+    MetricDoc("time/elapsed_s", "seconds", HOST,
+              "wall-clock seconds the run has trained for when this step's batch arrived, "
+              "counted from the first batch asked for, resumes included (what run.max_wall_s "
+              "bounds; the x axis of reward against time in curves.png)"),
+    MetricDoc("data/trajectories_total", "count", HOST,
+              "trajectories the learner has consumed (trained on) so far, resumes included"),
+    MetricDoc("learner/wait_s", "seconds", HOST,
+              "how long the learner waited for this step's batch (trajectories not there yet)"),
+    MetricDoc("learner/idle_frac", "fraction", HOST,
+              "learner/wait_s over the time since the previous batch arrived: near 1 when "
+              "rollouts bound the run, near 0 when the learner does"),
+    MetricDoc("learner/idle_frac_total", "fraction", HOST,
+              "all time waited for batches over the elapsed time of this launch"),
     MetricDoc("batch/padding_frac", "fraction", HOST,
               "share of the batch's token slots that are padding (what packing saves)"),
     MetricDoc("episodes/max_turns_frac", "fraction", HOST,
@@ -202,7 +223,8 @@ METRICS: tuple[MetricDoc, ...] = (
               "weight-channel peer errors and refused (forged, replayed, stale) versions the "
               "samplers counted, as reported with this batch's trajectories"),
     MetricDoc("dropped/<reason>", "count", HOST,
-              "trajectories dropped so far, by reason (cumulative): stale, future_version, "
+              "trajectories dropped so far, by reason (cumulative; dropped/stale is written "
+              "from the first step, 0 until there are any): stale, future_version, "
               "too_long, prompt_id_out_of_range, writer_died, env_failure (all environment "
               "failures) and env_failure/<kind>, each kind the sampler names on its own (an "
               "exception type, or the environment's name for a bad value; first 32 kinds, then "

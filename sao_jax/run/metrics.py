@@ -47,6 +47,7 @@ from sao_jax.config.run import DEFAULT_LOGGERS
 from sao_jax.data import failures
 from sao_jax.run.critic_window import BIAS_WINDOW, EV_WINDOW
 from sao_jax.data.pipeline import BatchInfo, Drops
+from sao_jax.run import timing
 
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "curves.png"
@@ -85,7 +86,9 @@ def batch_metrics(info: BatchInfo, drops: Drops) -> dict[str, float]:
   ran a tool (`episodes/tool_call_frac`); the mean outcome per data source
   (`reward/source/<source>`, tasks that name one) and the mean of each episode
   metric (`episodes/metric/<name>`: the numbers an environment or reward function
-  reports beside the reward), over the episodes that report it; the weight-channel
+  reports beside the reward), over the episodes that report it; the mean and largest
+  release delay of the batch's prompt groups (`groups/release_delay_s`, group mode:
+  `GroupDataset`); the weight-channel
   network faults the samplers waited out (`weights/sampler_waits`) and the peer
   errors and refused versions they counted (`weights/sampler_errors`), as reported
   with this batch's trajectories."""
@@ -94,7 +97,11 @@ def batch_metrics(info: BatchInfo, drops: Drops) -> dict[str, float]:
          "staleness/multi_version_frac": float(np.mean(info.version_spans > 0))
                                           if info.version_spans.size else 0.0,
          "batch/padding_rows": float(info.padding_rows),
-         "batch/mean_length": float(np.mean(info.lengths)) if info.lengths.size else 0.0}
+         "batch/mean_length": float(np.mean(info.lengths)) if info.lengths.size else 0.0,
+         timing.BATCH_TRAJECTORIES_KEY: float(info.lags.size)}
+  if info.group_release_s:
+    out["groups/release_delay_s"] = float(np.mean(info.group_release_s))
+    out["groups/release_delay_max_s"] = float(np.max(info.group_release_s))
   top = int(out["staleness/max"])
   for lag in range(min(top, LAG_KEYS - 1) + 1):
     out[f"staleness/lag_{lag}"] = float(np.sum(info.lags == lag))
@@ -121,7 +128,9 @@ def batch_metrics(info: BatchInfo, drops: Drops) -> dict[str, float]:
   if info.weight_waits or info.weight_errors:
     out["weights/sampler_waits"] = float(sum(info.weight_waits))
     out["weights/sampler_errors"] = float(sum(info.weight_errors))
-  for reason, count in drops.items():
+  # Stale drops from the first step on, 0 until there are any: the column a
+  # rollout-bound comparison reads is never missing.
+  for reason, count in {"stale": 0, **drops}.items():
     out[f"dropped/{reason}"] = float(count)
   return out
 
@@ -162,6 +171,8 @@ class MetricsLogger:
     self._first: tuple[float, int] | None = None  # (time, step) of the first progress line
     self._tokens = 0.0  # tokens trained since the first progress line
     self.last_eval: dict[str, float] = {}
+    # Where a resumed run's clock starts (`timing.carried_over` of the rows `rewind` kept).
+    self.carried = timing.carried_over([])
 
   def write(self, step: int, metrics: Mapping[str, float]) -> None:
     clean = {k: float(v) for k, v in metrics.items()}
@@ -199,6 +210,7 @@ class MetricsLogger:
       kept = [] if step is None else [row for row in _rows(path) if not _replayed(row, step)]
       write_jsonl(path, kept)
       self._jsonl = open(path, "a", encoding="utf-8")
+    self.carried = timing.carried_over(kept)
     if self._tb is not None:
       self._rewind_tensorboard(step, kept)
 
@@ -298,9 +310,31 @@ def read_metrics(run_dir: str | pathlib.Path) -> list[dict]:
   return _rows(path)
 
 
+def curve_points(rows: list[dict], key: str, x: str = "step") -> np.ndarray:
+  """`[2, n]` (x, value) of `key`, one point per step (the last row written: a resumed
+  run's rows replace replayed ones), in step order, against `x` ("step" or another
+  key the rows carry, e.g. `time/elapsed_s`); rows without `x` are left out."""
+  by_step = {r["step"]: (r[x], r[key]) for r in rows if key in r and x in r}
+  points = [by_step[step] for step in sorted(by_step)]
+  return np.array(points, dtype=float).T.reshape(2, len(points))
+
+
+def _plot_reward(ax, points: np.ndarray) -> None:
+  """Training reward, with its moving mean once there are 10 points."""
+  steps, values = points
+  ax.plot(steps, values, marker="." if len(values) < 50 else None, alpha=0.5)
+  if len(values) >= 10:  # the trend through sampling noise
+    window = max(len(values) // 10, 5)
+    smooth = np.convolve(values, np.ones(window) / window, mode="valid")
+    ax.plot(steps[window - 1:], smooth, label=f"mean of last {window}")
+    ax.legend(loc="lower right")
+
+
 def plot_curves(run_dir: str | pathlib.Path):
-  """Draws reward (training) and eval accuracy against learner step to curves.png
-  (in `run_dir`, a local directory or a bucket URL); returns its path."""
+  """Draws reward (training) and eval accuracy against learner step, and training
+  reward against elapsed seconds (`time/elapsed_s`, when the rows carry it: what a
+  wall-clock comparison reads), to curves.png (in `run_dir`, a local directory or a
+  bucket URL); returns its path."""
   import io
 
   import matplotlib
@@ -309,7 +343,9 @@ def plot_curves(run_dir: str | pathlib.Path):
   import matplotlib.pyplot as plt
 
   rows = read_metrics(run_dir)
-  fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+  by_time = curve_points(rows, "reward/mean", timing.ELAPSED_KEY)
+  panels = 3 if by_time.shape[1] else 2
+  fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 3.6))
   series = [("reward/mean", "training reward (batch mean, sampled)"),
             ("eval/accuracy", "held-out accuracy (greedy)")]
   sampled = sorted({r["step"]: r["eval/sampled_accuracy"] for r in rows
@@ -319,18 +355,13 @@ def plot_curves(run_dir: str | pathlib.Path):
     axes[1].plot(steps, values, marker=".", label="sampled (run.eval_temperature)")
     series[1] = ("eval/accuracy", "held-out accuracy (greedy and sampled)")
   for ax, (key, title) in zip(axes, series):
-    # One point per step, the last written: a resumed run's rows replace replayed ones
-    # even in files from before `MetricsLogger.resume`.
-    points = sorted({r["step"]: r[key] for r in rows if key in r}.items())
-    if points:
-      steps, values = np.array(points).T
-      ax.plot(steps, values, marker="." if len(points) < 50 else None, alpha=0.5 if
-              key == "reward/mean" else 1.0)
-      if key == "reward/mean" and len(values) >= 10:  # the trend through sampling noise
-        window = max(len(values) // 10, 5)
-        smooth = np.convolve(values, np.ones(window) / window, mode="valid")
-        ax.plot(steps[window - 1:], smooth, label=f"mean of last {window}")
-        ax.legend(loc="lower right")
+    points = curve_points(rows, key)
+    if points.shape[1]:
+      steps = points[0]
+      if key == "reward/mean":
+        _plot_reward(ax, points)
+      else:
+        ax.plot(*points, marker="." if len(steps) < 50 else None)
       if steps.min() < 0:  # SFT warm-start steps are logged before step 0
         ax.axvspan(steps.min(), 0, color="0.9")
         ax.text(steps.min(), ax.get_ylim()[1], " SFT", va="top")
@@ -340,6 +371,11 @@ def plot_curves(run_dir: str | pathlib.Path):
     ax.set_title(title)
     ax.set_xlabel("learner step (negative: SFT warm-start)")
     ax.grid(alpha=0.3)
+  if panels == 3:
+    _plot_reward(axes[2], by_time)
+    axes[2].set_title("training reward against wall-clock time")
+    axes[2].set_xlabel("seconds trained (time/elapsed_s)")
+    axes[2].grid(alpha=0.3)
   fig.tight_layout()
   out = storage.as_path(run_dir) / PLOT_FILE
   png = io.BytesIO()

@@ -41,6 +41,15 @@ the runner before: every step's env steps run (on the same pool) before `step`
 returns and are applied in turn order. Each episode has its own `Environment`;
 what they share must be thread-safe (the math checker's pool of processes).
 
+Simulated tool latency (`latency`, `env.latency`; `sao_jax.sampler.latency`):
+each environment step's thread sleeps a delay drawn from the episode's own stream
+(seeded by its seed, in step order) after `env.step` returns, so delays are
+reproducible and, the sleep using no CPU, the engine decodes the other episodes
+meanwhile. A sleeping step holds its step thread, so with latency on the pool
+has a thread per episode in flight (`max(env_threads, max_episodes)`): a slow
+step never queues another episode's step behind it. The delay counts towards
+`step_timeout_s` (`config.env` keeps `latency.max_s` below it).
+
 A step that runs past `step_timeout_s` (`env.step_timeout_s`) fails its episode
 as `StepTimeout` and frees its slot; the step's thread cannot be killed, so it
 is abandoned (`env_steps.abandoned`) and the environment closed on a thread of
@@ -103,6 +112,7 @@ import numpy as np
 
 from sao_jax.chat import ChatFormat, TurnTextError, tool_calls
 from sao_jax.config import ModelConfig, SamplerConfig
+from sao_jax.config.env import StepLatency
 from sao_jax.config.sampler import RELEASE_ORDERS
 from sao_jax.envs import contract
 from sao_jax.envs.base import Environment, Message, StepResult, Task
@@ -111,6 +121,7 @@ from sao_jax.models.transformer import Params
 from sao_jax.sampler.engine import Engine, Turn, stop_token_ids
 from sao_jax.sampler.env_steps import EnvSteps, StepTimeout
 from sao_jax.sampler.kv_layout import kv_layout
+from sao_jax.sampler.latency import episode_delays
 from sao_jax.sampler.prompt_ids import prompt_slot
 from sao_jax.types import Trajectory
 
@@ -159,6 +170,7 @@ class _Live:
   task: Task
   prompt_id: int
   messages: list[Message]  # the conversation so far, the policy's turns as decoded text
+  delays: Iterator[float]  # the added latency of each of its environment steps
   turns: int = 0
   last_turn_end: str = ""  # the engine's finish_reason of the latest turn
   closed: bool = False  # the latest turn ended on the format's end token
@@ -172,14 +184,15 @@ class EpisodeRunner:
   traceback (or message) of each kind. `env_name` is how failure texts name the
   environment (`registry.describe`; "" = its class). `env_wait_s` is the wall time `step` spent
   waiting on environments with nothing to decode (overlap) or after every engine
-  step (overlap=False).
+  step (overlap=False). `latency` (`env.latency`) delays every environment step
+  (module docstring).
   """
 
   def __init__(self, engine: Engine, chat: ChatFormat, make_env: Callable[[], Environment], *,
                max_episodes: int, env_threads: int = 1, overlap: bool = True,
                step_timeout_s: float = 0.0, release: str = "finish",
                close_grace_s: float = 5.0, log: Callable[[str], None] = print,
-               env_name: str = ""):
+               env_name: str = "", latency: StepLatency | None = None):
     if env_threads < 1:
       raise ValueError(f"env_threads={env_threads!r}: expected >= 1 (1: one at a time)")
     if release not in RELEASE_ORDERS:
@@ -188,7 +201,10 @@ class EpisodeRunner:
     self.engine, self._chat, self._make_env = engine, chat, make_env
     self.max_episodes, self.env_threads = max_episodes, env_threads
     self.overlap, self.release, self._close_grace_s = overlap, release, close_grace_s
-    self.env_steps = EnvSteps(env_threads, step_timeout_s)
+    self._latency = latency or StepLatency()
+    # A delayed step sleeps on its thread: one per episode, so none waits behind another.
+    workers = env_threads if self._latency.kind == "none" else max(env_threads, max_episodes)
+    self.env_steps = EnvSteps(workers, step_timeout_s)
     self.failures: collections.Counter[str] = collections.Counter()
     self.env_wait_s = 0.0
     self._log, self._env_name = log, env_name
@@ -227,7 +243,8 @@ class EpisodeRunner:
       self._release(env, task)
       self._fail_unstarted(episode_id, task, prompt_id, "reset", error)
       return episode_id
-    self._live[episode_id] = _Live(env, task, prompt_id, messages)
+    self._live[episode_id] = _Live(env, task, prompt_id, messages,
+                                   episode_delays(self._latency, seed=seed))
     return episode_id
 
   def reject(self, task: Task, error: Exception, *, prompt_id: int) -> int:
@@ -292,13 +309,18 @@ class EpisodeRunner:
       live.turns += 1
       live.last_turn_end = turn.finish_reason
       live.closed = bool(turn.tokens.size) and int(turn.tokens[-1]) == self._chat.end_token_id
-      self.env_steps.submit(turn.episode_id, functools.partial(self._env_step, live.env,
-                                                               turn.tokens))
+      self.env_steps.submit(turn.episode_id, functools.partial(
+          self._env_step, live.env, turn.tokens, next(live.delays)))
 
-  def _env_step(self, env: Environment, tokens: np.ndarray) -> tuple[str, StepResult]:
-    """On a step thread: the action's text and the environment's answer to it."""
+  def _env_step(self, env: Environment, tokens: np.ndarray,
+                delay_s: float) -> tuple[str, StepResult]:
+    """On a step thread: the action's text and the environment's answer to it, returned
+    `delay_s` seconds (simulated latency, asleep) after the environment answered."""
     action = self._chat.tokenizer.decode(tokens.tolist(), skip_special_tokens=True)
-    return action, env.step(action)
+    result = env.step(action)
+    if delay_s:
+      time.sleep(delay_s)
+    return action, result
 
   def _released(self, finished: list[tuple[int, Trajectory]]) -> list[Trajectory]:
     """The trajectories `step` hands out: all of `finished` in finish order, or

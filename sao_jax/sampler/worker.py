@@ -237,7 +237,7 @@ def _sample(spec: WorkerSpec, alive: Callable[[], bool], cfg: Config, chat, poll
                          env_threads=cfg.sampler.num_env_threads(),
                          step_timeout_s=cfg.env.step_timeout_s,
                          release=cfg.sampler.release_order, log=log,
-                         env_name=describe(cfg.env))
+                         env_name=describe(cfg.env), latency=cfg.env.latency)
   tasks = served(lambda start: make_tasks(cfg.env, start=start), spec.task_start)
   group = cfg.algorithm.group_size
   prompt_ids = PromptIds(group, cfg.algorithm.running_mean_slots, spec.worker_id)

@@ -110,6 +110,12 @@ def test_train_kill_sampler_then_resume(tmp_path, capsys, monkeypatch):
   # The replayed step 2 replaced the interrupted run's row: each step once, everywhere.
   rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in rows if "reward/mean" in r] == [0, 1, 2, 3, 4]
+  # The wall clock goes on across the resume (from the last row kept), as do the
+  # trajectories consumed.
+  clock = [(r["time/elapsed_s"], r["data/trajectories_total"]) for r in rows if "reward/mean" in r]
+  assert clock == sorted(clock) and clock[0][0] > 0
+  assert [b - a for (_, a), (_, b) in zip(clock, clock[1:])] == [
+      float(cfg.learner.batch_trajectories)] * 4
   assert [r["step"] for r in rows if "eval/accuracy" in r] == [-2, 0, 2, 4]  # -2: before SFT
   [events] = (run_dir / "tensorboard").iterdir()  # rebuilt from the rows kept
   assert ".resumed-at-2." in events.name

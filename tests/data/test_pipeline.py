@@ -305,3 +305,48 @@ def test_the_metrics_break_rewards_down_by_data_source_and_average_episode_metri
   assert metrics["reward/source/gsm8k"] == 0.5 and metrics["reward/source/math"] == 1.0
   assert metrics["episodes/metric/length"] == 4.0
   assert not any(key.endswith("/bad") or "xxx" in key for key in metrics)
+
+
+def test_group_release_delay_is_first_to_last_member_of_each_group():
+  """Members reach the learner at the times listed: group 3 opens at 10 and completes
+  at 14 (delay 4), group 4 opens at 11 and completes at 12 (delay 1); a sampler's own
+  `group_release_s` is not believed."""
+  arrivals = iter([10.0, 11.0, 12.0, 14.0])
+  now = {"t": 0.0}
+
+  class TimedTransport(ListTransport):
+    def get(self, timeout=0.0):
+      traj = super().get(timeout)
+      if traj is not None:
+        now["t"] = next(arrivals)
+      return traj
+
+  forged = make_traj(prompt_id=3, seed=1)
+  forged.info["group_release_s"] = 1e9
+  trajs = [forged, make_traj(prompt_id=4, seed=2), make_traj(prompt_id=4, seed=3),
+           make_traj(prompt_id=3, seed=4)]
+  it = pipeline.learner_pipeline(TimedTransport(trajs), batch_size=4, group_size=2, max_lag=2,
+                                 buckets=(16,), pad_id=0, vocab_size=50, current_version=lambda: 5,
+                                 drops=pipeline.Drops(), clock=lambda: now["t"])
+  _, info = next(it)
+  assert sorted(info.group_release_s) == [1.0, 4.0]
+
+
+def test_single_mode_has_no_group_release_delay():
+  traj = make_traj(seed=1)
+  traj.info["group_release_s"] = 5.0  # a peer's claim
+  it, _ = build([traj, make_traj(seed=2)])
+  _, info = next(it)
+  assert info.group_release_s == ()
+
+
+def test_batch_metrics_report_release_delays_trajectories_and_stale_drops_from_the_start():
+  from sao_jax.run.metrics import batch_metrics  # pylint: disable=import-outside-toplevel
+
+  info = pipeline.BatchInfo(lags=np.array([0, 1, 0]), version_spans=np.zeros(3),
+                            lengths=np.array([4, 4, 4]), padding_rows=0, capacity=12,
+                            group_release_s=(1.0, 4.0))
+  out = batch_metrics(info, pipeline.Drops())
+  assert out["groups/release_delay_s"] == 2.5 and out["groups/release_delay_max_s"] == 4.0
+  assert out["batch/trajectories"] == 3.0
+  assert out["dropped/stale"] == 0.0  # the column exists before the first stale drop

@@ -23,6 +23,7 @@ from sao_jax.learner.loop import run_learner
 from sao_jax.learner.state import abstract_state
 from sao_jax.run import metrics as metrics_lib
 from sao_jax.run.checkpoint import Checkpointer, CheckpointError
+from sao_jax.run.timing import RunClock
 from sao_jax.sharding.mesh import make_mesh
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -137,6 +138,30 @@ def test_sigterm_during_a_save_stops_at_a_saved_step(tmp_path, monkeypatch):
   result = run_learner(config(tmp_path, steps=5, save_every_steps=100), Batches())
   assert result.stopped_by == "preemption"
   assert Checkpointer(config(tmp_path, steps=5)).latest_step() == result.steps_done
+
+
+def test_wall_clock_budget_stops_with_a_final_checkpoint(tmp_path):
+  """run.max_wall_s: each batch takes 1 s (a fake clock), the budget is 2.5 s: the run
+  stops after the step whose batch came at 3 s, saves that step although no save is
+  due, and says why; every row carries the elapsed time."""
+  now = {"t": 0.0}
+
+  class SlowBatches(Batches):
+    def __next__(self):
+      now["t"] += 1.0
+      return super().__next__()
+
+  cfg = config(tmp_path, steps=10, save_every_steps=100)
+  cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, max_wall_s=2.5))
+  rows = {}
+  result = run_learner(cfg, SlowBatches(), on_metrics=lambda step, m: rows.update({step: m}),
+                       clock=lambda: RunClock(clock=lambda: now["t"]))
+  assert (result.stopped_by, result.steps_done) == ("wall_clock", 3)
+  assert Checkpointer(cfg).latest_step() == 3
+  assert [rows[s]["time/elapsed_s"] for s in sorted(rows)] == [1.0, 2.0, 3.0]
+  # All the (fake) time passes waiting for batches: the learner is idle throughout.
+  assert [rows[s]["learner/idle_frac"] for s in sorted(rows)] == [1.0, 1.0, 1.0]
+  assert rows[2]["learner/idle_frac_total"] == 1.0
 
 
 def test_restore_onto_a_different_mesh(tmp_path):

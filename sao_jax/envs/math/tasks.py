@@ -10,6 +10,12 @@ r"""Generated math tasks and scripted demonstrations.
   operands up to `10**difficulty` (`*` and parentheses from difficulty 2);
   word problems have `difficulty` steps on a count starting below
   `10 * 10**(difficulty-1)`. Answers are integers.
+  A difficulty mix (`hard_share` > 0): each task is *hard* with probability
+  `hard_share` (a fixed draw per seed and index, independent of the task's
+  content), generated at `hard_difficulty` instead (more operands or steps,
+  larger numbers); its `metadata["source"]` says which ("difficulty_<d>"), so the
+  learner reports the reward of each (`reward/source/difficulty_<d>`). Without a
+  mix the tasks are those of `difficulty` alone, as before.
 - `demonstration(task)`: the ideal assistant turns (a tool call that prints the
   answer, then the boxed answer) for SFT warm-starts; `tool_rate` and
   `guess_rate` mix in direct answers and careless guesses.
@@ -39,23 +45,40 @@ def _check_generator_args(difficulty: int, kind: str) -> None:
   tasks.check_generator_args(difficulty, kind, max_difficulty=MAX_DIFFICULTY, kinds=KINDS)
 
 
-def generate_task(index: int, *, seed: int = 0, difficulty: int = 2, kind: str = "mixed") -> Task:
-  """The `index`-th generated task for (`seed`, `difficulty`, `kind`)."""
+def is_hard(index: int, *, seed: int, hard_share: float) -> bool:
+  """Whether task `index` of `seed` is hard under a mix with `hard_share` hard tasks."""
+  return hard_share > 0 and random.Random(f"sao-math-hard/{seed}/{index}").random() < hard_share
+
+
+def generate_task(index: int, *, seed: int = 0, difficulty: int = 2, kind: str = "mixed",
+                  hard_share: float = 0.0, hard_difficulty: int = MAX_DIFFICULTY) -> Task:
+  """The `index`-th generated task for (`seed`, `difficulty`, `kind`), at
+  `hard_difficulty` when the mix makes it hard (module docstring)."""
   _check_generator_args(difficulty, kind)
+  mixed = hard_share > 0
+  if mixed:
+    _check_generator_args(hard_difficulty, kind)
+    if is_hard(index, seed=seed, hard_share=hard_share):
+      difficulty = hard_difficulty
   rng = random.Random(f"sao-math/{seed}/{difficulty}/{kind}/{index}")
   chosen = rng.choice(("arithmetic", "word")) if kind == "mixed" else kind
   make = _arithmetic if chosen == "arithmetic" else _word_problem
   prompt, program, answer = make(rng, difficulty)
+  metadata = {"program": program, "kind": chosen, "difficulty": difficulty}
+  if mixed:
+    metadata["source"] = f"difficulty_{difficulty}"
   return Task(id=f"gen-{kind}-d{difficulty}-s{seed}-{index}", prompt=prompt, answer=str(answer),
-              metadata=types.MappingProxyType(
-                  {"program": program, "kind": chosen, "difficulty": difficulty}))
+              metadata=types.MappingProxyType(metadata))
 
 
-def iterate_generated(*, seed: int = 0, difficulty: int = 2, kind: str = "mixed") -> Iterator[Task]:
+def iterate_generated(*, seed: int = 0, difficulty: int = 2, kind: str = "mixed",
+                      hard_share: float = 0.0,
+                      hard_difficulty: int = MAX_DIFFICULTY) -> Iterator[Task]:
   """Generated tasks 0, 1, 2, ... without end."""
   _check_generator_args(difficulty, kind)
   for index in itertools.count():
-    yield generate_task(index, seed=seed, difficulty=difficulty, kind=kind)
+    yield generate_task(index, seed=seed, difficulty=difficulty, kind=kind,
+                        hard_share=hard_share, hard_difficulty=hard_difficulty)
 
 
 def _arithmetic(rng: random.Random, difficulty: int) -> tuple[str, str, int]:

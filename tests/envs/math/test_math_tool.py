@@ -348,3 +348,43 @@ def test_demo_tool_rate_mixes_direct_answers_in_a_fixed_share():
   assert "tool" not in [m["role"] for m in transcript.messages]
   assert all(len(math_tasks.demonstration(t, tool_rate=1.0)) == 2 for t in generated[:20])
   assert all(len(math_tasks.demonstration(t, tool_rate=0.0)) == 1 for t in generated[:20])
+
+
+def test_a_difficulty_mix_makes_the_configured_share_of_tasks_hard():
+  """env.options.hard_share: ~that share of the stream is generated at hard_difficulty
+  (more operands, larger numbers), each task labelled by its difficulty as its source;
+  the other tasks are exactly those of the unmixed stream."""
+  import itertools  # pylint: disable=import-outside-toplevel
+
+  from sao_jax import config as C  # pylint: disable=import-outside-toplevel
+  from sao_jax.envs.registry import make_tasks  # pylint: disable=import-outside-toplevel
+
+  cfg = C.EnvConfig(name="math_tool", seed=3, options={
+      "difficulty": 1, "problem_kind": "arithmetic", "hard_share": 0.3, "hard_difficulty": 4})
+  mixed = list(itertools.islice(make_tasks(cfg), 3000))
+  hard = [t for t in mixed if t.metadata["difficulty"] == 4]
+  assert len(hard) / len(mixed) == pytest.approx(0.3, abs=0.025)
+  assert {t.metadata["source"] for t in mixed} == {"difficulty_1", "difficulty_4"}
+  assert all(t.metadata["difficulty"] in (1, 4) for t in mixed)
+  operands = lambda t: len(t.metadata["program"].split()) // 2 + 1  # "print(a + b ...)"
+  assert min(map(operands, hard)) == 5 and max(operands(t) for t in mixed if t not in hard) == 2
+  plain = math_tasks.generate_task
+  for index, task in enumerate(mixed[:200]):
+    if task.metadata["difficulty"] == 1:
+      assert task.prompt == plain(index, seed=3, difficulty=1, kind="arithmetic").prompt
+  unmixed = plain(0, seed=3, difficulty=1, kind="arithmetic")
+  assert "source" not in unmixed.metadata  # no mix: the tasks are as before
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"hard_share": 1.5}, "env.options.hard_share=1.5 is invalid: expected a number in [0, 1]"),
+    ({"hard_share": 0.2, "difficulty": 3, "hard_difficulty": 3},
+     "hard tasks must be harder than env.options.difficulty=3"),
+    ({"hard_difficulty": 9}, "env.options.hard_difficulty=9 is invalid: expected an integer"),
+])
+def test_a_bad_difficulty_mix_is_refused_by_name(options, message):
+  from sao_jax import config as C  # pylint: disable=import-outside-toplevel
+  from sao_jax.envs import registry  # pylint: disable=import-outside-toplevel
+
+  with pytest.raises(ValueError, match=message.replace("[", r"\[").replace(".", r"\.")):
+    registry.check(C.EnvConfig(name="math_tool", options=options))
