@@ -3,7 +3,8 @@
   kernel_attention(q_BxTxNxH, kv_pages, query_BxT, kv_len_B, table_BxM, window, blocks)
                                                                                -> out_BxTxNxH
   record_blocks()                                          -> the KernelBlocks traced inside
-  kernel_unsupported(num_heads, num_kv_heads, head_dim, dtype)  -> why libtpu cannot compile it, or None
+  kernel_unsupported(num_heads, num_kv_heads, head_dim, dtype)
+                                     -> why libtpu cannot compile the kernel for them, or None
 
 `jax.experimental.pallas.ops.tpu.ragged_paged_attention` streams each
 sequence's pages from HBM into VMEM by DMA, a block of pages at a time, and
