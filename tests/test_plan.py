@@ -205,6 +205,21 @@ def test_plan_table_shows_paged_beside_dense():
   assert "\npaged_decode v5p:2x2x1" in table  # its compiled memory, a row like the others
 
 
+def test_plan_table_says_why_paged_decode_takes_the_reference_path():
+  """No kernel traced: the table names the reference path and `Plan.attention`'s reason
+  (what `paged_steps.attention_choice` gave), not a bare 'none'."""
+  decode = aot.Program(name="decode_step", topology="v5p:1x2x1", mesh_shape={"tensor": 2},
+                       memory=_memory(70, 2), compiler_flops=1e12, compiler_bytes=76e9,
+                       compiler_seconds=None)
+  why = "sampler.paged_attention='auto' on tpu, and the Pallas kernel does not take ..."
+  result = aot.Plan(cfg=_cfg(), seq_len=32768, device=hardware.chip_spec("v5p"), devices=2,
+                    hbm_fraction=0.95, train=None, decode=decode,
+                    paged_decode=dataclasses.replace(decode, name="paged_decode"), sampler_batch=64,
+                    mean_episode_tokens=4096, model_flops=1e15, hardware_flops=1.2e15,
+                    roofline=estimate.roofline(1e15, 1.2e15, 1000, 2, 459e12), attention=why)
+  assert f"paged_decode attention on v5p: the reference path ({why})" in aot.format_plan(result)
+
+
 def test_a_multi_host_sampler_plans_the_split_pool(monkeypatch):
   """On a two-host sampler slice (v5p:2x2x2, data=2 x tensor=4) the pool of 128 dense
   rows' memory splits into 2 page shards of 8192 pages of 256 (each chip holding a

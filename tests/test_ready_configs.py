@@ -1,11 +1,11 @@
 """Ready-made configs for small real checkpoints (configs/qwen3_0_6b.py, qwen3_1_7b.py,
-qwen3_4b.py, qwen2_5_0_5b.py, llama3_2_1b.py, llama3_2_3b.py, gemma3_1b.py): they validate,
-their `model` section is what `config_from_hf` reads from the checkpoint's config.json (so
-`--set run.init=<that directory>` is accepted), and (slow) sao-plan's programs lower at
-full size on the CPU mesh. The single-host ones carry sao-plan's figures for each ready
-host in their docstrings (`figures`); with libtpu, each is compiled as `sao-plan
---config FILE:HOST` does and must fit and give those figures, and the README's table
-must repeat them."""
+qwen3_4b.py, qwen2_5_0_5b.py, llama3_2_1b.py, llama3_2_3b.py, gemma3_1b.py, gemma3_4b.py):
+they validate, their `model` section is what `config_from_hf` reads from the checkpoint's
+config.json (so `--set run.init=<that directory>` is accepted), and (slow) sao-plan's
+programs lower at full size on the CPU mesh. The single-host ones carry sao-plan's figures
+for each ready host in their docstrings (`figures`); with libtpu, each is compiled as
+`sao-plan --config FILE:HOST` does and must fit and give those figures, and the README's
+table must repeat them."""
 
 import ast
 import pathlib
@@ -96,6 +96,14 @@ CHECKPOINTS = {
         "rope_local_base_freq": 10000, "rope_scaling": None, "rope_theta": 1000000,
         "sliding_window": 512, "sliding_window_pattern": 6, "torch_dtype": "bfloat16",
         "use_cache": True, "vocab_size": 262144},
+    # google/gemma-3-4b-it is multimodal (Gemma3ForConditionalGeneration): its
+    # text_config, as published (the other fields are Gemma3TextConfig's defaults), is
+    # the config.json of its language model saved on its own as a Gemma3ForCausalLM.
+    "gemma3_4b.py": {
+        "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+        "hidden_size": 2560, "intermediate_size": 10240, "num_hidden_layers": 34,
+        "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024,
+        "torch_dtype": "bfloat16"},
 }
 
 

@@ -3,7 +3,8 @@
   kernel_attention(q_BxTxNxH, kv_pages, query_BxT, kv_len_B, table_BxM, window, blocks)
                                                                                -> out_BxTxNxH
   record_blocks()                                          -> the KernelBlocks traced inside
-  kernel_unsupported(num_heads, num_kv_heads, head_dim, dtype)                 -> reason or None
+  kernel_unsupported(num_heads, num_kv_heads, head_dim, dtype)
+                                     -> why libtpu cannot compile the kernel for them, or None
 
 `jax.experimental.pallas.ops.tpu.ragged_paged_attention` streams each
 sequence's pages from HBM into VMEM by DMA, a block of pages at a time, and
@@ -73,14 +74,34 @@ def record_blocks():
 
 
 def kernel_unsupported(num_heads: int, num_kv_heads: int, head_dim: int, dtype) -> str | None:
-  """Why the kernel cannot run these attention shapes (None: it can)."""
+  """Why libtpu cannot compile the kernel for these per-device attention shapes (None: it
+  can; `tests/models/test_paged_kernel_shapes_tpu.py` compiles both answers on v5e, v5p
+  and v6e).
+
+  - head_dim must be a multiple of 128: the online-softmax update broadcasts
+    [rows, 128] statistics over head_dim lanes.
+  - The combined KV head axis (2 x num_kv_heads) must tile (`rpa.get_min_heads_per_blk`).
+  - A head_dim other than 128 needs an unstrided KV read. The kernel views its VMEM
+    block of C combined heads per block as [tokens x C, head_dim] rows of 32-bit
+    words (p values each: p = 2 for bfloat16, 1 for float32) and reads one KV head's
+    keys and values as every (C / p)-th row. Mosaic compiles a strided load only from
+    rows of exactly 128 lanes ("The last dim size is not 128 in original base
+    memref"), so head_dim 256 compiles only where C / p = 1: one KV head per device
+    in bfloat16, none in float32.
+  """
   if head_dim % 128:
-    # Its online-softmax update broadcasts [rows, 128] statistics over head_dim lanes.
     return f"head_dim={head_dim} is not a multiple of 128"
   try:
-    rpa.get_min_heads_per_blk(num_heads, 2 * num_kv_heads, dtype, dtype)
+    _, combined = rpa.get_min_heads_per_blk(num_heads, 2 * num_kv_heads, dtype, dtype)
   except ValueError as err:  # the combined head axis does not tile
     return f"{2 * num_kv_heads} combined kv heads: {err}"
+  stride = combined // rpa.get_dtype_packing(dtype)
+  if head_dim != 128 and stride > 1:
+    return (f"head_dim={head_dim} with {num_kv_heads} KV head(s) per device in "
+            f"{jnp.dtype(dtype).name}: the kernel reads each KV head as every {stride}th row "
+            f"of its [tokens, head_dim] block, and Mosaic compiles a strided read only from "
+            f"rows of 128 lanes (head_dim {head_dim} compiles with one KV head per device "
+            "in bfloat16)")
   return None
 
 

@@ -22,7 +22,10 @@ holding pool / (data x fsdp x tensor): the figures count episodes per shard
 admits them, e.g. a two-host v5p:2x2x2 sampler slice with data=2, tensor=4.
 The Pallas kernel's block sizes in that call are the ones a TPU of the
 topology's generation runs (`sao_jax.models.paged_blocks`): the plan traces on
-the topology's devices, records them (`Plan.kernel_blocks`) and prints them.
+the topology's devices, records them (`Plan.kernel_blocks`) and prints them, or,
+where `sampler.paged_attention` takes the reference path, why (`Plan.attention`:
+e.g. "auto" for a model whose per-device attention libtpu cannot compile the
+kernel for, `sao_jax.sampler.paged_steps.attention_choice`).
 Nothing is ever allocated, so a 30B-parameter plan runs on a laptop CPU once
 libtpu is installed.
 
@@ -52,6 +55,7 @@ from sao_jax.models.paged_kernel import record_blocks
 from sao_jax.models.paged_mesh import page_shards
 from sao_jax.models.transformer import abstract_params, param_shardings
 from sao_jax.planning import estimate, hardware
+from sao_jax.sampler import paged_steps
 from sao_jax.sampler import steps as sampler_steps
 from sao_jax.sampler.kv_layout import kv_layout
 from sao_jax.sharding.mesh import make_mesh, traced_on
@@ -91,6 +95,7 @@ class Plan:
   hardware_flops: float
   roofline: estimate.Roofline
   kernel_blocks: tuple[KernelBlocks, ...] = ()  # the Pallas kernel's sizes in paged_decode
+  attention: str = ""  # why paged_decode attends as it does (`paged_steps.attention_choice`)
   page_shards: int = 1  # the paged pool's shards on the sampler mesh (its data x fsdp)
   rated_as: str = ""  # a GPU whose figures rate programs compiled for a TPU proxy
   shared_device: bool = False  # learner and sampler on the same device(s): memory adds
@@ -261,6 +266,7 @@ def plan(cfg: Config, topology: str, seq_len: int, *, sampler_topology: str | No
                          or max(seq_len // 8, 1))
   decode_program = paged_program = None
   kernel_blocks: list[KernelBlocks] = []
+  attention = ""
   shards = 1
   if with_decode:
     sampler_topology = sampler_topology or topology
@@ -282,6 +288,7 @@ def plan(cfg: Config, topology: str, seq_len: int, *, sampler_topology: str | No
       episodes = max(estimate.paged_episodes(sampler_batch, seq_len, mean_episode_tokens, page,
                                              shards), -(-cfg.sampler.slots // shards) * shards)
       pages = estimate.paged_pool_pages(sampler_batch, seq_len, page, shards)
+      attention = paged_steps.attention_choice(cfg.sampler, cfg.model, sampler)[1]
       with record_blocks() as kernel_blocks:
         lowered = lower_engine_decode(cfg, sampler, episodes, pages, seq_len)
       paged_program = _program(plan_program, sampler_topology, sampler, _compile(
@@ -295,7 +302,8 @@ def plan(cfg: Config, topology: str, seq_len: int, *, sampler_topology: str | No
               hardware_flops=hardware_flops,
               roofline=estimate.roofline(model_flops, hardware_flops, tokens, len(devices),
                                          device.peak_bf16_flops),
-              kernel_blocks=tuple(dict.fromkeys(kernel_blocks)), page_shards=shards,
+              kernel_blocks=tuple(dict.fromkeys(kernel_blocks)), attention=attention,
+              page_shards=shards,
               rated_as=rate_as or "", shared_device=shared_device)
 
 
@@ -395,8 +403,11 @@ def format_plan(result: Plan) -> str:
                  f"{paged.tokens_per_s:,.0f} tokens/s (estimated from the dense step's bytes and "
                  "FLOPs)")
   if result.paged_decode is not None:
-    blocks = "; ".join(b.describe() for b in result.kernel_blocks) or "none (reference path)"
-    if result.rated_as:  # the Pallas kernel is TPU-only: the proxy compiled it, a GPU does not
+    blocks = "; ".join(b.describe() for b in result.kernel_blocks)
+    if not blocks:
+      why = f" ({result.attention})" if result.attention else ""
+      lines.append(f"paged_decode attention on {result.device.name}: the reference path{why}")
+    elif result.rated_as:  # the Pallas kernel is TPU-only: the proxy compiled it, a GPU does not
       lines.append(f"paged_decode attention kernel of the TPU proxy (per device): {blocks}; on "
                    f"{result.rated_as} the engine runs the reference attention path instead")
     else:

@@ -81,30 +81,42 @@ def decode(params: Params, cache: paged.PagedKVCache, pages_NxM: jax.Array, toke
 
 def attention_path(sampler: SamplerConfig, cfg: ModelConfig,
                    mesh: jax.sharding.Mesh | None = None) -> str:
-  """"pallas" or "reference": the prefill and decode attention `sampler.paged_attention`
-  selects for this model on `mesh`'s devices (None: the default backend's).
+  """"pallas" or "reference": the path of `attention_choice`."""
+  return attention_choice(sampler, cfg, mesh)[0]
+
+
+def attention_choice(sampler: SamplerConfig, cfg: ModelConfig,
+                     mesh: jax.sharding.Mesh | None = None) -> tuple[str, str]:
+  """("pallas" or "reference", why): the prefill and decode attention
+  `sampler.paged_attention` selects for this model on `mesh`'s devices (None: the
+  default backend's), and a sentence saying why (what the sampler logs and sao-plan
+  prints).
 
   "auto" is the Pallas TPU kernel on TPU and the reference elsewhere, and the
-  reference on TPU too for a model whose per-device attention shapes the kernel
-  does not take (`paged_kernel.kernel_unsupported`: head_dim not a multiple of
-  128, KV heads that do not tile); "pallas" for such a model is an error.
+  reference on TPU too for a model whose per-device attention shapes libtpu cannot
+  compile the kernel for (`paged_kernel.kernel_unsupported`: head_dim not a multiple
+  of 128, KV heads that do not tile, head_dim 256 with more than one KV head per
+  device); "pallas" for such a model is an error.
   """
   choice = sampler.paged_attention
   platform = jax.default_backend() if mesh is None else mesh.devices.flat[0].platform
-  if choice == "reference" or (choice == "auto" and platform != "tpu"):
-    return "reference"
+  if choice == "reference":
+    return "reference", "sampler.paged_attention='reference'"
+  if choice == "auto" and platform != "tpu":
+    return "reference", f"sampler.paged_attention='auto' on {platform}: the kernel is TPU-only"
   kv = cfg.num_key_value_heads
   axis = None if mesh is None else pool_head_axis(dict(mesh.shape), kv)
   shards = 1 if axis is None else mesh.shape[axis]
   reason = kernel_unsupported(cfg.num_attention_heads // shards, kv // shards, cfg.head_dim,
                               cfg.compute_dtype)
   if reason is None:
-    return "pallas"
+    return "pallas", f"sampler.paged_attention={choice!r} on {platform}"
   if choice == "pallas":
     raise ValueError(f"sampler.paged_attention='pallas' is invalid for this model: the Pallas "
                      f"ragged paged attention kernel does not take its attention ({reason}); "
                      f"set sampler.paged_attention='auto' or 'reference'")
-  return "reference"
+  return "reference", (f"sampler.paged_attention='auto' on tpu, and the Pallas kernel does not "
+                       f"take this model's attention on {shards} KV-head shard(s): {reason}")
 
 
 def compile_steps(cfg: ModelConfig, sampler: SamplerConfig, stop_token_ids: tuple[int, ...],

@@ -218,6 +218,7 @@ def _sample(spec: WorkerSpec, alive: Callable[[], bool], cfg: Config, chat, poll
   from sao_jax.envs.dataset_tasks import BadRow
   from sao_jax.envs.registry import describe, make_env, make_tasks
   from sao_jax.run.bootstrap import initial_policy
+  from sao_jax.sampler import paged_steps
   from sao_jax.sampler.episodes import EpisodeRunner, make_engine
   from sao_jax.sampler.prompt_ids import PromptIds
 
@@ -230,8 +231,10 @@ def _sample(spec: WorkerSpec, alive: Callable[[], bool], cfg: Config, chat, poll
     return
   to_policy = published_to_policy(cfg, lambda: initial_policy(cfg))
   params, version = to_policy(got[0]), got[1]
-  engine = make_engine(cfg.sampler, cfg.model, params, chat, version=version,
-                       mesh=engine_mesh(cfg))
+  mesh = engine_mesh(cfg)
+  engine = make_engine(cfg.sampler, cfg.model, params, chat, version=version, mesh=mesh)
+  if cfg.sampler.kv_layout == "paged":  # which attention runs, and why (a TPU may not take it)
+    log("paged attention: %s (%s)" % paged_steps.attention_choice(cfg.sampler, cfg.model, mesh))
   runner = EpisodeRunner(engine, chat, lambda: make_env(cfg.env),
                          max_episodes=cfg.sampler.slots * 2,
                          env_threads=cfg.sampler.num_env_threads(),

@@ -20,7 +20,8 @@ from sao_jax.models.paged_attention import gathered_attention, ragged_attention
 from sao_jax.models.paged_blocks import KernelBlocks
 from sao_jax.models.paged_kernel import kernel_attention, kernel_unsupported, record_blocks
 from sao_jax.sampler.paged_engine import PagedEngine
-from sao_jax.sampler.paged_steps import attention_path, compile_steps, new_cache
+from sao_jax.sampler.paged_steps import (attention_choice, attention_path, compile_steps,
+                                        new_cache)
 from tpu_interpret import interpret
 
 # head_dim 128: the kernel's online softmax needs a multiple of 128 (kernel_unsupported).
@@ -170,6 +171,22 @@ def test_kernel_support_names_what_it_cannot_take():
   assert "6 combined kv heads" in kernel_unsupported(6, 3, 128, jnp.float32)
 
 
+@pytest.mark.parametrize("kv_heads, dtype, takes", [
+    (1, jnp.bfloat16, True), (2, jnp.bfloat16, False), (4, jnp.bfloat16, False),
+    (8, jnp.bfloat16, False), (1, jnp.float32, False)])
+def test_kernel_support_of_head_dim_256_is_what_libtpu_compiles(kv_heads, dtype, takes):
+  """head_dim 256 (Gemma 3) compiles only with an unstrided KV read: one KV head per device
+  in bfloat16 (libtpu refuses the rest: "The last dim size is not 128 in original base
+  memref"; tests/models/test_paged_kernel_shapes_tpu.py compiles each answer)."""
+  reason = kernel_unsupported(4 * kv_heads, kv_heads, 256, dtype)
+  if takes:
+    assert reason is None
+  else:
+    assert f"head_dim=256 with {kv_heads} KV head(s) per device" in reason
+    assert "strided read only from rows of 128 lanes" in reason
+  assert kernel_unsupported(4 * kv_heads, kv_heads, 128, dtype) is None
+
+
 # A model the kernel takes: head_dim 128, 4 query heads per KV head.
 KERNEL_MODEL = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, head_dim=128,
                            num_attention_heads=4, num_key_value_heads=1, logits_chunk=16)
@@ -243,3 +260,20 @@ def test_attention_path_is_the_kernel_on_tpu_or_when_asked():
   with pytest.raises(ValueError, match="sampler.paged_attention='pallas' is invalid for this "
                                        "model: .*head_dim=64 is not a multiple of 128"):
     attention_path(pallas, small_heads)
+
+
+def test_attention_choice_says_why():
+  """What the sampler logs and sao-plan prints beside the path (on TPU, "auto" for a model
+  libtpu cannot compile the kernel for: tests/models/test_paged_kernel_shapes_tpu.py)."""
+  auto = KERNEL_SAMPLER
+  assert attention_choice(auto, KERNEL_MODEL) == (
+      "reference", "sampler.paged_attention='auto' on cpu: the kernel is TPU-only")
+  reference = dataclasses.replace(auto, paged_attention="reference")
+  assert attention_choice(reference, KERNEL_MODEL) == (
+      "reference", "sampler.paged_attention='reference'")
+  # Gemma 3 4B's attention (8 query heads, 4 KV heads of 256) on one device.
+  gemma = dataclasses.replace(KERNEL_MODEL, head_dim=256, num_attention_heads=8,
+                              num_key_value_heads=4, compute_dtype="bfloat16")
+  with pytest.raises(ValueError, match="sampler.paged_attention='pallas' is invalid for this "
+                                       "model: .*head_dim=256 with 4 KV head"):
+    attention_choice(dataclasses.replace(auto, paged_attention="pallas"), gemma)

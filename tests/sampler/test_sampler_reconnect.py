@@ -62,6 +62,9 @@ def test_a_dropped_weight_channel_does_not_end_the_worker(tmp_path, monkeypatch,
   logged = capsys.readouterr().err
   assert logged.count("sampler 3: weight channel unavailable") == 2, logged
   assert "polling again in 0 s" in logged  # 0.01 s, then 0.02 s
+  # The paged engine's attention and why, said once at start (on TPU: maybe the reference).
+  assert logged.count("sampler 3: paged attention: reference (sampler.paged_attention='auto' "
+                      "on cpu: the kernel is TPU-only)") == 1, logged
 
 
 def test_the_wait_doubles_per_failure_up_to_its_cap_and_a_clean_poll_resets_it():
