@@ -173,14 +173,18 @@ def test_what_needs_local_files_is_refused_for_a_bucket(overrides, message, work
   assert os.listdir(workdir) == []
 
 
-def test_a_bucket_run_directory_is_refused_for_a_multi_host_learner(workdir, monkeypatch):
+def test_a_bucket_run_directory_is_refused_for_a_multi_host_learner(workdir, monkeypatch,
+                                                                    tmp_path_factory):
   import jax
 
   from sao_jax.jobs import train
   monkeypatch.setattr(jax, "process_count", lambda: 2)
+  # A tokenizer that exists on this host (sao-train refuses a missing one first).
+  tokenizer = tmp_path_factory.mktemp("model") / "tokenizer.json"
+  tokenizer.write_text("{}")
   with pytest.raises(ValueError, match=r"run.run_dir='gs://bucket/run' is a bucket, which the "
                      r"2 hosts of this learner would share, .* set run.run_dir to a local"):
-    train.run(load_config(DEMO, BUCKET_RUN))
+    train.run(load_config(DEMO, BUCKET_RUN + [f"run.tokenizer={tokenizer}"]))
   assert os.listdir(workdir) == []
 
 

@@ -53,11 +53,13 @@ def demonstrations(cfg: Config, chat: ChatFormat | None) -> Iterator[Demonstrati
   source = resolve(cfg.env).task_source
   if source in DATASET_SOURCES:
     # sao-train refuses this before it starts (`startup.check_train_inputs`).
-    field = (f"run.sft_steps={cfg.run.sft_steps}: set run.sft_steps=0" if cfg.run.sft_steps
-             else "run.tokenizer='': set run.tokenizer (a tokenizer.json, or the model's "
-             "directory)")
+    # Every field that needs changing, so that one fix does not meet the next refusal.
+    fields = ([f"run.sft_steps={cfg.run.sft_steps}: set run.sft_steps=0"] if cfg.run.sft_steps
+              else []) + ([] if cfg.run.tokenizer else [
+                  "run.tokenizer='': set run.tokenizer (a tokenizer.json, or the model's "
+                  "directory; python -m sao_jax.cli.make_tokenizer builds one from the rows)"])
     raise ValueError(f"env.task_source={source!r}: dataset rows hold no demonstrations to "
-                     f"warm-start on or to train a tokenizer from; {field}")
+                     f"warm-start on or to train a tokenizer from; {'; '.join(fields)}")
   template_format = "fenced" if chat is None else chat.tool_format
   for task in make_tasks(cfg.env):
     env = make_env(cfg.env)

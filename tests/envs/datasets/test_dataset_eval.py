@@ -87,7 +87,8 @@ def test_dataset_runs_say_there_is_nothing_to_warm_start_on(tmp_path):
   path = write_parquet(tmp_path / "m.parquet", MATH500)
   cfg = load_config(ROOT / "configs" / "demo_cpu.py", [
       "env.task_source=parquet", f"env.dataset.path={path}", f"run.run_dir={tmp_path}/run"])
-  with pytest.raises(ValueError, match=r"run.sft_steps=0 and run.tokenizer"):
+  with pytest.raises(ValueError, match=r"run.sft_steps=400: set run.sft_steps=0; "
+                     r"run.tokenizer='': set run.tokenizer .*make_tokenizer"):
     bootstrap.prepare_chat(cfg)
 
 
