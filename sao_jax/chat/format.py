@@ -95,7 +95,11 @@ class ChatFormat:
   """A tokenizer and the chat template that renders its conversations (module docstring)."""
 
   def __init__(self, tokenizer: tokenizers.Tokenizer, template: str, *,
-               special_tokens: Mapping[str, str], enable_thinking: bool, name: str):
+               special_tokens: Mapping[str, str], enable_thinking: bool, name: str,
+               fallback: bool = False):
+    # fallback: the tokenizer's directory ships no template and ChatML stands in for it
+    # (a directory that ships ChatML itself, as make_tokenizer writes, is not a fallback).
+    self.fallback = fallback
     if not enable_thinking and "enable_thinking" not in template:
       raise ValueError(f"run.enable_thinking=False, but the chat template of {name} has no "
                        "enable_thinking switch; set run.enable_thinking=true")
@@ -305,7 +309,7 @@ def chat_format(path: str | pathlib.Path | None, tokenizer: tokenizers.Tokenizer
       raise ValueError(f"{str(directory)!r} ships no chat template (chat_template.jinja or "
                        f"tokenizer_config.json) and its tokenizer lacks the ChatML tokens {missing}")
     return ChatFormat(tokenizer, CHATML_TEMPLATE, special_tokens={},
-                      enable_thinking=enable_thinking, name="ChatML")
+                      enable_thinking=enable_thinking, name="ChatML", fallback=True)
   return ChatFormat(tokenizer, template, special_tokens=_special_tokens(config),
                     enable_thinking=enable_thinking,
                     name="ChatML" if template == CHATML_TEMPLATE else repr(str(directory)))

@@ -11,7 +11,9 @@ LoRA it is the base from `run.init` merged with the checkpoint's adapters. It
 is written as `transformers` loads it (`hf.export_hf`), with the tokenizer the
 run trained with (the run directory's copy, or `run.tokenizer` for a bucket run
 directory) and the chat template it trained with, ChatML included, so
-`apply_chat_template` on the export renders what the run's episodes rendered.
+`apply_chat_template` on the export renders what the run's episodes rendered, and
+the template's end token as `generate`'s `eos_token_id` (generation_config.json,
+unless the tokenizer directory ships one), so a reply ends where an episode's did.
 
 Optionally the value model, which has no Hugging Face class, goes to its own
 sao_jax params directory (`params_io`: model_config.json with head "value" and
@@ -47,7 +49,8 @@ def export_run(cfg: Config, out_dir: str | pathlib.Path, *, step: int | None = N
                      f"{cfg.algorithm.variant!r} trains no value model")
   cfg, mesh, chat, policy, meta = evaluate.checkpoint_policy(cfg, step)
   hf.export_hf(policy, cfg.model, out_dir, max_shard_bytes=max_shard_bytes,
-               tokenizer_dir=tokenizer_dir or run_tokenizer_dir(cfg), chat_template=chat.template)
+               tokenizer_dir=tokenizer_dir or run_tokenizer_dir(cfg), chat_template=chat.template,
+               eos_token_id=chat.end_token_id)
   log(f"wrote the policy of step {meta['step']} (policy version {meta['policy_version']}, "
       f"chat format {chat.name}) to {out_dir}")
   if value_dir is not None:

@@ -36,8 +36,9 @@ from sao_jax.models.params_io import place, write_safetensors
 from sao_jax.models.tokenizer import TOKENIZER_CONFIG, TEMPLATE_FILE
 from sao_jax.models.transformer import Params, abstract_params, is_moe_layer, param_path, param_shardings
 
+GENERATION_CONFIG = "generation_config.json"
 TOKENIZER_FILES = ("tokenizer.json", TOKENIZER_CONFIG, "special_tokens_map.json", "vocab.json",
-                   "merges.txt", "generation_config.json", TEMPLATE_FILE)
+                   "merges.txt", GENERATION_CONFIG, TEMPLATE_FILE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,7 +183,7 @@ def _unflatten(flat: dict[str, jax.Array], template: Params) -> Params:
 def export_hf(params: Params, cfg: ModelConfig, out_dir: str | pathlib.Path,
               max_shard_bytes: int = 5 * 2**30,
               tokenizer_dir: str | pathlib.Path | None = None,
-              chat_template: str | None = None) -> None:
+              chat_template: str | None = None, eos_token_id: int | None = None) -> None:
   """Writes policy `params` as an HF directory (config.json + safetensors shards).
 
   More than `max_shard_bytes` of tensors are split into
@@ -191,6 +192,9 @@ def export_hf(params: Params, cfg: ModelConfig, out_dir: str | pathlib.Path,
   holding none of `TOKENIZER_FILES` is an error, not a directory without a tokenizer.
   `chat_template` (the template a run trained with) is written as chat_template.jinja,
   over any the tokenizer directory held: `apply_chat_template` renders with it.
+  `eos_token_id` (the token a run's replies end with) is written as generation_config.json
+  when the tokenizer directory has none, so transformers' `generate` stops where the
+  run's sampler stopped rather than at `max_new_tokens`.
   `out_dir` must not hold weights already: transformers prefers a `model.safetensors`
   to an index, so an old single file beside a new sharded export would load the old
   model. config.json is written last, so a failed export is no loadable directory.
@@ -210,6 +214,8 @@ def export_hf(params: Params, cfg: ModelConfig, out_dir: str | pathlib.Path,
     shutil.copy(file, out_dir / file.name)
   if chat_template is not None:
     (out_dir / TEMPLATE_FILE).write_text(chat_template, encoding="utf-8")
+  if eos_token_id is not None and GENERATION_CONFIG not in {file.name for file in tokenizer_files}:
+    (out_dir / GENERATION_CONFIG).write_text(json.dumps({"eos_token_id": eos_token_id}, indent=2))
   (out_dir / HF_CONFIG).write_text(json.dumps(hf_config(cfg), indent=2))
 
 

@@ -20,7 +20,6 @@ import jax
 
 from sao_jax import storage
 from sao_jax.chat import ChatFormat, chat_format, tool_calls
-from sao_jax.chat.format import CHATML_TEMPLATE
 from sao_jax.config import Config, hf_json, init_model, params_json
 from sao_jax.config.dataset import DATASET_SOURCES
 from sao_jax.envs.base import play
@@ -92,7 +91,7 @@ def prepare_chat(cfg: Config, log: Callable[[str], None] = print) -> ChatFormat:
     raise ValueError(f"the tokenizer has {tokenizer.get_vocab_size()} tokens but "
                      f"model.vocab_size={cfg.model.vocab_size}; raise model.vocab_size")
   chat = chat_format(source, tokenizer, enable_thinking=cfg.run.enable_thinking)
-  if cfg.run.tokenizer and chat.template == CHATML_TEMPLATE:
+  if cfg.run.tokenizer and chat.fallback:
     # A checkpoint's tokenizer without a template of its own: say which format the run
     # trains with, since a model tuned on another template would be served with that one.
     log(f"chat format: run.tokenizer={cfg.run.tokenizer!r} ships no chat template "

@@ -74,9 +74,12 @@ def _saved_run(tmp_path, family, *, lora=False, template=True):
 
 
 def _assert_template_round_trip(out, cfg):
-  """transformers renders the conversation on the export as the run's format does."""
+  """transformers renders the conversation on the export as the run's format does, and
+  its `generate` stops at the template's end token, where the run's episodes stopped."""
   chat = bootstrap.prepare_chat(cfg, lambda line: None)
   tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+  eos = transformers.GenerationConfig.from_pretrained(out).eos_token_id
+  assert (eos, tokenizer.convert_ids_to_tokens(eos)) == (chat.end_token_id, chat.end_token)
   for messages, generation_prompt in CONVERSATIONS:
     ours, _ = chat.encode(messages, generation_prompt)
     theirs = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False,
@@ -142,3 +145,14 @@ def test_what_a_run_does_not_have_is_refused_by_name(tmp_path):
   with pytest.raises(ValueError, match="--value-out.*'grpo' trains no value model"):
     export.export_run(grpo, tmp_path / "out", value_dir=tmp_path / "critic")
   assert not (tmp_path / "out").exists()
+
+
+def test_a_tokenizer_that_ships_chatml_itself_is_not_told_it_ships_none(tmp_path):
+  """A directory whose chat_template.jinja is ChatML (what make_tokenizer writes) trains
+  with its own template: no fallback notice (the notice is for a directory with none)."""
+  tokenizer_dir = build_tokenizer_dir(tmp_path / "tokenizers", "qwen3")
+  (tokenizer_dir / "chat_template.jinja").write_text(CHATML_TEMPLATE)
+  lines = []
+  chat = bootstrap.prepare_chat(run_config(tmp_path / "run", "qwen3", tokenizer_dir), lines.append)
+  assert (chat.template, chat.fallback) == (CHATML_TEMPLATE, False)
+  assert not [line for line in lines if "ships no chat template" in line]
