@@ -37,8 +37,11 @@ def build_options(spec, given: Mapping[str, Any]) -> Any:
   allowed = ", ".join(map(repr, fields)) or "none"
   for key in given:
     if key not in fields:
+      # The usual cause besides a typo: a config's options for its own environment, kept
+      # when `--set env.name=...` picks another one.
       raise ValueError(f"env.options.{key} is not an option of {where}; its options are "
-                       f"{allowed}")
+                       f"{allowed} (options of another environment, e.g. the config's own "
+                       "before --set env.name=..., are cleared with --set 'env.options={}')")
   missing = [name for name, f in fields.items() if name not in given
              and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
   if missing:

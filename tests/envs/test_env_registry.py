@@ -146,6 +146,16 @@ def test_the_config_checks_its_own_fields_and_the_registry_the_environment():
     registry.check(EnvConfig(options={"wrod": 1}))
 
 
+def test_options_left_from_another_environment_say_how_to_clear_them():
+  """configs/from_hf.py sets math_tool's problem_kind; `--set env.name=single_turn` keeps
+  it, and the error says how to drop it."""
+  config = EnvConfig(name="single_turn", task_source="parquet",
+                     options={"problem_kind": "arithmetic"})
+  with pytest.raises(ValueError, match=r"env.options.problem_kind is not an option of environment "
+                                       r"'single_turn'.*--set 'env.options=\{\}'"):
+    registry.check(config)
+
+
 def test_default_configs_are_valid():
   registry.check(EnvConfig())
   registry.check(EnvConfig(name="style"))
