@@ -196,8 +196,10 @@ class SamplerConfig:
       fail("sampler", "prefill_buckets", buckets,
            "expected positive integers in strictly increasing order, e.g. (32, 128, 512)")
     if buckets[-1] > self.max_seq_len:
+      fitting = [b for b in buckets if b <= self.max_seq_len] or [self.max_seq_len]
       fail("sampler", "prefill_buckets", buckets,
-           f"the largest bucket must be <= max_seq_len={self.max_seq_len}")
+           f"the largest bucket must be <= max_seq_len={self.max_seq_len}; with that "
+           f"max_seq_len, e.g. --set sampler.prefill_buckets={','.join(map(str, fitting))}")
     check_choice("sampler", self, "kv_layout", KV_LAYOUTS)
     check_choice("sampler", self, "paged_attention", PAGED_ATTENTIONS)
     expected = self.expected_episode_tokens

@@ -20,7 +20,9 @@ def test_defaults_are_valid_and_the_tool_call_pattern_ends_at_the_closing_fence(
 @pytest.mark.parametrize("changes, message", [
     (dict(slots=0), "sampler.slots=0 is invalid: expected a positive integer"),
     (dict(max_seq_len=64, prefill_buckets=(32, 128)),
-     r"sampler.prefill_buckets=\(32, 128\) is invalid: the largest bucket must be <= max_seq_len=64"),
+     r"sampler.prefill_buckets=\(32, 128\) is invalid: the largest bucket must be <= max_seq_len=64; "
+     r"with that max_seq_len, e.g. --set sampler.prefill_buckets=32\.$"),
+    (dict(max_seq_len=16, prefill_buckets=(32, 128)), r"e.g. --set sampler.prefill_buckets=16\.$"),
     (dict(prefill_buckets=(64, 32)), "strictly increasing"),
     (dict(prefill_buckets=()), "sampler.prefill_buckets=()"),
     (dict(temperature=0.0), "sampler.temperature=0.0 is invalid: expected a number > 0"),
