@@ -4,7 +4,8 @@ docstring.
 
 - A command in a code block is parsed by the command's own parser, and when it
   names a config (`--config configs/...py`) the config and its `--set`s are
-  loaded and validated, which is `sao-train --check`. Shell variables the docs
+  loaded and validated, which is `sao-train --check`, with the directories of a
+  `PYTHONPATH=...` prefix importable (a reward function's module). Shell variables the docs
   define (`export REMOTE="..."`, `LORA="..."`) are expanded; `<placeholders>`
   become `1`; optional groups of a usage line (`[--resume]`) are checked flag by
   flag and then dropped.
@@ -102,7 +103,8 @@ def _config_docstring_blocks(path: pathlib.Path) -> list[list[str]]:
   return [_logical_lines([line for line in doc.splitlines() if line.startswith("    ")])]
 
 
-def _block_commands() -> list[tuple[str, str]]:
+def _block_commands() -> list[tuple[str, str, str]]:
+  """(where, command, the PYTHONPATH its line sets or "") of every command line."""
   out = []
   sources = [(page, _code_blocks(page.read_text())) for page in PAGES]
   sources += [(path, _config_docstring_blocks(path))
@@ -117,8 +119,9 @@ def _block_commands() -> list[tuple[str, str]]:
           where = f"{page.relative_to(ROOT)}: {line.strip()[:80]}"
           # A comment starting "fails" marks an example of an error the docs show.
           fails = re.search(r"#\s*fails\b", line) is not None
+          path = re.match(r"\s*(?:[A-Z_][A-Z0-9_]*=\S*\s+)*?PYTHONPATH=(\S+)\s", line)
           out.append((where, match.group(1) + _strip_comment(match.group(2)) +
-                      (" #fails" if fails else "")))
+                      (" #fails" if fails else ""), path.group(1) if path else ""))
   return out
 
 
@@ -165,7 +168,7 @@ INLINE_COMMANDS = _inline_commands()
 
 
 def test_the_docs_show_commands_of_every_tool():
-  shown = {command.split()[0] for _, command in BLOCK_COMMANDS}
+  shown = {command.split()[0] for _, command, _ in BLOCK_COMMANDS}
   assert shown == set(docsgen.cli_parsers()), shown
   assert len(BLOCK_COMMANDS) >= 25 and len(INLINE_COMMANDS) >= 10
 
@@ -179,10 +182,19 @@ def _with_dataset(overrides: list[str], tmp_path: pathlib.Path) -> list[str]:
     return overrides
   answer = {"gsm8k": "so #### 2", "boxed": "\\boxed{2}"}.get(
       values.get("env.dataset.answer_format", "plain"), "2")
-  columns = {values.get("env.dataset.prompt_column", "problem"): ["What is 1 + 1?"],
-             values.get("env.dataset.answer_column", "answer"): [answer]}
+  columns = {}
+
+  def put(name: str, value) -> None:  # a dotted name is a field of a struct column
+    column, _, field = name.partition(".")
+    columns[column] = [{field: value} if field else value]
+
+  put(values.get("env.dataset.prompt_column", "problem"), "What is 1 + 1?")
+  put(values.get("env.dataset.answer_column", "answer"), answer)
   if values.get("env.dataset.source_column"):
-    columns[values["env.dataset.source_column"]] = ["algebra"]
+    put(values["env.dataset.source_column"], "algebra")
+  metadata = values.get("env.dataset.metadata_columns", "()")
+  for name in (ast.literal_eval(metadata) if metadata.startswith("(") else metadata.split(",")):
+    put(name, {"index": 0})
   stand_in = tmp_path / pathlib.Path(path).name
   if values.get("env.task_source") == "parquet":
     write_parquet(stand_in, columns)
@@ -192,8 +204,12 @@ def _with_dataset(overrides: list[str], tmp_path: pathlib.Path) -> list[str]:
       f"env.dataset.path={stand_in}"]
 
 
-@pytest.mark.parametrize("where, command", BLOCK_COMMANDS, ids=[w for w, _ in BLOCK_COMMANDS])
-def test_a_command_in_a_code_block_parses_and_its_config_checks(where, command, tmp_path):
+@pytest.mark.parametrize("where, command, pythonpath", BLOCK_COMMANDS,
+                         ids=[w for w, _, _ in BLOCK_COMMANDS])
+def test_a_command_in_a_code_block_parses_and_its_config_checks(where, command, pythonpath,
+                                                                tmp_path, monkeypatch):
+  for entry in filter(None, pythonpath.split(":")):
+    monkeypatch.syspath_prepend(str(ROOT / entry))
   definitions = _definitions()
   fails = command.endswith(" #fails")
   expanded = _expand(command.removesuffix(" #fails"), definitions)
