@@ -171,15 +171,17 @@ def rl_gain(run_dir) -> dict[str, float]:
   return gain
 
 
-def rl_gain_line(summary: dict, episodes: int, temperature: float) -> str:
-  """The run's closing line: held-out greedy accuracy after SFT and after RL, and, when
-  the run evaluated sampled episodes too, the sampled accuracy (RL's honest gain: greedy
-  accuracy can flip from 0 to 1 on one opening token's argmax)."""
-  line = (f"held-out accuracy ({episodes} episodes): greedy after SFT "
+def rl_gain_line(summary: dict, episodes: int, temperature: float, *, sft_steps: int) -> str:
+  """The run's closing line: held-out greedy accuracy at RL step 0 ("after SFT", or
+  "before RL" for a run without an SFT warm-start, `sft_steps` 0) and after RL, and,
+  when the run evaluated sampled episodes too, the sampled accuracy (RL's honest gain:
+  greedy accuracy can flip from 0 to 1 on one opening token's argmax)."""
+  start = "after SFT" if sft_steps > 0 else "before RL"
+  line = (f"held-out accuracy ({episodes} episodes): greedy {start} "
           f"{summary['eval/accuracy_after_sft']:.3f}, after RL "
           f"{summary['eval/accuracy_after_rl']:.3f}, RL gain {summary['eval/rl_gain']:+.3f}")
   if "eval/sampled_rl_gain" in summary:
-    line += (f"; sampled (temperature {temperature:g}) after SFT "
+    line += (f"; sampled (temperature {temperature:g}) {start} "
              f"{summary['eval/sampled_accuracy_after_sft']:.3f}, after RL "
              f"{summary['eval/sampled_accuracy_after_rl']:.3f}, RL gain "
              f"{summary['eval/sampled_rl_gain']:+.3f}")
@@ -479,6 +481,7 @@ def _run(cfg: Config, run_dir, *, resume: bool, log,
                   "plot": str(plot_curves(run_dir))})
   summary.update(rl_gain(run_dir))
   if "eval/rl_gain" in summary:
-    log(rl_gain_line(summary, cfg.run.eval_episodes, cfg.run.eval_temperature))
+    log(rl_gain_line(summary, cfg.run.eval_episodes, cfg.run.eval_temperature,
+                     sft_steps=cfg.run.sft_steps))
   storage.write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2).encode())
   return summary

@@ -63,8 +63,12 @@ def test_rl_gain_reports_the_sampled_accuracy_beside_the_greedy_one(tmp_path):
       "eval/accuracy_after_sft": 0.0, "eval/accuracy_after_rl": 1.0, "eval/rl_gain": 1.0,
       "eval/sampled_accuracy_after_sft": 0.39, "eval/sampled_accuracy_after_rl": 0.79,
       "eval/sampled_rl_gain": 0.40})
-  assert train.rl_gain_line(gain, 256, 1.0) == (
+  assert train.rl_gain_line(gain, 256, 1.0, sft_steps=400) == (
       "held-out accuracy (256 episodes): greedy after SFT 0.000, after RL 1.000, RL gain "
       "+1.000; sampled (temperature 1) after SFT 0.390, after RL 0.790, RL gain +0.400")
+  # A run without a warm-start (a dataset run, sft_steps=0) had no SFT to be "after".
+  assert train.rl_gain_line(gain, 256, 1.0, sft_steps=0) == (
+      "held-out accuracy (256 episodes): greedy before RL 0.000, after RL 1.000, RL gain "
+      "+1.000; sampled (temperature 1) before RL 0.390, after RL 0.790, RL gain +0.400")
   from sao_jax.run import metrics
   assert metrics.plot_curves(tmp_path).stat().st_size > 0  # greedy and sampled, one panel
