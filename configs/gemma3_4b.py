@@ -27,6 +27,16 @@ sao-plan's figures for each host are not recorded here yet: unlike the Qwen3 and
 Llama configs, this one is not in tests/test_ready_configs.py's SINGLE_HOST table,
 which needs them (the unrolled 34-layer train step compiles for far longer than a
 scanned one).
+
+Departs from the paper (each algorithm and learner field whose value differs from
+the paper's `sao` and `LearnerConfig` defaults; tests/test_config_departures.py
+checks the list):
+- `algorithm.variant` (`sao_centered_gated`), `algorithm.advantage_centering`
+  (`batch_mean`), `algorithm.require_reward_contrast` (true) and
+  `learner.lr_warmup_steps` (10; the paper: none): the precautions against the
+  collapses argued in configs/qwen3_0_6b.py (a precaution at this lr and scale, not a measurement).
+- `learner.batch_trajectories` (32; the paper: 128): a batch for one host, the base
+  config's (configs/qwen3_0_6b.py).
 """
 
 import dataclasses

@@ -2,6 +2,7 @@
 (`configs/x.py:v6e-8`), and what sao-plan compiles for a host config
 (`aot.host_targets`, GPU rating, one shared GPU)."""
 
+import dataclasses
 import pathlib
 
 import jax
@@ -9,6 +10,7 @@ import pytest
 
 from sao_jax.cli import plan as plan_cli
 from sao_jax.config import MeshConfig, apply_overrides, hosts, load_config
+from sao_jax.models.paged_blocks import KernelBlocks
 from sao_jax.planning import aot, estimate, hardware
 from tiny_run import TINY_RUN
 
@@ -99,7 +101,14 @@ def test_one_shared_gpu_must_hold_the_learner_and_the_sampler_together():
   table = aot.format_plan(_plan(40, 30, shared=True))
   assert "ESTIMATE for h100: compiled by the TPU compiler for v5p:1x1x1" in table
   assert "learner and sampler share each device: 71.00 GiB together" in table
-  assert "attention kernel of the TPU proxy" in table and "reference attention path" in table
+  # The proxy compiled the TPU kernel, which the GPU does not run; with no kernel
+  # blocks recorded the proxy took the reference path too, and the line says so.
+  kernel = dataclasses.replace(_plan(40, 30, shared=True),
+                               kernel_blocks=(KernelBlocks(4, 8, None),))
+  assert ("paged_decode attention kernel of the TPU proxy (per device): 4 KV pages x 8 "
+          "queries per block, no VMEM limit; on h100 the engine runs the reference attention "
+          "path instead") in aot.format_plan(kernel)
+  assert "paged_decode attention on h100: the reference path" in table
 
 
 def test_sao_plan_takes_the_hosts_targets_from_the_config(monkeypatch, capsys):
