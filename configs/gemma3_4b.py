@@ -23,10 +23,18 @@ hold one KV head of 256 each and run the Pallas kernel; on a v5p-8 its 2 chips h
 each, which libtpu cannot compile the kernel for, so the sampler takes the reference
 path and says why (docs/explanation/paged-engine.md, "Attention paths").
 
-sao-plan's figures for each host are not recorded here yet: unlike the Qwen3 and
-Llama configs, this one is not in tests/test_ready_configs.py's SINGLE_HOST table,
-which needs them (the unrolled 34-layer train step compiles for far longer than a
-scanned one).
+sao-plan's figures (libtpu 0.0.42.1; GiB per device, under 95% of HBM), v5p-8 only:
+
+    host    program       topology    mesh       total     HBM
+    v5p-8   train_step    v5p:1x2x1   fsdp=2      49.49   95.00
+    v5p-8   decode_step   v5p:1x2x1   tensor=2    12.29   95.00
+    v5p-8   paged_decode  v5p:1x2x1   tensor=2    14.32   95.00   (reference attention)
+    v5p-8   roofline: MFU <= 76.1%, train tokens/s <= 9,457, paged decode tokens/s <= 42,888
+
+The v6e-8 plan is not recorded yet, so this config is not in
+tests/test_ready_configs.py's SINGLE_HOST table (which compiles each pair and checks
+every figure): the unrolled 34-layer train step compiles for far longer than a
+scanned one (the v5p-8 plan took about 35 minutes of a loaded 2-core machine).
 
 Departs from the paper (each algorithm and learner field whose value differs from
 the paper's `sao` and `LearnerConfig` defaults; tests/test_config_departures.py
