@@ -39,7 +39,8 @@ def free_port() -> int:
 def device_metrics(run_dir: pathlib.Path) -> list[dict]:
   """Per-step metrics of the train step itself (not the host's data metrics)."""
   rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-  host = ("staleness/", "batch/", "dropped/", "time/", "perf/", "episodes/")
+  host = ("staleness/", "batch/", "dropped/", "time/", "perf/", "episodes/", "learner/",
+          "data/", "groups/")  # learner/: each host's own wait for data (run.timing)
   # NaN (an undefined metric, e.g. mismatch/lag0_abs_logp without lag-0 tokens)
   # as text, so that equal rows compare equal.
   return [{k: "nan" if v != v else v for k, v in row.items()
