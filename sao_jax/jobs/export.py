@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import pathlib
 
-import jax
-
 from sao_jax import storage
 from sao_jax.config import Config
 from sao_jax.jobs import evaluate
@@ -62,7 +60,7 @@ def export_run(cfg: Config, out_dir: str | pathlib.Path, *, step: int | None = N
     peft_io.export_peft(adapters["policy_adapters"], cfg.model, cfg.lora, peft_dir,
                         base_model=None if cfg.run.init == "random" else cfg.run.init)
     log(f"wrote its LoRA adapters to {peft_dir} (a PEFT adapter directory)")
-  return {"step": meta["step"], "policy_version": int(jax.device_get(meta["policy_version"])),
+  return {"step": meta["step"], "policy_version": meta["policy_version"],
           "out": str(out_dir), "value": value_dir and str(value_dir),
           "peft": peft_dir and str(peft_dir)}
 
