@@ -19,6 +19,9 @@ class Variant:
   label: str
   preset: str  # an AlgorithmConfig.for_variant name
   fields: tuple[tuple[str, Any], ...] = ()  # AlgorithmConfig overrides on top of the preset
+  # `--set` strings outside the algorithm section that make the variant (e.g. the
+  # paper's critic schedule in a setting registered with another one).
+  overrides: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +61,12 @@ VARIANTS = {v.name: v for v in (
             "sao", (("advantage_centering", "batch_mean"), ("require_reward_contrast", True))),
     Variant("sao_centered_gated", "SAO centred + gated (sao_centered_gated; not the paper's)",
             "sao_centered_gated"),
+    # The paper's SAO with the paper's critic schedule (value lr 5x the policy's, 10
+    # critic warm-up steps, value pretraining, no lr warm-up) in a setting whose config
+    # carries another schedule (E1-paper, experiments/e1_paper.py).
+    Variant("sao_paper_critic", "SAO (the paper's) with the paper's critic schedule", "sao",
+            overrides=("learner.value_lr=None", "learner.critic_warmup_steps=10",
+                       "learner.value_pretrain_steps=5", "learner.lr_warmup_steps=0")),
 )}
 
 CLAIMS = (

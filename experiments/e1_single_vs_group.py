@@ -64,6 +64,7 @@ made by this code), copied into the runs directory; its RL runs are new.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import pathlib
@@ -91,6 +92,29 @@ EXPERIMENT = claims_lib.Claim(
     "e1_single_vs_group", 0, "single-rollout SAO learns more than GRPO where groups fail",
     "single rollouts with a critic learn where GRPO's all-fail groups carry no gradient",
     "weak_start", "ordering", (SUBJECT, BASELINE))
+
+
+@dataclasses.dataclass(frozen=True)
+class Design:
+  """One registration of E1's comparison: which SAO arm, its report, and whether a
+  critic check is part of the verdict. E1 itself and E1-paper
+  (`experiments/e1_paper.py`, the paper's SAO in E1's setting) share every rule."""
+  experiment: claims_lib.Claim
+  subject: str  # the SAO arm
+  module: pathlib.Path  # its registration (the report names the commit that added it)
+  report: pathlib.Path
+  title: str
+  subject_words: str  # what the "holds for" sentence says of the SAO arm
+  # A registered critic-check threshold (a failed check turns SAO's loss into "the
+  # critic did not learn"); None: the check is a diagnostic beside the verdict (E1).
+  critic_threshold: float | None = None
+  seeds: int = SEEDS
+  baseline: str = BASELINE
+
+
+E1 = Design(EXPERIMENT, SUBJECT, pathlib.Path(__file__), REPORT,
+            "E1: single rollout against groups where groups fail (issue #38)",
+            "(centred advantages and the contrast gate: not the paper's `sao`)")
 
 
 def _mean(values: np.ndarray) -> float:
@@ -124,9 +148,9 @@ def gate_skip_share(run: Run) -> float:
   return math.nan if values is None else _mean(values)
 
 
-def manipulation_check(groups: dict[str, list[Run]]) -> tuple[bool, str]:
+def manipulation_check(groups: dict[str, list[Run]], design: Design = E1) -> tuple[bool, str]:
   starts = [start_reward(r) for runs in groups.values() for r in runs]
-  shares = [all_equal_share(r) for r in groups.get(BASELINE, [])]
+  shares = [all_equal_share(r) for r in groups.get(design.baseline, [])]
   start, share = _mean(np.asarray(starts)), _mean(np.asarray(shares, np.float64))
   weak = WEAK_START[0] <= start <= WEAK_START[1]
   failing = math.isfinite(share) and share >= ALL_EQUAL_AT_LEAST
@@ -138,15 +162,15 @@ def manipulation_check(groups: dict[str, list[Run]]) -> tuple[bool, str]:
   return weak and failing, text
 
 
-def verdict(groups: dict[str, list[Run]]) -> tuple[str, list[str]]:
+def verdict(groups: dict[str, list[Run]], design: Design = E1) -> tuple[str, list[str]]:
   """(verdict, sentences) by the registered rules (module docstring)."""
-  if not all(groups.get(name) for name in EXPERIMENT.variants):
+  if not all(groups.get(name) for name in design.experiment.variants):
     return stats.NOT_TESTED, ["No pair of runs has finished."]
-  passed, check = manipulation_check(groups)
+  passed, check = manipulation_check(groups, design)
   if not passed:
     return stats.SETTING_FAILED, [f"Manipulation check failed: {check}"]
-  sao = {r.seed: primary(r) for r in groups[SUBJECT]}
-  grpo = {r.seed: primary(r) for r in groups[BASELINE]}
+  sao = {r.seed: primary(r) for r in groups[design.subject]}
+  grpo = {r.seed: primary(r) for r in groups[design.baseline]}
   seeds = sorted(set(sao) & set(grpo))
   differences = [sao[s] - grpo[s] for s in seeds]
   summary = stats.summarize(differences)
@@ -157,34 +181,37 @@ def verdict(groups: dict[str, list[Run]]) -> tuple[str, list[str]]:
                f"{summary.format()} over {len(seeds)} seeds; one-sided exact Wilcoxon "
                f"signed-rank p = {p:.4f}; minimum detectable difference at 80% power "
                f"{mdd:.3f}."]
-  if len(seeds) < SEEDS:
-    return f"{stats.INCOMPLETE} ({len(seeds)} of {SEEDS} seeds)", sentences
+  if len(seeds) < design.seeds:
+    return f"{stats.INCOMPLETE} ({len(seeds)} of {design.seeds} seeds)", sentences
   return ("supported" if p < ALPHA else "not supported"), sentences
 
 
-def _paired(groups, metric) -> str:
-  a = {r.seed: metric(r) for r in groups[SUBJECT]}
-  b = {r.seed: metric(r) for r in groups[BASELINE]}
+def _paired(groups, metric, design: Design) -> str:
+  a = {r.seed: metric(r) for r in groups[design.subject]}
+  b = {r.seed: metric(r) for r in groups[design.baseline]}
   return stats.paired_difference(a, b).format()
 
 
-def report(out: pathlib.Path, path: pathlib.Path = REPORT) -> str:
-  manifest_path = out / "claims" / f"{EXPERIMENT.name}.json"
+def report(out: pathlib.Path, path: pathlib.Path | None = None, design: Design = E1) -> str:
+  path = design.report if path is None else path
+  manifest_path = out / "claims" / f"{design.experiment.name}.json"
   manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {"runs": {}}
   groups = {name: [load_run(out / rel) for _, rel in sorted(
       manifest["runs"].get(name, {}).items(), key=lambda kv: int(kv[0]))]
-            for name in EXPERIMENT.variants}
-  outcome, sentences = verdict(groups)
+            for name in design.experiment.variants}
+  outcome, sentences = verdict(groups, design)
+  holds_for, shown = _holds_for(groups, outcome, design)
+  module = design.module.relative_to(ROOT).with_suffix("")
   lines = [
-      "# E1: single rollout against groups where groups fail (issue #38)", "",
-      f"Generated by `.venv/bin/python -m experiments.e1_single_vs_group --out {out} "
+      f"# {design.title}", "",
+      f"Generated by `.venv/bin/python -m {'.'.join(module.parts)} --out {out} "
       f"--report {path} --report-only`; do not edit by hand. Design, pilot and criteria: the "
-      "pre-registration in `experiments/e1_single_vs_group.py` (registration commit: "
-      f"{stats.registration_commit(pathlib.Path(__file__))}). Setting: "
-      "`configs/experiments/weak_start.py`.", "",
-      f"**Verdict (SAO, `{SUBJECT}`, earns more sampled reward than GRPO at the same "
-      f"trajectories per step): {outcome}.** " + " ".join(sentences), "",
-      *_holds_for(groups, outcome),
+      f"pre-registration in `{design.module.relative_to(ROOT)}` (registration commit: "
+      f"{stats.registration_commit(design.module)}). Setting: "
+      f"`configs/experiments/{design.experiment.setting}.py`.", "",
+      f"**Verdict (SAO, `{design.subject}`, earns more sampled reward than GRPO at the same "
+      f"trajectories per step): {shown}.** " + " ".join(sentences), "",
+      *holds_for,
       "| variant | seeds | reward, first 5 steps | all-equal groups, first 10 steps | "
       "mean reward over the run (primary) | reward, last 25% | steps to 0.3 | "
       "held-out greedy acc. @0 | final held-out greedy acc. | collapsed | gate skips |",
@@ -203,14 +230,14 @@ def report(out: pathlib.Path, path: pathlib.Path = REPORT) -> str:
         f"{sum(collapsed[name])} of {len(runs)} | "
         f"{stats.summarize([gate_skip_share(r) for r in runs]).format()} |")
   if all(groups.values()):
-    steps_diff = [steps_to_level(a) - steps_to_level(b) for a, b in _pairs(groups)]
-    sao_c, grpo_c = collapsed[SUBJECT], collapsed[BASELINE]
+    steps_diff = [steps_to_level(a) - steps_to_level(b) for a, b in _pairs(groups, design)]
+    sao_c, grpo_c = collapsed[design.subject], collapsed[design.baseline]
     lines += ["", "Secondary (SAO minus GRPO on the same seed, mean ± 95% CI): "
               f"steps to a trailing {REACH_WINDOW}-step reward of {REACH_LEVEL} "
               f"{stats.summarize(steps_diff).format(1)} (one-sided Wilcoxon that SAO needs "
               f"fewer: p = {stats.wilcoxon_greater([-d for d in steps_diff]):.4f}); final "
-              f"held-out greedy accuracy {_paired(groups, lambda r: r.final_accuracy)}; "
-              f"training reward over the last 25% {_paired(groups, lambda r: r.final_reward())};"
+              f"held-out greedy accuracy {_paired(groups, lambda r: r.final_accuracy, design)}; "
+              f"training reward over the last 25% {_paired(groups, lambda r: r.final_reward(), design)};"
               f" collapses {sum(sao_c)} of {len(sao_c)} vs {sum(grpo_c)} of {len(grpo_c)} "
               "(one-sided Fisher that SAO collapses less: p = "
               f"{stats.fisher_fewer_collapses(sum(sao_c), len(sao_c), sum(grpo_c), len(grpo_c)):.3f}"
@@ -223,41 +250,51 @@ def report(out: pathlib.Path, path: pathlib.Path = REPORT) -> str:
               "| seed | " + " | ".join(f"`{n}`" for n in groups) + " | difference | "
               + " | ".join(f"lag `{n}`" for n in groups) + " |",
               "|---|" + "---|" * (2 * len(groups) + 1)]
-    for a, b in _pairs(groups):
+    for a, b in _pairs(groups, design):
       lines.append(f"| {a.seed} | {primary(a):.3f} | {primary(b):.3f} | "
                    f"{primary(a) - primary(b):+.3f} | {a.mean_lag():.2f} | {b.mean_lag():.2f} |")
   return "\n".join(lines) + "\n"
 
 
-def _holds_for(groups: dict[str, list[Run]], outcome: str) -> list[str]:
-  """The setting the verdict holds for, from the runs' configs, and the critic check
-  (added after the registration: not part of the verdict)."""
-  if not all(groups.get(name) for name in EXPERIMENT.variants):
-    return []
-  check = critic.critic_check(groups[SUBJECT], critic.DIAGNOSTIC_THRESHOLD)
-  return [f"The result holds for: `{SUBJECT}` (centred advantages and the contrast gate: "
-          f"not the paper's `sao`) with {critic.schedule(groups[SUBJECT][0])}; "
-          f"`{BASELINE}` with {critic.schedule(groups[BASELINE][0])}; compared per learner "
-          "step at equal trajectories per step (not wall-clock); task: tool-integrated "
-          "arithmetic (up to 3 turns) from a weak warm-start, the demo's 0.36M-parameter "
-          "model on CPU.", "",
-          f"Critic check (added after the registration, not part of the registered verdict; "
-          f"{SUBJECT}): {check.text}. By this check the verdict reads: "
-          f"**{critic.verdict_text(outcome, check)}**.", ""]
+def _holds_for(groups: dict[str, list[Run]], outcome: str,
+               design: Design) -> tuple[list[str], str]:
+  """(the setting the verdict holds for, from the runs' configs, with SAO's critic
+  check; the verdict as shown). With a registered critic threshold a failed check turns
+  SAO's loss into "the critic did not learn" in the verdict itself; without one (E1:
+  added after the registration) it is a diagnostic beside the registered verdict."""
+  if not all(groups.get(name) for name in design.experiment.variants):
+    return [], outcome
+  subject, baseline = groups[design.subject], groups[design.baseline]
+  registered = design.critic_threshold is not None
+  check = critic.critic_check(subject, design.critic_threshold if registered
+                              else critic.DIAGNOSTIC_THRESHOLD)
+  lines = [f"The result holds for: `{design.subject}` {design.subject_words} with "
+           f"{critic.schedule(subject[0])}; `{design.baseline}` with "
+           f"{critic.schedule(baseline[0])}; compared per learner step at equal trajectories "
+           "per step (not wall-clock); task: tool-integrated arithmetic (up to 3 turns) from "
+           "a weak warm-start, the demo's 0.36M-parameter model on CPU.", ""]
+  if registered:
+    return [*lines, f"Critic check (registered, {design.subject}): {check.text}.", ""], (
+        critic.verdict_text(outcome, check))
+  return [*lines, f"Critic check (added after the registration, not part of the registered "
+          f"verdict; {design.subject}): {check.text}. By this check the verdict reads: "
+          f"**{critic.verdict_text(outcome, check)}**.", ""], outcome
 
 
-def _pairs(groups: dict[str, list[Run]]) -> list[tuple[Run, Run]]:
-  grpo = {r.seed: r for r in groups[BASELINE]}
-  return [(r, grpo[r.seed]) for r in groups[SUBJECT] if r.seed in grpo]
+def _pairs(groups: dict[str, list[Run]], design: Design) -> list[tuple[Run, Run]]:
+  grpo = {r.seed: r for r in groups[design.baseline]}
+  return [(r, grpo[r.seed]) for r in groups[design.subject] if r.seed in grpo]
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-  parser = argparse.ArgumentParser(prog="experiments.e1_single_vs_group", description=__doc__,
+def main(argv: Sequence[str] | None = None, design: Design = E1, description: str = __doc__,
+         default_out: str = "e1") -> None:
+  module = design.module.relative_to(ROOT).with_suffix("")
+  parser = argparse.ArgumentParser(prog=".".join(module.parts), description=description,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--seeds", type=int, default=SEEDS)
+  parser.add_argument("--seeds", type=int, default=design.seeds)
   parser.add_argument("--jobs", type=int, default=1)
-  parser.add_argument("--out", default=str(ROOT / "runs" / "e1"))
-  parser.add_argument("--report", default=str(REPORT))
+  parser.add_argument("--out", default=str(ROOT / "runs" / default_out))
+  parser.add_argument("--report", default=str(design.report))
   parser.add_argument("--quick", action="store_true", help="pipeline check, numbers mean nothing")
   parser.add_argument("--set", dest="extra", action="append", default=[],
                       metavar="SECTION.FIELD=VALUE", help="override for every run (pilots)")
@@ -271,11 +308,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.error(f"--out {args.out!r} is a file; pass a runs directory (created if missing)")
   failures = []
   if not args.report_only:
-    failures = runner.run_claim(EXPERIMENT, seeds=args.seeds, quick=args.quick,
+    failures = runner.run_claim(design.experiment, seeds=args.seeds, quick=args.quick,
                                 extra=args.extra, out=out, jobs=args.jobs)
   path = pathlib.Path(args.report)
   path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text(report(out, path))
+  path.write_text(report(out, path, design))
   print(path.read_text())
   if failures:
     parser.exit(1, "failed runs:\n" + "\n".join(failures) + "\n")

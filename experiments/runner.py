@@ -106,7 +106,10 @@ def _changed(section: Any, prefix: str = "") -> dict[str, Any]:
 
 def warm_start_dir(out: pathlib.Path, cfg: Config) -> pathlib.Path:
   """Keyed by everything the warm-start depends on, so settings share it only when equal."""
-  env = {k: v for k, v in _changed(cfg.env).items() if k != "style_schedule"}
+  # The style schedule and the simulated step latency change RL, not the SFT that
+  # makes a warm-start (its demonstrations never run through the sampler's runner).
+  env = {k: v for k, v in _changed(cfg.env).items()
+         if k != "style_schedule" and not k.startswith("latency_")}
   sft = [cfg.run.sft_steps, cfg.run.sft_lr, cfg.run.sft_batch]
   if cfg.run.sft_target_accuracy:  # appended only when set: older keys stay valid
     sft += [cfg.run.sft_target_accuracy, cfg.run.sft_check_every,
@@ -188,20 +191,30 @@ def run_overrides(cfg: Config, shared: Sequence[str], variant: claims_lib.Varian
                   warm: pathlib.Path, run_dir: pathlib.Path) -> list[str]:
   """`--set` strings of one run: `shared` (quick, extra, seed), the variant, and a start
   from the seed's warm-start instead of SFT (its accuracy target off with it)."""
-  return [*shared, *variant_overrides(cfg, variant), f"run.init={warm / 'policy'}",
+  return [*shared, *variant_overrides(cfg, variant), *variant.overrides,
+          f"run.init={warm / 'policy'}",
           f"run.tokenizer={warm / 'tokenizer.json'}", "run.sft_steps=0",
           *(["run.sft_target_accuracy=0.0"] if cfg.run.sft_target_accuracy else []),
           f"run.run_dir={run_dir}"]
 
 
 def run_one(claim: claims_lib.Claim, variant: claims_lib.Variant, seed: int, *, quick: bool,
-            extra: Sequence[str], out: pathlib.Path) -> pathlib.Path:
-  """Runs (or resumes, or skips) one (variant, seed) run; returns its directory."""
+            extra: Sequence[str], out: pathlib.Path, tag: str = "",
+            warm_start_seed: int | None = None) -> pathlib.Path:
+  """Runs (or resumes, or skips) one (variant, seed) run; returns its directory,
+  `<variant><tag>-seed<k>` (a tag tells apart runs of one variant under other `extra`
+  overrides, e.g. a pilot's learning rates). The run starts from seed `warm_start_seed`'s
+  warm-start when given (one warm-start shared by every seed), else from its own seed's."""
   cfg_path = setting_path(claim.setting)
-  shared = [*(quick_overrides(claim.setting) if quick else ()), *extra, *seed_overrides(seed)]
+  base = [*(quick_overrides(claim.setting) if quick else ()), *extra]
+  shared = [*base, *seed_overrides(seed)]
   cfg = startup.load(cfg_path, shared)
-  run_dir = out / "runs" / claim.setting / f"{variant.name}-seed{seed}"
-  overrides = run_overrides(cfg, shared, variant, warm_start_dir(out, cfg), run_dir)
+  warm_shared, warm_cfg = shared, cfg
+  if warm_start_seed is not None:
+    warm_shared = [*base, *seed_overrides(warm_start_seed)]
+    warm_cfg = startup.load(cfg_path, warm_shared)
+  run_dir = out / "runs" / claim.setting / f"{variant.name}{tag}-seed{seed}"
+  overrides = run_overrides(cfg, shared, variant, warm_start_dir(out, warm_cfg), run_dir)
   state = _read_state(run_dir)
   if state is not None and state["overrides"] != overrides:
     raise RuntimeError(f"{run_dir} was run with other overrides ({state['overrides']}); "
@@ -209,7 +222,7 @@ def run_one(claim: claims_lib.Claim, variant: claims_lib.Variant, seed: int, *, 
   if state is not None and state["done"]:  # its warm-start is not needed (an archived run)
     print(f"  {variant.name} seed {seed}: done, skipped", flush=True)
     return run_dir
-  ensure_warm_start(cfg_path, shared, cfg, out)
+  ensure_warm_start(cfg_path, warm_shared, warm_cfg, out)
   if runs.latest_checkpoint(run_dir) is None and run_dir.exists():
     shutil.rmtree(run_dir)  # killed before its first checkpoint: metrics would repeat steps
   run_dir.mkdir(parents=True, exist_ok=True)
@@ -225,8 +238,12 @@ def run_one(claim: claims_lib.Claim, variant: claims_lib.Variant, seed: int, *, 
     if runs.latest_checkpoint(run_dir) is not None:
       command.append("--resume")
     print(f"  {variant.name} seed {seed}: training to step {end} ...", flush=True)
+    # The machine's load beside the run: a wall-clock comparison reads it next to the
+    # result (the 1-minute load average at the invocation's start and end).
+    load_start = os.getloadavg()[0]
     code, wall = _call(command, run_dir / "train.log")
-    state["invocations"].append({"end_step": end, "exit_code": code, "wall_s": wall})
+    state["invocations"].append({"end_step": end, "exit_code": code, "wall_s": wall,
+                                 "load_start": load_start, "load_end": os.getloadavg()[0]})
     _write_state(run_dir, state)
     if code != 0:
       raise RuntimeError(f"sao-train exited with {code}; see {run_dir / 'train.log'}")

@@ -47,6 +47,9 @@ class Run:
   init: str  # run.init: the warm-start this run started from
   eval_episodes: int  # run.eval_episodes: the size of each held-out evaluation
   learner: dict = dataclasses.field(default_factory=dict)  # config.json's learner section
+  # The runner's record of each sao-train invocation: end_step, exit_code, wall_s and,
+  # from runs made since E3, the load average at its start and end (load_start, load_end).
+  invocations: list = dataclasses.field(default_factory=list)
 
   @property
   def value_only_steps(self) -> int:
@@ -129,7 +132,7 @@ def load_run(run_dir: str | pathlib.Path) -> Run:
              dropped=int(sum(v for k, v in last.items() if k.startswith("dropped/"))),
              wall_s=float(sum(i["wall_s"] for i in state["invocations"])),
              init=config["run"]["init"], eval_episodes=config["run"]["eval_episodes"],
-             learner=config["learner"])
+             learner=config["learner"], invocations=state["invocations"])
 
 
 def latest_checkpoint(run_dir: pathlib.Path) -> int | None:

@@ -1,8 +1,11 @@
 """E1 and E2 (issue #38): their registered verdict rules, on synthetic runs."""
 
+import pathlib
+
 import numpy as np
 import pytest
 
+from experiments import e1_paper
 from experiments import e1_single_vs_group as e1
 from experiments import e2_paper_stability as e2
 from synthetic_runs import write_manifest, write_run
@@ -55,12 +58,12 @@ def test_e2_without_runs_is_not_tested(tmp_path):
   assert "GRPO): not tested.** No run has finished." in e2.report(tmp_path)
 
 
-def _e1(out, gain, *, seeds=10, start=0.1, all_equal=0.8, skip=0.3, ev=0.5):
+def _e1(out, gain, *, seeds=10, start=0.1, all_equal=0.8, skip=0.3, ev=0.5, design=e1.E1):
   """SAO's reward rises by `gain[seed]` more than GRPO's over the run (same start)."""
   runs, steps = {}, 40
-  for variant in e1.EXPERIMENT.variants:
+  for variant in design.experiment.variants:
     for seed in range(seeds):
-      extra_gain = gain[seed] if variant == e1.SUBJECT else 0.0
+      extra_gain = gain[seed] if variant == design.subject else 0.0
       rewards = np.concatenate([np.full(5, start),
                                 np.linspace(start, start + 0.2 + 2 * extra_gain, steps - 5)])
       extra = ({"advantage/zero_traj_frac": np.full(steps, all_equal)} if variant == "grpo"
@@ -69,7 +72,7 @@ def _e1(out, gain, *, seeds=10, start=0.1, all_equal=0.8, skip=0.3, ev=0.5):
       runs.setdefault(variant, {})[str(seed)] = write_run(
           out, "weak_start", variant, seed, rewards.tolist(), extra=extra,
           accuracies=[0.0, 0.1], eval_every=steps)
-  write_manifest(out, e1.EXPERIMENT.name, "weak_start", runs, steps=steps)
+  write_manifest(out, design.experiment.name, "weak_start", runs, steps=steps)
 
 
 def _verdict(text):
@@ -155,3 +158,36 @@ def test_e1_setting_compares_the_stable_sao_with_grpo_at_equal_trajectories():
   assert sao.algorithm.variant == "sao_centered_gated" and grpo.algorithm.variant == "grpo"
   assert sao.learner == grpo.learner  # same trajectories per step, lr and schedule
   assert grpo.algorithm.group_size == 8 and grpo.learner.batch_trajectories % 8 == 0
+
+
+@pytest.mark.parametrize("ev,reads", [
+    (0.1, "the critic did not learn (not: SAO lost; registered outcome not supported)"),
+    (0.5, "not supported")])
+def test_e1_paper_registers_the_critic_check_in_its_verdict(tmp_path, ev, reads):
+  """E1-paper: E1's rules, with the critic check registered: a loss with a critic below
+  0.3 reads "the critic did not learn" in the verdict itself, not beside it."""
+  _e1(tmp_path, list(np.random.default_rng(1).normal(0.0, 0.05, 10)), ev=ev,
+      design=e1_paper.DESIGN)
+  text = e1.report(tmp_path, tmp_path / "e1_paper.md", e1_paper.DESIGN)
+  assert text.startswith("# E1-paper: the paper's SAO where groups fail (issue #50)")
+  assert _verdict(text) == reads
+  assert "Critic check (registered, sao_paper_critic): the critic's explained variance" in text
+  assert "`experiments/e1_paper.py` (registration commit:" in text
+
+
+def test_e1_paper_runs_the_papers_critic_schedule_and_e1s_grpo():
+  from experiments import claims, runner
+  from sao_jax.jobs import startup
+  path = runner.setting_path("weak_start")
+  base = startup.load(path, [])
+  learners = {}
+  for name in e1_paper.EXPERIMENT.variants:
+    overrides = runner.run_overrides(base, [], claims.VARIANTS[name],
+                                     pathlib.Path("/warm"), pathlib.Path("/run"))
+    learners[name] = startup.load(path, [o for o in overrides if not o.startswith("run.")])
+  sao, grpo = learners["sao_paper_critic"], learners["grpo"]
+  assert (sao.algorithm.advantage_centering, sao.algorithm.require_reward_contrast) == (
+      "none", False)
+  assert (sao.learner.critic_lr, sao.learner.critic_warmup_steps,
+          sao.learner.value_pretrain_steps, sao.learner.lr_warmup_steps) == (5e-4, 10, 5, 0)
+  assert grpo.learner == base.learner and grpo.algorithm.group_size == 8
