@@ -245,7 +245,7 @@ def completion(request: ChatRequest, turn: SampledTurn, text: str, *, fmt: str, 
   """The `chat.completion` body for the sampled `turn` (decoded: `text`), the assistant
   message as the client will send it back, and that message's canonical form."""
   content, calls = split_calls(text, fmt)
-  calls_out = [{"id": f"{call_ids}_{k}", "type": "function",
+  calls_out = [{"id": f"call_{call_ids}_{k}", "type": "function",
                 "function": {"name": call.name, "arguments": json.dumps(dict(call.arguments))}}
                for k, call in enumerate(calls)]
   finish = "tool_calls" if calls else FINISH_REASONS.get(turn.finish_reason, "stop")

@@ -27,9 +27,10 @@ episode's turns together.
 Refusals, each with OpenAI's error body (`protocol.error_body`): 401 without the
 run's token, 404 for an episode that is not open, 409 for a second call of one
 episode while its first is pending or after the episode ended, 413 for a body
-over `max_body_bytes`, 400 for what cannot be rendered (`protocol`), 429 when
-`max_sessions` episodes are open (refused at `open_session`, so an episode that
-cannot get a session fails before its program starts).
+over `max_body_bytes`, 400 for what cannot be rendered (`protocol`) or more than
+`max_messages` messages. An episode that finds `max_sessions` sessions open fails
+at `open_session` (`SessionLimit`) before its program starts. The endpoint binds
+to loopback unless the options allow another host (`spec.AgentOptions`).
 """
 
 from __future__ import annotations
