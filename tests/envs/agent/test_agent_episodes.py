@@ -130,3 +130,23 @@ def test_a_program_past_its_time_limit_is_failed_and_counted(policy):
   trajectory, = trajectories
   assert trajectory.info["failure_kind"] == "AgentTimeout"
   assert runner.failures["AgentTimeout"] == 1
+
+
+def conversation_length(response, task, messages):
+  """A grader that pays the number of messages it was shown (and checks the last)."""
+  assert messages[-1] == {"role": "assistant", "content": response}
+  return float(len(messages))
+
+
+def test_env_reward_fn_grades_the_whole_conversation(policy):
+  from sao_jax.envs import rewards
+  engine = make_engine(SAMPLER, policy.model, policy.params, policy.chat)
+  options = agent_spec.AgentOptions(program="agent_programs:two_turns")
+  graded = EnvConfig(reward_fn="test_agent_episodes:conversation_length")
+  make = lambda: rewards.RewardFnEnv(agent_spec.make(options, graded), conversation_length,
+                                     path=graded.reward_fn, timeout_s=5.0)
+  runner = EpisodeRunner(engine, policy.chat, make, max_episodes=1, log=lambda text: None)
+  trajectory, = run_to_completion(runner, iter([Task(id="graded", prompt="1 + 1?", answer="2")]),
+                                  1, num_slots=1, seed=0)
+  # system, user, assistant, user (the follow-up), assistant: the grader replaces the 0.5.
+  assert trajectory.outcome == 5.0 and trajectory.info["end"] == "reward_fn"
