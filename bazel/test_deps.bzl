@@ -19,4 +19,6 @@ TEST_DEPS = [
     requirement("gcsfs"),
     requirement("fsspec"),
     requirement("gcp-storage-emulator"),
+    requirement("aiohttp"),
+    requirement("openai"),
 ]

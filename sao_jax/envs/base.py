@@ -42,8 +42,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 from sao_jax.chat import tool_calls
 from sao_jax.chat.tool_calls import ToolCall, Turn
 
-__all__ = ["Environment", "EnvironmentSpec", "Message", "NoOptions", "StepResult", "Task",
-           "ToolCall", "Transcript", "Turn", "play"]
+__all__ = ["Environment", "EnvironmentSpec", "Message", "NoOptions", "SampledTurn", "StepResult",
+           "Task", "ToolCall", "Transcript", "Turn", "play"]
 
 if TYPE_CHECKING:
   from sao_jax.config.env import EnvConfig
@@ -69,6 +69,21 @@ class Task:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class SampledTurn:
+  """One turn of the policy as the engine sampled it (`Environment.observe_turn`):
+  `tokens` its ids, `behavior_logp` the log-prob of each (the values the learner
+  trains against), `finish_reason` the engine's ("stop_token", "stop_pattern",
+  "max_new_tokens", "max_seq_len"), `policy_versions` the first and last weight
+  version that sampled it, `token_text(id)` a token's text (special tokens included)."""
+
+  tokens: tuple[int, ...]
+  behavior_logp: tuple[float, ...]
+  finish_reason: str
+  policy_versions: tuple[int, int]
+  token_text: Callable[[int], str]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class StepResult:
   """The outcome of one action. Build it with `next`, `finish` or `fail`.
 
@@ -87,6 +102,14 @@ class StepResult:
   failure: str | None = None
   reason: str | None = None
   info: Mapping[str, Any] = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
+  # The observation as chat messages (an agent program's tool results and user turns,
+  # `sao_jax.envs.agent`), rendered in place of one `observation_role` message; None:
+  # `observation` is that one message. `observation` then holds their text, for logs.
+  messages: tuple[Message, ...] | None = None
+  # With `messages`: they are a new prompt, not a continuation (a client rewrote the
+  # conversation): the sampler ends the episode's token segment so far and starts a new
+  # one from them, so no token the policy did not sample is ever trained as if it had.
+  new_segment: bool = False
 
   def __post_init__(self):
     if self.done == (self.observation is not None):
@@ -100,6 +123,15 @@ class StepResult:
   def next(cls, observation: str, **info: Any) -> StepResult:
     """The episode continues; `observation` goes back to the model."""
     return cls(observation=observation, info=types.MappingProxyType(info))
+
+  @classmethod
+  def next_messages(cls, messages: Sequence[Message], *, new_segment: bool = False,
+                    **info: Any) -> StepResult:
+    """The episode continues with `messages` (each `{"role", "content", ...}`) after the
+    policy's turn, or, `new_segment`, from `messages` as a fresh prompt."""
+    text = "\n".join(str(message.get("content", "")) for message in messages)
+    return cls(observation=text, messages=tuple(messages), new_segment=new_segment,
+               info=types.MappingProxyType(info))
 
   @classmethod
   def finish(cls, reward: float, reason: str, **info: Any) -> StepResult:
@@ -127,6 +159,13 @@ class Environment(abc.ABC):
   # "llama3_json" (Llama 3.1), or "fenced" (ChatML: the environment's own blocks).
   tools: Sequence[Mapping[str, Any]] = ()
   tool_format: str = "fenced"
+  # True for an environment whose `reset` waits on something outside the process (an
+  # agent program's first call): the sampler runs it on a step thread, as it runs
+  # `step`, so that it never stalls decoding.
+  slow_reset: bool = False
+  # The most tokens the policy's next turn may sample (an agent's `max_tokens`), read by
+  # the sampler when it queues the turn; None: `sampler.max_new_tokens`. Never more.
+  max_new_tokens: int | None = None
 
   def __init__(self, *, max_turns: int, max_observation_chars: int):
     if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
@@ -151,6 +190,12 @@ class Environment(abc.ABC):
     """How the policy's chat template calls tools (class attribute `tool_format`);
     the sampler calls it before `reset`. Environments without tools ignore it."""
     self.tool_format = tool_format
+
+  def observe_turn(self, turn: SampledTurn) -> None:
+    """The policy's turn as sampled (token ids and their behavior_logp), given on the
+    step thread right before `step(action)`; environments that answer with tokens (the
+    agent endpoint's `logprobs`) keep it. By default it is ignored."""
+    del turn
 
   def write_turn(self, turn: Turn) -> str:
     """A scripted turn (a demonstration's `Turn`: text and a tool call) as the policy

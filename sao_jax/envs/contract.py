@@ -18,7 +18,10 @@ this one check. A step result must be a `StepResult` whose
   string, None, a list or an array, not NaN or infinite, and not beyond the
   range of the float32 the learner trains it as (`REWARD_LIMIT`: 1e39, 10**400
   would be trained as infinity, which skips the whole batch's update);
-- `failure` and `reason` are None or a str, and `info` is a mapping.
+- `failure` and `reason` are None or a str, and `info` is a mapping;
+- `messages` (an observation as several chat messages) is None or, while the
+  episode goes on, a non-empty tuple of mappings each with a str "role" and a str
+  "content" (what the chat format then checks further), and `new_segment` a bool.
 
 A result that breaks it fails its episode as the environment's failure of kind
 `bad_<field>` (`KINDS`; the learner counts `dropped/env_failure/bad_reward`, ...),
@@ -44,7 +47,7 @@ from sao_jax.log_text import untrusted
 SHOWN_CHARS = 200  # of a value's repr in a failure text
 # The fields check_result checks, in order; a result failing one fails as "bad_<field>"
 # ("result": not a StepResult at all).
-FIELDS = ("result", "done", "observation", "reward", "failure", "reason", "info")
+FIELDS = ("result", "done", "observation", "reward", "failure", "reason", "info", "messages")
 KINDS = tuple(f"bad_{field}" for field in FIELDS)
 
 _REPR = reprlib.Repr()
@@ -117,4 +120,20 @@ def check_result(result: Any) -> BadResult | None:
   if not isinstance(result.info, Mapping):
     return BadResult("info", f"{_field('info', result.info)}: expected a mapping (the keyword "
                      "arguments of StepResult.next/finish/fail)")
-  return None
+  return _check_messages(result)
+
+
+def _check_messages(result: StepResult) -> BadResult | None:
+  messages = result.messages
+  if messages is None and result.new_segment is False:
+    return None
+  fine = (not result.done and isinstance(messages, tuple) and messages
+          and isinstance(result.new_segment, bool)
+          and all(isinstance(m, Mapping) and isinstance(m.get("role"), str)
+                  and isinstance(m.get("content"), str) for m in messages))
+  if fine:
+    return None
+  return BadResult("messages", f"{_field('messages', messages)} with new_segment="
+                   f"{shown(result.new_segment)}: expected, while the episode goes on, a "
+                   "non-empty tuple of {'role': str, 'content': str, ...} messages "
+                   "(StepResult.next_messages)")

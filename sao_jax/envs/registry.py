@@ -59,6 +59,7 @@ BUILTIN_ENVIRONMENTS = {
     "coding": "sao_jax.envs.coding.spec:SPEC",
     "sanity": "sao_jax.envs.sanity:SPEC",
     "single_turn": "sao_jax.envs.single_turn:SPEC",
+    "agent": "sao_jax.envs.agent.spec:SPEC",
 }
 
 # (options, config, start position) -> the stream from that position.

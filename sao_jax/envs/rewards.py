@@ -58,7 +58,7 @@ import threading
 from typing import Any, Callable, Mapping
 
 from sao_jax.envs import contract, plugins
-from sao_jax.envs.base import Environment, Message, StepResult, Task, Turn
+from sao_jax.envs.base import Environment, Message, SampledTurn, StepResult, Task, Turn
 
 _SHOWN_CHARS = 200  # of an error's message in a failure text
 
@@ -188,6 +188,11 @@ class RewardFnEnv(Environment):
 
   tools = property(lambda self: self.inner.tools)
   tool_format = property(lambda self: self.inner.tool_format)
+  slow_reset = property(lambda self: self.inner.slow_reset)
+  max_new_tokens = property(lambda self: self.inner.max_new_tokens)
+
+  def observe_turn(self, turn: SampledTurn) -> None:
+    self.inner.observe_turn(turn)
 
   def set_step(self, step: int) -> None:
     self.inner.set_step(step)
@@ -212,7 +217,12 @@ class RewardFnEnv(Environment):
       return result  # the sampler's check refuses it, naming the environment (envs.contract)
     self._messages.append({"role": "assistant", "content": action})
     if not result.done:
-      self._messages.append({"role": self.observation_role, "content": result.observation})
+      if result.new_segment:  # the conversation restarts from these messages
+        self._messages = copy.deepcopy(list(result.messages or ()))
+      elif result.messages is not None:
+        self._messages.extend(copy.deepcopy(list(result.messages)))
+      else:
+        self._messages.append({"role": self.observation_role, "content": result.observation})
       return result
     if result.failure is not None:
       return result

@@ -75,6 +75,18 @@ and `info["tool_calls"]` how many tools the environment ran (`Environment.tool_c
 one) and `info["metrics"]` the numbers of the final `StepResult.info`
 (`episode_metrics`), which the learner logs per batch.
 
+An environment whose `reset` waits on something outside the process
+(`Environment.slow_reset`: an agent program's first call, `sao_jax.envs.agent`)
+has it run on a step thread like a step, under the same `step_timeout_s`; its
+prompt is submitted when it returns. Such environments also use the rest of the
+seam the agent endpoint needs: `observe_turn` gives the environment each turn's
+sampled ids and behavior_logp before `step`; a `StepResult.messages` observation
+is several chat messages (tool results); `new_segment` restarts the episode from
+those messages as a fresh prompt (a client that rewrote its history): the tokens
+so far are dropped, never trained, the trajectory is the last segment and
+`info["segments"]` counts them; `Environment.max_new_tokens` caps the next turn
+below `sampler.max_new_tokens`.
+
 One episode's fault is never the runner's: any exception from `env.reset`,
 `env.step` (a judge, a tool, a parser inside it) or from encoding the prompt or
 an observation ends that episode as an environment failure with
@@ -115,7 +127,7 @@ from sao_jax.config import ModelConfig, SamplerConfig
 from sao_jax.config.env import StepLatency
 from sao_jax.config.sampler import RELEASE_ORDERS
 from sao_jax.envs import contract
-from sao_jax.envs.base import Environment, Message, StepResult, Task
+from sao_jax.envs.base import Environment, Message, SampledTurn, StepResult, Task
 from sao_jax.log_text import traceback_text
 from sao_jax.models.transformer import Params
 from sao_jax.sampler.engine import Engine, Turn, stop_token_ids
@@ -171,9 +183,12 @@ class _Live:
   prompt_id: int
   messages: list[Message]  # the conversation so far, the policy's turns as decoded text
   delays: Iterator[float]  # the added latency of each of its environment steps
+  seed: int = 0
+  started: bool = True  # submitted to the engine (False while a slow reset runs)
   turns: int = 0
   last_turn_end: str = ""  # the engine's finish_reason of the latest turn
   closed: bool = False  # the latest turn ended on the format's end token
+  segments: int = 1  # token segments: a new one each time the environment restarts the prompt
 
 
 class EpisodeRunner:
@@ -234,18 +249,40 @@ class EpisodeRunner:
       # version the episode starts with.
       env.set_step(self.engine.version)
       # Native tool calls: the environment parses the template's format, and the
-      # template is given the environment's tools (sao_jax.chat.tool_calls).
-      env.set_tool_format(tool_calls.format_for(env.tools, self._chat.tool_format))
+      # template is given the environment's tools (sao_jax.chat.tool_calls). An
+      # environment that learns its tools in reset (an agent's first call) is given the
+      # template's format: `format_for` falls back to "fenced" only for no tools at all.
+      env.set_tool_format(tool_calls.format_for(env.tools or env.slow_reset,
+                                                self._chat.tool_format))
+      if env.slow_reset:  # on a step thread: the prompt is submitted when it returns
+        live = _Live(env, task, prompt_id, [], episode_delays(self._latency, seed=seed),
+                     seed=seed % 2**32, started=False)
+        self._live[episode_id] = live
+        self.env_steps.submit(episode_id, functools.partial(env.reset, task))
+        return episode_id
       messages = list(env.reset(task))
-      prompt = self._chat.prompt(messages, tools=env.tools or None)
-      self.engine.submit(episode_id, prompt, seed=seed % 2**32)
+      self._submit_prompt(episode_id, env, messages, seed % 2**32)
     except ENV_ERRORS as error:  # this episode's fault, never the runner's
+      self._live.pop(episode_id, None)
       self._release(env, task)
       self._fail_unstarted(episode_id, task, prompt_id, "reset", error)
       return episode_id
     self._live[episode_id] = _Live(env, task, prompt_id, messages,
-                                   episode_delays(self._latency, seed=seed))
+                                   episode_delays(self._latency, seed=seed), seed=seed % 2**32)
     return episode_id
+
+  def _submit_prompt(self, episode_id: int, env: Environment, messages: list[Message],
+                     seed: int) -> None:
+    prompt = self._chat.prompt(messages, tools=env.tools or None)
+    self.engine.submit(episode_id, prompt, seed=seed, **self._turn_limit(env))
+
+  def _turn_limit(self, env: Environment) -> dict[str, int]:
+    """`submit`'s arguments for the next turn's length: the environment's
+    `max_new_tokens`, never past the config's; none when it sets no limit."""
+    limit = env.max_new_tokens
+    if limit is None:
+      return {}
+    return {"max_new_tokens": max(1, min(int(limit), self.engine.cfg.max_new_tokens))}
 
   def reject(self, task: Task, error: Exception, *, prompt_id: int) -> int:
     """An episode of a task that could not be made (`error`: a bad dataset row, naming
@@ -256,15 +293,20 @@ class EpisodeRunner:
     return episode_id
 
   def _fail_unstarted(self, episode_id: int, task: Task, prompt_id: int, stage: str,
-                      error: Exception) -> None:
+                      error: BaseException) -> None:
+    self._failed.append((episode_id, self._unstarted(episode_id, task, prompt_id, stage, error)))
+
+  def _unstarted(self, episode_id: int, task: Task, prompt_id: int, stage: str,
+                 error: BaseException) -> Trajectory:
+    """The token-less failed trajectory of an episode that never reached the engine."""
     version = self.engine.version
     empty = np.zeros(0, np.float32)
-    self._failed.append((episode_id, Trajectory(
+    return (Trajectory(
         tokens=np.zeros(0, np.int32), action_mask=np.zeros(0, np.int8), behavior_logp=empty,
         rewards=empty, prompt_id=prompt_id, policy_versions=(version, version),
         env_failure=self._failure(stage, task, error),
         info={"task": task.id, "episode": episode_id, "turns": 0, "end": "env_failure",
-              "truncated": False, "tool_calls": 0, "failure_kind": type(error).__name__})))
+              "truncated": False, "tool_calls": 0, "failure_kind": type(error).__name__}))
 
   def step(self) -> list[Trajectory]:
     """Applies the environment steps that completed, steps the engine and hands
@@ -277,7 +319,9 @@ class EpisodeRunner:
       outcomes = dict(self._wait_for_env(until_all=True))
       for turn in turns:  # turn order: what one at a time gives
         if turn.episode_id in outcomes:
-          self._advance(turn.episode_id, outcomes[turn.episode_id], finished)
+          self._advance(turn.episode_id, outcomes.pop(turn.episode_id), finished)
+      for episode_id, outcome in outcomes.items():  # slow resets
+        self._advance(episode_id, outcome, finished)
       return self._released(finished)
     outcomes = self.env_steps.collect(wait=False)
     if not outcomes and self.env_steps.pending and not self.engine.busy:
@@ -310,13 +354,20 @@ class EpisodeRunner:
       live.last_turn_end = turn.finish_reason
       live.closed = bool(turn.tokens.size) and int(turn.tokens[-1]) == self._chat.end_token_id
       self.env_steps.submit(turn.episode_id, functools.partial(
-          self._env_step, live.env, turn.tokens, next(live.delays)))
+          self._env_step, live.env, turn, next(live.delays)))
 
-  def _env_step(self, env: Environment, tokens: np.ndarray,
-                delay_s: float) -> tuple[str, StepResult]:
+  def _token_text(self, token: int) -> str:
+    return self._chat.tokenizer.decode([int(token)], skip_special_tokens=False)
+
+  def _env_step(self, env: Environment, turn: Turn, delay_s: float) -> tuple[str, StepResult]:
     """On a step thread: the action's text and the environment's answer to it, returned
-    `delay_s` seconds (simulated latency, asleep) after the environment answered."""
-    action = self._chat.tokenizer.decode(tokens.tolist(), skip_special_tokens=True)
+    `delay_s` seconds (simulated latency, asleep) after the environment answered. The
+    environment sees the sampled turn first (`Environment.observe_turn`)."""
+    env.observe_turn(SampledTurn(
+        tokens=tuple(turn.tokens.tolist()), behavior_logp=tuple(turn.behavior_logp.tolist()),
+        finish_reason=turn.finish_reason, policy_versions=tuple(turn.policy_versions),
+        token_text=self._token_text))
+    action = self._chat.tokenizer.decode(turn.tokens.tolist(), skip_special_tokens=True)
     result = env.step(action)
     if delay_s:
       time.sleep(delay_s)
@@ -341,8 +392,9 @@ class EpisodeRunner:
     return on threads of their own (their steps are abandoned)."""
     stuck = set(self.env_steps.close(self._close_grace_s))
     for episode_id in list(self._live):
-      self.engine.finish(episode_id)
       live = self._live.pop(episode_id)
+      if live.started:
+        self.engine.finish(episode_id)
       self._release(live.env, live.task, background=episode_id in stuck)
     self._failed, self._held = [], {}
 
@@ -355,6 +407,8 @@ class EpisodeRunner:
 
   def _apply(self, episode_id: int, outcome) -> Trajectory | None:
     live = self._live[episode_id]
+    if not live.started:
+      return self._start_slow(episode_id, outcome)
     if isinstance(outcome, BaseException):  # SystemExit included (env_steps)
       return self._fail(episode_id, "step", outcome)
     action, result = outcome
@@ -367,18 +421,55 @@ class EpisodeRunner:
                           kind=None if result.failure is None else ENV_DECLARED,
                           result_info=result.info)
     live.messages.append({"role": "assistant", "content": action})
-    message = {"role": live.env.observation_role, "content": result.observation}
+    if result.new_segment:
+      return self._new_segment(episode_id, list(result.messages))
+    new = (list(result.messages) if result.messages is not None
+           else [{"role": live.env.observation_role, "content": result.observation}])
     try:
-      tokens = self._chat.continuation(live.messages, [message], closed=live.closed,
+      tokens = self._chat.continuation(live.messages, new, closed=live.closed,
                                        tools=live.env.tools or None)
     except TurnTextError:  # the policy's own text: scored 0, never an unscored failure
       return self._finish(episode_id, reward=0.0, failure=None, reason="turn_text")
     except Exception as error:
       return self._fail(episode_id, "encode", error)
-    live.messages.append(message)
+    live.messages.extend(new)
     if tokens.size >= self.engine.room(episode_id):
       return self._finish(episode_id, reward=0.0, failure=None, reason="truncated")
-    self.engine.submit(episode_id, tokens)
+    self.engine.submit(episode_id, tokens, **self._turn_limit(live.env))
+    return None
+
+  def _start_slow(self, episode_id: int, outcome) -> Trajectory | None:
+    """A slow reset returned (`outcome`: its messages or what it raised): the prompt is
+    submitted, or the episode fails token-less like a failure of `start`."""
+    live = self._live[episode_id]
+    try:
+      if isinstance(outcome, BaseException):
+        raise outcome
+      messages = list(outcome)
+      self._submit_prompt(episode_id, live.env, messages, live.seed)
+    except ENV_ERRORS as error:
+      del self._live[episode_id]
+      self._release(live.env, live.task, background=isinstance(error, StepTimeout))
+      return self._unstarted(episode_id, live.task, live.prompt_id, "reset", error)
+    live.messages, live.started = messages, True
+    return None
+
+  def _new_segment(self, episode_id: int, messages: list[Message]) -> Trajectory | None:
+    """The environment restarted the conversation (`StepResult.new_segment`): the
+    tokens so far are dropped (never trained: they do not continue into what follows)
+    and counted, and the episode goes on from `messages` as a new prompt."""
+    live = self._live[episode_id]
+    try:
+      prompt = self._chat.prompt(messages, tools=live.env.tools or None)
+    except Exception as error:
+      return self._fail(episode_id, "encode", error)
+    if prompt.size >= self.engine.cfg.max_seq_len - 1:
+      return self._finish(episode_id, reward=0.0, failure=None, reason="truncated")
+    self.engine.finish(episode_id)
+    live.segments += 1
+    live.messages = messages
+    self.engine.submit(episode_id, prompt, seed=(live.seed + live.segments) % 2**32,
+                       **self._turn_limit(live.env))
     return None
 
   def _refuse(self, episode_id: int, bad: contract.BadResult) -> Trajectory:
@@ -446,6 +537,8 @@ class EpisodeRunner:
     info = {"task": live.task.id, "episode": episode_id, "turns": live.turns, "end": reason or "",
             "truncated": reason == "truncated", "last_turn_end": live.last_turn_end,
             "tool_calls": tool_calls}
+    if live.segments > 1:  # the trajectory is the last segment (`_new_segment`)
+      info["segments"] = live.segments
     if kind is not None:
       info["failure_kind"] = kind
     source = live.task.metadata.get("source")

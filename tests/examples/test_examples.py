@@ -159,3 +159,27 @@ def test_the_native_tools_example_trains(tmp_path):
   from sao_jax.chat import load_chat
   assert load_chat(cfg.run.tokenizer).tool_format == "hermes"
   assert [row["step"] for row in rows] == [0, 1]
+
+
+@pytest.fixture
+def openai_agent_example(tmp_path, monkeypatch):
+  """examples/openai_agent with its grader importable and the tiny Qwen3 tokenizer."""
+  sys.path.insert(0, str(EXAMPLES / "native_tools"))
+  try:
+    tokenizer = importlib.import_module("make_tokenizer").write(tmp_path / "tokenizer")
+  finally:
+    sys.path.remove(str(EXAMPLES / "native_tools"))
+    sys.modules.pop("make_tokenizer", None)
+  monkeypatch.syspath_prepend(str(EXAMPLES / "openai_agent"))
+  monkeypatch.setenv("PYTHONPATH", str(EXAMPLES / "openai_agent"))
+  yield tokenizer
+  sys.modules.pop("reward", None)
+
+
+@pytest.mark.slow
+def test_the_openai_agent_example_trains(openai_agent_example, tmp_path):
+  """sao-train with an unmodified openai-client program (a command) as its environment."""
+  _, rows = _train(EXAMPLES / "openai_agent" / "config.py",
+                   [f"run.run_dir={tmp_path / 'run'}", f"run.tokenizer={openai_agent_example}"])
+  assert [row["step"] for row in rows] == [0, 1]
+  assert all(row.get("dropped/env_failure", 0) == 0 for row in rows), rows
