@@ -77,7 +77,18 @@ from the pilot in the same commit as the lrs, before any seed runs: halfway betw
 the pilot's mean reward over its first 10 steps (all six runs) and the better arm's
 primary metric, rounded down to 0.05. The pilot's figures are recorded below.
 
-PILOT RESULT: not run yet (`POLICY_LR` is None until it is; the seeds refuse to start).
+PILOT RESULT (run from the registration commit's snapshot, 2026-12-07, before any
+seed; reward at the budget / policy updates / learner idle / load average start-end):
+
+| policy lr | `sao` | `grpo` |
+|---|---|---|
+| 3e-5 | 0.397 / 136 / 0.33 / 6.7-14.4 | **0.361** / 109 / 0.71 / 6.7-14.0 |
+| 1e-4 | **0.448** / 132 / 0.40 / 14.0-12.0 | 0.310 / 111 / 0.76 / 14.0-12.0 |
+| 3e-4 | 0.052 / 127 / 0.26 / 11.7-20.0 | 0.083 / 98 / 0.75 / 11.7-19.1 |
+
+Chosen by the rule: `sao` 1e-4, `grpo` 3e-5. The mean reward over the first 10 steps
+of all six runs was 0.192 and the better arm's primary 0.448: the reach level is 0.30.
+The machine was loaded (other sessions' tests beside the runs, load 7-20 on 2 cores).
 """
 
 from __future__ import annotations
@@ -109,8 +120,8 @@ PILOT_SEED = 100
 WARM_START_SEED = PILOT_SEED
 PILOT_LRS = (3e-5, 1e-4, 3e-4)
 # Set from the pilot (module docstring), in the commit that records it.
-POLICY_LR: dict[str, float] | None = None
-REACH_LEVEL: float | None = None
+POLICY_LR: dict[str, float] | None = {SUBJECT: 1e-4, BASELINE: 3e-5}
+REACH_LEVEL: float | None = 0.30
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 REPORT = ROOT / "docs" / "research" / "e3.md"
 PLOT = "e3_reward_vs_time.png"
