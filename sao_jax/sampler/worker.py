@@ -240,7 +240,15 @@ def _sample(spec: WorkerSpec, alive: Callable[[], bool], cfg: Config, chat, poll
                          env_threads=cfg.sampler.num_env_threads(),
                          step_timeout_s=cfg.env.step_timeout_s,
                          release=cfg.sampler.release_order, log=log,
-                         env_name=describe(cfg.env), latency=cfg.env.latency)
+                         env_name=describe(cfg.env), latency=cfg.env.latency,
+                         # A fixed lag fixes the engine's schedule too (`sampler.scheduled`).
+                         overlap=cfg.data.fixed_lag is None)
+  if cfg.data.fixed_lag is not None:  # reproducible rollouts: batches by schedule
+    from sao_jax.sampler.scheduled import sample_scheduled
+    sample_scheduled(spec, alive, engine=engine, runner=runner, to_policy=to_policy, first=got,
+                     poller=poller, counts=_ChannelCounts(poller), log=log,
+                     hand_over=lambda traj: hand_over(spec.transport, traj, alive))
+    return
   tasks = served(lambda start: make_tasks(cfg.env, start=start), spec.task_start)
   group = cfg.algorithm.group_size
   prompt_ids = PromptIds(group, cfg.algorithm.running_mean_slots, spec.worker_id)
@@ -431,7 +439,8 @@ class SamplerSupervisor:
   `run` is what each process runs inside `process_main` (the sampler; a test
   can script another, picklable by reference). `task_start(worker_id)` is where
   a worker started now begins its task stream (`TaskPositions.start`; default: the
-  start of the stream). `max_restarts` counts crashes: a
+  start of the stream). `no_restart`, when given, says why a dead worker ends the run
+  instead of being restarted (`data.fixed_lag`). `max_restarts` counts crashes: a
   weight channel that stalls or drops is waited out inside the worker (module
   docstring), never a death. Call `start` and `check` from a
   thread that lives as long as the supervisor: a worker dies with the thread
@@ -441,8 +450,10 @@ class SamplerSupervisor:
   def __init__(self, specs: list[WorkerSpec], *, log: Callable[[str], None] = print,
                max_restarts: int = 10,
                run: Callable[[WorkerSpec, Callable[[], bool]], None] = run_sampler,
-               task_start: Callable[[int], TaskStart] = lambda worker_id: TaskStart()):
+               task_start: Callable[[int], TaskStart] = lambda worker_id: TaskStart(),
+               no_restart: str = ""):
     self._specs, self._run, self._task_start = specs, run, task_start
+    self._no_restart = no_restart
     self._context = multiprocessing.get_context("spawn")
     self._stop = self._context.Event()
     self._errors = self._context.Queue()
@@ -479,6 +490,9 @@ class SamplerSupervisor:
         continue
       process.join()
       why = reports.get(spec.worker_id, _unreported(process.exitcode))
+      if self._no_restart:
+        raise RuntimeError(f"sampler {spec.worker_id} died ({why.strip().splitlines()[-1]}) "
+                           f"and is not restarted: {self._no_restart}\n{why}")
       self.restarts += 1
       if self.restarts > self._max_restarts:
         raise RuntimeError(f"sampler {spec.worker_id} died {self.restarts} times; last: {why}")
