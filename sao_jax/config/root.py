@@ -51,10 +51,10 @@ class Config:
       fail("learner", "batch_trajectories", self.learner.batch_trajectories,
             f"must be a multiple of algorithm.group_size={self.algorithm.group_size} so "
             "that whole groups fit a batch")
-    if self.run.num_samplers == 0:
-      self.check_remote_samplers()
     if self.data.fixed_lag is not None:
       self._check_fixed_lag()
+    if self.run.num_samplers == 0:
+      self.check_remote_samplers()
     if self.lora.enabled:
       self._check_lora()
     return self

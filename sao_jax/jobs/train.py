@@ -13,6 +13,9 @@
 4. Samplers: `run.num_samplers` processes (spawn) generate continuously with the
    newest published weights and stream trajectories through the transport; the
    learner's grain pipeline filters stale/malformed ones and batches the rest.
+   With `data.fixed_lag` batches follow a schedule instead (`sao_jax.data.fixed_lag`:
+   batch t by task position, sampled by the policy after t - L steps), so one seed's
+   run repeats on a loaded machine; a dead sampler then ends the run.
    With `run.num_samplers=0` the samplers run elsewhere (`sao-sampler`, e.g. on
    another slice) and write to the directory transport. `run.device_split`
    splits this host's devices between the learner (its mesh) and each sampler

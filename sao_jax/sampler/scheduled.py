@@ -42,11 +42,10 @@ def sample_scheduled(spec, alive: Callable[[], bool], *, engine, runner, to_poli
   """The scheduled sampler loop (module docstring). `first`: the (published params,
   version) the worker started with; `hand_over(traj) -> bool` puts a trajectory on
   the transport (False: stop)."""
-  from sao_jax.envs.base import Task
-  from sao_jax.envs.dataset_tasks import BadRow
   from sao_jax.envs.registry import make_tasks
   from sao_jax.sampler.prompt_ids import PromptIds
   from sao_jax.sampler.task_stream import served
+  from sao_jax.sampler.worker import start_task
 
   cfg = spec.cfg
   group = cfg.algorithm.group_size
@@ -100,16 +99,8 @@ def sample_scheduled(spec, alive: Callable[[], bool], *, engine, runner, to_poli
               f"({last_log - waiting_since:.0f} s; the newest received is {newest})")
       while need == engine.version and runner.can_start(group):
         position, task = todo.popleft()
-        bad = task if isinstance(task, BadRow) else None
-        if bad is not None:  # each of its episodes a counted failure, named by the row
-          task = Task(id=bad.where, prompt="", answer="")
-        prompt_id = prompt_ids(task)
-        for member in range(group):
-          if bad is not None:
-            episode = runner.reject(task, bad, prompt_id=prompt_id)
-          else:
-            episode = runner.start(task, prompt_id=prompt_id, seed=episode_seed(
-                cfg.sampler.seed, position, group, member))
+        seeds = [episode_seed(cfg.sampler.seed, position, group, m) for m in range(group)]
+        for member, episode in enumerate(start_task(runner, task, prompt_ids, seeds)):
           started[episode] = (position, member)
         if not todo:
           batch += 1

@@ -26,6 +26,11 @@ that reached the learner leave its stream, a checkpoint keeps it across
 position and its place in the group, so a restarted worker samples as the one
 before it would have.
 
+With `data.fixed_lag` the loop is `sampler.scheduled.sample_scheduled` instead: the
+worker samples its share of each batch with the one policy version the schedule names
+(`data.fixed_lag`), so a seed's run repeats whatever the machine's load, and a worker
+that dies is not restarted (the versions its batches need are gone): the run ends.
+
 Under LoRA the channel carries only the adapters: the worker loads the frozen
 base once (`run.init`) and adopts each version as the base merged with them.
 
@@ -214,8 +219,6 @@ def _sample(spec: WorkerSpec, alive: Callable[[], bool], cfg: Config, chat, poll
             log: Callable[[str], None]) -> None:
   """`run_sampler` once its channel is polled (by `poller`, on its own thread)."""
   from sao_jax.channel.published import published_to_policy
-  from sao_jax.envs.base import Task
-  from sao_jax.envs.dataset_tasks import BadRow
   from sao_jax.envs.registry import describe, make_env, make_tasks
   from sao_jax.run.bootstrap import initial_policy
   from sao_jax.sampler import paged_steps
@@ -262,16 +265,8 @@ def _sample(spec: WorkerSpec, alive: Callable[[], bool], cfg: Config, chat, poll
         engine.set_params(to_policy(got[0]), got[1])
       while runner.can_start(group):
         position, task = next(tasks)
-        bad = task if isinstance(task, BadRow) else None
-        if bad is not None:  # each of its episodes a counted failure, named by the row
-          task = Task(id=bad.where, prompt="", answer="")
-        prompt_id = prompt_ids(task)
-        for member in range(group):
-          if bad is not None:
-            episode = runner.reject(task, bad, prompt_id=prompt_id)
-          else:
-            episode = runner.start(task, prompt_id=prompt_id,
-                                   seed=seed + position * group + member)
+        for episode in start_task(runner, task, prompt_ids,
+                                  [seed + position * group + m for m in range(group)]):
           task_position[episode] = position
       for traj in runner.step():
         traj.info["worker"] = spec.worker_id
@@ -281,6 +276,22 @@ def _sample(spec: WorkerSpec, alive: Callable[[], bool], cfg: Config, chat, poll
           return
   finally:
     runner.close()
+
+
+def start_task(runner, task, prompt_ids, seeds: list[int]) -> list[int]:
+  """Starts an episode of `task` (a `Task`, or the `BadRow` a dataset row made instead)
+  per seed of `seeds` (a GRPO group: one per member) under one prompt id (`PromptIds`);
+  their episode ids, in order. A bad row's episodes are counted failures naming the row."""
+  from sao_jax.envs.base import Task
+  from sao_jax.envs.dataset_tasks import BadRow
+
+  bad = task if isinstance(task, BadRow) else None
+  if bad is not None:  # each of its episodes a counted failure, named by the row
+    task = Task(id=bad.where, prompt="", answer="")
+  prompt_id = prompt_ids(task)
+  if bad is not None:
+    return [runner.reject(task, bad, prompt_id=prompt_id) for _ in seeds]
+  return [runner.start(task, prompt_id=prompt_id, seed=seed) for seed in seeds]
 
 
 class _SkipLog:
