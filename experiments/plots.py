@@ -156,45 +156,49 @@ def stability(groups: Mapping[str, Sequence[Run]], path: pathlib.Path, *,
   return _finish(fig, path, layout=False)
 
 
-def time_bins(run: Run, values: np.ndarray, bin_s: float, end_s: float) -> np.ndarray:
-  """Mean of `values` over the run's steps in each `bin_s`-second bin of
-  `time/elapsed_s` up to `end_s` (NaN for a bin without a step)."""
-  elapsed = run.metrics.get("time/elapsed_s", np.full(run.steps.size, np.nan))
-  edges = np.arange(0.0, end_s + bin_s, bin_s)
-  out = np.full(edges.size - 1, np.nan)
+def binned(run: Run, key: str, width: float, end: float) -> np.ndarray:
+  """Mean reward over the run's steps in each `width`-wide bin of metric `key`
+  (`time/elapsed_s`, `data/trajectories_total`) from 0 up to `end` (NaN for a bin
+  without a step)."""
+  x = run.metrics.get(key, np.full(run.steps.size, np.nan))
+  edges = np.arange(0.0, end + width / 2, width)
+  out = np.full(max(edges.size - 1, 0), np.nan)
   for i, (low, high) in enumerate(zip(edges[:-1], edges[1:])):
-    inside = values[(elapsed > low) & (elapsed <= high) & np.isfinite(values)]
+    inside = run.reward[(x > low) & (x <= high) & np.isfinite(run.reward)]
     if inside.size:
       out[i] = inside.mean()
   return out
 
 
+def _binned_band(ax, label: str, runs: Sequence[Run], key: str, width: float,
+                 color: str) -> None:
+  """Mean ± 95% CI across runs of `binned` reward, over the whole bins every run filled."""
+  usable = [r for r in runs if key in r.metrics and r.steps.size]
+  if not usable:
+    return
+  end = min(float(np.nanmax(r.metrics[key])) for r in usable) // width * width
+  matrix = np.array([binned(r, key, width, end) for r in usable])
+  keep = np.all(np.isfinite(matrix), axis=0)
+  if keep.any():
+    _band(ax, label, ((np.arange(matrix.shape[1]) + 0.5) * width)[keep], matrix[:, keep], color)
+
+
 def reward_against_time(groups: Mapping[str, Sequence[Run]], path: pathlib.Path, *,
-                        bin_s: float) -> pathlib.Path:
-  """Training reward against wall-clock (left) and against trajectories consumed
-  (right), per variant: each run's reward averaged in `bin_s`-second bins (left) or
-  over its steps (right: trailing mean of 10 steps), then the mean ± 95% CI across
-  seeds over the bins every run reached."""
+                        bin_s: float, bin_trajectories: float = 64.0) -> pathlib.Path:
+  """Training reward against wall-clock (left, `bin_s`-second bins) and against
+  trajectories consumed (right, `bin_trajectories`-wide bins), per variant: each run's
+  mean reward per bin, then the mean ± 95% CI across seeds over the whole bins every
+  run reached."""
   fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
   colors = _colors(groups)
   for label, runs in groups.items():
-    usable = [r for r in runs if "time/elapsed_s" in r.metrics and r.steps.size]
-    if not usable:
-      continue
-    end = min(float(np.nanmax(r.metrics["time/elapsed_s"])) for r in usable)
-    binned = np.array([time_bins(r, r.reward, bin_s, end) for r in usable])
-    keep = np.all(np.isfinite(binned), axis=0)
-    centres = (np.arange(binned.shape[1]) + 0.5) * bin_s
-    if keep.any():
-      _band(left, label, centres[keep], binned[:, keep], colors[label])
-    counted = [r for r in usable if "data/trajectories_total" in r.metrics]
-    if counted:
-      consumed = [r.metrics["data/trajectories_total"].astype(np.int64) for r in counted]
-      _band(right, label, *_aligned(counted, [stats.trailing_mean(r.reward, 10)
-                                              for r in counted], consumed), colors[label])
+    _binned_band(left, label, runs, "time/elapsed_s", bin_s, colors[label])
+    _binned_band(right, label, runs, "data/trajectories_total", bin_trajectories,
+                 colors[label])
   left.set_title(f"training reward against wall-clock ({bin_s:.0f} s bins)")
   left.set_xlabel("seconds since the learner asked for its first batch")
-  right.set_title("training reward against trajectories consumed (trailing 10 steps)")
+  right.set_title(f"training reward against trajectories consumed ({bin_trajectories:.0f} "
+                  "a bin)")
   right.set_xlabel("trajectories consumed")
   for ax in (left, right):
     ax.grid(alpha=0.3)

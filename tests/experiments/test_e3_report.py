@@ -88,3 +88,15 @@ def test_the_registered_budget_is_the_settings():
   spec.loader.exec_module(module)
   assert module.BUDGET_S == e3.BUDGET_S
   assert module.get_config().run.max_wall_s == e3.BUDGET_S
+
+
+def test_reward_is_binned_by_seconds_and_by_trajectories(tmp_path):
+  from experiments import plots
+  _e3(tmp_path, [0.2])
+  sao = e3.load_groups(tmp_path)["sao"][0]
+  # 3 s a step: a 60 s bin holds 20 steps; steps 80..99 (elapsed 243..300) carry +0.2.
+  assert np.allclose(plots.binned(sao, "time/elapsed_s", 60.0, 300.0),
+                     [0.3, 0.3, 0.3, 0.3, 0.5])
+  # 16 trajectories a step: a 400-trajectory bin holds 25 steps.
+  assert np.allclose(plots.binned(sao, "data/trajectories_total", 400.0, 1600.0),
+                     [0.3, 0.3, 0.3, (5 * 0.3 + 20 * 0.5) / 25])
