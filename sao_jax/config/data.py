@@ -32,6 +32,12 @@ class DataConfig:
   # Padded batch lengths (one compiled step each); longer trajectories are dropped.
   length_buckets: tuple[int, ...] = (256, 512, 1024, 2048, 4096)
   pad_id: int = 0  # token id of padding
+  # Reproducible rollouts (`sao_jax.data.fixed_lag`): None samples with the newest weights
+  # and batches in arrival order (asynchronous, fastest); an integer L >= 0 samples batch t
+  # entirely by the policy after t - L learner steps and assembles it by task position, so
+  # one seed gives the same tokens, rewards and parameters on a quiet or a loaded machine
+  # (0: synchronous on-policy; 1: batch t + 1 is sampled while the learner trains on t).
+  fixed_lag: int | None = None
 
   def validate(self) -> None:
     check_choice("data", self, "transport", TRANSPORTS)
@@ -49,5 +55,13 @@ class DataConfig:
     if not buckets or any(isinstance(b, bool) or not isinstance(b, int) or b < 2 for b in buckets) \
         or list(buckets) != sorted(set(buckets)):
       fail("data", "length_buckets", buckets, "expected strictly increasing integers >= 2")
+    if self.fixed_lag is not None and (isinstance(self.fixed_lag, bool) or not isinstance(
+        self.fixed_lag, int) or self.fixed_lag < 0):
+      fail("data", "fixed_lag", self.fixed_lag, "expected None (asynchronous, the default) or "
+           "an integer >= 0 (0: synchronous on-policy, 1: sample one batch ahead)")
+    if self.fixed_lag is not None and self.fixed_lag > self.max_lag:
+      fail("data", "fixed_lag", self.fixed_lag, f"batches sampled {self.fixed_lag} policy "
+           f"updates behind would all be dropped as staler than data.max_lag={self.max_lag}; "
+           f"set data.max_lag >= {self.fixed_lag} or a smaller fixed_lag")
     if isinstance(self.pad_id, bool) or not isinstance(self.pad_id, int) or self.pad_id < 0:
       fail("data", "pad_id", self.pad_id, "expected a token id >= 0")

@@ -138,3 +138,12 @@ class CheckpointConfig:
 
   def validate(self) -> None:
     check_positive("checkpoint", self, "save_every_steps", "keep")
+
+
+def value_only_steps(learner: LearnerConfig, algorithm) -> int:
+  """The learner steps that update only the critic before the first policy update:
+  value pretraining and critic warm-up (docs/algorithm.md §4) of critic variants, else 0.
+  `algorithm`: the run's `AlgorithmConfig`."""
+  if not algorithm.uses_critic:
+    return 0
+  return learner.value_pretrain_steps + learner.critic_warmup_steps

@@ -51,6 +51,8 @@ class Config:
       fail("learner", "batch_trajectories", self.learner.batch_trajectories,
             f"must be a multiple of algorithm.group_size={self.algorithm.group_size} so "
             "that whole groups fit a batch")
+    if self.data.fixed_lag is not None:
+      self._check_fixed_lag()
     if self.run.num_samplers == 0:
       self.check_remote_samplers()
     if self.lora.enabled:
@@ -95,6 +97,24 @@ class Config:
       fail("lora", "targets", self.lora.targets,
            f"model.num_experts={self.model.num_experts}: adapters on MoE experts are not "
            f"supported; drop {mlp} (attention projections only)")
+
+  def _check_fixed_lag(self) -> None:
+    """What a fixed-lag schedule (`sao_jax.data.fixed_lag`) needs of the other sections."""
+    lag = self.data.fixed_lag
+    if self.learner.batch_tokens is not None:
+      fail("data", "fixed_lag", lag, f"packed batches (learner.batch_tokens="
+           f"{self.learner.batch_tokens}) close when a trajectory does not fit, which a "
+           "schedule of whole batches cannot; set learner.batch_tokens=None or "
+           "data.fixed_lag=None")
+    if self.run.num_samplers == 0:
+      fail("data", "fixed_lag", lag, "samplers elsewhere (sao-sampler, run.num_samplers=0) "
+           "are not scheduled; run the samplers in the learner's job (run.num_samplers >= 1) "
+           "or set data.fixed_lag=None")
+    tasks = self.learner.batch_trajectories // self.algorithm.group_size
+    if self.run.num_samplers > tasks:
+      fail("run", "num_samplers", self.run.num_samplers, f"data.fixed_lag shares each batch's "
+           f"{tasks} tasks between the samplers, so at most {tasks} of them have work; set "
+           f"run.num_samplers <= {tasks}")
 
   def check_remote_samplers(self) -> None:
     """ValueError unless samplers on other hosts (`sao-sampler`) can reach the

@@ -20,7 +20,7 @@ import jax
 from sao_jax.channel import sealed
 from sao_jax.channel.transport import DirectoryTransport, QueueTransport
 from sao_jax.config import Config
-from sao_jax.data import pipeline
+from sao_jax.data import fixed_lag, pipeline
 from sao_jax.data.failures import Intake
 from sao_jax.data.task_positions import TaskPositions
 from sao_jax.sharding import distributed
@@ -76,9 +76,23 @@ def learner_batches(cfg: Config, transport, *, current_version: Callable[[], int
   bound, `data.failures`), the tasks that reached it recorded in `positions`;
   `while_waiting()` runs at every empty poll of the transport (e.g. to restart
   samplers that died before sending anything), `on_poll()` at every poll (e.g. to
-  report what the learner waits for)."""
+  report what the learner waits for). With `data.fixed_lag` the stream is
+  `fixed_lag.ScheduledBatches` (batches by schedule, not by arrival; `positions` unused:
+  a restarted sampler could not sample its batches again, `SamplerSupervisor` refuses)."""
   batch_size, batch_tokens = local_batch_sizes(cfg, jax.process_count())
   running_mean = cfg.algorithm.spec.advantage == "running_mean"
+  if cfg.data.fixed_lag is not None:  # batches by schedule, not by arrival
+    if jax.process_count() > 1:
+      raise ValueError(f"data.fixed_lag={cfg.data.fixed_lag} schedules the batches of a learner "
+                       f"on one host, and this one spans {jax.process_count()}; set "
+                       "data.fixed_lag=None")
+    return fixed_lag.ScheduledBatches(
+        transport, fixed_lag.Schedule.of(cfg), batch_size=batch_size,
+        buckets=cfg.data.length_buckets, pad_id=cfg.data.pad_id,
+        vocab_size=cfg.model.vocab_size, max_lag=cfg.data.max_lag,
+        current_version=current_version, drops=drops, intake=intake,
+        num_prompt_slots=cfg.algorithm.running_mean_slots if running_mean else None,
+        should_stop=lambda: while_waiting() or False, on_poll=on_poll)
   return pipeline.learner_pipeline(
       transport, batch_size=batch_size, group_size=cfg.algorithm.group_size,
       max_lag=cfg.data.max_lag, buckets=cfg.data.length_buckets, pad_id=cfg.data.pad_id,

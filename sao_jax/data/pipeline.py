@@ -437,6 +437,23 @@ class _AdmitIterator(_Iterator):
     return kind
 
 
+def admit_units(units: list[list[Trajectory]], **kwargs) -> list[list[Trajectory]]:
+  """The members of `units` that admission keeps (`AdmitDataset`, whose keyword arguments
+  `kwargs` are), units left empty omitted, judged in order now."""
+  return list(_AdmitIterator(_Units(units), **kwargs))
+
+
+class _Units(_Iterator):
+  """A list of units as a pipeline stage's parent."""
+
+  def __init__(self, units: list[list[Trajectory]]):
+    super().__init__()
+    self._units = iter(units)
+
+  def __next__(self) -> list[Trajectory]:
+    return next(self._units)
+
+
 class BatchDataset(grain.IterDataset):
   """(Batch, BatchInfo) of `batch_size` rows padded to a length bucket."""
 
@@ -482,7 +499,9 @@ def pad_batch(trajs: list[Trajectory], batch_size: int, length: int, pad_id: int
   return pack_rows([[traj] for traj in trajs], batch_size, length, pad_id)
 
 
-def _info(trajs: list[Trajectory], version: int, padding_rows: int, capacity: int) -> BatchInfo:
+def batch_info(trajs: list[Trajectory], version: int, padding_rows: int,
+               capacity: int) -> BatchInfo:
+  """The `BatchInfo` of a batch of `trajs` trained at policy `version`."""
   return BatchInfo(
       lags=np.array([version - t.policy_versions[0] for t in trajs]),
       version_spans=np.array([t.policy_versions[1] - t.policy_versions[0] for t in trajs]),
@@ -555,7 +574,7 @@ class _BatchIterator(_CarryingIterator):
       rows = rows + unit
     longest = max(traj.length for traj in rows)
     length = next(b for b in self._buckets if b >= longest)
-    info = _info(rows, self._stale.current_version(), self._batch_size - len(rows),
+    info = batch_info(rows, self._stale.current_version(), self._batch_size - len(rows),
                  self._batch_size * length)
     self._counts["batches"] = self._counts.get("batches", 0) + 1
     return pad_batch(rows, self._batch_size, length, self._pad_id), info
@@ -618,7 +637,7 @@ class _PackIterator(_CarryingIterator):
         free[row] -= traj.length
       count += len(unit)
     trajs = [traj for row in rows for traj in row]
-    info = _info(trajs, self._stale.current_version(), sum(1 for row in rows if not row),
+    info = batch_info(trajs, self._stale.current_version(), sum(1 for row in rows if not row),
                  self._rows * self._row_length)
     self._counts["batches"] = self._counts.get("batches", 0) + 1
     return pack_rows(rows, self._rows, self._row_length, self._pad_id), info

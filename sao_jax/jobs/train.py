@@ -13,6 +13,9 @@
 4. Samplers: `run.num_samplers` processes (spawn) generate continuously with the
    newest published weights and stream trajectories through the transport; the
    learner's grain pipeline filters stale/malformed ones and batches the rest.
+   With `data.fixed_lag` batches follow a schedule instead (`sao_jax.data.fixed_lag`:
+   batch t by task position, sampled by the policy after t - L steps), so one seed's
+   run repeats on a loaded machine; a dead sampler then ends the run.
    With `run.num_samplers=0` the samplers run elsewhere (`sao-sampler`, e.g. on
    another slice) and write to the directory transport. `run.device_split`
    splits this host's devices between the learner (its mesh) and each sampler
@@ -53,7 +56,7 @@ from sao_jax.channel.published import published_template, published_weights
 from sao_jax.config import Config, init_model
 from sao_jax.config.run import RESUME_IDENTITY, RESUME_MAY_CHANGE
 from sao_jax.config.versions import as_this_version
-from sao_jax.data import failures, pipeline
+from sao_jax.data import failures, fixed_lag, pipeline
 from sao_jax.data.learner_data import (Checkpointed, learner_batches, learner_transport,
                                        local_batch_sizes)
 from sao_jax.data.task_positions import TaskPositions
@@ -225,12 +228,27 @@ def run(cfg: Config, *, resume: bool | None = True, log=print) -> dict:
     lock.close()
 
 
-def sampler_status(cfg: Config, supervisor: SamplerSupervisor) -> str:
-  """How the samplers stand, for the learner's waiting reports."""
+def sampler_status(cfg: Config, supervisor: SamplerSupervisor, batches=None) -> str:
+  """How the samplers stand, for the learner's waiting reports (with `data.fixed_lag`, what
+  the scheduled `batches` wait for)."""
   if not cfg.run.num_samplers:
     return "samplers run elsewhere (run.num_samplers=0: sao-sampler writes to the transport)"
-  return (f"{len(supervisor.pids())} of {cfg.run.num_samplers} sampler processes alive, "
-          f"{supervisor.restarts} restarts")
+  status = (f"{len(supervisor.pids())} of {cfg.run.num_samplers} sampler processes alive, "
+            f"{supervisor.restarts} restarts")
+  if isinstance(batches, fixed_lag.ScheduledBatches):
+    status += f"; {batches.status()}"
+  return status
+
+
+def sampler_starts(cfg: Config, positions: TaskPositions, batches) -> dict:
+  """`SamplerSupervisor`'s `task_start` and `no_restart`: by default a (re)started worker
+  goes on after the tasks that reached the learner; with `data.fixed_lag` a worker starts
+  at the batch the learner waits for (`batches()`, the `fixed_lag.ScheduledBatches`, read
+  when the samplers start) and a dead one ends the run."""
+  if cfg.data.fixed_lag is None:
+    return {"task_start": positions.start}
+  return {"task_start": lambda worker_id: batches().schedule.task_start(batches().next_batch),
+          "no_restart": fixed_lag.NO_RESTART}
 
 
 def shared_run_dir(cfg: Config) -> None:
@@ -374,9 +392,9 @@ def _run(cfg: Config, run_dir, *, resume: bool, log,
       [WorkerSpec(cfg=cfg, tokenizer_path=cfg.run.tokenizer_file, weights=publisher.spec,
                   transport=transport, worker_id=i, env=tuple(sorted(sampler_envs[i].items())))
        for i in range(cfg.run.num_samplers)],
-      log=log, task_start=positions.start)
+      log=log, **sampler_starts(cfg, positions, lambda: batches))
   reporter = WaitingReporter(intake, batch_size=local_batch_sizes(cfg, jax.process_count())[0],
-                             samplers=lambda: sampler_status(cfg, supervisor), log=log,
+                             samplers=lambda: sampler_status(cfg, supervisor, batches), log=log,
                              every_s=cfg.run.waiting_report_s)
   published = {"version": -1}
   # Waiting for trajectories, the learner restarts samplers that died: one that died
@@ -425,6 +443,8 @@ def _run(cfg: Config, run_dir, *, resume: bool, log,
 
   def after_step(steps_done, state):
     version = publish(state)
+    if cfg.data.fixed_lag is not None:  # the samplers wait for the schedule's version
+      fixed_lag.check_version(batches.schedule, steps_done, version)
     supervisor.check()
     if cfg.run.eval_every and steps_done % cfg.run.eval_every == 0:
       evaluate(steps_done, policy_weights(cfg, state), version)

@@ -71,6 +71,8 @@ import optax
 from sao_jax import losses, segments
 from sao_jax.config import AlgorithmConfig, Config, LearnerConfig, LoraConfig, ModelConfig
 from sao_jax.config.checks import fail
+# Defined with the learner's config (the data path's fixed-lag schedule counts them too).
+from sao_jax.config.learner import value_only_steps
 from sao_jax.learner import state as state_lib
 from sao_jax.models import lora, moe
 from sao_jax.models.forward import policy_forward, router_balance, value_forward
@@ -374,14 +376,6 @@ def _opening_advantages(batch: Batch, adv: jax.Array) -> Metrics:
           "reward/single_turn": mean(outcome, single),
           "reward/multi_turn": mean(outcome, multi),
           "episodes/single_turn_frac": jnp.sum(single) / jnp.maximum(jnp.sum(single | multi), 1)}
-
-
-def value_only_steps(learner: LearnerConfig, algorithm: AlgorithmConfig) -> int:
-  """The learner steps that update only the critic before the first policy update:
-  value pretraining and critic warm-up (docs/algorithm.md §4) of critic variants, else 0."""
-  if not algorithm.uses_critic:
-    return 0
-  return learner.value_pretrain_steps + learner.critic_warmup_steps
 
 
 def update_policy_at(learner: LearnerConfig, algorithm: AlgorithmConfig, step: int) -> jax.Array:

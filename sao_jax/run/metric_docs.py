@@ -225,7 +225,9 @@ METRICS: tuple[MetricDoc, ...] = (
     MetricDoc("dropped/<reason>", "count", HOST,
               "trajectories dropped so far, by reason (cumulative; dropped/stale is written "
               "from the first step, 0 until there are any): stale, future_version, "
-              "too_long, prompt_id_out_of_range, writer_died, env_failure (all environment "
+              "too_long, prompt_id_out_of_range, writer_died, unscheduled (data.fixed_lag: a "
+              "trajectory of a batch already trained, too far ahead or sent twice), "
+              "env_failure (all environment "
               "failures) and env_failure/<kind>, each kind the sampler names on its own (an "
               "exception type, or the environment's name for a bad value; first 32 kinds, then "
               "env_failure/other), quarantined_<reason> for record files; each kind's first "

@@ -26,6 +26,11 @@ that reached the learner leave its stream, a checkpoint keeps it across
 position and its place in the group, so a restarted worker samples as the one
 before it would have.
 
+With `data.fixed_lag` the loop is `sampler.scheduled.sample_scheduled` instead: the
+worker samples its share of each batch with the one policy version the schedule names
+(`data.fixed_lag`), so a seed's run repeats whatever the machine's load, and a worker
+that dies is not restarted (the versions its batches need are gone): the run ends.
+
 Under LoRA the channel carries only the adapters: the worker loads the frozen
 base once (`run.init`) and adopts each version as the base merged with them.
 
@@ -214,8 +219,6 @@ def _sample(spec: WorkerSpec, alive: Callable[[], bool], cfg: Config, chat, poll
             log: Callable[[str], None]) -> None:
   """`run_sampler` once its channel is polled (by `poller`, on its own thread)."""
   from sao_jax.channel.published import published_to_policy
-  from sao_jax.envs.base import Task
-  from sao_jax.envs.dataset_tasks import BadRow
   from sao_jax.envs.registry import describe, make_env, make_tasks
   from sao_jax.run.bootstrap import initial_policy
   from sao_jax.sampler import paged_steps
@@ -240,7 +243,15 @@ def _sample(spec: WorkerSpec, alive: Callable[[], bool], cfg: Config, chat, poll
                          env_threads=cfg.sampler.num_env_threads(),
                          step_timeout_s=cfg.env.step_timeout_s,
                          release=cfg.sampler.release_order, log=log,
-                         env_name=describe(cfg.env), latency=cfg.env.latency)
+                         env_name=describe(cfg.env), latency=cfg.env.latency,
+                         # A fixed lag fixes the engine's schedule too (`sampler.scheduled`).
+                         overlap=cfg.data.fixed_lag is None)
+  if cfg.data.fixed_lag is not None:  # reproducible rollouts: batches by schedule
+    from sao_jax.sampler.scheduled import sample_scheduled
+    sample_scheduled(spec, alive, engine=engine, runner=runner, to_policy=to_policy, first=got,
+                     poller=poller, counts=_ChannelCounts(poller), log=log,
+                     hand_over=lambda traj: hand_over(spec.transport, traj, alive))
+    return
   tasks = served(lambda start: make_tasks(cfg.env, start=start), spec.task_start)
   group = cfg.algorithm.group_size
   prompt_ids = PromptIds(group, cfg.algorithm.running_mean_slots, spec.worker_id)
@@ -254,16 +265,8 @@ def _sample(spec: WorkerSpec, alive: Callable[[], bool], cfg: Config, chat, poll
         engine.set_params(to_policy(got[0]), got[1])
       while runner.can_start(group):
         position, task = next(tasks)
-        bad = task if isinstance(task, BadRow) else None
-        if bad is not None:  # each of its episodes a counted failure, named by the row
-          task = Task(id=bad.where, prompt="", answer="")
-        prompt_id = prompt_ids(task)
-        for member in range(group):
-          if bad is not None:
-            episode = runner.reject(task, bad, prompt_id=prompt_id)
-          else:
-            episode = runner.start(task, prompt_id=prompt_id,
-                                   seed=seed + position * group + member)
+        for episode in start_task(runner, task, prompt_ids,
+                                  [seed + position * group + m for m in range(group)]):
           task_position[episode] = position
       for traj in runner.step():
         traj.info["worker"] = spec.worker_id
@@ -273,6 +276,22 @@ def _sample(spec: WorkerSpec, alive: Callable[[], bool], cfg: Config, chat, poll
           return
   finally:
     runner.close()
+
+
+def start_task(runner, task, prompt_ids, seeds: list[int]) -> list[int]:
+  """Starts an episode of `task` (a `Task`, or the `BadRow` a dataset row made instead)
+  per seed of `seeds` (a GRPO group: one per member) under one prompt id (`PromptIds`);
+  their episode ids, in order. A bad row's episodes are counted failures naming the row."""
+  from sao_jax.envs.base import Task
+  from sao_jax.envs.dataset_tasks import BadRow
+
+  bad = task if isinstance(task, BadRow) else None
+  if bad is not None:  # each of its episodes a counted failure, named by the row
+    task = Task(id=bad.where, prompt="", answer="")
+  prompt_id = prompt_ids(task)
+  if bad is not None:
+    return [runner.reject(task, bad, prompt_id=prompt_id) for _ in seeds]
+  return [runner.start(task, prompt_id=prompt_id, seed=seed) for seed in seeds]
 
 
 class _SkipLog:
@@ -431,7 +450,8 @@ class SamplerSupervisor:
   `run` is what each process runs inside `process_main` (the sampler; a test
   can script another, picklable by reference). `task_start(worker_id)` is where
   a worker started now begins its task stream (`TaskPositions.start`; default: the
-  start of the stream). `max_restarts` counts crashes: a
+  start of the stream). `no_restart`, when given, says why a dead worker ends the run
+  instead of being restarted (`data.fixed_lag`). `max_restarts` counts crashes: a
   weight channel that stalls or drops is waited out inside the worker (module
   docstring), never a death. Call `start` and `check` from a
   thread that lives as long as the supervisor: a worker dies with the thread
@@ -441,8 +461,10 @@ class SamplerSupervisor:
   def __init__(self, specs: list[WorkerSpec], *, log: Callable[[str], None] = print,
                max_restarts: int = 10,
                run: Callable[[WorkerSpec, Callable[[], bool]], None] = run_sampler,
-               task_start: Callable[[int], TaskStart] = lambda worker_id: TaskStart()):
+               task_start: Callable[[int], TaskStart] = lambda worker_id: TaskStart(),
+               no_restart: str = ""):
     self._specs, self._run, self._task_start = specs, run, task_start
+    self._no_restart = no_restart
     self._context = multiprocessing.get_context("spawn")
     self._stop = self._context.Event()
     self._errors = self._context.Queue()
@@ -479,6 +501,9 @@ class SamplerSupervisor:
         continue
       process.join()
       why = reports.get(spec.worker_id, _unreported(process.exitcode))
+      if self._no_restart:
+        raise RuntimeError(f"sampler {spec.worker_id} died ({why.strip().splitlines()[-1]}) "
+                           f"and is not restarted: {self._no_restart}\n{why}")
       self.restarts += 1
       if self.restarts > self._max_restarts:
         raise RuntimeError(f"sampler {spec.worker_id} died {self.restarts} times; last: {why}")
