@@ -5,6 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 TPU_STAMP := $(VENV)/.installed-tpu
+DOCS_STAMP := $(VENV)/.installed-docs
 
 .PHONY: test test-unit test-all bench demo docs docs-serve clean bubblewrap
 
@@ -13,6 +14,14 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+## The docs extra alone (mkdocs, mkdocs-material): what `make docs` needs, and no
+## torch or transformers. A .venv that already has the dev extra has it too.
+$(DOCS_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[docs]'
+	touch $(DOCS_STAMP)
 
 ## libtpu at jax's version (the `tpu` extra), for the benchmarks that compile for a TPU
 ## topology on any machine (aot_plan.py, paged_prefill.py); no TPU needed.
@@ -64,12 +73,12 @@ bench: $(TPU_STAMP) bubblewrap
 
 ## docs: build the documentation site into site/ (mkdocs.yml); --strict fails on a
 ## broken link, a missing page or a reference page that differs from the code.
-docs: $(STAMP)
+docs: $(DOCS_STAMP)
 	$(PY) -m sao_jax.cli.docsgen --check
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
 ## docs-serve: serve the site on http://127.0.0.1:8000, rebuilt on every edit.
-docs-serve: $(STAMP)
+docs-serve: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve
 
 clean:

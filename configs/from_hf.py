@@ -4,7 +4,7 @@
 
 Sizes, heads, RoPE, vocabulary, tying, family and dtype are read from the
 directory's config.json, its tokenizer and chat template from the same directory
-(docs/tutorials/first-run-from-hf-checkpoint.md). Only the run's choices are here.
+(docs/get-started/first-real-run.md). Only the run's choices are here.
 """
 
 from sao_jax.config import AlgorithmConfig, Config, EnvConfig, RunConfig

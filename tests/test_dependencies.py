@@ -110,3 +110,24 @@ def test_the_checker_sees_a_module_level_import_and_a_lazy_one(tmp_path):
   source.write_text("import jinja2.sandbox\nfrom os import path\n"
                     "def f():\n  import wandb\n  from fsspec import core\n")
   assert _imports(source) == [("jinja2", True), ("os", True), ("wandb", False), ("fsspec", False)]
+
+
+def test_the_accelerator_extras_install_one_jax_version():
+  """`.[gpu]` (jax[cuda12]) and `.[tpu]` (jax[tpu]) pin the same jax, which satisfies the
+  runtime floor, and the TPU scripts' example JAX_VERSION is that version: a GPU box, a
+  TPU VM and an AOT plan run the same compiler."""
+  extras = PYPROJECT["project"]["optional-dependencies"]
+  pins = {}
+  for extra in ("gpu", "tpu"):
+    found = [re.fullmatch(r"jax\[(\w+)\]==([\d.]+)", r) for r in extras[extra]]
+    found = [m for m in found if m]
+    assert len(found) == 1, f"the {extra} extra pins jax[...]==VERSION once: {extras[extra]}"
+    pins[extra] = found[0].group(2)
+  assert pins["gpu"] == pins["tpu"], pins
+  floor = next(re.fullmatch(r"jax>=([\d.]+)", r).group(1)
+               for r in PYPROJECT["project"]["dependencies"] if r.startswith("jax>="))
+  version = tuple(int(n) for n in pins["tpu"].split("."))
+  assert version >= tuple(int(n) for n in floor.split(".")), (pins, floor)
+  example = re.search(r'JAX_VERSION\) echo "([\d.]+)"',
+                      (ROOT / "tpu_scripts" / "common.sh").read_text()).group(1)
+  assert example == pins["tpu"], f"tpu_scripts/common.sh suggests JAX_VERSION={example}"

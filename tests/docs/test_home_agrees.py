@@ -1,6 +1,7 @@
 """The README and the docs home page say the same about SAO against GRPO, and say for
 each result the setting it holds for, with the figures the generated reports
-(docs/research/e1.md, e2.md, from the runs' configs) state."""
+(docs/research/e1.md, e2.md, from the runs' configs) state; and they list the same
+pieces as working and the same as not yet built."""
 
 import pathlib
 import re
@@ -49,3 +50,33 @@ def test_each_result_names_the_setting_its_report_holds_for(name, report):
   assert "per learner step, not wall-clock" in part
   assert f"explain{'ed a median' if name == 'E1' else 'ed variance after warm-up was'} " \
       f"{want['median']}" in part
+
+
+WORKS_START, WORKS_END = "<!-- what-works:", "<!-- /what-works -->"
+
+
+def _works(path: pathlib.Path) -> str:
+  text = path.read_text()
+  assert text.count(WORKS_START) == 1 and text.count(WORKS_END) == 1, \
+      f"{path}: one {WORKS_START} block"
+  return text[text.index(WORKS_START):text.index(WORKS_END)]
+
+
+def _rows(block: str) -> dict[str, str]:
+  return {line.split("|")[1].strip(): line.split("|")[2].strip()
+          for line in block.splitlines() if line.startswith("| ") and "---" not in line}
+
+
+def test_the_readme_and_the_home_page_list_the_same_as_working_and_as_not_yet():
+  """One table, in both: the README's links point into docs/, the home page's are
+  relative to it, and nothing else may differ (the home page once listed the pool
+  split over the sampler's batch axes as "not yet" after the README called it built)."""
+  readme, home = _works(ROOT / "README.md"), _works(ROOT / "docs" / "index.md")
+  assert readme.replace("](docs/", "](") == home
+  rows = _rows(home)
+  assert {"Sampler", "Environments", "Runs", "Not yet"} <= set(rows), sorted(rows)
+  links = re.findall(r"\]\(([^)#\s]+)", home)
+  assert links and all((ROOT / "docs" / link).is_file() for link in links), links
+  built = rows["Sampler"]
+  assert "pool split over the sampler mesh's data axes" in built
+  assert "pool split" not in rows["Not yet"]
