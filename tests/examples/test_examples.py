@@ -184,15 +184,3 @@ def test_the_openai_agent_example_trains(openai_agent_example, tmp_path):
   assert [row["step"] for row in rows] == [0, 1]
   assert all(row.get("dropped/env_failure", 0) == 0 for row in rows), rows
 
-
-@pytest.mark.slow
-def test_the_agents_sdk_example_trains(openai_agent_example, tmp_path):
-  """sao-train with the same agent written with the OpenAI Agents SDK (a function
-  program, examples/openai_agent/agents_sdk.py) as its environment."""
-  pytest.importorskip("agents")  # the dev extra's openai-agents
-  _, rows = _train(EXAMPLES / "openai_agent" / "config.py",
-                   [f"run.run_dir={tmp_path / 'run'}", f"run.tokenizer={openai_agent_example}",
-                    "env.options.program=agents_sdk:run"])
-  assert [row["step"] for row in rows] == [0, 1]
-  assert all(row.get("dropped/env_failure", 0) == 0 for row in rows), rows
-  sys.modules.pop("agents_sdk", None)
