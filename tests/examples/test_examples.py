@@ -183,4 +183,3 @@ def test_the_openai_agent_example_trains(openai_agent_example, tmp_path):
                    [f"run.run_dir={tmp_path / 'run'}", f"run.tokenizer={openai_agent_example}"])
   assert [row["step"] for row in rows] == [0, 1]
   assert all(row.get("dropped/env_failure", 0) == 0 for row in rows), rows
-
