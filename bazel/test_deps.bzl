@@ -21,4 +21,5 @@ TEST_DEPS = [
     requirement("gcp-storage-emulator"),
     requirement("aiohttp"),
     requirement("openai"),
+    requirement("openai-agents"),
 ]

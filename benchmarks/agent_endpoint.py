@@ -13,14 +13,26 @@ both runs. The policy is the CPU demo's model (configs/demo_cpu.py) with random
 weights over a ChatML tokenizer trained here; up to 2 x `--slots` episodes in flight,
 a step thread each.
 
-RESULT keys: `tokens_per_s_ratio` = endpoint sampled tokens/s over in-process (target
->= 0.8); `per_call_overhead_ms` = the endpoint run's extra wall time over the
-in-process run's, per call, times the episodes in flight together (what a call costs its
-episode beyond the in-process turn); `mean_call_ms` what a client waited per call; `max_abs_logp_diff` between the two runs'
-behavior_logp, and `tokens_identical` (the same episode sampled the same tokens, and
-the endpoint's returned logprobs equal its recorded behavior_logp).
+The programs are Python functions, so they run in the sampler's process: their openai
+clients' CPU competes with the engine's. `--client shared` (the default) builds each
+episode's `openai.OpenAI` on one process-wide http client, as the tutorial advises for
+function programs; `--client per-episode` gives each its own, whose construction loads
+the CA bundle into a fresh SSL context (tens of ms of CPU per episode, more than the
+episode's decoding of this tiny model on a loaded CPU). The two modes run `--repeats`
+times, interleaved (the order alternating), so that a shared machine's load drifts over
+both; the figures are the medians over the repeats.
 
-    .venv/bin/python benchmarks/agent_endpoint.py [--quick]
+RESULT keys: `tokens_per_s_ratio` = endpoint sampled tokens/s over in-process, the median
+of the repeats' ratios (target >= 0.8; `ratios` lists them); `per_call_overhead_ms` = the
+endpoint run's extra wall time over the in-process run's, per call, times the episodes in
+flight together (what a call costs its episode beyond the in-process turn);
+`mean_call_ms` what a client waited per call; `cpu_ms_per_call` the process CPU time per
+call of each mode (the endpoint's minus the in-process one is what the HTTP path, the
+openai client and the program threads cost); `max_abs_logp_diff` between the two runs'
+behavior_logp, and `tokens_identical` (the same episode sampled the same tokens in every
+run, and the endpoint's returned logprobs equal its recorded behavior_logp).
+
+    .venv/bin/python benchmarks/agent_endpoint.py [--quick] [--repeats 5] [--client per-episode]
 """
 
 from __future__ import annotations
@@ -47,6 +59,7 @@ from sao_jax.sampler.episodes import EpisodeRunner, make_engine, run_to_completi
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 FOLLOW_UP = "Say it again."
 ARGS = argparse.Namespace(turns=3, max_latency_s=0.2)
+HTTP: list = [None]  # --client shared: the one http client every episode's openai client uses
 RETURNED: dict[str, list[float]] = {}  # task id -> the endpoint's logprobs, call by call
 CALL_S: list[float] = []
 
@@ -76,7 +89,8 @@ class InProcess(Environment):
 def agent(task, base_url, api_key):
   """The same conversation through the openai client."""
   import openai
-  client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=120)
+  client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=120,
+                         http_client=HTTP[0])
   messages = prompt(task)
   for turn in range(1, ARGS.turns + 1):
     began = time.perf_counter()
@@ -90,24 +104,39 @@ def agent(task, base_url, api_key):
 
 
 def measure(runner, tasks, args):
-  began = time.perf_counter()
+  began, cpu = time.perf_counter(), time.process_time()
   done = run_to_completion(runner, iter(tasks), len(tasks), num_slots=1, seed=args.seed)
-  seconds = time.perf_counter() - began
+  seconds, cpu = time.perf_counter() - began, time.process_time() - cpu
   runner.close()
-  return {t.info["task"]: t for t in done}, seconds
+  return {t.info["task"]: t for t in done}, seconds, cpu
+
+
+def exact(inside, outside, returned) -> tuple[bool, float]:
+  """Whether the runs' trajectories are token-identical and the endpoint's returned
+  logprobs equal its recorded behavior_logp; the largest |behavior_logp difference|."""
+  identical = inside.keys() == outside.keys() and all(
+      np.array_equal(inside[k].tokens, outside[k].tokens)
+      and np.array_equal(outside[k].behavior_logp[outside[k].action_mask == 1],
+                         np.float32(returned[k])) for k in inside)
+  diff = max(float(np.max(np.abs(inside[k].behavior_logp - outside[k].behavior_logp)))
+             if inside[k].length == outside[k].length else float("inf") for k in inside)
+  return identical, diff
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--quick", action="store_true", help="fewer episodes")
+  parser.add_argument("--quick", action="store_true", help="fewer episodes and repeats")
   parser.add_argument("--episodes", type=int, default=64)
   parser.add_argument("--slots", type=int, default=8)
   parser.add_argument("--turns", type=int, default=3)
   parser.add_argument("--max-latency-s", type=float, default=0.2)
+  parser.add_argument("--repeats", type=int, default=5, help="interleaved runs of each mode")
+  parser.add_argument("--client", choices=("shared", "per-episode"), default="shared",
+                      help="the http client of each episode's openai client (module docstring)")
   parser.add_argument("--seed", type=int, default=0)
   args = parser.parse_args()
   if args.quick:
-    args.episodes = 16
+    args.episodes, args.repeats = 16, 2
   ARGS.turns, ARGS.max_latency_s = args.turns, args.max_latency_s
   demo = load_config(ROOT / "configs" / "demo_cpu.py")
   chat = chat_format(None, train_tokenizer([f"task {i}: what is {i} plus 7" for i in range(64)],
@@ -117,40 +146,54 @@ def main():
                                 max_new_tokens=24, max_seq_len=384)
   engine = make_engine(sampler, model, init_params(model, jax.random.key(args.seed)), chat)
   engine.warmup()
-  import openai  # noqa: F401  (imported once before timing, as a long-running program has)
+  import openai  # imported once before timing, as a long-running program has
+  if args.client == "shared":
+    HTTP[0] = openai.DefaultHttpxClient(timeout=120)
   tasks = [Task(id=f"t{i}", prompt=f"task {i}: what is {i} plus 7", answer="")
            for i in range(args.episodes)]
+  calls = args.episodes * args.turns
   sys.modules.setdefault("agent_endpoint", sys.modules[__name__])
   options = agent_spec.AgentOptions(program="agent_endpoint:agent", time_limit_s=120.0)
-  runs = {}
-  for mode, make in (("in_process", InProcess),
-                     ("endpoint", lambda: agent_spec.make(options, EnvConfig()))):
-    runner = EpisodeRunner(engine, chat, make, max_episodes=2 * args.slots,
-                           env_threads=2 * args.slots, log=print)
-    done, seconds = measure(runner, tasks, args)
-    assert not runner.failures, runner.failures
-    sampled = sum(int(t.action_mask.sum()) for t in done.values())
-    runs[mode] = {"done": done, "seconds": seconds, "tokens_per_s": sampled / seconds}
-    print(f"{mode:>10}: {len(done)} episodes in {seconds:.1f} s, "
-          f"{runs[mode]['tokens_per_s']:.0f} sampled tokens/s", flush=True)
-  inside, outside = runs["in_process"]["done"], runs["endpoint"]["done"]
-  identical = all(np.array_equal(inside[k].tokens, outside[k].tokens)
-                  and np.array_equal(outside[k].behavior_logp[outside[k].action_mask == 1],
-                                     np.float32(RETURNED[k])) for k in inside)
-  diff = max(float(np.max(np.abs(inside[k].behavior_logp - outside[k].behavior_logp)))
-             if inside[k].length == outside[k].length else float("inf") for k in inside)
+  makers = {"in_process": InProcess, "endpoint": lambda: agent_spec.make(options, EnvConfig())}
+  runs = {"in_process": [], "endpoint": []}
+  identical, diff = True, 0.0
+  for repeat in range(args.repeats):
+    order = list(makers) if repeat % 2 == 0 else list(makers)[::-1]
+    done = {}
+    RETURNED.clear()
+    for mode in order:
+      runner = EpisodeRunner(engine, chat, makers[mode], max_episodes=2 * args.slots,
+                             env_threads=2 * args.slots, log=print)
+      done[mode], seconds, cpu = measure(runner, tasks, args)
+      assert not runner.failures, runner.failures
+      sampled = sum(int(t.action_mask.sum()) for t in done[mode].values())
+      runs[mode].append({"seconds": seconds, "tokens_per_s": sampled / seconds,
+                         "cpu_ms_per_call": 1000 * cpu / calls})
+      print(f"{repeat}: {mode:>10}: {len(done[mode])} episodes in {seconds:.2f} s, "
+            f"{sampled / seconds:.0f} sampled tokens/s, {1000 * cpu / calls:.1f} ms CPU per call",
+            flush=True)
+    same, worst = exact(done["in_process"], done["endpoint"], RETURNED)
+    identical, diff = identical and same, max(diff, worst)
+
+  def median(mode, key):
+    return float(np.median([run[key] for run in runs[mode]]))
+
+  ratios = [e["tokens_per_s"] / i["tokens_per_s"] for i, e in zip(runs["in_process"],
+                                                                   runs["endpoint"])]
   # The extra wall time each call costs an episode: the runs' difference, spread over the
   # calls, times the episodes that were in flight together.
-  overhead_s = ((runs["endpoint"]["seconds"] - runs["in_process"]["seconds"])
-                * min(2 * args.slots, args.episodes) / (args.episodes * args.turns))
+  overhead_s = ((median("endpoint", "seconds") - median("in_process", "seconds"))
+                * min(2 * args.slots, args.episodes) / calls)
   print("RESULT " + json.dumps({
       "name": "agent_endpoint", "episodes": args.episodes, "slots": args.slots,
-      "tokens_per_s_ratio": round(runs["endpoint"]["tokens_per_s"]
-                                  / runs["in_process"]["tokens_per_s"], 3),
-      "endpoint_tokens_per_s": round(runs["endpoint"]["tokens_per_s"], 1),
-      "in_process_tokens_per_s": round(runs["in_process"]["tokens_per_s"], 1),
+      "repeats": args.repeats, "client": args.client,
+      "tokens_per_s_ratio": round(float(np.median(ratios)), 3),
+      "ratios": [round(r, 3) for r in ratios],
+      "endpoint_tokens_per_s": round(median("endpoint", "tokens_per_s"), 1),
+      "in_process_tokens_per_s": round(median("in_process", "tokens_per_s"), 1),
       "per_call_overhead_ms": round(1000 * overhead_s, 1),
       "mean_call_ms": round(1000 * float(np.mean(CALL_S)), 1),
+      "cpu_ms_per_call": {mode: round(median(mode, "cpu_ms_per_call"), 2) for mode in runs},
       "max_abs_logp_diff": diff, "tokens_identical": identical}))
 
 

@@ -13,6 +13,8 @@ template's `<tool_call>` blocks, and the episode is graded by reward.py
 no warm-start): on the random tiny policy the reward stays near 0; the example
 shows the wiring, not learning. For a real run set run.tokenizer and run.init to
 a Qwen3 / Qwen2.5 / Llama 3.1 checkpoint and `model` to its config.
+`--set env.options.program=agents_sdk:run` runs the same agent written with the
+OpenAI Agents SDK (agents_sdk.py, a function program) instead.
 """
 
 import dataclasses

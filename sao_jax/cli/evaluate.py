@@ -3,6 +3,7 @@
   sao-eval --config configs/demo_cpu.py [--set ...] [--step N] [--episodes N]
            [--samples N] [--pass-k 1,4] [--temperature T] [--output FILE]
   sao-eval --config configs/from_hf.py --policy /path/to/Qwen3-0.6B [...]
+  sao-eval --config C [--step N | --policy DIR] --serve [--episodes N]
 
 Restores the policy of checkpoint `--step` (default: latest) from the run's
 checkpoint directory, or with `--policy DIR` loads the policy in DIR (a Hugging
@@ -15,6 +16,12 @@ kind of environment failure with its count and first message. Prints a table and
 writes the JSON report to `--output` (refused when that file exists), by default
 RUN_DIR/eval/step_<step>.json, or step_<step>.2.json, .3, ... when an earlier
 report of the step is there (it is kept); the last line says where.
+
+With `--serve` it scores nothing: it serves the policy on the agent endpoint alone,
+for debugging an agent against it (`sao_jax.jobs.serve`; docs/reference/
+agent-endpoint.md): it prints the base URL and the API key to give the agent, one
+line per episode that ends, and stops after `--episodes` episodes (default: when
+interrupted).
 """
 
 from __future__ import annotations
@@ -45,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--samples", help="sampled episodes per task (run.eval_samples)")
   parser.add_argument("--pass-k", help="comma-separated k for pass@k (run.eval_pass_k)")
   parser.add_argument("--temperature", help="sampling temperature (run.eval_temperature)")
+  parser.add_argument("--serve", action="store_true",
+                      help="serve the policy on the agent endpoint (env.options' address and "
+                      "limits) for agents to call, instead of scoring it; each new episode "
+                      "name in a client's API key opens an episode; with --episodes N, stop "
+                      "after N episodes ended")
   parser.add_argument("--output", help="JSON report path, a new file (default "
                       "RUN_DIR/eval/step_<step>.json, numbered .2, .3, ... when taken)")
   return parser
@@ -67,6 +79,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.error(f"--output {args.output!r} already exists; remove it first to replace it, "
                  "or name another file (without --output, reports are numbered, never "
                  "overwritten)")
+  if args.serve and (args.output or args.samples or args.pass_k or args.temperature):
+    parser.error("--serve scores nothing: --output, --samples, --pass-k and --temperature "
+                 "are for scoring; the served policy samples with the run's sampler settings")
   overrides = list(args.overrides)
   for field, value in (("eval_samples", args.samples), ("eval_temperature", args.temperature),
                        ("eval_pass_k", args.pass_k)):
@@ -78,6 +93,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     if args.policy and args.step is not None:
       parser.error("--step picks a run checkpoint; --policy scores a directory instead")
+    if args.serve:
+      return _serve(cfg, args)
     if args.policy:
       report = evaluation.evaluate_policy(cfg, args.policy, limit=args.episodes)
     else:
@@ -101,6 +118,25 @@ def main(argv: Sequence[str] | None = None) -> None:
   print(eval_scores.format_table(report))
   print(f"report: {output}" + (f" ({earlier} holds an earlier report, kept)"
                                 if earlier is not None and output != earlier else ""))
+
+
+def _serve(cfg, args) -> None:
+  """`--serve`: the policy of `--policy` or checkpoint `--step` behind the endpoint."""
+  from sao_jax.jobs import evaluate as evaluation, serve
+
+  if args.policy:
+    cfg, mesh, chat, params = evaluation.directory_policy(cfg, args.policy)
+    version, what = 0, f"policy {args.policy}"
+  else:
+    cfg, mesh, chat, params, meta = evaluation.checkpoint_policy(cfg, args.step)
+    version, what = int(meta["policy_version"]), f"checkpoint step {meta['step']}"
+  print(f"{what}, sampled with the run's sampler settings (temperature "
+        f"{cfg.sampler.temperature:g})", flush=True)
+  try:
+    serve.serve(cfg, chat, params, version=version, mesh=mesh, episodes=args.episodes,
+                log=lambda line: print(line, flush=True))
+  except KeyboardInterrupt:
+    print("stopped", flush=True)
 
 
 if __name__ == "__main__":

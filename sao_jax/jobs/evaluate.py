@@ -388,6 +388,14 @@ def evaluate_policy(cfg: Config, policy_dir: str | pathlib.Path, *,
   are loaded, one tensor at a time, each onto its shard of the sampler mesh
   (`cfg.sampler_mesh()`): device memory is the params plus the eval batch's KV
   cache, never a train state."""
+  cfg, mesh, chat, params = directory_policy(cfg, policy_dir)
+  result = benchmark(cfg, chat, params, limit=limit, mesh=mesh)
+  return {"policy": str(policy_dir), "step": None, "policy_version": None, **result}
+
+
+def directory_policy(cfg: Config, policy_dir: str | pathlib.Path):
+  """(checked cfg, sampler mesh, chat format, policy params) of the policy in
+  `policy_dir`, loaded as `evaluate_policy` describes."""
   from sao_jax.config import init_model
   from sao_jax.models import hf, params_io
 
@@ -406,5 +414,4 @@ def evaluate_policy(cfg: Config, policy_dir: str | pathlib.Path, *,
     _, params = hf.load_hf(policy_dir, mesh)
   else:
     _, _, params = params_io.load_params(policy_dir, mesh)
-  result = benchmark(cfg, chat, params, limit=limit, mesh=mesh)
-  return {"policy": str(policy_dir), "step": None, "policy_version": None, **result}
+  return cfg, mesh, chat, params

@@ -16,6 +16,7 @@ CONFIG = ["--config", str(ROOT / "configs" / "demo_cpu.py")]
     (["--set", "env.task_source=parquet"], "env.dataset.path='' is invalid"),
     (["--set", "env.task_source=hf_disk", "--set", "env.dataset.path=/nonexistent"],
      "task_source='hf_disk' needs the directory"),
+    (["--serve", "--samples", "4"], "--serve scores nothing"),
 ])
 def test_bad_evaluation_settings_exit_2_naming_the_field(args, message, capsys):
   with pytest.raises(SystemExit) as exit_info:

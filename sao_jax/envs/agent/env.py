@@ -106,15 +106,9 @@ class AgentEnv(Environment):
   # ---- the episode ----
 
   def _reset(self, task: Task) -> list[Message]:
-    endpoint = server.Endpoint.shared(self.limits)
-    self._session = endpoint.open_session()
+    self._session = self._open(task)
     self._deadline = time.monotonic() + self.time_limit_s
     self._segments, self._reward = 1, None
-    if plugins.is_import_path(self.program):
-      function = plugins.load_object(self.program, what=f"env.options.program={self.program!r}")
-      _start_function(function, task, self._session, endpoint.base_url)
-    else:
-      self._process = _start_command(self.program, task, self._session, endpoint.base_url)
     event = self._next_event()
     if event[0] != "call":
       raise AgentProgramError(f"the agent program ended before its first call ({event[0]}: "
@@ -150,7 +144,7 @@ class AgentEnv(Environment):
 
   def close(self) -> None:
     if self._session is not None:
-      server.Endpoint.shared(self.limits).close_session(self._session)
+      self._endpoint().close_session(self._session)
       self._session = None
     if self._process is not None and self._process.poll() is None:
       try:
@@ -160,6 +154,20 @@ class AgentEnv(Environment):
     self._process = None
 
   # ---- helpers ----
+
+  def _endpoint(self) -> server.Endpoint:
+    return server.Endpoint.shared(self.limits)
+
+  def _open(self, task: Task) -> server.Session:
+    """The episode's session, its program started on it."""
+    endpoint = self._endpoint()
+    session = endpoint.open_session()
+    if plugins.is_import_path(self.program):
+      function = plugins.load_object(self.program, what=f"env.options.program={self.program!r}")
+      _start_function(function, task, session, endpoint.base_url)
+    else:
+      self._process = _start_command(self.program, task, session, endpoint.base_url)
+    return session
 
   def _take(self, request: protocol.ChatRequest) -> None:
     self._request, self._history = request, request.canonical
@@ -186,3 +194,29 @@ class AgentEnv(Environment):
                              "{'reward': x} to /v1/episode/end, return a number from the "
                              "function, or set env.reward_fn", **metrics)
     return StepResult.finish(value, "agent_reward", **metrics)
+
+
+class ServedEnv(AgentEnv):
+  """An episode of whichever client opens one next on an endpoint served alone
+  (`server.Endpoint(open_on_call=True)`, `sao-eval --serve`): no program is started;
+  `reset` waits, without a time limit, for a client's first call under a new episode
+  name, and the episode ends when that client posts `/v1/episode/end` (its reward, or
+  none) or after `time_limit_s` (`AgentTimeout`). `names[task.id]` is set to the
+  episode's name when its client arrives."""
+
+  def __init__(self, endpoint: server.Endpoint, names: dict[str, str], *, time_limit_s: float,
+               max_turns: int, max_observation_chars: int):
+    super().__init__(program="", time_limit_s=time_limit_s, limits=endpoint.limits,
+                     graded=False, max_turns=max_turns,
+                     max_observation_chars=max_observation_chars)
+    self._served, self._names = endpoint, names
+
+  def _endpoint(self) -> server.Endpoint:
+    return self._served
+
+  def _open(self, task: Task) -> server.Session:
+    session = self._served.arrivals.get()
+    if session is None:  # the server stops
+      raise AgentProgramError("the endpoint stopped before a client opened this episode")
+    self._names[task.id] = session.episode
+    return session

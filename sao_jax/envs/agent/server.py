@@ -31,6 +31,12 @@ over `max_body_bytes`, 400 for what cannot be rendered (`protocol`) or more than
 `max_messages` messages. An episode that finds `max_sessions` sessions open fails
 at `open_session` (`SessionLimit`) before its program starts. The endpoint binds
 to loopback unless the options allow another host (`spec.AgentOptions`).
+
+Served alone (`open_on_call`, `sao-eval --serve`): a chat call whose key names an
+episode that is not open opens it, under the client's own name (`EPISODE_NAME`),
+and queues its session on `arrivals`, where an episode waiting for a client takes
+it; with `max_sessions` open, such a call gets 429. An episode that ended can be
+opened again under its name.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ import hmac
 import itertools
 import json
 import queue
+import re
 import secrets
 import threading
 from typing import Any
@@ -60,6 +67,10 @@ class Limits:
   max_body_bytes: int
   max_messages: int
   model_name: str
+
+
+# An episode name a client chooses (`open_on_call`): what an API key can carry unescaped.
+EPISODE_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 class SessionLimit(RuntimeError):
@@ -128,8 +139,9 @@ class Endpoint:
         cls._shared[limits] = cls(limits)
       return cls._shared[limits]
 
-  def __init__(self, limits: Limits):
-    self.limits = limits
+  def __init__(self, limits: Limits, *, open_on_call: bool = False):
+    self.limits, self.open_on_call = limits, open_on_call
+    self.arrivals: queue.SimpleQueue = queue.SimpleQueue()  # sessions a first call opened
     self.run_token = secrets.token_urlsafe(24)
     self._sessions: dict[str, Session] = {}
     self._lock = threading.Lock()
@@ -147,18 +159,28 @@ class Endpoint:
 
   def open_session(self) -> Session:
     with self._lock:
-      if len(self._sessions) >= self.limits.max_sessions:
-        raise SessionLimit(f"{len(self._sessions)} agent episodes are open, the endpoint's limit "
-                           f"(env.options.max_sessions={self.limits.max_sessions})")
-      episode = f"e{next(self._ids)}"
-      session = Session(episode, f"{self.run_token}.{episode}")
-      self._sessions[episode] = session
-      return session
+      return self._open(f"e{next(self._ids)}")
+
+  def _open(self, episode: str) -> Session:
+    """Under the lock: a new session named `episode` (SessionLimit when full)."""
+    if len(self._sessions) >= self.limits.max_sessions:
+      raise SessionLimit(f"{len(self._sessions)} agent episodes are open, the endpoint's limit "
+                         f"(env.options.max_sessions={self.limits.max_sessions})")
+    session = Session(episode, f"{self.run_token}.{episode}")
+    self._sessions[episode] = session
+    return session
 
   def close_session(self, session: Session) -> None:
     session.close()
     with self._lock:
       self._sessions.pop(session.episode, None)
+
+  def stop(self) -> None:
+    """Closes the listening socket and the connections, and ends the event loop's thread
+    (an endpoint served alone; the shared ones live as long as their process)."""
+    asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=30)
+    self._loop.call_soon_threadsafe(self._loop.stop)
+    self._thread.join(timeout=30)
 
   @property
   def open_sessions(self) -> int:
@@ -175,7 +197,7 @@ class Endpoint:
     app.router.add_post("/v1/chat/completions", self._completions)
     app.router.add_get("/v1/models", self._models)
     app.router.add_post("/v1/episode/end", self._end)
-    runner = web.AppRunner(app, access_log=None)
+    runner = self._runner = web.AppRunner(app, access_log=None)
     try:
       self._loop.run_until_complete(runner.setup())
       site = web.TCPSite(runner, self.limits.host, self.limits.port)
@@ -201,9 +223,25 @@ class Endpoint:
                      type="authentication_error", code="invalid_api_key")
     with self._lock:
       session = self._sessions.get(episode)
+      if session is None and self.open_on_call and request.path == "/v1/chat/completions":
+        session = self._arrive(episode)
     if session is None:
       raise ApiError(404, f"episode {episode[:40]!r} is not open (ended, or never started)",
                      code="episode_not_found")
+    return session
+
+  def _arrive(self, episode: str) -> Session:
+    """Under the lock (`open_on_call`): the session a client's first call opens."""
+    if not EPISODE_NAME.fullmatch(episode):
+      raise ApiError(401, f"episode name {episode[:40]!r} in the API key: expected 1 to 64 "
+                     "letters, digits, '_' or '-' after the run token and a '.'",
+                     type="authentication_error", code="invalid_api_key")
+    try:
+      session = self._open(episode)
+    except SessionLimit as error:
+      raise ApiError(429, f"{error}; end an episode (POST /v1/episode/end) first",
+                     type="rate_limit_error", code="too_many_sessions") from None
+    self.arrivals.put(session)
     return session
 
   async def _json(self, request) -> Any:

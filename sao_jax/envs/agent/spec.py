@@ -59,11 +59,16 @@ def check(options: AgentOptions, config: EnvConfig) -> None:
                      "as a stuck step; keep time_limit_s below it, or raise step_timeout_s")
 
 
+def limits(options: AgentOptions) -> Limits:
+  """What the endpoint of `options` binds to and bounds."""
+  return Limits(host=options.host, port=options.port, max_sessions=options.max_sessions,
+                max_body_bytes=options.max_body_bytes, max_messages=options.max_messages,
+                model_name=options.model_name)
+
+
 def make(options: AgentOptions, config: EnvConfig) -> AgentEnv:
-  limits = Limits(host=options.host, port=options.port, max_sessions=options.max_sessions,
-                  max_body_bytes=options.max_body_bytes, max_messages=options.max_messages,
-                  model_name=options.model_name)
-  return AgentEnv(program=options.program, time_limit_s=options.time_limit_s, limits=limits,
+  return AgentEnv(program=options.program, time_limit_s=options.time_limit_s,
+                  limits=limits(options),
                   graded=bool(config.reward_fn), max_turns=config.max_turns,
                   max_observation_chars=config.max_observation_chars)
 

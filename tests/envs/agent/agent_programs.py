@@ -71,3 +71,14 @@ def never_ends(task, base_url, api_key):
   import time
   _call(_client(base_url, api_key), task, [{"role": "user", "content": task.prompt}])
   time.sleep(30)
+
+
+REWARDS: dict[str, list[float]] = {}  # task id -> the reward of each of its episodes, in order
+
+
+def even_reply(task, base_url, api_key):
+  """One call; reward 1 when the policy's reply has an even number of characters."""
+  reply = _call(_client(base_url, api_key), task, [{"role": "user", "content": task.prompt}])
+  reward = float(len(reply.content or "") % 2 == 0)
+  REWARDS.setdefault(task.id, []).append(reward)
+  return reward

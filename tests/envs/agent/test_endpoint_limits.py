@@ -176,3 +176,38 @@ def test_a_tool_calling_turn_is_an_openai_completion_with_tool_calls():
   assert (call.id, call.function.name, call.function.arguments) == (
       "call_e0_1_0", "add", '{"a": 1, "b": 2}')
   assert [(e.token, e.logprob) for e in choice.logprobs.content] == [("<7>", -0.5), ("<8>", -1.25)]
+
+
+def test_served_alone_a_new_name_opens_an_episode_until_max_sessions_then_429():
+  served = server.Endpoint(LIMITS, open_on_call=True)
+  ended = []
+
+  def call(name):
+    with pytest.raises(openai.ConflictError) as raised:  # never answered: its episode ends
+      client(served, f"{served.run_token}.{name}").chat.completions.create(model="m",
+                                                                           messages=USER)
+    ended.append(error_of(raised)["code"])
+
+  pending = [threading.Thread(target=call, args=(name,)) for name in ("a", "b")]
+  try:
+    for thread in pending:  # two calls open two episodes and wait for their turns
+      thread.start()
+    opened = sorted(served.arrivals.get(timeout=10).episode for _ in pending)
+    assert opened == ["a", "b"] and served.open_sessions == LIMITS.max_sessions
+    with pytest.raises(openai.RateLimitError) as raised:
+      client(served, f"{served.run_token}.c").chat.completions.create(model="m", messages=USER)
+    assert raised.value.status_code == 429 and error_of(raised)["code"] == "too_many_sessions"
+    # Only a chat call opens an episode; and the run token still authenticates.
+    with pytest.raises(openai.NotFoundError):
+      client(served, f"{served.run_token}.d").models.list()
+    with pytest.raises(openai.AuthenticationError):
+      client(served, "forged.e").chat.completions.create(model="m", messages=USER)
+  finally:
+    for name in ("a", "b"):
+      with served._lock:
+        session = served._sessions[name]
+      served.close_session(session)  # the pending calls get 409 and return
+    for thread in pending:
+      thread.join(timeout=10)
+    served.stop()
+  assert ended == ["episode_ended"] * 2
