@@ -20,6 +20,9 @@ Algorithm: the base config's, `sao_centered_gated` with a 10-step lr warm-up rat
 the paper's `sao`; why, and the overrides that give the paper's SAO: the docstring of
 configs/qwen3_0_6b.py.
 
+Critic schedule: the base config's, the paper's (configs/qwen3_0_6b.py: 5x the policy's
+lr, 20 value pretraining steps, then 10 warm-up steps).
+
 Departs from the paper (each algorithm and learner field whose value differs from
 the paper's `sao` and `LearnerConfig` defaults; tests/test_config_departures.py
 checks the list):

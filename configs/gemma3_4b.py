@@ -36,6 +36,9 @@ tests/test_ready_configs.py's SINGLE_HOST table (which compiles each pair and ch
 every figure): the unrolled 34-layer train step compiles for far longer than a
 scanned one (the v5p-8 plan took about 35 minutes of a loaded 2-core machine).
 
+Critic schedule: the base config's, the paper's (configs/qwen3_0_6b.py: 5x the policy's
+lr, 20 value pretraining steps, then 10 warm-up steps).
+
 Departs from the paper (each algorithm and learner field whose value differs from
 the paper's `sao` and `LearnerConfig` defaults; tests/test_config_departures.py
 checks the list):

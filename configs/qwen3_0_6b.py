@@ -56,6 +56,15 @@ measurement. The paper's SAO: `--set algorithm.variant=sao --set
 algorithm.advantage_centering=none --set algorithm.require_reward_contrast=false --set
 learner.lr_warmup_steps=0`.
 
+Critic schedule: the paper's (docs/algorithm.md §4). The critic learns at 5x the
+policy's rate (`learner.value_lr` None: 5e-6), first for `learner.value_pretrain_steps`
+= 20 value-only steps on the initial policy's rollouts (value pretraining; the paper gives
+no count: why 20 at `READY_VALUE_PRETRAIN_STEPS`, sao_jax/config/learner.py), then for
+the paper's 10 warm-up steps (`learner.critic_warmup_steps`), so the first policy update
+is learner step 30. The lr warm-up above ramps the policy only; the critic learns at its
+full rate from its first step. `value/bias` and the critic's explained variance in the
+progress line say whether it learned before the policy moves.
+
 Departs from the paper (each algorithm and learner field whose value differs from
 the paper's `sao` and `LearnerConfig` defaults; tests/test_config_departures.py
 checks the list):
@@ -71,6 +80,7 @@ import dataclasses
 
 from sao_jax.config import (AlgorithmConfig, Config, DataConfig, LearnerConfig, MeshConfig,
                             ModelConfig, RunConfig, SamplerConfig, hosts)
+from sao_jax.config.learner import READY_VALUE_PRETRAIN_STEPS
 
 
 def get_config(host: str = "") -> Config:
@@ -86,7 +96,7 @@ def get_config(host: str = "") -> Config:
                         remat_policy="full", scan_layers=True),
       algorithm=AlgorithmConfig.for_variant("sao_centered_gated"),
       learner=LearnerConfig(batch_trajectories=32, micro_batches=4, policy_lr=1e-6,
-                            lr_warmup_steps=10),
+                            lr_warmup_steps=10, value_pretrain_steps=READY_VALUE_PRETRAIN_STEPS),
       data=DataConfig(length_buckets=(1024, 2048, 4096)),
       sampler=SamplerConfig(slots=32, max_seq_len=4096, prefill_buckets=(512, 2048)),
       run=RunConfig(run_dir="runs/qwen3_0_6b"),

@@ -25,6 +25,9 @@ estimates, docs/guides/single-host.md):
     v6e-8   roofline: MFU <= 75.6%, train tokens/s <= 79,926, paged decode tokens/s <= 54,232
     v5p-8   roofline: MFU <= 75.6%, train tokens/s <= 19,982, paged decode tokens/s <= 54,102
 
+Critic schedule: the base config's, the paper's (configs/qwen3_0_6b.py: 5x the policy's
+lr, 20 value pretraining steps, then 10 warm-up steps).
+
 Departs from the paper (each algorithm and learner field whose value differs from
 the paper's `sao` and `LearnerConfig` defaults; tests/test_config_departures.py
 checks the list):

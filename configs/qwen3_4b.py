@@ -29,6 +29,9 @@ estimates, docs/guides/single-host.md):
     v5p-8   roofline: MFU <= 75.7%, train tokens/s <= 7,976, paged decode tokens/s <= 36,056
     h100-8  roofline: MFU <= 75.7%, train tokens/s <= 34,372, paged decode tokens/s <= 72,948
 
+Critic schedule: the base config's, the paper's (configs/qwen3_0_6b.py: 5x the policy's
+lr, 20 value pretraining steps, then 10 warm-up steps).
+
 Departs from the paper (each algorithm and learner field whose value differs from
 the paper's `sao` and `LearnerConfig` defaults; tests/test_config_departures.py
 checks the list):

@@ -67,6 +67,10 @@ measurement. The paper's SAO: `--set algorithm.variant=sao --set
 algorithm.advantage_centering=none --set algorithm.require_reward_contrast=false --set
 learner.lr_warmup_steps=0`.
 
+Critic schedule: the paper's, as in configs/qwen3_0_6b.py (5x the policy's lr, 20 value
+pretraining steps, `READY_VALUE_PRETRAIN_STEPS`, then 10 warm-up steps; the lr warm-up
+ramps the policy only).
+
 Departs from the paper (each algorithm and learner field whose value differs from
 the paper's `sao` and `LearnerConfig` defaults; tests/test_config_departures.py
 checks the list):
@@ -80,6 +84,7 @@ checks the list):
 
 from sao_jax.config import (AlgorithmConfig, Config, LearnerConfig, MeshConfig, ModelConfig,
                             SamplerConfig)
+from sao_jax.config.learner import READY_VALUE_PRETRAIN_STEPS
 
 
 def get_config() -> Config:
@@ -95,7 +100,7 @@ def get_config() -> Config:
                         scan_layers=True),
       algorithm=AlgorithmConfig.for_variant("sao_centered_gated"),
       learner=LearnerConfig(batch_trajectories=64, micro_batches=4, policy_lr=1e-6,
-                            lr_warmup_steps=10),
+                            lr_warmup_steps=10, value_pretrain_steps=READY_VALUE_PRETRAIN_STEPS),
       # 512 episodes over the KV memory of 64 dense rows of 32K tokens (8,192 pages of 256).
       sampler=SamplerConfig(slots=512, max_seq_len=32768, prefill_buckets=(512, 2048, 8192),
                             sharded=True, mesh=MeshConfig(data=1, fsdp=1, tensor=4, expert=1),

@@ -163,14 +163,19 @@ def sampled_entropy(cfg, episodes: int = 64) -> float:
 
   Unlike `early_peak`, the same checkpoint gives the same value on every run: the
   learner's metric is measured on each step's batch, and after the first update which
-  policy versions a batch holds depends on when the sampler picked up new weights."""
+  policy versions a batch holds depends on when the sampler picked up new weights.
+  The episodes run on the blocking runner (`Episodes(overlap=False)`): with environment
+  steps overlapping decoding, the order episodes finish in (hence the float32 sum's
+  order) and which of them prefill or share prompt pages together (hence the last bits
+  of their log-probs) follow the machine's timing, and the same checkpoint measured
+  0.92069417 or 0.92069405 (issue #48's failure of the drift route test)."""
   from sao_jax.envs.registry import make_tasks
   from sao_jax.jobs import evaluate
 
   cfg, mesh, chat, params, meta = evaluate.checkpoint_policy(cfg)
   env_cfg = dataclasses.replace(cfg.env, seed=cfg.run.eval_seed)
   runner = evaluate.Episodes(cfg, cfg.sampler, env_cfg, chat, params,
-                             int(meta["policy_version"]), mesh)
+                             int(meta["policy_version"]), mesh, overlap=False)
   trajs = runner.run(make_tasks(env_cfg), episodes, seed=cfg.run.eval_seed, desc="entropy",
                      leave=False)
   logp = np.concatenate([t.behavior_logp[t.action_mask.astype(bool)] for t in trajs])

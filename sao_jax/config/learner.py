@@ -9,6 +9,19 @@ from sao_jax.config.checks import check_choice, check_positive, fail
 ADVANTAGE_VALUES = ("before_critic_update", "after_critic_update")
 # The paper trains the critic at 5x the policy's learning rate (1e-6 and 5e-6).
 PAPER_VALUE_LR_SCALE = 5.0
+# Value pretraining of the ready model configs (configs/*.py), the one count the paper
+# does not give: it pretrains the critic on the initial policy's returns (docs/algorithm.md
+# §4) and names no number. The critic starts with a zero head (V = 0 everywhere), so
+# pretraining must first move it to the returns' scale. At the paper's value lr (5e-6)
+# Adam moves each weight by about the lr per update, so the head's output by at most
+# ~lr x sum_i |h_i| ~ 0.004-0.016 per update for final hidden states of RMS ~1 and width
+# 1024-4096 (the trunk's MLPs add to it): 20 steps (40 updates at K_v = 2) reach a 0/1
+# reward's mean (~0.2-0.6) before the paper's 10 warm-up steps tune it. The cost is 20
+# batches of the initial policy's rollouts, 2% of a 1000-step run. An estimate, not a
+# measurement: `value/bias` and the windowed explained variance in the progress line
+# show whether the critic got there (raise it if not). LearnerConfig's own default
+# (`value_pretrain_steps` 0) stays: short runs and the CPU settings skip pretraining.
+READY_VALUE_PRETRAIN_STEPS = 20
 LR_SCHEDULES = ("constant", "cosine")
 
 
@@ -46,7 +59,8 @@ class LearnerConfig:
   grad_clip: float | None = 1.0  # global-norm clip per model; None disables
   # Critic schedule (docs/algorithm.md §4): value-only steps before the first policy update.
   critic_warmup_steps: int = 10
-  # Value-only steps on rollouts of the initial policy, before the warm-up.
+  # Value-only steps on rollouts of the initial policy, before the warm-up (the paper
+  # gives no number; 0 skips it; the ready model configs use READY_VALUE_PRETRAIN_STEPS).
   value_pretrain_steps: int = 0
   # Which critic the advantages see: the one before this step's value updates
   # (default; advantages and value targets from the same V_old) or after them.

@@ -59,17 +59,25 @@ GREEDY = dict(top_k=1, temperature=1.0)
 
 
 class Episodes:
-  """An engine with `sampler` settings and a runner of `cfg.env`-like episodes on it."""
+  """An engine with `sampler` settings and a runner of `cfg.env`-like episodes on it.
+
+  `overlap=False`: the blocking runner (`EpisodeRunner`), whose schedule (which episodes
+  are admitted, prefilled and share prompt pages together, and the order they finish
+  in) does not depend on when environment steps return, so the same params and seeds
+  give the same trajectories, in the same order, bit for bit. The overlapped default is
+  faster but can differ in the last float bits of `behavior_logp`
+  (docs/explanation/episode-lifecycle.md)."""
 
   def __init__(self, cfg: Config, sampler: SamplerConfig, env_cfg, chat: ChatFormat,
-               params: Params, version: int, mesh: jax.sharding.Mesh | None = None):
+               params: Params, version: int, mesh: jax.sharding.Mesh | None = None, *,
+               overlap: bool = True):
     self._num_slots = cfg.algorithm.running_mean_slots
     chat.require_role(make_env(env_cfg).observation_role, f"env.name={env_cfg.name!r}")
     self.engine = make_engine(sampler, cfg.model, params, chat, version=version, mesh=mesh)
     self.engine.warmup()
     self._runner = EpisodeRunner(self.engine, chat, lambda: make_env(env_cfg),
                                  max_episodes=sampler.slots, env_threads=sampler.num_env_threads(),
-                                 env_name=describe(env_cfg))
+                                 overlap=overlap, env_name=describe(env_cfg))
 
   def run(self, tasks: Iterator[Task], count: int, *, seed: int, desc: str,
           leave: bool = True) -> list[Trajectory]:

@@ -12,6 +12,7 @@ import importlib.util
 import json
 import pathlib
 
+import jax
 import numpy as np
 import pytest
 
@@ -82,18 +83,25 @@ def test_the_first_full_adam_update_flattens_the_policy_and_the_lr_warm_up_withh
   test under a loaded machine), and the study reports it as a rate over seeds."""
   from experiments import drift
   from sao_jax.config.loading import apply_overrides
+  from sao_jax.jobs import evaluate
 
-  def entropy(arm: str, steps: int) -> float:
+  def measure(arm: str, steps: int) -> tuple[float, list[np.ndarray]]:
+    """(sampled entropy, policy params as host arrays) of the run's final checkpoint."""
     cfg = apply_overrides(sanity_config("sao"), [
         *drift.SETTING, f"learner.steps={steps}", *drift.ARMS[arm][1], "seed=1", "env.seed=1",
         f"run.run_dir={tmp_path / f'{arm}-{steps}'}"])
     assert train.run(cfg)["steps_done"] == steps
     updated = [row["policy/updated"] for row in drift.step_rows(tmp_path / f"{arm}-{steps}")]
     assert updated == [0.0] * 3 + [1.0] * (steps - 3), updated  # steps 0-2: critic only
-    return drift.sampled_entropy(cfg)
+    params = evaluate.checkpoint_policy(cfg)[3]
+    return drift.sampled_entropy(cfg), [np.asarray(x) for x in jax.tree.leaves(params)]
 
-  sft = entropy("sao", 3)
-  plain, centred = entropy("sao", 4), entropy("sao_centred", 4)
-  warmed = entropy("sao_centred_lr_warmup", 4)
+  (sft, sft_params), (plain, _), (centred, _) = (
+      measure("sao", 3), measure("sao", 4), measure("sao_centred", 4))
+  warmed, warmed_params = measure("sao_centred_lr_warmup", 4)
   assert sft < 1.5 and plain > sft + 2.0 and centred > sft + 2.0, (sft, plain, centred)
+  # The premise, to the bit (the lr-0 step changed no parameter), then the measurement,
+  # which is a function of the policy alone (drift.sampled_entropy runs its episodes on
+  # the blocking runner; issue #48: the overlapped one made it 0.92069405 or 0.92069417).
+  assert all(a.tobytes() == b.tobytes() for a, b in zip(warmed_params, sft_params))
   assert warmed == sft, (warmed, sft)

@@ -15,6 +15,7 @@ from sao_jax.models import tokenizer as tokenizer_lib
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # CPU-sized run settings; nothing about the model.
 SMALL_RUN = ["learner.batch_trajectories=8", "learner.critic_warmup_steps=1", "learner.steps=2",
+             "learner.value_pretrain_steps=0",
              "run.eval_every=0", "sampler.slots=4", "sampler.max_new_tokens=16",
              "sampler.max_seq_len=512", "sampler.prefill_buckets=(128, 512)",
              "data.length_buckets=(512,)", "env.max_turns=1"]
