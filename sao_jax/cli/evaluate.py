@@ -3,7 +3,7 @@
   sao-eval --config configs/demo_cpu.py [--set ...] [--step N] [--episodes N]
            [--samples N] [--pass-k 1,4] [--temperature T] [--output FILE]
   sao-eval --config configs/from_hf.py --policy /path/to/Qwen3-0.6B [...]
-  sao-eval --config C [--step N | --policy DIR] --serve [--episodes N]
+  sao-eval --config C --serve [--step N] [--policy DIR] [--episodes N]
 
 Restores the policy of checkpoint `--step` (default: latest) from the run's
 checkpoint directory, or with `--policy DIR` loads the policy in DIR (a Hugging

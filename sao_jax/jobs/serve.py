@@ -1,6 +1,6 @@
 """`sao-eval --serve`: a policy behind the agent endpoint alone, to debug an agent against it.
 
-    sao-eval --config C [--step N | --policy DIR] --serve [--episodes N]
+    sao-eval --config C --serve [--step N] [--policy DIR] [--episodes N]
 
 No program is started and nothing is trained: the endpoint (`env.options` of the
 agent environment for its address and limits, or their defaults) serves the
