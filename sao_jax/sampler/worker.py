@@ -491,15 +491,16 @@ class SamplerSupervisor:
 
   def check(self) -> None:
     """Restarts dead workers, logging why they died; raises after `max_restarts`."""
-    reports = {}
-    while not self._errors.empty():
-      worker_id, text = self._errors.get()
-      reports[worker_id] = text
+    reports = self._reports()
     for spec in self._specs:
       process = self._processes[spec.worker_id]
       if process.is_alive() or self._stop.is_set():
         continue
       process.join()
+      # A worker that reported and exited after the drain above: its report is in the
+      # pipe once it has exited (it joins its queue's feeder before it dies), so read
+      # again, or a reported death would read as one without a report.
+      reports.update(self._reports())
       why = reports.get(spec.worker_id, _unreported(process.exitcode))
       if self._no_restart:
         raise RuntimeError(f"sampler {spec.worker_id} died ({why.strip().splitlines()[-1]}) "
@@ -512,6 +513,14 @@ class SamplerSupervisor:
       if spec.worker_id in reports:
         self._log(reports[spec.worker_id])
       self._spawn(spec)
+
+  def _reports(self) -> dict[int, str]:
+    """The death reports waiting in the error queue, by worker id."""
+    reports = {}
+    while not self._errors.empty():
+      worker_id, text = self._errors.get()
+      reports[worker_id] = text
+    return reports
 
   def pids(self) -> list[int]:
     return [p.pid for p in self._processes.values() if p.is_alive()]

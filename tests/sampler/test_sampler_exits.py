@@ -62,3 +62,31 @@ def test_a_sampler_that_exits_0_without_a_report_is_a_crash():
                    "exits only when stopped, so this is a crash")
   assert logs == ["sampler 0 died (exit code 0 with no report: a sampler exits only when "
                   "stopped, so this is a crash); restarting with the newest weights [1/1]"]
+
+
+def test_a_report_that_lands_after_the_drain_is_still_read():
+  """The race a loaded machine hit: the supervisor read the error queue (empty), the
+  worker then reported and exited, and the supervisor, finding it dead, called it a
+  death without a report. Here the queue reads empty exactly once, as in that window."""
+  logs = []
+  transport = QueueTransport(capacity=2)
+  supervisor = SamplerSupervisor(
+      [WorkerSpec(cfg=C.Config(), tokenizer_path="", weights=None, transport=transport)],
+      run=calls_sys_exit, log=logs.append, max_restarts=1)
+  supervisor.start()
+  try:
+    process = supervisor._processes[0]
+    process.join(timeout=60)
+    assert not process.is_alive()
+    empty, calls = supervisor._errors.empty, []
+
+    def empty_once_then_real():
+      calls.append(1)
+      return len(calls) == 1 or empty()
+
+    supervisor._errors.empty = empty_once_then_real
+    supervisor.check()
+    assert logs[0].startswith("sampler 0 died (SystemExit); restarting"), logs
+  finally:
+    supervisor.stop()
+    transport.close()
