@@ -65,9 +65,9 @@ import numpy as np
 from sao_jax.channel import records
 from sao_jax.config.learner import packed_rows
 from sao_jax.data import failures
+from sao_jax.data.sampler_phases import read_sampler_phases
 from sao_jax.data.task_positions import TaskPositions
 from sao_jax.log_text import untrusted
-from sao_jax.run.phases import read_sampler_phases
 from sao_jax.types import Batch
 from sao_jax.types import Trajectory
 
@@ -120,7 +120,7 @@ class BatchInfo:
   weight_waits: tuple[int, ...] = ()
   weight_errors: tuple[int, ...] = ()
   # [trajectories] the sampler's phases since its previous trajectory (`info["phases"]`,
-  # `run.phases.read_sampler_phases`; {} from a peer that does not report them).
+  # `data.sampler_phases`; {} from a peer that does not report them).
   sampler_phases: tuple[dict[str, float], ...] = ()
   # [groups completed into this batch] seconds from a group's first member reaching the
   # learner to its last (`GroupDataset`; empty in single mode).

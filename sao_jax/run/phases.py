@@ -33,9 +33,10 @@ on trajectories the learner drops (stale, failed) is not in any batch.
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from typing import Callable, Iterator, Mapping
+
+from sao_jax.data.sampler_phases import SAMPLER_PHASES
 
 # Learner phases, in the order a step meets them, and what each one times.
 LEARNER_PHASES = {
@@ -54,23 +55,7 @@ STEP_KEY = "time/learner/step_s"
 # untimed bookkeeping (a few dictionary merges and flag checks per step).
 TOLERANCE_S, TOLERANCE_FRAC = 0.02, 0.05
 
-# Sampler phases (consecutive laps of the sampler loop) and what each one times.
-SAMPLER_PHASES = {
-    "adopt": "taking a newly published weight version: converting and placing it on the "
-             "sampler's devices (the copy finishes asynchronously, inside the next call)",
-    "start": "starting episodes: making tasks, environment resets, tokenising prompts",
-    "prefill": "the engine's prefill calls (prompts and observations into the KV cache, "
-               "each turn's first token)",
-    "decode": "the engine's decode calls (launch, waiting for the tokens, recording them)",
-    "env_wait": "waiting for environment steps with nothing to decode",
-    "host": "the episode runner's other host work: applying environment results, "
-            "tokenising observations, finishing episodes",
-    "handover": "handing trajectories to the transport (waiting when it is full: the "
-                "learner is behind)",
-}
 SAMPLER_WALL_KEY = "time/sampler/wall_s"
-# The most seconds one trajectory's phases may report (a peer's records are read).
-MAX_PHASE_S = 1e6
 
 
 def learner_key(phase: str) -> str:
@@ -167,24 +152,10 @@ class SamplerPhases:
     return out
 
 
-def read_sampler_phases(value) -> dict[str, float]:
-  """A trajectory's `info["phases"]` as {phase or "wall": seconds}: the known names
-  only, each a finite number in [0, MAX_PHASE_S]; {} when it is not such a mapping
-  (a peer that does not report them, or reports nonsense)."""
-  if not isinstance(value, dict):
-    return {}
-  out = {}
-  for name in (*SAMPLER_PHASES, "wall"):
-    seconds = value.get(name)
-    if (isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
-        and math.isfinite(seconds) and 0 <= seconds <= MAX_PHASE_S):
-      out[name] = float(seconds)
-  return out if "wall" in out else {}
-
-
 def sampler_metrics(reports: tuple[dict[str, float], ...]) -> dict[str, float]:
   """The batch's `time/sampler/*` keys: each phase's seconds summed over the reports
-  of its trajectories (`read_sampler_phases`), and their wall time; {} without any."""
+  of its trajectories (`data.sampler_phases.read_sampler_phases`), and their wall
+  time; {} without any."""
   if not reports:
     return {}
   out = {sampler_key(p): sum(r.get(p, 0.0) for r in reports) for p in SAMPLER_PHASES}

@@ -6,7 +6,8 @@ import types
 from sao_jax.data import pipeline
 from sao_jax.run import phases as phases_lib
 from sao_jax.run.metrics import batch_metrics
-from sao_jax.run.phases import SAMPLER_PHASES, SAMPLER_WALL_KEY, SamplerPhases, sampler_key
+from sao_jax.data.sampler_phases import SAMPLER_PHASES
+from sao_jax.run.phases import SAMPLER_WALL_KEY, SamplerPhases, sampler_key
 from traj_factory import ListTransport, make_traj
 
 
