@@ -1,8 +1,6 @@
 """`sao-train --profile` (`sao_jax.run.profile`): which steps a window holds, and the traces
 the learner and a sampler write, opened and searched for their step spans."""
 
-import gzip
-import json
 import pathlib
 import threading
 
@@ -10,22 +8,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from profile_traces import spans, trace_events
 from sao_jax.cli import train as train_cli
 from sao_jax.run.profile import (LearnerProfiler, ProfileSignal, ProfileSteps, SamplerTrace,
                                  PROFILE_DIR, LEARNER_TRACE, SAMPLER_TRACE)
-
-
-def trace_events(directory: pathlib.Path) -> list[dict]:
-  """The events of the one trace under `directory` (`<host>.trace.json.gz`, the Chrome
-  trace format TensorBoard's profile plugin and Perfetto read)."""
-  [path] = directory.glob("plugins/profile/*/*.trace.json.gz")
-  assert list(path.parent.glob("*.xplane.pb")) and (path.parent / "perfetto_trace.json.gz").is_file()
-  return json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
-
-
-def spans(events: list[dict], name: str) -> list[int]:
-  """The step numbers of the spans called `name`."""
-  return [int(e["args"]["step_num"]) for e in events if e.get("name") == name and e["ph"] == "X"]
 
 
 def test_a_window_is_n_steps_after_the_first_or_the_steps_named():

@@ -72,7 +72,7 @@ from sao_jax.run import lock as run_lock
 from sao_jax.run.critic_window import CriticWindow
 from sao_jax.run.metrics import MetricsLogger, batch_metrics, plot_curves, read_metrics
 from sao_jax.run.phases import StepPhases
-from sao_jax.run.profile import LearnerProfiler, ProfileSignal, ProfileSteps
+from sao_jax.run.profile import SAMPLER_WRITE_S, LearnerProfiler, ProfileSignal, ProfileSteps
 from sao_jax.run.timing import RunClock
 from sao_jax.run.waiting import WaitingReporter
 from sao_jax.run.zero_gradient import ZeroGradientWatch
@@ -500,7 +500,10 @@ def _run(cfg: Config, run_dir, *, resume: bool, log,
     if profiler is not None:  # a run that ended inside the window still writes its trace
       profiler.close()
     transport.close()
-    supervisor.stop()
+    if profiler is None:
+      supervisor.stop()
+    else:  # a sampler still writing its trace is given the time to finish it
+      supervisor.stop(timeout=SAMPLER_WRITE_S)
     publisher.close()
     logger.close()
   log(intake.closing_line())

@@ -37,6 +37,10 @@ PROFILE_DIR = "profile"
 LEARNER_TRACE = "learner"
 SAMPLER_TRACE = "sampler"
 _SPEC = re.compile(r"(?:(\d+):)?(\d+)\Z")
+# How long a stopping run waits for its sampler processes to exit when they may be
+# writing a trace (a few steps' trace takes seconds to write on a busy CPU; without
+# one, `SamplerSupervisor.stop`'s default).
+SAMPLER_WRITE_S = 120.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,8 +122,8 @@ class LearnerProfiler:
     if self._window is None:
       self._window = self._steps.window(steps_done)
       if steps_done > self._window.start:
-        self._log(f"--profile: steps {self._window.start}..{self._window.stop - 1} were "
-                  f"trained before this launch began at step {steps_done}; nothing is traced")
+        self._log(f"--profile: the window from step {self._window.start} began before this "
+                  f"launch's first step, {steps_done}; nothing is traced")
     if steps_done == self._window.start and not self.tracing:
       _start(self._directory)
       self.tracing = True
@@ -136,8 +140,9 @@ class LearnerProfiler:
     self.tracing = False
     if self._signal is not None:
       self._signal.closed.set()
-    where = self._directory.parent
-    self._log(f"profile: learner steps {self._window.start}..{self._window.stop - 1} traced "
+    where, first, last = self._directory.parent, self._window.start, self._window.stop - 1
+    steps = f"step {first}" if first == last else f"steps {first}..{last}"
+    self._log(f"profile: learner {steps} traced "
               f"to {self._directory}, the samplers' engine steps to {where / SAMPLER_TRACE}; "
               f"view with tensorboard --logdir {where} or load a perfetto_trace.json.gz "
               "in https://ui.perfetto.dev")
