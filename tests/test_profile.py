@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import pytest
 
 from profile_traces import spans, trace_events
+from sao_jax.cli import sampler as sampler_cli
 from sao_jax.cli import train as train_cli
 from sao_jax.run.profile import (LearnerProfiler, ProfileSignal, ProfileSteps, SamplerTrace,
                                  PROFILE_DIR, LEARNER_TRACE, SAMPLER_TRACE)
@@ -66,3 +67,25 @@ def test_a_sampler_traces_at_least_one_engine_step_of_the_window(tmp_path):
       jnp.ones(8).block_until_ready()
   assert not trace.tracing
   assert spans(trace_events(tmp_path / "worker_3"), "engine_step") == [1]
+
+
+def test_sao_sampler_traces_the_engine_steps_it_is_told(tmp_path):
+  window = ProfileSignal.of_engine_steps(str(tmp_path), ProfileSteps.parse("2", "engine steps"))
+  assert window.directory == str(tmp_path / PROFILE_DIR / SAMPLER_TRACE)
+  trace = SamplerTrace(window, worker_id=0)
+  for _ in range(5):
+    with trace.engine_step():
+      jnp.ones(8).block_until_ready()
+  # Steps 1 and 2: the two after the first, which compiles.
+  assert spans(trace_events(tmp_path / PROFILE_DIR / SAMPLER_TRACE / "worker_0"),
+               "engine_step") == [1, 2]
+
+
+def test_traces_are_refused_for_a_bucket_run_directory_and_bad_windows(capsys):
+  with pytest.raises(ValueError, match="run.run_dir='gs://b/run' is a bucket"):
+    ProfileSignal.of_engine_steps("gs://b/run", ProfileSteps.parse("2"))
+  root = pathlib.Path(__file__).resolve().parents[1]
+  with pytest.raises(SystemExit) as exit_info:
+    sampler_cli.main(["--config", str(root / "configs" / "tiny_cpu.py"), "--profile", "3:3"])
+  assert exit_info.value.code == 2
+  assert "--profile '3:3': expected N (the N engine steps after" in capsys.readouterr().err

@@ -323,12 +323,13 @@ def _run(cfg: Config, run_dir, *, resume: bool, log,
                      "needs the whole policy on one host; warm-start on one host "
                      "(python -m experiments.warm_start) and start this run from it (run.init)")
   local_batch_sizes(cfg, jax.process_count())  # refuse a batch the hosts cannot share, early
+  # --profile: the learner opens and closes the trace window of its sampler processes.
+  signal, profiler = None, None
   if profile is not None:
     profile.check(cfg.learner.steps)
-    if storage.is_url(cfg.run.run_dir):
-      raise ValueError(f"--profile writes its traces into the run directory, and "
-                       f"run.run_dir={cfg.run.run_dir!r} is a bucket; set run.run_dir to a "
-                       "local directory (checkpoint.directory may stay in the bucket)")
+    if cfg.run.num_samplers:
+      signal = ProfileSignal.make(cfg.run.run_dir, multiprocessing.get_context(START_METHOD))
+    profiler = LearnerProfiler(profile, cfg.run.run_dir, signal, log)
   # An environment whose tools cannot be isolated here refuses now (IsolationUnavailable,
   # saying how to get it), not later in every sampler until they run out of restarts.
   try:
@@ -382,10 +383,6 @@ def _run(cfg: Config, run_dir, *, resume: bool, log,
   # The tasks whose episodes reached the learner, per sampler worker: a restarted
   # sampler goes on with its task stream from there (checkpointed with the pipeline).
   positions = TaskPositions()
-  # --profile: the learner opens and closes the trace window of its sampler processes.
-  signal = (ProfileSignal.make(cfg.run.run_dir, multiprocessing.get_context(START_METHOD))
-            if profile is not None and cfg.run.num_samplers else None)
-  profiler = None if profile is None else LearnerProfiler(profile, cfg.run.run_dir, signal, log)
   supervisor = SamplerSupervisor(
       [WorkerSpec(cfg=cfg, tokenizer_path=cfg.run.tokenizer_file, weights=publisher.spec,
                   transport=transport, worker_id=i, env=tuple(sorted(sampler_envs[i].items())),

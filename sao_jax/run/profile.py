@@ -1,4 +1,4 @@
-"""Profiler traces on demand: `sao-train --profile STEPS`.
+"""Profiler traces on demand: `sao-train --profile STEPS`, `sao-sampler --profile STEPS`.
 
     steps = ProfileSteps.parse("5:8")              # learner steps 5, 6, 7
     profiler = LearnerProfiler(steps, run_dir, signal, log)
@@ -17,6 +17,10 @@ RUN_DIR/profile/sampler/worker_<id>: the learner opens and closes the window thr
 traces at least one engine step, even when the learner's window closed before its
 next step began.
 
+`sao-sampler --profile N` (or `A:B`) traces engine steps of each of its workers the
+same way, counted from 0 in each worker (`ProfileSignal.of_engine_steps`), to
+RUN_DIR/profile/sampler/worker_<id> on its host.
+
 Each trace is a TensorBoard profile run (`tensorboard --logdir RUN_DIR/profile`,
 with the tensorboard-plugin-profile package) and holds the same events as
 `<host>.trace.json.gz` and `perfetto_trace.json.gz` (open either in
@@ -28,10 +32,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import pathlib
 import re
 from typing import Any, Callable, Iterator
+
+from sao_jax import storage
 
 PROFILE_DIR = "profile"
 LEARNER_TRACE = "learner"
@@ -52,14 +57,14 @@ class ProfileSteps:
   count: int
 
   @classmethod
-  def parse(cls, text: str) -> ProfileSteps:
-    """`N` or `A:B` (module docstring); ValueError naming the value otherwise."""
+  def parse(cls, text: str, unit: str = "learner steps") -> ProfileSteps:
+    """`N` or `A:B` (module docstring) of `unit`; ValueError naming the value otherwise."""
     match = _SPEC.match(text.strip())
     start = None if match is None or match[1] is None else int(match[1])
     stop = None if match is None else int(match[2])
     if stop is None or stop < 1 or (start is not None and start >= stop):
-      raise ValueError(f"--profile {text!r}: expected N (the N steps after this launch's "
-                       "first, N >= 1) or A:B (learner steps A to B-1, A < B), e.g. "
+      raise ValueError(f"--profile {text!r}: expected N (the N {unit} after this launch's "
+                       f"first, N >= 1) or A:B ({unit} A to B-1, A < B), e.g. "
                        "--profile 3 or --profile 5:8")
     return cls(start, stop if start is None else stop - start)
 
@@ -77,19 +82,49 @@ class ProfileSteps:
 
 @dataclasses.dataclass(frozen=True)
 class ProfileSignal:
-  """The learner's trace window, as the sampler processes see it: `opened` is set when
-  the learner starts tracing, `closed` when it stops (multiprocessing events of the
-  samplers' start method, which carries them to each process when it is spawned);
+  """The samplers' trace window, sent to each sampler process in its `WorkerSpec`.
+  Under sao-train it is the learner's: `opened` is set when the learner starts
+  tracing, `closed` when it stops (multiprocessing events of the samplers' start
+  method, which carries them to each process when it is spawned). Under sao-sampler
+  it is `engine_steps`, the engine steps of each worker to trace (counted from 0).
   `directory` is RUN_DIR/profile/sampler."""
 
   directory: str
-  opened: Any
-  closed: Any
+  opened: Any = None
+  closed: Any = None
+  engine_steps: range | None = None
 
   @classmethod
   def make(cls, run_dir: str, context) -> ProfileSignal:
-    return cls(os.path.join(str(run_dir), PROFILE_DIR, SAMPLER_TRACE), context.Event(),
-               context.Event())
+    """The window a learner opens and closes (sao-train)."""
+    return cls(str(trace_root(run_dir) / SAMPLER_TRACE), context.Event(), context.Event())
+
+  @classmethod
+  def of_engine_steps(cls, run_dir: str, steps: ProfileSteps) -> ProfileSignal:
+    """Each worker's engine steps of `steps` (sao-sampler --profile; the first compiles)."""
+    return cls(str(trace_root(run_dir) / SAMPLER_TRACE), engine_steps=steps.window(0))
+
+  def opens(self, engine_step: int) -> bool:
+    """Whether a sampler starts tracing before `engine_step` (not tracing yet)."""
+    if self.engine_steps is not None:
+      return engine_step == self.engine_steps.start
+    return self.opened.is_set()
+
+  def closes(self, engine_steps_done: int) -> bool:
+    """Whether a sampler tracing stops once `engine_steps_done` steps are done."""
+    if self.engine_steps is not None:
+      return engine_steps_done >= self.engine_steps.stop
+    return self.closed.is_set()
+
+
+def trace_root(run_dir: str) -> pathlib.Path:
+  """RUN_DIR/profile, where the traces go; ValueError for a bucket run directory (the
+  profiler writes local files)."""
+  if storage.is_url(run_dir):
+    raise ValueError(f"--profile writes its traces into the run directory, and "
+                     f"run.run_dir={run_dir!r} is a bucket; set run.run_dir to a local "
+                     "directory (checkpoint.directory may stay in the bucket)")
+  return pathlib.Path(run_dir) / PROFILE_DIR
 
 
 def _start(directory: pathlib.Path) -> None:
@@ -112,7 +147,7 @@ class LearnerProfiler:
   def __init__(self, steps: ProfileSteps, run_dir: str, signal: ProfileSignal | None,
                log: Callable[[str], None] = print):
     self._steps, self._signal, self._log = steps, signal, log
-    self._directory = pathlib.Path(run_dir) / PROFILE_DIR / LEARNER_TRACE
+    self._directory = trace_root(run_dir) / LEARNER_TRACE
     self._window: range | None = None
     self.tracing = False
 
@@ -167,13 +202,13 @@ class SamplerTrace:
     import jax  # pylint: disable=import-outside-toplevel
 
     if (self._signal is not None and not self._done and not self.tracing
-        and self._signal.opened.is_set()):
+        and self._signal.opens(self._steps)):
       _start(self._directory)
       self.tracing = True
     with jax.profiler.StepTraceAnnotation("engine_step", step_num=self._steps):
       yield
     self._steps += 1
-    if self.tracing and self._signal.closed.is_set():  # after one engine step at least
+    if self.tracing and self._signal.closes(self._steps):  # after one engine step at least
       self.close()
 
   def close(self) -> None:
