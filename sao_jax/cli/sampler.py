@@ -1,6 +1,7 @@
 """`sao-sampler`: sampler workers for a learner that runs elsewhere (another slice).
 
   sao-sampler --config FILE [--set section.field=value ...] [--workers N] [--first-worker K]
+  sao-sampler --config FILE --profile 20   # trace engine steps 1..20 of each worker
 
 Reads the same config file as the learner's `sao-train` (with `run.num_samplers=0`
 there) and runs `--workers` sampler processes on this host until the learner
@@ -21,6 +22,7 @@ from typing import Sequence
 
 from sao_jax.cli import flags
 from sao_jax.jobs import startup
+from sao_jax.run.profile import ProfileSteps
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,6 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="sampler processes on this host (default 1)")
   parser.add_argument("--first-worker", type=int, default=0,
                       help="id of this host's first worker; ids seed the episodes")
+  parser.add_argument("--profile", metavar="STEPS",
+                      help="write a jax.profiler trace of each worker's engine steps to "
+                      "RUN_DIR/profile/sampler/worker_<id> on this host: N traces the N "
+                      "engine steps after the first (which compiles), A:B steps A to B-1")
   return parser
 
 
@@ -48,12 +54,13 @@ def main(argv: Sequence[str] | None = None) -> None:
   try:
     # The workers open this host's devices, which this process does not count: only
     # a sampler mesh with fixed data and fsdp sizes is checked against the pool here.
+    profile = None if args.profile is None else ProfileSteps.parse(args.profile, "engine steps")
     cfg = startup.load(args.config, args.overrides,
                        lambda cfg: startup.sampler_meshes(cfg, [None] * args.workers))
     from sao_jax.sampler import remote
 
     remote.run(cfg, workers=args.workers, first_worker=args.first_worker, stop=stop,
-               log=lambda line: print(line, flush=True))
+               log=lambda line: print(line, flush=True), profile=profile)
   except (ValueError, FileNotFoundError) as error:
     parser.exit(2, f"error: {error}\n")
   except KeyboardInterrupt:

@@ -2,6 +2,7 @@
 
   sao-train --config configs/demo_cpu.py [--set section.field=value ...] [--resume MODE]
   sao-train --config configs/demo_cpu.py [--set ...] --check   # validate, print, exit
+  sao-train --config configs/demo_cpu.py --profile 3   # trace 3 steps (RUN_DIR/profile)
   sao-train --plot RUN_DIR        # redraw RUN_DIR/curves.png from its metrics.jsonl
 """
 
@@ -17,6 +18,7 @@ from sao_jax.cli import flags
 from sao_jax.config.run import RESUME_MODES
 from sao_jax.jobs import startup
 from sao_jax.run.metrics import plot_curves
+from sao_jax.run.profile import ProfileSteps
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,6 +36,12 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--check", action="store_true",
                       help="validate the config and the --set overrides, print the resolved "
                       "config as JSON and exit, without compiling or starting anything")
+  parser.add_argument("--profile", metavar="STEPS",
+                      help="write a jax.profiler trace of learner steps to RUN_DIR/profile/"
+                      "learner, and of the sampler processes' engine steps meanwhile to "
+                      "RUN_DIR/profile/sampler: N traces the N steps after this launch's "
+                      "first (which compiles), A:B steps A to B-1; view with tensorboard "
+                      "--logdir RUN_DIR/profile or in https://ui.perfetto.dev")
   parser.add_argument("--plot", metavar="RUN_DIR", help="only redraw the curves of a run")
   return parser
 
@@ -72,6 +80,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     cfg = startup.load(args.config, overrides,
                        lambda cfg: startup.train_sampler_meshes(cfg, None))
     startup.check_train_inputs(cfg.with_run_paths())
+    profile = None
+    if args.profile is not None:
+      profile = ProfileSteps.parse(args.profile)
+      profile.check(cfg.learner.steps)
     if args.check:
       print(check(cfg))
       warning = startup.no_policy_update(cfg)
@@ -82,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     # After argument errors: importing JAX (with sao_jax.jobs.train) takes seconds.
     from sao_jax.jobs import train
 
-    summary = train.run(cfg, resume=None,
+    summary = train.run(cfg, resume=None, profile=profile,
                         log=lambda line: print(line, flush=True))
   except (ValueError, FileNotFoundError) as error:
     parser.exit(2, f"error: {error}\n")

@@ -65,6 +65,7 @@ import numpy as np
 from sao_jax.channel import records
 from sao_jax.config.learner import packed_rows
 from sao_jax.data import failures
+from sao_jax.data.sampler_phases import read_sampler_phases
 from sao_jax.data.task_positions import TaskPositions
 from sao_jax.log_text import untrusted
 from sao_jax.types import Batch
@@ -118,6 +119,9 @@ class BatchInfo:
   # or refused versions it counted, since its previous trajectory (`sampler.worker`).
   weight_waits: tuple[int, ...] = ()
   weight_errors: tuple[int, ...] = ()
+  # [trajectories] the sampler's phases since its previous trajectory (`info["phases"]`,
+  # `data.sampler_phases`; {} from a peer that does not report them).
+  sampler_phases: tuple[dict[str, float], ...] = ()
   # [groups completed into this batch] seconds from a group's first member reaching the
   # learner to its last (`GroupDataset`; empty in single mode).
   group_release_s: tuple[float, ...] = ()
@@ -515,6 +519,7 @@ def batch_info(trajs: list[Trajectory], version: int, padding_rows: int,
       # Capped: a sum of them becomes a float metric (a 400-digit count would overflow).
       weight_waits=tuple(min(_count(t.info.get("weight_waits")), _MAX_COUNT) for t in trajs),
       weight_errors=tuple(min(_count(t.info.get("weight_errors")), _MAX_COUNT) for t in trajs),
+      sampler_phases=tuple(read_sampler_phases(t.info.get("phases")) for t in trajs),
       # One per group (its members carry the same delay).
       group_release_s=tuple(delay for _, delay in dict.fromkeys(
           (t.prompt_id, float(t.info[GROUP_RELEASE_KEY])) for t in trajs

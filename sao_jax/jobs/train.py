@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import multiprocessing
 import os
 
 import jax
@@ -73,10 +74,12 @@ from sao_jax.run import bootstrap
 from sao_jax.run import lock as run_lock
 from sao_jax.run.critic_window import CriticWindow
 from sao_jax.run.metrics import MetricsLogger, batch_metrics, plot_curves, read_metrics
+from sao_jax.run.phases import StepPhases
+from sao_jax.run.profile import SAMPLER_WRITE_S, LearnerProfiler, ProfileSignal, ProfileSteps
 from sao_jax.run.timing import RunClock
 from sao_jax.run.waiting import WaitingReporter
 from sao_jax.run.zero_gradient import ZeroGradientWatch
-from sao_jax.sampler.worker import SamplerSupervisor, WorkerSpec
+from sao_jax.sampler.worker import START_METHOD, SamplerSupervisor, WorkerSpec
 from sao_jax.sharding import device_split, distributed
 from sao_jax.sharding.mesh import make_mesh
 from sao_jax import storage
@@ -191,12 +194,14 @@ def rl_gain_line(summary: dict, episodes: int, temperature: float, *, sft_steps:
   return line
 
 
-def run(cfg: Config, *, resume: bool | None = True, log=print) -> dict:
+def run(cfg: Config, *, resume: bool | None = True, log=print,
+        profile: ProfileSteps | None = None) -> dict:
   """Trains as configured; returns the final summary (also in RUN_DIR/summary.json).
 
   `resume`: True continues from the newest checkpoint there is (else step 0),
   False starts at step 0; None decides by `run.resume` (`resume_decision`), what
-  `sao-train` does."""
+  `sao-train` does. `profile`: the learner steps to trace, with the samplers' engine
+  steps meanwhile (`sao-train --profile`, `sao_jax.run.profile`)."""
   # On a TPU host this process's chips are claimed first: libtpu reads their variables
   # once, when the backend starts, and then holds every chip it was allowed.
   tpu_sampler_envs = claim_tpu_chips(cfg)
@@ -223,7 +228,7 @@ def run(cfg: Config, *, resume: bool | None = True, log=print) -> dict:
     if resume is None:
       resume = resume_decision(cfg, log)
     return _run(cfg, run_dir, resume=resume, log=log, learner_devices=learner_devices,
-                sampler_envs=sampler_envs)
+                sampler_envs=sampler_envs, profile=profile)
   finally:
     lock.close()
 
@@ -325,7 +330,8 @@ def local_devices(cfg: Config, tpu_sampler_envs: list[dict[str, str]] | None = N
 
 
 def _run(cfg: Config, run_dir, *, resume: bool, log,
-         learner_devices: list[jax.Device] | None, sampler_envs: list[dict[str, str]]) -> dict:
+         learner_devices: list[jax.Device] | None, sampler_envs: list[dict[str, str]],
+         profile: ProfileSteps | None) -> dict:
   if jax.process_count() > 1 and cfg.run.eval_every:
     raise ValueError(f"run.eval_every={cfg.run.eval_every}: in-run evaluation needs the whole "
                      f"policy on one host, and this learner spans {jax.process_count()} hosts; "
@@ -335,6 +341,13 @@ def _run(cfg: Config, run_dir, *, resume: bool, log,
                      "needs the whole policy on one host; warm-start on one host "
                      "(python -m experiments.warm_start) and start this run from it (run.init)")
   local_batch_sizes(cfg, jax.process_count())  # refuse a batch the hosts cannot share, early
+  # --profile: the learner opens and closes the trace window of its sampler processes.
+  signal, profiler = None, None
+  if profile is not None:
+    profile.check(cfg.learner.steps)
+    if cfg.run.num_samplers:
+      signal = ProfileSignal.make(cfg.run.run_dir, multiprocessing.get_context(START_METHOD))
+    profiler = LearnerProfiler(profile, cfg.run.run_dir, signal, log)
   # An environment whose tools cannot be isolated here refuses now (IsolationUnavailable,
   # saying how to get it), not later in every sampler until they run out of restarts.
   try:
@@ -390,7 +403,8 @@ def _run(cfg: Config, run_dir, *, resume: bool, log,
   positions = TaskPositions()
   supervisor = SamplerSupervisor(
       [WorkerSpec(cfg=cfg, tokenizer_path=cfg.run.tokenizer_file, weights=publisher.spec,
-                  transport=transport, worker_id=i, env=tuple(sorted(sampler_envs[i].items())))
+                  transport=transport, worker_id=i, env=tuple(sorted(sampler_envs[i].items())),
+                  profile=signal)
        for i in range(cfg.run.num_samplers)],
       log=log, **sampler_starts(cfg, positions, lambda: batches))
   reporter = WaitingReporter(intake, batch_size=local_batch_sizes(cfg, jax.process_count())[0],
@@ -441,13 +455,21 @@ def _run(cfg: Config, run_dir, *, resume: bool, log,
     log(f"eval @ step {step}: accuracy {result['eval/accuracy']:.3f} "
         f"(tool-call rate {result['eval/tool_call_rate']:.2f})")
 
+  # Where each step's time goes (`run.phases`): the loop times its phases, these ours.
+  phases = StepPhases()
+
   def after_step(steps_done, state):
-    version = publish(state)
+    with phases.timed("publish"):
+      version = publish(state)
     if cfg.data.fixed_lag is not None:  # the samplers wait for the schedule's version
       fixed_lag.check_version(batches.schedule, steps_done, version)
     supervisor.check()
     if cfg.run.eval_every and steps_done % cfg.run.eval_every == 0:
-      evaluate(steps_done, policy_weights(cfg, state), version)
+      with phases.timed("eval"):
+        evaluate(steps_done, policy_weights(cfg, state), version)
+    if profiler is not None:
+      with phases.timed("profile"):
+        profiler.at(steps_done)
     reporter.stepped(steps_done)  # from here on the learner waits for the next batch
 
   reported_drops: set[str] = set()
@@ -476,6 +498,8 @@ def _run(cfg: Config, run_dir, *, resume: bool, log,
     publish(state, force=True)
     supervisor.start()
     batch_step["next"] = int(jax.device_get(state.step))
+    if profiler is not None:  # a window that starts at this launch's first step
+      profiler.at(batch_step["next"])
     reporter.stepped(batch_step["next"])
 
   try:
@@ -483,15 +507,20 @@ def _run(cfg: Config, run_dir, *, resume: bool, log,
                          on_start=on_start, resume=resume, initial_state=initial_state,
                          base_state=base_state, log=log,
                          # A resumed run's clock goes on from its last kept row (rewind).
-                         clock=lambda: RunClock(**logger.carried),
+                         clock=lambda: RunClock(**logger.carried), phases=phases,
                          mesh=make_mesh(cfg.mesh, learner_devices) if learner_devices else None)
   except failures.TooManyFailures as error:  # the run's account, then the error (exit 2)
     summary.update({"stopped_by": "too_many_failures", "error": str(error), **intake.summary()})
     storage.write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2).encode())
     raise
   finally:
+    if profiler is not None:  # a run that ended inside the window still writes its trace
+      profiler.close()
     transport.close()
-    supervisor.stop()
+    if profiler is None:
+      supervisor.stop()
+    else:  # a sampler still writing its trace is given the time to finish it
+      supervisor.stop(timeout=SAMPLER_WRITE_S)
     publisher.close()
     logger.close()
   log(intake.closing_line())

@@ -38,6 +38,7 @@ from sao_jax.learner import compile as compile_lib
 from sao_jax.learner.state import TrainState, abstract_state, checkpointed, with_frozen_parts
 from sao_jax.learner.step import update_policy_at
 from sao_jax.run.checkpoint import Checkpointer, PreemptionWatcher
+from sao_jax.run.phases import StepPhases
 from sao_jax.run.timing import BATCH_TRAJECTORIES_KEY, RunClock
 from sao_jax.sharding import distributed
 from sao_jax.sharding.mesh import make_mesh
@@ -67,6 +68,7 @@ def run_learner(cfg: Config, batches: Iterator[Batch | tuple[Batch, dict]], *,
                 initial_state: Callable[[jax.sharding.Mesh], TrainState] | None = None,
                 base_state: Callable[[jax.sharding.Mesh], TrainState] | None = None,
                 clock: Callable[[], RunClock] = RunClock,
+                phases: StepPhases | None = None,
                 log: Callable[[str], None] = print) -> LearnerResult:
   """Trains until `cfg.learner.steps` steps are done, the data ends, SIGTERM, or
   `run.max_wall_s` seconds have passed on `clock()` (made after `on_start`; a
@@ -83,6 +85,12 @@ def run_learner(cfg: Config, batches: Iterator[Batch | tuple[Batch, dict]], *,
   ones through `log`). Every step's metrics reach `on_metrics` before a
   checkpoint after that step is saved, so a resumed run at step s owes exactly
   the metrics of steps s, s+1, ...
+
+  Each step's row carries where its time went (`run.phases`): `phases` times the
+  wait, compute, logging and checkpoint phases here, and the caller's `after_step`
+  may time its own (publish, evaluation) with the same object. The loop waits for
+  each step's result before `after_step` (a publish reads it anyway), so compute ends
+  where the step does.
   """
   mesh = make_mesh(cfg.mesh) if mesh is None else mesh
   compiled: dict[int, tuple[Callable, Batch]] = {}  # per padded length T
@@ -116,8 +124,11 @@ def run_learner(cfg: Config, batches: Iterator[Batch | tuple[Batch, dict]], *,
   else:
     state = (initial_state or fresh_state)(mesh)
 
+  phases = StepPhases() if phases is None else phases
+
   def report(step, metrics, host_metrics):
-    on_metrics(step, {**jax.tree.map(float, jax.device_get(metrics)), **host_metrics})
+    on_metrics(step, {**jax.tree.map(float, jax.device_get(metrics)), **host_metrics,
+                      **phases.record(step)})
 
   hosts = jax.process_count()
 
@@ -143,6 +154,7 @@ def run_learner(cfg: Config, batches: Iterator[Batch | tuple[Batch, dict]], *,
   start = int(jax.device_get(state.step))
   on_start(state, resumed)
   run_clock = clock()
+  phases.restart()
   budget_s = cfg.run.max_wall_s
   watcher = PreemptionWatcher()
   stopped_by, pending = "steps", None
@@ -150,7 +162,8 @@ def run_learner(cfg: Config, batches: Iterator[Batch | tuple[Batch, dict]], *,
   try:
     while step < cfg.learner.steps:
       asked = run_clock.now()
-      item = next_batch()
+      with phases.timed("wait"):
+        item = next_batch()
       if item is None:
         stopped_by = "data_exhausted"
         break
@@ -158,14 +171,20 @@ def run_learner(cfg: Config, batches: Iterator[Batch | tuple[Batch, dict]], *,
       host_metrics = {**host_metrics, **run_clock.step(
           wait_s=run_clock.now() - asked,
           trajectories=int(host_metrics.get(BATCH_TRAJECTORIES_KEY, 0)))}
-      step_fn, batch_sh = step_for(batch.shape[1])
-      update_policy = update_policy_at(cfg.learner, cfg.algorithm, step)
-      state, metrics = step_fn(state, place(batch, batch_sh), update_policy)
-      if pending is not None:  # the previous step's metrics; this step is already queued
-        report(*pending)
+      with jax.profiler.StepTraceAnnotation("learner_step", step_num=step):
+        with phases.timed("compute"):
+          step_fn, batch_sh = step_for(batch.shape[1])
+          update_policy = update_policy_at(cfg.learner, cfg.algorithm, step)
+          state, metrics = step_fn(state, place(batch, batch_sh), update_policy)
+        if pending is not None:  # the previous step's metrics; this step is already queued
+          with phases.timed("log"):
+            report(*pending)
+        with phases.timed("compute"):
+          jax.block_until_ready(state)
       pending = (step, metrics, host_metrics)
       step += 1
       after_step(step, state)
+      phases.cut(step - 1)
       # Read the flag once: SIGTERM may land between the save and the check, and
       # a preempted run must stop exactly at the step it saved.
       # Hosts stop together: SIGTERM may reach them at different steps.
@@ -179,9 +198,11 @@ def run_learner(cfg: Config, batches: Iterator[Batch | tuple[Batch, dict]], *,
         # A checkpoint must not outrun the metrics of its steps; the save waits for
         # this step's result anyway, so reporting it first costs no overlap.
         if pending is not None and (stop or checkpointer.due(step)):
-          report(*pending)
+          with phases.timed("log"):
+            report(*pending)
           pending = None
-        checkpointer.save(step, checkpointed(cfg, state), _data_state(batches), force=stop)
+        with phases.timed("checkpoint"):
+          checkpointer.save(step, checkpointed(cfg, state), _data_state(batches), force=stop)
       if stop:
         stopped_by = "preemption" if preempted else "wall_clock"
         break

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from sao_jax.run import phases
 from sao_jax.run.critic_window import WINDOW_STEPS
 
 # When a key is written (the `when` column). Learner rows are one per training step.
@@ -200,6 +201,22 @@ METRICS: tuple[MetricDoc, ...] = (
               "rollouts bound the run, near 0 when the learner does"),
     MetricDoc("learner/idle_frac_total", "fraction", HOST,
               "all time waited for batches over the elapsed time of this launch"),
+    # Where the time goes (sao_jax.run.phases): the learner's step, the samplers' loops.
+    MetricDoc(phases.STEP_KEY, "seconds", STEP,
+              "the learner's wall time for this step: from the end of the previous step's "
+              "after-step work (publish, evaluation) to the end of this one's; the "
+              f"time/learner/<phase>_s sum to it within {phases.TOLERANCE_S} s + "
+              f"{phases.TOLERANCE_FRAC:.0%} (the loop's untimed bookkeeping)"),
+    *(MetricDoc(phases.learner_key(phase), "seconds", STEP, f"part of {phases.STEP_KEY} in: {what}")
+      for phase, what in phases.LEARNER_PHASES.items()),
+    MetricDoc(phases.SAMPLER_WALL_KEY, "seconds", HOST,
+              "sampler seconds spent making this batch's trajectories (the sampler "
+              "processes' loop time since each one's previous trajectory, summed over the "
+              "batch: two samplers make two seconds a second); the time/sampler/<phase>_s "
+              "sum to it"),
+    *(MetricDoc(phases.sampler_key(phase), "seconds", HOST,
+                f"part of {phases.SAMPLER_WALL_KEY} in: {what}")
+      for phase, what in phases.SAMPLER_PHASES.items()),
     MetricDoc("batch/padding_frac", "fraction", HOST,
               "share of the batch's token slots that are padding (what packing saves)"),
     MetricDoc("episodes/max_turns_frac", "fraction", HOST,

@@ -47,7 +47,7 @@ from sao_jax.config.run import DEFAULT_LOGGERS
 from sao_jax.data import failures
 from sao_jax.run.critic_window import BIAS_WINDOW, EV_WINDOW
 from sao_jax.data.pipeline import BatchInfo, Drops
-from sao_jax.run import timing
+from sao_jax.run import phases, timing
 
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "curves.png"
@@ -91,7 +91,8 @@ def batch_metrics(info: BatchInfo, drops: Drops) -> dict[str, float]:
   `GroupDataset`); the weight-channel
   network faults the samplers waited out (`weights/sampler_waits`) and the peer
   errors and refused versions they counted (`weights/sampler_errors`), as reported
-  with this batch's trajectories."""
+  with this batch's trajectories; where the samplers' time went while they made them
+  (`time/sampler/<phase>_s`, `run.phases`)."""
   out = {"staleness/mean": float(np.mean(info.lags)) if info.lags.size else 0.0,
          "staleness/max": float(np.max(info.lags)) if info.lags.size else 0.0,
          "staleness/multi_version_frac": float(np.mean(info.version_spans > 0))
@@ -128,6 +129,7 @@ def batch_metrics(info: BatchInfo, drops: Drops) -> dict[str, float]:
   if info.weight_waits or info.weight_errors:
     out["weights/sampler_waits"] = float(sum(info.weight_waits))
     out["weights/sampler_errors"] = float(sum(info.weight_errors))
+  out.update(phases.sampler_metrics(tuple(r for r in info.sampler_phases if r)))
   # Stale drops from the first step on, 0 until there are any: the column a
   # rollout-bound comparison reads is never missing.
   for reason, count in {"stale": 0, **drops}.items():
@@ -229,7 +231,9 @@ class MetricsLogger:
 
   def progress(self, step: int, metrics: Mapping[str, float]) -> str:
     """`step 12/200 | reward 0.41 | eval 0.35 | lag 0.8 | critic EV 0.31 bias -0.05 |
-    dropped 5 (env_failure/ValueError 3, too_long 2) | 1,234 tok/s | ETA 3m10s` (the
+    dropped 5 (env_failure/ValueError 3, too_long 2) | 1,234 tok/s | 1.84 s/step (wait
+    61%, compute 35%, publish 2%) | sampler decode 70%, prefill 12%, env_wait 9% | ETA
+    3m10s` (the largest phases of the step and of the samplers, `run.phases.progress_part`; the
     drops so far, when there are any; the critic's explained variance and bias over
     the window of `critic_window.WINDOW_STEPS` steps, variants with a critic; EV "--"
     while the window's returns do not vary).
@@ -259,6 +263,9 @@ class MetricsLogger:
           f"{kind} {count}" for kind, count in list(dropped.items())[:PROGRESS_KINDS]) +
           (", ..." if len(dropped) > PROGRESS_KINDS else "") + ")")
     parts.append(f"{self._tokens / elapsed:,.0f} tok/s" if done else "-- tok/s")
+    timing_part = phases.progress_part(metrics)
+    if timing_part:  # where the step's time went (run.phases)
+      parts.append(timing_part)
     parts.append(f"ETA {int(eta // 60)}m{int(eta % 60):02d}s" if done else "ETA --")
     return " | ".join(parts)
 

@@ -86,6 +86,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import time
 from typing import Callable, Hashable, Sequence
 
 import jax
@@ -197,6 +198,9 @@ class Engine:
     self._budget_N = np.zeros(n, np.int32)
     self._seed_N = np.zeros(n, np.uint32)
     self.stats = {"prefill_calls": 0, "decode_calls": 0, "decode_steps": 0, "sampled_tokens": 0}
+    # Host seconds in prefill (admitting turns, until their first tokens) and in decode
+    # (launching the call, waiting for its tokens, recording them): `run.phases`.
+    self.seconds = {"prefill": 0.0, "decode": 0.0}
     self._in_flight: InFlight | None = None  # between dispatch() and complete()
     # Host work gains from overlapping a call only where the call runs elsewhere: on
     # the CPU backend the "device" is the host's own cores (module docstring).
@@ -295,8 +299,12 @@ class Engine:
     if self._in_flight is not None:
       raise RuntimeError("dispatch while a decode call is in flight: complete() it first")
     turns: list[Turn] = []
+    start = time.perf_counter()
     self._admit(turns)
+    admitted = time.perf_counter()
     outputs = self._dispatch_decode()
+    self.seconds["prefill"] += admitted - start
+    self.seconds["decode"] += time.perf_counter() - admitted
     self._in_flight = InFlight(turns, outputs, np.flatnonzero(self._active_N))
     return self._in_flight
 
@@ -312,7 +320,9 @@ class Engine:
       raise RuntimeError("complete() takes the step the last dispatch() returned, once")
     self._in_flight = None
     if step.outputs is not None:
+      start = time.perf_counter()
       self._record_decode(step.outputs, step.slots, step.turns)
+      self.seconds["decode"] += time.perf_counter() - start
     return step.turns
 
   def finish(self, episode_id: Hashable) -> Generation:

@@ -11,6 +11,8 @@ hosts' network servers, or `sampler.weights_dir`) and write trajectories to
 episodes, so each sampler host takes its own range (`first_worker`).
 
 Returns when the learner closes the transport (the run ended) or `stop` is set.
+`profile` (`sao-sampler --profile`) has every worker trace those of its engine
+steps to RUN_DIR/profile/sampler/worker_<id> on this host (`sao_jax.run.profile`).
 Records and markers are sealed with the run secret (`sampler.weights_secret_file`
 or `_env`, the learner's; `data.sealed`): the workers start once the learner has
 started a run (a signed RUN marker), write for the newest run it started, and
@@ -28,6 +30,7 @@ from sao_jax.channel.published import published_template
 from sao_jax.channel.transport import DirectoryTransport
 from sao_jax.config import Config
 from sao_jax.models.transformer import abstract_params
+from sao_jax.run.profile import SAMPLER_WRITE_S, ProfileSignal, ProfileSteps
 from sao_jax.sampler.prompt_ids import MAX_WORKERS
 from sao_jax.sampler.worker import SamplerSupervisor, WorkerSpec
 
@@ -43,7 +46,7 @@ def _wait_for(what: str, ready, stop: threading.Event, log) -> bool:
 
 
 def run(cfg: Config, *, workers: int = 1, first_worker: int = 0, log=print,
-        stop: threading.Event | None = None) -> int:
+        stop: threading.Event | None = None, profile: ProfileSteps | None = None) -> int:
   """Runs the sampler workers until the learner closes the transport or `stop` is
   set; returns how many times a worker was restarted."""
   if workers < 1 or first_worker < 0:
@@ -54,6 +57,7 @@ def run(cfg: Config, *, workers: int = 1, first_worker: int = 0, log=print,
                      f"sampler workers (ids 0..{MAX_WORKERS - 1}) across all sampler hosts: "
                      "number the hosts' workers consecutively from 0")
   cfg.check_remote_samplers()
+  window = None if profile is None else ProfileSignal.of_engine_steps(cfg.run.run_dir, profile)
   stop = stop or threading.Event()
   tokenizer = pathlib.Path(cfg.run.tokenizer_source)
   transport = DirectoryTransport(cfg.data.transport_dir, cfg.data.transport_capacity,
@@ -70,7 +74,7 @@ def run(cfg: Config, *, workers: int = 1, first_worker: int = 0, log=print,
                              published_template(cfg, abstract_params(cfg.model, "lm")))
   supervisor = SamplerSupervisor(
       [WorkerSpec(cfg=cfg, tokenizer_path=str(tokenizer), weights=spec, transport=transport,
-                  worker_id=first_worker + i) for i in range(workers)], log=log)
+                  worker_id=first_worker + i, profile=window) for i in range(workers)], log=log)
   supervisor.start()
   log(f"started {workers} sampler worker(s), writing to {transport.directory}")
   try:
@@ -79,6 +83,9 @@ def run(cfg: Config, *, workers: int = 1, first_worker: int = 0, log=print,
     while not transport.closed and not stop.wait(1.0):
       supervisor.check()
   finally:
-    supervisor.stop()
+    if window is None:
+      supervisor.stop()
+    else:  # a worker still writing its trace is given the time to finish it
+      supervisor.stop(timeout=SAMPLER_WRITE_S)
   log("the learner closed the transport" if transport.closed else "stopped")
   return supervisor.restarts

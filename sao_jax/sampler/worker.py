@@ -95,6 +95,7 @@ _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _RECONNECT_FIRST_S, _RECONNECT_MAX_S = 1.0, 30.0
 _POLL_S = 0.05  # between polls of the weight channel (`_Poller`) when nothing new came
 _POLL_JOIN_S = 1.0  # how long closing waits for a poll under way
+START_METHOD = "spawn"  # never fork with JAX (module docstring)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +112,8 @@ class WorkerSpec:
   # Environment variables the process starts with (`spawned_with`): the devices it
   # may open (`sao_jax.sharding.device_split`: `sampler_env`, on TPU `tpu_plan`).
   env: tuple[tuple[str, str], ...] = ()
+  # The learner's profiler window (`run.profile.ProfileSignal`; None: never traced).
+  profile: Any = None
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -221,6 +224,8 @@ def _sample(spec: WorkerSpec, alive: Callable[[], bool], cfg: Config, chat, poll
   from sao_jax.channel.published import published_to_policy
   from sao_jax.envs.registry import describe, make_env, make_tasks
   from sao_jax.run.bootstrap import initial_policy
+  from sao_jax.run.phases import SamplerPhases
+  from sao_jax.run.profile import SamplerTrace
   from sao_jax.sampler import paged_steps
   from sao_jax.sampler.episodes import EpisodeRunner, make_engine
   from sao_jax.sampler.prompt_ids import PromptIds
@@ -258,23 +263,33 @@ def _sample(spec: WorkerSpec, alive: Callable[[], bool], cfg: Config, chat, poll
   seed = cfg.sampler.seed * 1_000_003 + spec.worker_id * 7919
   task_position: dict[int, int] = {}  # episode id -> its task's position in the stream
   counts = _ChannelCounts(poller)
+  # Where the loop's time goes (`run.phases`), carried by each trajectory handed over.
+  phases, trace = SamplerPhases(engine, runner), SamplerTrace(spec.profile, spec.worker_id)
   try:
     while alive():
       got = poller.take()
       if got is not None:
         engine.set_params(to_policy(got[0]), got[1])
+      phases.lap("adopt")
       while runner.can_start(group):
         position, task = next(tasks)
         for episode in start_task(runner, task, prompt_ids,
                                   [seed + position * group + m for m in range(group)]):
           task_position[episode] = position
-      for traj in runner.step():
+      phases.lap("start")
+      with trace.engine_step():
+        finished = runner.step()
+      phases.lap("step")
+      for traj in finished:
         traj.info["worker"] = spec.worker_id
         traj.info["task_position"] = task_position.pop(traj.info["episode"])
         traj.info["weight_waits"], traj.info["weight_errors"] = counts.take()
+        traj.info["phases"] = phases.take()
         if not hand_over(spec.transport, traj, alive):
           return
+        phases.lap("handover")
   finally:
+    trace.close()
     runner.close()
 
 
@@ -465,7 +480,7 @@ class SamplerSupervisor:
                no_restart: str = ""):
     self._specs, self._run, self._task_start = specs, run, task_start
     self._no_restart = no_restart
-    self._context = multiprocessing.get_context("spawn")
+    self._context = multiprocessing.get_context(START_METHOD)
     self._stop = self._context.Event()
     self._errors = self._context.Queue()
     self._processes: dict[int, multiprocessing.Process] = {}

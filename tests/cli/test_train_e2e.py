@@ -3,8 +3,10 @@
 
 import functools
 import json
+import math
 import os
 import pathlib
+import re
 import signal
 
 import psutil
@@ -12,7 +14,10 @@ import pytest
 
 from sao_jax.cli import evaluate as evaluate_cli
 from sao_jax.cli import train as train_cli
+from profile_traces import spans, trace_events
 from sao_jax.config import load_config
+from sao_jax.data.sampler_phases import SAMPLER_PHASES
+from sao_jax.run import phases
 from tiny_run import TINY_RUN as TINY
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -101,15 +106,28 @@ def test_train_kill_sampler_then_resume(tmp_path, capsys, monkeypatch):
   for path in (run_dir / "checkpoints" / "3" / "state").rglob("*"):
     if path.is_file() and path.parent.name == "d":  # truncated, as by a full disk
       path.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
-  train_cli.main(args + ["--resume"])
+  # --profile (#55 item 5): step 3 traced, and the sampler's engine steps meanwhile.
+  train_cli.main(args + ["--resume", "--profile", "3:4"])
   out = capsys.readouterr().out
   assert "checkpoints/3 does not restore" in out and "resuming from step 2" in out
+  assert f"profile: learner step 3 traced to {run_dir / 'profile' / 'learner'}" in out
+  assert spans(trace_events(run_dir / "profile" / "learner"), "learner_step") == [3]
+  assert spans(trace_events(run_dir / "profile" / "sampler" / "worker_0"), "engine_step")
   assert list((run_dir / "checkpoints").glob("corrupt-3-*"))
   assert "step 3/5" in out and "step 1/5" not in out and "done: 5 steps" in out
   assert not sampler_processes()
   # The replayed step 2 replaced the interrupted run's row: each step once, everywhere.
   rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in rows if "reward/mean" in r] == [0, 1, 2, 3, 4]
+  # Where each step's time went (run.phases): the learner's phases add up to the step
+  # within the stated tolerance, the samplers' to their wall time; both in the progress line.
+  for row in (r for r in rows if "reward/mean" in r):
+    total, wall = phases.accounted(row)
+    assert wall - phases.TOLERANCE_S - phases.TOLERANCE_FRAC * wall <= total <= wall + 1e-9
+    assert row[phases.SAMPLER_WALL_KEY] > 0 and math.isclose(
+        sum(row[phases.sampler_key(p)] for p in SAMPLER_PHASES), row[phases.SAMPLER_WALL_KEY],
+        rel_tol=1e-9, abs_tol=1e-9)
+  assert re.search(r"\| [\d.]+ s/step \(\w+ \d+%, .*\) \| sampler \w+ \d+%", out)
   # The wall clock goes on across the resume (from the last row kept), as do the
   # trajectories consumed.
   clock = [(r["time/elapsed_s"], r["data/trajectories_total"]) for r in rows if "reward/mean" in r]
