@@ -1,7 +1,7 @@
 """`sao-sampler`: sampler workers for a learner that runs elsewhere (another slice).
 
   sao-sampler --config FILE [--set section.field=value ...] [--workers N] [--first-worker K]
-  sao-sampler --config FILE --profile 20   # trace engine steps 1..20 of each worker
+  sao-sampler --config configs/demo_cpu.py --profile 20   # trace engine steps 1..20 of each worker
 
 Reads the same config file as the learner's `sao-train` (with `run.num_samplers=0`
 there) and runs `--workers` sampler processes on this host until the learner
