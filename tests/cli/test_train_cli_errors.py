@@ -120,7 +120,7 @@ def test_resume_without_a_checkpoint_says_it_starts_over(tmp_path, monkeypatch, 
   from sao_jax.jobs import train
 
   started = []
-  monkeypatch.setattr(train, "run", lambda cfg, resume, log: started.append(
+  monkeypatch.setattr(train, "run", lambda cfg, resume, log, profile=None: started.append(
       (cfg.run.resume, train.resume_decision(cfg, log))) or {
           "steps_done": 0, "stopped_by": "steps", "plot": ""})
   for flag, mode in ((["--resume"], "always"), (["--resume", "auto"], "auto")):

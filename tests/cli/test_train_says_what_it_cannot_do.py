@@ -52,7 +52,7 @@ def test_the_last_line_says_whether_an_evaluation_ran(eval_every, summary, last_
                                                       tmp_path, monkeypatch, capsys):
   from sao_jax.jobs import train
 
-  monkeypatch.setattr(train, "run", lambda cfg, resume, log: {
+  monkeypatch.setattr(train, "run", lambda cfg, resume, log, profile=None: {
       "steps_done": 8, "stopped_by": "steps", "plot": "curves.png", **summary})
   train_cli.main(["--config", DEMO, "--set", f"run.eval_every={eval_every}",
                   "--set", f"run.run_dir={tmp_path}"])
