@@ -480,6 +480,7 @@ class SamplerSupervisor:
                no_restart: str = ""):
     self._specs, self._run, self._task_start = specs, run, task_start
     self._no_restart = no_restart
+    self._waiting_reports: dict[int, str] = {}
     self._context = multiprocessing.get_context(START_METHOD)
     self._stop = self._context.Event()
     self._errors = self._context.Queue()
@@ -506,7 +507,10 @@ class SamplerSupervisor:
 
   def check(self) -> None:
     """Restarts dead workers, logging why they died; raises after `max_restarts`."""
-    reports = self._reports()
+    # Kept across calls: a report read while its worker was still exiting belongs to
+    # the death the next call finds.
+    reports = self._waiting_reports
+    reports.update(self._reports())
     for spec in self._specs:
       process = self._processes[spec.worker_id]
       if process.is_alive() or self._stop.is_set():
@@ -516,7 +520,7 @@ class SamplerSupervisor:
       # pipe once it has exited (it joins its queue's feeder before it dies), so read
       # again, or a reported death would read as one without a report.
       reports.update(self._reports())
-      why = reports.get(spec.worker_id, _unreported(process.exitcode))
+      why = reports.pop(spec.worker_id, None) or _unreported(process.exitcode)
       if self._no_restart:
         raise RuntimeError(f"sampler {spec.worker_id} died ({why.strip().splitlines()[-1]}) "
                            f"and is not restarted: {self._no_restart}\n{why}")
@@ -525,8 +529,8 @@ class SamplerSupervisor:
         raise RuntimeError(f"sampler {spec.worker_id} died {self.restarts} times; last: {why}")
       self._log(f"sampler {spec.worker_id} died ({why.strip().splitlines()[-1]}); restarting "
                 f"with the newest weights [{self.restarts}/{self._max_restarts}]")
-      if spec.worker_id in reports:
-        self._log(reports[spec.worker_id])
+      if not why.startswith("exit code"):  # a report: its traceback
+        self._log(why)
       self._spawn(spec)
 
   def _reports(self) -> dict[int, str]:
