@@ -131,14 +131,19 @@ def test_the_verl_reward_example_grades_with_a_function_in_verls_convention(verl
   assert metrics["boxed"] == 1.0 and metrics["row"] >= 0 and "source" not in metrics
 
 
-@pytest.mark.slow
-def test_the_verl_reward_example_trains_with_per_source_metrics(verl_example, tmp_path):
+def _native_tools_tokenizer(tmp_path):
+  """The tiny Qwen3 tokenizer examples/native_tools/make_tokenizer.py writes, under tmp_path."""
   sys.path.insert(0, str(EXAMPLES / "native_tools"))
   try:
-    tokenizer = importlib.import_module("make_tokenizer").write(tmp_path / "tokenizer")
+    return importlib.import_module("make_tokenizer").write(tmp_path / "tokenizer")
   finally:
     sys.path.remove(str(EXAMPLES / "native_tools"))
     sys.modules.pop("make_tokenizer", None)
+
+
+@pytest.mark.slow
+def test_the_verl_reward_example_trains_with_per_source_metrics(verl_example, tmp_path):
+  tokenizer = _native_tools_tokenizer(tmp_path)
   _, rows = _train(EXAMPLES / "verl_reward" / "config.py",
                    [f"env.dataset.path={verl_example}", f"run.run_dir={tmp_path / 'run'}",
                     f"run.tokenizer={tokenizer}"])
@@ -148,12 +153,7 @@ def test_the_verl_reward_example_trains_with_per_source_metrics(verl_example, tm
 
 @pytest.mark.slow
 def test_the_native_tools_example_trains(tmp_path):
-  sys.path.insert(0, str(EXAMPLES / "native_tools"))
-  try:
-    tokenizer = importlib.import_module("make_tokenizer").write(tmp_path / "tokenizer")
-  finally:
-    sys.path.remove(str(EXAMPLES / "native_tools"))
-    sys.modules.pop("make_tokenizer", None)
+  tokenizer = _native_tools_tokenizer(tmp_path)
   cfg, rows = _train(EXAMPLES / "native_tools" / "config.py",
                      [f"run.run_dir={tmp_path / 'run'}", f"run.tokenizer={tokenizer}"])
   from sao_jax.chat import load_chat
@@ -164,12 +164,7 @@ def test_the_native_tools_example_trains(tmp_path):
 @pytest.fixture
 def openai_agent_example(tmp_path, monkeypatch):
   """examples/openai_agent with its grader importable and the tiny Qwen3 tokenizer."""
-  sys.path.insert(0, str(EXAMPLES / "native_tools"))
-  try:
-    tokenizer = importlib.import_module("make_tokenizer").write(tmp_path / "tokenizer")
-  finally:
-    sys.path.remove(str(EXAMPLES / "native_tools"))
-    sys.modules.pop("make_tokenizer", None)
+  tokenizer = _native_tools_tokenizer(tmp_path)
   monkeypatch.syspath_prepend(str(EXAMPLES / "openai_agent"))
   monkeypatch.setenv("PYTHONPATH", str(EXAMPLES / "openai_agent"))
   yield tokenizer
