@@ -117,24 +117,19 @@ E1 = Design(EXPERIMENT, SUBJECT, pathlib.Path(__file__), REPORT,
             "(centred advantages and the contrast gate: not the paper's `sao`)")
 
 
-def _mean(values: np.ndarray) -> float:
-  finite = values[np.isfinite(values)]
-  return float(finite.mean()) if finite.size else math.nan
-
-
 def primary(run: Run) -> float:
   """Mean sampled training reward over all the run's learner steps."""
-  return _mean(np.asarray(run.reward, np.float64))
+  return stats.finite_mean(np.asarray(run.reward, np.float64))
 
 
 def start_reward(run: Run) -> float:
-  return _mean(np.asarray(run.reward[:START_WINDOW], np.float64))
+  return stats.finite_mean(np.asarray(run.reward[:START_WINDOW], np.float64))
 
 
 def all_equal_share(run: Run) -> float:
   """Share of trajectories in all-equal-reward groups over the first GROUP_WINDOW steps."""
   values = run.metrics.get("advantage/zero_traj_frac")
-  return math.nan if values is None else _mean(values[:GROUP_WINDOW])
+  return math.nan if values is None else stats.finite_mean(values[:GROUP_WINDOW])
 
 
 def steps_to_level(run: Run) -> int:
@@ -145,13 +140,13 @@ def steps_to_level(run: Run) -> int:
 
 def gate_skip_share(run: Run) -> float:
   values = run.metrics.get("policy/no_contrast_skip")
-  return math.nan if values is None else _mean(values)
+  return math.nan if values is None else stats.finite_mean(values)
 
 
 def manipulation_check(groups: dict[str, list[Run]], design: Design = E1) -> tuple[bool, str]:
   starts = [start_reward(r) for runs in groups.values() for r in runs]
   shares = [all_equal_share(r) for r in groups.get(design.baseline, [])]
-  start, share = _mean(np.asarray(starts)), _mean(np.asarray(shares, np.float64))
+  start, share = stats.finite_mean(starts), stats.finite_mean(shares)
   weak = WEAK_START[0] <= start <= WEAK_START[1]
   failing = math.isfinite(share) and share >= ALL_EQUAL_AT_LEAST
   text = (f"(a) warm-start reward over the first {START_WINDOW} steps {start:.3f} "

@@ -132,11 +132,6 @@ EXPERIMENT = claims_lib.Claim(
     "rollout_bound", "ordering", (SUBJECT, BASELINE), seeds=SEEDS)
 
 
-def _finite_mean(values: np.ndarray) -> float:
-  finite = values[np.isfinite(values)]
-  return float(finite.mean()) if finite.size else math.nan
-
-
 def _elapsed(run: Run) -> np.ndarray:
   return run.metrics.get("time/elapsed_s", np.full(run.steps.size, math.nan))
 
@@ -144,11 +139,11 @@ def _elapsed(run: Run) -> np.ndarray:
 def primary(run: Run, budget_s: float = BUDGET_S) -> float:
   """Mean sampled training reward over the steps in the last FINAL_WINDOW_S of the budget."""
   elapsed = _elapsed(run)
-  return _finite_mean(run.reward[elapsed > budget_s - FINAL_WINDOW_S])
+  return stats.finite_mean(run.reward[elapsed > budget_s - FINAL_WINDOW_S])
 
 
 def start_reward(run: Run) -> float:
-  return _finite_mean(np.asarray(run.reward[:START_STEPS], np.float64))
+  return stats.finite_mean(np.asarray(run.reward[:START_STEPS], np.float64))
 
 
 def idle_fraction(run: Run) -> float:
@@ -168,7 +163,7 @@ def trajectories(run: Run) -> float:
 def reward_per_trajectory(run: Run, total: float) -> float:
   """Mean training reward over the steps whose trajectories consumed lie in (total/2, total]."""
   consumed = run.metrics.get("data/trajectories_total", np.full(run.steps.size, math.nan))
-  return _finite_mean(run.reward[(consumed > total / 2) & (consumed <= total)])
+  return stats.finite_mean(run.reward[(consumed > total / 2) & (consumed <= total)])
 
 
 def time_to_level(run: Run, level: float, budget_s: float = BUDGET_S) -> float:
@@ -184,7 +179,7 @@ def policy_updates(run: Run) -> int:
 
 def release_delay(run: Run) -> float:
   values = run.metrics.get("groups/release_delay_s")
-  return math.nan if values is None else _finite_mean(values)
+  return math.nan if values is None else stats.finite_mean(values)
 
 
 def _pairs(groups: dict[str, list[Run]]) -> list[tuple[Run, Run]]:

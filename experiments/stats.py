@@ -132,6 +132,13 @@ def overall(verdicts: Sequence[str]) -> str:
   return INCONCLUSIVE
 
 
+def finite_mean(values: Sequence[float]) -> float:
+  """Mean of the finite values; NaN when there are none."""
+  data = np.asarray(values, np.float64)
+  finite = data[np.isfinite(data)]
+  return float(finite.mean()) if finite.size else math.nan
+
+
 def trailing_mean(values: Sequence[float], window: int) -> np.ndarray:
   """Mean of the last `window` values up to each position (fewer at the start)."""
   data = np.asarray(values, np.float64)
