@@ -21,20 +21,27 @@ checkpoint directory:
 Paged attention (`sampler.paged_attention="auto"`): on a v6e-8 the sampler's 4 chips
 hold one KV head of 256 each and run the Pallas kernel; on a v5p-8 its 2 chips hold 2
 each, which libtpu cannot compile the kernel for, so the sampler takes the reference
-path and says why (docs/explanation/paged-engine.md, "Attention paths").
+path and says why (docs/explanation/paged-engine.md, "Attention paths"). The
+`paged_decode` rows below are those paths.
 
-sao-plan's figures (libtpu 0.0.42.1; GiB per device, under 95% of HBM), v5p-8 only:
+sao-plan's figures for each host (GiB per device; libtpu 0.0.42.1;
+tests/test_ready_configs.py compiles each and checks them):
 
     host    program       topology    mesh       total     HBM
+    v6e-8   train_step    v6e:1x4     fsdp=4      23.13   32.00
+    v6e-8   decode_step   v6e:1x4     tensor=4     6.17   32.00
+    v6e-8   paged_decode  v6e:1x4     tensor=4     7.52   32.00
     v5p-8   train_step    v5p:1x2x1   fsdp=2      49.49   95.00
     v5p-8   decode_step   v5p:1x2x1   tensor=2    12.29   95.00
-    v5p-8   paged_decode  v5p:1x2x1   tensor=2    14.32   95.00   (reference attention)
+    v5p-8   paged_decode  v5p:1x2x1   tensor=2    14.32   95.00
+    v6e-8   roofline: MFU <= 76.1%, train tokens/s <= 37,830, paged decode tokens/s <= 31,228
     v5p-8   roofline: MFU <= 76.1%, train tokens/s <= 9,457, paged decode tokens/s <= 42,888
 
-The v6e-8 plan is not recorded yet, so this config is not in
-tests/test_ready_configs.py's SINGLE_HOST table (which compiles each pair and checks
-every figure): the unrolled 34-layer train step compiles for far longer than a
-scanned one (the v5p-8 plan took about 35 minutes of a loaded 2-core machine).
+On a v6e-8 the learner runs 8 micro-batches (`MICRO_BATCHES`): the base's 4 need
+30.7 GiB per chip. The unrolled 34-layer train step compiles for far longer than a
+scanned one, and libtpu needs about 20 GB of host memory for it: the v6e-8 plan took
+13 minutes at 19.3 GB of RSS on a quiet 2-core machine (the v5p-8 one about 35
+minutes on a loaded one).
 
 Critic schedule: the base config's, the paper's (configs/qwen3_0_6b.py: 5x the policy's
 lr, 20 value pretraining steps, then 10 warm-up steps).
@@ -61,6 +68,10 @@ from sao_jax.config import Config, load_config
 BASE = pathlib.Path(__file__).resolve().parent / "qwen3_0_6b.py"
 # transformers' sliding_window_pattern: layer i is global iff (i + 1) % PATTERN == 0.
 LAYERS, PATTERN = 34, 6
+# Micro-batches per host where the base's 4 do not fit: on a v6e-8's 4 learner chips
+# (32 GiB each) 4 need 30.7 GiB per chip (temporaries 20.1), over the 30.4 GiB sao-plan
+# allows.
+MICRO_BATCHES = {"v6e-8": 8}
 
 
 def get_config(host: str = "") -> Config:
@@ -76,5 +87,7 @@ def get_config(host: str = "") -> Config:
           layer_types=tuple("sliding_attention" if (i + 1) % PATTERN else "full_attention"
                             for i in range(LAYERS)),
           rms_norm_eps=1e-6, max_position_embeddings=131072, scan_layers=False),
+      learner=dataclasses.replace(base.learner, micro_batches=MICRO_BATCHES.get(
+          host, base.learner.micro_batches)),
       env=dataclasses.replace(base.env, name="style"),
       run=dataclasses.replace(base.run, run_dir="runs/gemma3_4b"))

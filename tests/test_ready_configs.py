@@ -23,7 +23,7 @@ README = pathlib.Path(__file__).parents[1] / "README.md"
 # The single-host configs and the name the README gives each.
 SINGLE_HOST = {"qwen3_0_6b.py": "Qwen3-0.6B", "qwen3_1_7b.py": "Qwen3-1.7B",
                "qwen3_4b.py": "Qwen3-4B", "llama3_2_1b.py": "Llama-3.2-1B",
-               "llama3_2_3b.py": "Llama-3.2-3B"}
+               "llama3_2_3b.py": "Llama-3.2-3B", "gemma3_4b.py": "Gemma-3-4B"}
 
 # The checkpoints' own config.json files (Hugging Face Hub), as published.
 CHECKPOINTS = {
