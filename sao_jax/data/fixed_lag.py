@@ -143,13 +143,15 @@ class ScheduledBatches:
                drops: pipeline.Drops, intake: failures.Intake | None = None,
                num_prompt_slots: int | None = None,
                should_stop: Callable[[], bool] = lambda: False,
-               on_poll: Callable[[], None] = lambda: None, poll_s: float = 0.2):
+               on_poll: Callable[[], None] = lambda: None, poll_s: float = 0.2,
+               interrupted: Callable[[], bool] = lambda: False):
     self._transport, self.schedule = transport, schedule
     self._batch_size, self._buckets, self._pad_id = batch_size, buckets, pad_id
     self._stale = pipeline.StaleFilter(current_version, max_lag, drops)
     self._admit = dict(stale=self._stale, max_length=buckets[-1], vocab_size=vocab_size,
                        drops=drops, num_prompt_slots=num_prompt_slots, intake=intake)
     self._drops, self._should_stop, self._on_poll = drops, should_stop, on_poll
+    self._interrupted = interrupted
     self._poll_s = poll_s
     self.next_batch = schedule.first_batch
     # batch -> {(position, member): trajectory}, for the batches not yet trained.
@@ -181,6 +183,8 @@ class ScheduledBatches:
   def __next__(self):
     want = self.schedule.batch_trajectories
     while len(self._held.get(self.next_batch, {})) < want:
+      if self._interrupted():  # held trajectories are sampled again after a resume (above)
+        raise pipeline.Interrupted("stopped while waiting for trajectories")
       self._on_poll()
       traj = self._transport.get(timeout=self._poll_s)
       if traj is not None:

@@ -69,6 +69,7 @@ def learner_batches(cfg: Config, transport, *, current_version: Callable[[], int
                     drops: pipeline.Drops, intake: Intake | None = None,
                     while_waiting: Callable[[], None] = lambda: None,
                     on_poll: Callable[[], None] = lambda: None,
+                    interrupted: Callable[[], bool] = lambda: False,
                     positions: TaskPositions | None = None) -> Iterator:
   """This host's (Batch, BatchInfo) stream (`pipeline.learner_pipeline`) as the
   config says: its share of each batch, staleness against `current_version()`,
@@ -76,7 +77,8 @@ def learner_batches(cfg: Config, transport, *, current_version: Callable[[], int
   bound, `data.failures`), the tasks that reached it recorded in `positions`;
   `while_waiting()` runs at every empty poll of the transport (e.g. to restart
   samplers that died before sending anything), `on_poll()` at every poll (e.g. to
-  report what the learner waits for). With `data.fixed_lag` the stream is
+  report what the learner waits for); once `interrupted()` (SIGTERM) the stream raises
+  `pipeline.Interrupted` at its next poll instead of waiting on. With `data.fixed_lag` the stream is
   `fixed_lag.ScheduledBatches` (batches by schedule, not by arrival; `positions` unused:
   a restarted sampler could not sample its batches again, `SamplerSupervisor` refuses)."""
   batch_size, batch_tokens = local_batch_sizes(cfg, jax.process_count())
@@ -92,14 +94,15 @@ def learner_batches(cfg: Config, transport, *, current_version: Callable[[], int
         vocab_size=cfg.model.vocab_size, max_lag=cfg.data.max_lag,
         current_version=current_version, drops=drops, intake=intake,
         num_prompt_slots=cfg.algorithm.running_mean_slots if running_mean else None,
-        should_stop=lambda: while_waiting() or False, on_poll=on_poll)
+        should_stop=lambda: while_waiting() or False, on_poll=on_poll, interrupted=interrupted)
   return pipeline.learner_pipeline(
       transport, batch_size=batch_size, group_size=cfg.algorithm.group_size,
       max_lag=cfg.data.max_lag, buckets=cfg.data.length_buckets, pad_id=cfg.data.pad_id,
       vocab_size=cfg.model.vocab_size, current_version=current_version, drops=drops,
       num_prompt_slots=cfg.algorithm.running_mean_slots if running_mean else None,
       batch_tokens=batch_tokens, row_length=cfg.learner.row_length,
-      should_stop=lambda: while_waiting() or False, on_poll=on_poll, intake=intake,
+      should_stop=lambda: while_waiting() or False, on_poll=on_poll, interrupted=interrupted,
+      intake=intake,
       positions=positions)
 
 

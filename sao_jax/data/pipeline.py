@@ -214,31 +214,43 @@ class _CarryingIterator(_Iterator):
     self._carry = _decode(state.get("carry", []))
 
 
+class Interrupted(Exception):
+  """The learner was told to stop (SIGTERM) while it waited for trajectories: raised out
+  of the pipeline at its next poll, within one poll interval. Each stage keeps what it
+  had taken in its state (a batcher puts the rows it had gathered back into its carry),
+  so the checkpoint the learner writes next holds every trajectory that reached it."""
+
+
 class TransportDataset(grain.IterDataset):
   """Trajectories from `transport` as they arrive; ends when `should_stop()` (asked at
-  every empty poll) or the transport is closed and empty. `on_poll()` runs before
-  every poll, empty or not: while trajectories keep coming and are all dropped, no
-  poll is empty, and the learner must still be able to say what it waits for."""
+  every empty poll) or the transport is closed and empty, and raises `Interrupted` when
+  `interrupted()` (asked before every poll). `on_poll()` runs before every poll, empty
+  or not: while trajectories keep coming and are all dropped, no poll is empty, and the
+  learner must still be able to say what it waits for."""
 
   def __init__(self, transport, *, should_stop: Callable[[], bool] = lambda: False,
-               poll_s: float = 0.2, on_poll: Callable[[], None] = lambda: None):
+               poll_s: float = 0.2, on_poll: Callable[[], None] = lambda: None,
+               interrupted: Callable[[], bool] = lambda: False):
     super().__init__()
     self._transport, self._should_stop, self._poll_s = transport, should_stop, poll_s
-    self._on_poll = on_poll
+    self._on_poll, self._interrupted = on_poll, interrupted
 
   def __iter__(self):
-    return _TransportIterator(self._transport, self._should_stop, self._poll_s, self._on_poll)
+    return _TransportIterator(self._transport, self._should_stop, self._poll_s, self._on_poll,
+                              self._interrupted)
 
 
 class _TransportIterator(_Iterator):
 
-  def __init__(self, transport, should_stop, poll_s, on_poll):
+  def __init__(self, transport, should_stop, poll_s, on_poll, interrupted):
     super().__init__()
     self._transport, self._should_stop, self._poll_s = transport, should_stop, poll_s
-    self._on_poll = on_poll
+    self._on_poll, self._interrupted = on_poll, interrupted
 
   def __next__(self) -> Trajectory:
     while True:
+      if self._interrupted():
+        raise Interrupted("stopped while waiting for trajectories")
       self._on_poll()
       traj = self._transport.get(timeout=self._poll_s)
       if traj is not None:
@@ -573,6 +585,9 @@ class _BatchIterator(_CarryingIterator):
         if not rows:
           raise
         break
+      except Interrupted:
+        self._carry = rows  # in the state: they open the next batch after a resume
+        raise
       if len(rows) + len(unit) > self._batch_size:
         self._carry = unit
         break
@@ -623,6 +638,7 @@ class _PackIterator(_CarryingIterator):
     rows: list[list[Trajectory]] = [[] for _ in range(self._rows)]
     free = [self._row_length] * self._rows
     count = 0
+    taken: list[Trajectory] = []  # placed so far, in order: first_fit places them again alike
     # Full: the cap is reached or no row has room for even a 1-token trajectory.
     while count < self._max and max(free) > 0:
       unit = self._take_carry()
@@ -633,6 +649,9 @@ class _PackIterator(_CarryingIterator):
           if not count:
             raise
           break
+        except Interrupted:
+          self._carry = taken  # in the state: they open the next batch after a resume
+          raise
       placed = first_fit(unit, free) if count + len(unit) <= self._max else None
       if placed is None:
         self._carry = unit
@@ -641,6 +660,7 @@ class _PackIterator(_CarryingIterator):
         rows[row].append(traj)
         free[row] -= traj.length
       count += len(unit)
+      taken += unit
     trajs = [traj for row in rows for traj in row]
     info = batch_info(trajs, self._stale.current_version(), sum(1 for row in rows if not row),
                  self._rows * self._row_length)
@@ -654,13 +674,14 @@ def learner_pipeline(transport, *, batch_size: int, group_size: int, max_lag: in
                      num_prompt_slots: int | None = None,
                      should_stop: Callable[[], bool] = lambda: False,
                      on_poll: Callable[[], None] = lambda: None,
+                     interrupted: Callable[[], bool] = lambda: False,
                      intake: failures.Intake | None = None,
                      batch_tokens: int | None = None, row_length: int | None = None,
                      positions: TaskPositions | None = None,
                      clock: Callable[[], float] = time.monotonic) -> Iterator:
   """The whole pipeline as one grain iterator of (Batch, BatchInfo).
 
-  `should_stop` and `on_poll`: `TransportDataset`'s; `intake` hears of every
+  `should_stop`, `on_poll` and `interrupted`: `TransportDataset`'s; `intake` hears of every
   trajectory admission judges (`failures.Intake`, whose bound can end the run);
   `positions` records the tasks that reached the learner (`PositionsDataset`; a
   fresh record when None); `clock` times groups' release delays (`GroupDataset`).
@@ -679,7 +700,8 @@ def learner_pipeline(transport, *, batch_size: int, group_size: int, max_lag: in
           f"learner.batch_tokens={batch_tokens} gives {rows} rows of row_length={row_length}, "
           f"fewer than algorithm.group_size={group_size}, so a group of long trajectories "
           f"might never fit one batch; raise batch_tokens to at least {group_size * row_length}")
-  dataset = TransportDataset(transport, should_stop=should_stop, on_poll=on_poll)
+  dataset = TransportDataset(transport, should_stop=should_stop, on_poll=on_poll,
+                             interrupted=interrupted)
   stale = StaleFilter(current_version, max_lag, drops)
   dataset = GroupDataset(dataset, group_size, stale, clock=clock)
   dataset = PositionsDataset(dataset, TaskPositions() if positions is None else positions)

@@ -74,6 +74,7 @@ from sao_jax.run import bootstrap
 from sao_jax.run import lock as run_lock
 from sao_jax.run.critic_window import CriticWindow
 from sao_jax.run.metrics import MetricsLogger, batch_metrics, plot_curves, read_metrics
+from sao_jax.run.checkpoint import PreemptionWatcher
 from sao_jax.run.phases import StepPhases
 from sao_jax.run.profile import SAMPLER_WRITE_S, LearnerProfiler, ProfileSignal, ProfileSteps
 from sao_jax.run.timing import RunClock
@@ -412,10 +413,13 @@ def _run(cfg: Config, run_dir, *, resume: bool, log,
                              every_s=cfg.run.waiting_report_s)
   published = {"version": -1}
   # Waiting for trajectories, the learner restarts samplers that died: one that died
-  # before the first step would otherwise leave it waiting forever.
+  # before the first step would otherwise leave it waiting forever. A SIGTERM ends the
+  # wait (an agent episode may take minutes; a preempted TPU VM has seconds).
+  watcher = PreemptionWatcher()
   batches = learner_batches(cfg, transport, current_version=lambda: published["version"],
                             drops=drops, intake=intake, while_waiting=supervisor.check,
-                            on_poll=reporter.poll, positions=positions)
+                            on_poll=reporter.poll, interrupted=lambda: watcher.requested,
+                            positions=positions)
   # Weight-channel connection errors by reason (a network publisher counts them).
   peer_errors = getattr(publisher, "stats", {})
   # Padding share per batch: what bucketing wastes and packing (learner.batch_tokens) saves.
@@ -508,12 +512,13 @@ def _run(cfg: Config, run_dir, *, resume: bool, log,
                          base_state=base_state, log=log,
                          # A resumed run's clock goes on from its last kept row (rewind).
                          clock=lambda: RunClock(**logger.carried), phases=phases,
-                         mesh=make_mesh(cfg.mesh, learner_devices) if learner_devices else None)
+                         watcher=watcher, mesh=make_mesh(cfg.mesh, learner_devices) if learner_devices else None)
   except failures.TooManyFailures as error:  # the run's account, then the error (exit 2)
     summary.update({"stopped_by": "too_many_failures", "error": str(error), **intake.summary()})
     storage.write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2).encode())
     raise
   finally:
+    watcher.close()
     if profiler is not None:  # a run that ended inside the window still writes its trace
       profiler.close()
     transport.close()

@@ -18,7 +18,13 @@ the padded length, and they stop together when any host runs out of data
 (`distributed.agree_on_batch`) or is preempted (`distributed.any_host`).
 
 On SIGTERM the loop finishes the step in flight, writes a checkpoint and
-returns with `stopped_by="preemption"`; rerunning the same command resumes.
+returns with `stopped_by="preemption"`; rerunning the same command resumes. A
+SIGTERM that lands while the loop waits for a batch ends the wait too, when the
+batches watch the same flag (`watcher`; the data pipeline's `interrupted`): the
+pipeline raises `data.pipeline.Interrupted` with what it had gathered kept in its
+state, and the loop checkpoints the last finished step with it (when that step's
+checkpoint was written already, what arrived since is not kept, as after a crash).
+Agent episodes can run for minutes, and a preempted TPU VM has seconds.
 With `run.max_wall_s` > 0 the loop stops the same way once the run has trained
 that many seconds (`sao_jax.run.timing.RunClock`, resumes included), after the
 step in flight, with a final checkpoint: `stopped_by="wall_clock"`. Every step's
@@ -34,6 +40,7 @@ from typing import Any, Callable, Iterator, Protocol
 import jax
 
 from sao_jax.config import Config
+from sao_jax.data.pipeline import Interrupted
 from sao_jax.learner import compile as compile_lib
 from sao_jax.learner.state import TrainState, abstract_state, checkpointed, with_frozen_parts
 from sao_jax.learner.step import update_policy_at
@@ -69,6 +76,7 @@ def run_learner(cfg: Config, batches: Iterator[Batch | tuple[Batch, dict]], *,
                 base_state: Callable[[jax.sharding.Mesh], TrainState] | None = None,
                 clock: Callable[[], RunClock] = RunClock,
                 phases: StepPhases | None = None,
+                watcher: PreemptionWatcher | None = None,
                 log: Callable[[str], None] = print) -> LearnerResult:
   """Trains until `cfg.learner.steps` steps are done, the data ends, SIGTERM, or
   `run.max_wall_s` seconds have passed on `clock()` (made after `on_start`; a
@@ -91,6 +99,10 @@ def run_learner(cfg: Config, batches: Iterator[Batch | tuple[Batch, dict]], *,
   may time its own (publish, evaluation) with the same object. The loop waits for
   each step's result before `after_step` (a publish reads it anyway), so compute ends
   where the step does.
+
+  `watcher` is the SIGTERM flag when the caller made it (so that `batches` can stop
+  waiting on it, raising `Interrupted`); the caller closes it. Else the loop makes its
+  own for the steps.
   """
   mesh = make_mesh(cfg.mesh) if mesh is None else mesh
   compiled: dict[int, tuple[Callable, Batch]] = {}  # per padded length T
@@ -137,7 +149,7 @@ def run_learner(cfg: Config, batches: Iterator[Batch | tuple[Batch, dict]], *,
     try:
       item = next(batches)
       batch, host_metrics = (item, {}) if isinstance(item, Batch) else item
-    except StopIteration:
+    except (StopIteration, Interrupted):  # which of the two: `watcher.requested`
       batch, host_metrics = None, {}
     if hosts == 1:
       return None if batch is None else (batch, host_metrics)
@@ -156,8 +168,9 @@ def run_learner(cfg: Config, batches: Iterator[Batch | tuple[Batch, dict]], *,
   run_clock = clock()
   phases.restart()
   budget_s = cfg.run.max_wall_s
-  watcher = PreemptionWatcher()
-  stopped_by, pending = "steps", None
+  own_watcher = watcher is None
+  watcher = PreemptionWatcher() if own_watcher else watcher
+  stopped_by, pending, saved = "steps", None, False
   step = start
   try:
     while step < cfg.learner.steps:
@@ -165,7 +178,8 @@ def run_learner(cfg: Config, batches: Iterator[Batch | tuple[Batch, dict]], *,
       with phases.timed("wait"):
         item = next_batch()
       if item is None:
-        stopped_by = "data_exhausted"
+        # SIGTERM while waiting (or the data ended after one): a preemption, saved below.
+        stopped_by = "preemption" if watcher.requested else "data_exhausted"
         break
       batch, host_metrics = item
       host_metrics = {**host_metrics, **run_clock.step(
@@ -204,14 +218,15 @@ def run_learner(cfg: Config, batches: Iterator[Batch | tuple[Batch, dict]], *,
         with phases.timed("checkpoint"):
           checkpointer.save(step, checkpointed(cfg, state), _data_state(batches), force=stop)
       if stop:
-        stopped_by = "preemption" if preempted else "wall_clock"
+        stopped_by, saved = ("preemption" if preempted else "wall_clock"), True  # with force
         break
     if pending is not None:
       report(*pending)
-    if checkpointer and stopped_by not in ("preemption", "wall_clock") and step > start:
+    if checkpointer and step > start and not saved:
       checkpointer.save(step, checkpointed(cfg, state), _data_state(batches), force=True)
   finally:
-    watcher.close()
+    if own_watcher:
+      watcher.close()
     if checkpointer:
       checkpointer.close()
   return LearnerResult(state=state, steps_done=step, stopped_by=stopped_by)

@@ -30,10 +30,12 @@ tokenised and queued for the next step), looking every `DEVICE_POLL_S` whether
 the call is done, so that host work overlaps the device instead of following it.
 The runner waits for an environment only when the engine has nothing to run
 (every episode in flight is waiting on one), and then only for the first to
-complete. An episode's tokens and behavior_logp depend on its seed,
-its task and the weights, never on when its steps returned (the engine's
-sampling keys are per episode and position); which episodes finish first does
-depend on timing: `info["episode"]` is each trajectory's start index, and
+complete. An episode's sampling keys are per episode and position (its seed, its
+task), not per step of the runner. Its logits, though, may move in the last bits with
+timing: which episodes are prefilled or decoded together (and share prompt pages)
+changes float sums, measured at ~1e-7 in behavior_logp on the paged engine on CPU
+(a token can change only where those bits decide between two). Use `overlap=False`
+when bits matter, as `experiments/drift.py` does. Which episodes finish first also depends on timing: `info["episode"]` is each trajectory's start index, and
 `release="start"` hands trajectories out in start order instead of finish
 order (holding each until every earlier-started one is out; the held ones count
 in `in_flight`, so a slow episode also pauses admission). `overlap=False` is

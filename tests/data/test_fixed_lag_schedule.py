@@ -102,6 +102,18 @@ def test_a_batch_whose_every_trajectory_was_dropped_ends_the_run_saying_why():
     next(batches([failed], s))
 
 
+def test_sigterm_while_waiting_for_a_scheduled_batch_raises_interrupted_at_the_next_poll():
+  s = schedule(lag=0, tasks=2, group=1)
+  transport = ListTransport([traj(0, 0, 0), traj(1, 0, 0), traj(2, 0, 0)])
+  it = ScheduledBatches(transport, s, batch_size=2, buckets=(8, 16), pad_id=0, vocab_size=64,
+                        max_lag=2, current_version=lambda: 1, drops=pipeline.Drops(),
+                        interrupted=lambda: not transport.trajs)  # SIGTERM once it is dry
+  next(it)  # batch 0, whole
+  with pytest.raises(pipeline.Interrupted):  # batch 1 has 1 of 2, and the transport is dry
+    next(it)
+  assert it.get_state() == {"next_batch": 1}  # its samplers sample batch 1 again on resume
+
+
 def test_a_resumed_schedule_waits_for_the_batch_its_checkpoint_names():
   s = schedule(lag=1, tasks=1, group=1)
   it = batches([traj(4, 0, 3), traj(5, 0, 4)], s, version=4)
