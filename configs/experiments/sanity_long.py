@@ -25,6 +25,8 @@ checks the list):
   steps at 3e-3), which the drift study and E2 registered as they were; at this lr
   the first full-rate Adam step can flatten the policy (docs/research/drift.md), so
   E2 does not test SAO at the paper's learning rates or critic schedule.
+- No value pretraining (`learner.value_pretrain_steps` 0, `LearnerConfig`'s default; the
+  paper pretrains the critic on the initial policy's returns, for a count it does not give).
 """
 
 import dataclasses

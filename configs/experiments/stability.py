@@ -34,6 +34,8 @@ checks the list):
   billions of parameters; at 2e-5 the style task's reward did not move in 20 SAO
   steps, configs/experiments/style.py).
 - `learner.lr_warmup_steps` (10; the paper: none): the drift study's remedy, above.
+- No value pretraining (`learner.value_pretrain_steps` 0, `LearnerConfig`'s default; the
+  paper pretrains the critic on the initial policy's returns, for a count it does not give).
 """
 
 import dataclasses

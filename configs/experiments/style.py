@@ -27,6 +27,8 @@ checks the list):
   steps, configs/experiments/style.py).
 - `learner.critic_warmup_steps` (3; the paper: 10): base.py's, shortened for runs
   of 100-150 learner steps.
+- No value pretraining (`learner.value_pretrain_steps` 0, `LearnerConfig`'s default; the
+  paper pretrains the critic on the initial policy's returns, for a count it does not give).
 """
 
 import dataclasses

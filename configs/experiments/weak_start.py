@@ -29,6 +29,8 @@ checks the list):
   `learner.lr_warmup_steps` (5; the paper: none) and `learner.critic_warmup_steps`
   (3; the paper: 10): the CPU demo's (configs/demo_cpu.py), registered for E1 as they
   were; E1 so did not test SAO with the paper's critic schedule.
+- No value pretraining (`learner.value_pretrain_steps` 0, `LearnerConfig`'s default; the
+  paper pretrains the critic on the initial policy's returns, for a count it does not give).
 """
 
 import dataclasses
