@@ -74,13 +74,16 @@ class SampledTurn:
   `tokens` its ids, `behavior_logp` the log-prob of each (the values the learner
   trains against), `finish_reason` the engine's ("stop_token", "stop_pattern",
   "max_new_tokens", "max_seq_len"), `policy_versions` the first and last weight
-  version that sampled it, `token_text(id)` a token's text (special tokens included)."""
+  version that sampled it, `token_text(id)` a token's text (special tokens included),
+  `context_tokens` how many tokens of the episode came before it (the prompt, earlier
+  turns and observations of its token segment: what it was sampled from)."""
 
   tokens: tuple[int, ...]
   behavior_logp: tuple[float, ...]
   finish_reason: str
   policy_versions: tuple[int, int]
   token_text: Callable[[int], str]
+  context_tokens: int
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -366,7 +366,7 @@ class EpisodeRunner:
     env.observe_turn(SampledTurn(
         tokens=tuple(turn.tokens.tolist()), behavior_logp=tuple(turn.behavior_logp.tolist()),
         finish_reason=turn.finish_reason, policy_versions=tuple(turn.policy_versions),
-        token_text=self._token_text))
+        token_text=self._token_text, context_tokens=turn.context_tokens))
     action = self._chat.tokenizer.decode(turn.tokens.tolist(), skip_special_tokens=True)
     result = env.step(action)
     if delay_s:
