@@ -164,7 +164,9 @@ class Environment(abc.ABC):
   tool_format: str = "fenced"
   # True for an environment whose `reset` waits on something outside the process (an
   # agent program's first call): the sampler runs it on a step thread, as it runs
-  # `step`, so that it never stalls decoding.
+  # `step`, so that it never stalls decoding, and gives each episode in flight a step
+  # thread of its own, since such a reset (and such an environment's steps: the
+  # program's work between calls) holds its thread while it waits.
   slow_reset: bool = False
   # The most tokens the policy's next turn may sample (an agent's `max_tokens`), read by
   # the sampler when it queues the turn; None: `sampler.max_new_tokens`. Never more.
