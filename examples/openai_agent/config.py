@@ -35,6 +35,4 @@ def get_config():
                     max_turns=4, step_timeout_s=120.0, reward_fn="reward:score",
                     options={"program": f"{sys.executable} {HERE / 'agent.py'}",
                              "time_limit_s": 60.0}),
-      # An agent episode holds a step thread while its program works between calls.
-      sampler=dataclasses.replace(base.sampler, env_threads=2 * base.sampler.slots),
       run=dataclasses.replace(base.run, run_dir="runs/openai_agent"))

@@ -60,7 +60,10 @@ class SamplerConfig:
   want no more threads than cores: more would stretch each run's wall time,
   which could then hit its `env.tool.wall_time_s` (2x its CPU limit by default)
   where it would not alone; steps that mostly wait (a judge's HTTP call) can
-  have many more.
+  have many more. Steps that hold their thread without using it get one thread
+  per episode in flight whatever `env_threads` says (the runner sizes the pool):
+  simulated latency (`env.latency`) and agent programs (`env.name="agent"`,
+  whose episodes wait for the program's next call).
 
   Weights reach samplers through `weights` (`sao_jax.channel.weights`):
   "shared_memory" (samplers on the learner's host), "directory" (orbax versions
@@ -123,7 +126,9 @@ class SamplerConfig:
   stop_tokens: tuple[str, ...] = ("<|im_end|>", "<|endoftext|>")
   # Regexes whose match ends a turn (default: a complete python tool call).
   stop_patterns: tuple[str, ...] = (PYTHON_TOOL_CALL,)
-  env_threads: int = 0  # threads stepping environments at once (0: one per CPU core)
+  # Threads stepping environments at once (0: one per CPU core); with env.latency or an
+  # agent program, at least one per episode in flight (the runner sizes it).
+  env_threads: int = 0
   # Order finished trajectories leave the sampler: "finish" (as they end) or "start"
   # (in start order, identical whatever the tool latencies; a finished episode may wait).
   release_order: str = "finish"

@@ -24,6 +24,9 @@ SAMPLER_PHASES = {
             "tokenising observations, finishing episodes",
     "handover": "handing trajectories to the transport (waiting when it is full: the "
                 "learner is behind)",
+    "version_wait": "waiting, with no episode in flight, for the policy version the next "
+                    "batch is sampled with (data.fixed_lag only: the learner has not "
+                    "published it yet)",
 }
 # The most seconds one trajectory's phases may report (a peer's records are read).
 MAX_PHASE_S = 1e6

@@ -74,13 +74,16 @@ class SampledTurn:
   `tokens` its ids, `behavior_logp` the log-prob of each (the values the learner
   trains against), `finish_reason` the engine's ("stop_token", "stop_pattern",
   "max_new_tokens", "max_seq_len"), `policy_versions` the first and last weight
-  version that sampled it, `token_text(id)` a token's text (special tokens included)."""
+  version that sampled it, `token_text(id)` a token's text (special tokens included),
+  `context_tokens` how many tokens of the episode came before it (the prompt, earlier
+  turns and observations of its token segment: what it was sampled from)."""
 
   tokens: tuple[int, ...]
   behavior_logp: tuple[float, ...]
   finish_reason: str
   policy_versions: tuple[int, int]
   token_text: Callable[[int], str]
+  context_tokens: int
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -161,7 +164,9 @@ class Environment(abc.ABC):
   tool_format: str = "fenced"
   # True for an environment whose `reset` waits on something outside the process (an
   # agent program's first call): the sampler runs it on a step thread, as it runs
-  # `step`, so that it never stalls decoding.
+  # `step`, so that it never stalls decoding, and gives each episode in flight a step
+  # thread of its own, since such a reset (and such an environment's steps: the
+  # program's work between calls) holds its thread while it waits.
   slow_reset: bool = False
   # The most tokens the policy's next turn may sample (an agent's `max_tokens`), read by
   # the sampler when it queues the turn; None: `sampler.max_new_tokens`. Never more.

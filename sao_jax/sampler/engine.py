@@ -108,6 +108,9 @@ class Turn:
   behavior_logp: np.ndarray       # float32 [n]
   finish_reason: str              # stop_token | stop_pattern | max_new_tokens | max_seq_len
   policy_versions: tuple[int, int]  # first and last version that sampled its tokens
+  # Tokens of the episode before the turn (since its last `finish`: the current segment's
+  # prompt, earlier turns and observations): the context the turn was sampled from.
+  context_tokens: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -473,7 +476,8 @@ class Engine:
     turns.append(Turn(episode_id=episode.id,
                       tokens=np.asarray(episode.tokens[episode.turn_start:], np.int32),
                       behavior_logp=np.asarray(episode.behavior_logp[episode.turn_start:], np.float32),
-                      finish_reason=reason, policy_versions=(versions[0], versions[-1])))
+                      finish_reason=reason, policy_versions=(versions[0], versions[-1]),
+                      context_tokens=episode.turn_start))
 
   def _arm(self, episode: _Episode) -> None:
     """Its slot decodes on from the episode's last sampled token (not yet in the cache)."""

@@ -145,6 +145,12 @@ class EnvSteps:
     self._threads = []
     return stuck
 
+  def widen(self, workers: int) -> None:
+    """Lets up to `workers` steps run at once from now on (never fewer than before); the
+    steps waiting for a worker start now."""
+    self.workers = max(self.workers, workers)
+    self._dispatch()
+
   # ---- internals ----
 
   def _dispatch(self) -> None:

@@ -50,7 +50,11 @@ reproducible and, the sleep using no CPU, the engine decodes the other episodes
 meanwhile. A sleeping step holds its step thread, so with latency on the pool
 has a thread per episode in flight (`max(env_threads, max_episodes)`): a slow
 step never queues another episode's step behind it. The delay counts towards
-`step_timeout_s` (`config.env` keeps `latency.max_s` below it).
+`step_timeout_s` (`config.env` keeps `latency.max_s` below it). An environment
+that waits on the outside (`Environment.slow_reset`: an agent program, whose
+reset waits for its first call and each step for its next, while the program
+runs its own tools) holds a step thread the same way, so the pool grows to a
+thread per episode in flight when the first such episode starts.
 
 A step that runs past `step_timeout_s` (`env.step_timeout_s`) fails its episode
 as `StepTimeout` and frees its slot; the step's thread cannot be killed, so it
@@ -219,9 +223,9 @@ class EpisodeRunner:
     self.max_episodes, self.env_threads = max_episodes, env_threads
     self.overlap, self.release, self._close_grace_s = overlap, release, close_grace_s
     self._latency = latency or StepLatency()
-    # A delayed step sleeps on its thread: one per episode, so none waits behind another.
-    workers = env_threads if self._latency.kind == "none" else max(env_threads, max_episodes)
-    self.env_steps = EnvSteps(workers, step_timeout_s)
+    self.env_steps = EnvSteps(env_threads, step_timeout_s)
+    if self._latency.kind != "none":
+      self._thread_per_episode()
     self.failures: collections.Counter[str] = collections.Counter()
     self.env_wait_s = 0.0
     self._log, self._env_name = log, env_name
@@ -257,6 +261,7 @@ class EpisodeRunner:
       env.set_tool_format(tool_calls.format_for(env.tools or env.slow_reset,
                                                 self._chat.tool_format))
       if env.slow_reset:  # on a step thread: the prompt is submitted when it returns
+        self._thread_per_episode()
         live = _Live(env, task, prompt_id, [], episode_delays(self._latency, seed=seed),
                      seed=seed % 2**32, started=False)
         self._live[episode_id] = live
@@ -272,6 +277,12 @@ class EpisodeRunner:
     self._live[episode_id] = _Live(env, task, prompt_id, messages,
                                    episode_delays(self._latency, seed=seed), seed=seed % 2**32)
     return episode_id
+
+  def _thread_per_episode(self) -> None:
+    """A step thread per episode in flight, at least: for steps that hold their thread
+    while nothing runs on it (a simulated delay asleep, a program working between calls),
+    so that no episode's step waits behind another's (module docstring)."""
+    self.env_steps.widen(self.max_episodes)
 
   def _submit_prompt(self, episode_id: int, env: Environment, messages: list[Message],
                      seed: int) -> None:
@@ -368,7 +379,7 @@ class EpisodeRunner:
     env.observe_turn(SampledTurn(
         tokens=tuple(turn.tokens.tolist()), behavior_logp=tuple(turn.behavior_logp.tolist()),
         finish_reason=turn.finish_reason, policy_versions=tuple(turn.policy_versions),
-        token_text=self._token_text))
+        token_text=self._token_text, context_tokens=turn.context_tokens))
     action = self._chat.tokenizer.decode(turn.tokens.tolist(), skip_special_tokens=True)
     result = env.step(action)
     if delay_s:

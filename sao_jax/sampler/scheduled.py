@@ -21,6 +21,13 @@ input of the engine is a function of the seed and positions:
 - Seeds and tasks: `fixed_lag.episode_seed` of the task's position; latency draws come
   from the episode's seed (`sampler.latency`); GRPO group ids count from the first task's
   position.
+
+Instruments, as in the asynchronous loop: the loop's time is split into laps
+(`run.phases.SamplerPhases`), with one phase of its own, `version_wait` (nothing in
+flight while the next batch's version has not come), and each trajectory carries the
+laps since the previous one handed over (`info["phases"]`, taken when it is handed
+over, not when it finishes: a finished batch is held until the learner needs it). Each
+engine step is marked, and traced inside a `--profile` window (`run.profile.SamplerTrace`).
 """
 
 from __future__ import annotations
@@ -37,11 +44,12 @@ _IDLE_S = 0.01  # sleep of a loop with nothing to sample
 
 
 def sample_scheduled(spec, alive: Callable[[], bool], *, engine, runner, to_policy,
-                     first: tuple, poller, counts, hand_over: Callable, log: Callable[[str], None]
-                     ) -> None:
+                     first: tuple, poller, counts, hand_over: Callable, log: Callable[[str], None],
+                     phases, trace) -> None:
   """The scheduled sampler loop (module docstring). `first`: the (published params,
   version) the worker started with; `hand_over(traj) -> bool` puts a trajectory on
-  the transport (False: stop)."""
+  the transport (False: stop); `phases` (a `SamplerPhases` of `engine` and `runner`)
+  and `trace` (a `SamplerTrace`, closed on the way out) are the instruments."""
   from sao_jax.envs.registry import make_tasks
   from sao_jax.sampler.prompt_ids import PromptIds
   from sao_jax.sampler.task_stream import served
@@ -78,12 +86,15 @@ def sample_scheduled(spec, alive: Callable[[], bool], *, engine, runner, to_poli
       got = poller.take()
       if got is not None:
         versions[got[1]], newest = got[0], max(newest, got[1])
+      phases.lap("adopt")
       for done in sorted(finished):  # a batch goes out once the learner trained its predecessor
         if schedule.policy_version_after(done) > newest:
           break
         for traj in finished.pop(done):
+          traj.info["phases"] = phases.take()
           if not hand_over(traj):
             return
+          phases.lap("handover")
       need = schedule.sampling_version(batch)
       if need != engine.version and not runner.in_flight:
         if need in versions:
@@ -97,6 +108,7 @@ def sample_scheduled(spec, alive: Callable[[], bool], *, engine, runner, to_poli
           last_log = time.monotonic()
           log(f"data.fixed_lag={schedule.lag}: batch {batch} waits for policy version {need} "
               f"({last_log - waiting_since:.0f} s; the newest received is {newest})")
+      phases.lap("adopt")
       while need == engine.version and runner.can_start(group):
         position, task = todo.popleft()
         seeds = [episode_seed(cfg.sampler.seed, position, group, m) for m in range(group)]
@@ -106,14 +118,20 @@ def sample_scheduled(spec, alive: Callable[[], bool], *, engine, runner, to_poli
           batch += 1
           todo = share(batch)
           need = schedule.sampling_version(batch)
-      if not runner.in_flight:
+      phases.lap("start")
+      if not runner.in_flight:  # nothing to sample until the learner publishes `need`
         time.sleep(_IDLE_S)
+        phases.lap("version_wait")
         continue
-      for traj in runner.step():
+      with trace.engine_step():
+        stepped = runner.step()
+      phases.lap("step")
+      for traj in stepped:
         position, member = started.pop(traj.info["episode"])
         traj.info["worker"], traj.info["task_position"] = spec.worker_id, position
         traj.info[MEMBER_KEY] = member
         traj.info["weight_waits"], traj.info["weight_errors"] = counts.take()
         finished[schedule.batch_of(position)].append(traj)
   finally:
+    trace.close()
     runner.close()

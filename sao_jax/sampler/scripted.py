@@ -64,10 +64,11 @@ class ScriptedEngine(StepAtOnce):
                                           add_special_tokens=False).ids
         ids.append(self._chat.end_token_id)
         episode["turns"] += 1
+        context = len(episode["tokens"])
         episode["tokens"] += ids
         episode["mask"] += [1] * len(ids)
         turns.append(Turn(episode_id, np.asarray(ids, np.int32),
-                          np.full(len(ids), LOGP, np.float32), "stop_token", (0, 0)))
+                          np.full(len(ids), LOGP, np.float32), "stop_token", (0, 0), context))
     return turns
 
   @property

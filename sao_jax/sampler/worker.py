@@ -251,11 +251,14 @@ def _sample(spec: WorkerSpec, alive: Callable[[], bool], cfg: Config, chat, poll
                          env_name=describe(cfg.env), latency=cfg.env.latency,
                          # A fixed lag fixes the engine's schedule too (`sampler.scheduled`).
                          overlap=cfg.data.fixed_lag is None)
+  # Where the loop's time goes (`run.phases`), carried by each trajectory handed over.
+  phases, trace = SamplerPhases(engine, runner), SamplerTrace(spec.profile, spec.worker_id)
   if cfg.data.fixed_lag is not None:  # reproducible rollouts: batches by schedule
     from sao_jax.sampler.scheduled import sample_scheduled
     sample_scheduled(spec, alive, engine=engine, runner=runner, to_policy=to_policy, first=got,
                      poller=poller, counts=_ChannelCounts(poller), log=log,
-                     hand_over=lambda traj: hand_over(spec.transport, traj, alive))
+                     hand_over=lambda traj: hand_over(spec.transport, traj, alive),
+                     phases=phases, trace=trace)
     return
   tasks = served(lambda start: make_tasks(cfg.env, start=start), spec.task_start)
   group = cfg.algorithm.group_size
@@ -263,8 +266,6 @@ def _sample(spec: WorkerSpec, alive: Callable[[], bool], cfg: Config, chat, poll
   seed = cfg.sampler.seed * 1_000_003 + spec.worker_id * 7919
   task_position: dict[int, int] = {}  # episode id -> its task's position in the stream
   counts = _ChannelCounts(poller)
-  # Where the loop's time goes (`run.phases`), carried by each trajectory handed over.
-  phases, trace = SamplerPhases(engine, runner), SamplerTrace(spec.profile, spec.worker_id)
   try:
     while alive():
       got = poller.take()

@@ -105,10 +105,11 @@ class ScriptedEngine(StepAtOnce):
     ids = self._chat.tokenizer.encode(self._actions[self.episode["turns"]],
                                       add_special_tokens=False).ids + [self._chat.end_token_id]
     self.episode["turns"] += 1
+    context = len(self.episode["tokens"])
     self.episode["tokens"] += ids
     self.episode["mask"] += [1] * len(ids)
     return [engine_lib.Turn(episode_id, np.asarray(ids, np.int32),
-                            np.full(len(ids), -0.5, np.float32), "stop_token", (0, 0))]
+                            np.full(len(ids), -0.5, np.float32), "stop_token", (0, 0), context)]
 
   @property
   def busy(self):

@@ -105,10 +105,11 @@ class SpellingEngine(ScriptedEngine):
     ids = plain_ids(self._chat.tokenizer, f"Done {self._chat.end_token} or not.")
     ids.append(self._chat.end_token_id)
     self.episode["turns"] += 1
+    context = len(self.episode["tokens"])
     self.episode["tokens"] += ids
     self.episode["mask"] += [1] * len(ids)
     return [engine_lib.Turn(episode_id, np.asarray(ids, np.int32),
-                            np.full(len(ids), -0.5, np.float32), "stop_token", (0, 0))]
+                            np.full(len(ids), -0.5, np.float32), "stop_token", (0, 0), context)]
 
 
 def test_a_turn_spelling_the_end_token_is_scored_0_not_dropped(tmp_path):

@@ -25,9 +25,13 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 SMALL = ["learner.steps=6", "learner.batch_trajectories=8", "learner.critic_warmup_steps=1",
          "run.sft_steps=40", "run.sft_batch=8", "sampler.slots=4",
          "checkpoint.save_every_steps=100"]
-# Metrics of the run's clock and of the learner's waiting: they measure the machine.
-TIMING = ("time", "time/elapsed_s", "learner/idle_frac", "learner/idle_frac_total",
-          "learner/wait_s")
+# Metrics of the run's clock and of the learner's waiting, and every time/* key (the
+# learner's and the samplers' phases, `run.phases`): they measure the machine.
+TIMING = ("time", "learner/idle_frac", "learner/idle_frac_total", "learner/wait_s")
+
+
+def timing(key: str) -> bool:
+  return key in TIMING or key.startswith("time/")
 
 
 @contextlib.contextmanager
@@ -49,7 +53,7 @@ def train_once(run_dir: pathlib.Path, *overrides: str):
                     SMALL + [f"run.run_dir={run_dir}", *overrides])
   summary = train.run(cfg)
   assert summary["steps_done"] == cfg.learner.steps
-  rows = [{k: v for k, v in json.loads(line).items() if k not in TIMING}
+  rows = [{k: v for k, v in json.loads(line).items() if not timing(k)}
           for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
   transcripts = {p.name: p.read_text() for p in sorted((run_dir / "transcripts").iterdir())}
   restored, meta = restore_items(cfg.with_run_paths(), ("policy_params", "value_params"), None,

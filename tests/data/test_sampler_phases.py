@@ -29,7 +29,8 @@ def test_the_sampler_loop_is_split_into_phases_that_sum_to_its_wall_time():
   now[0] += 0.125  # attaching the first trajectory's info: counted in the next lap
   first = phases.take()
   assert first == {"adopt": 0.25, "start": 0.5, "prefill": 1.0, "decode": 2.0,
-                   "env_wait": 0.5, "host": 0.5, "handover": 0.0, "wall": 4.75}
+                   "env_wait": 0.5, "host": 0.5, "handover": 0.0, "version_wait": 0.0,
+                   "wall": 4.75}
   now[0] += 1.0
   phases.lap("handover")  # the transport was full: 1.125 s since the last lap
   second = phases.take()

@@ -35,6 +35,9 @@ class _Loader(yaml.SafeLoader):
 
 _Loader.add_multi_constructor("tag:yaml.org,2002:python/name:",
                               lambda loader, suffix, node: suffix)
+# `!ENV [NAME, ...]` (repo_url): read as the names, not resolved.
+_Loader.add_constructor("!ENV", lambda loader, node: loader.construct_sequence(node))
+REPO_URL = "https://example.org/sao_jax"  # what a publisher sets, for the build below
 
 
 def _mkdocs_config() -> dict:
@@ -48,7 +51,7 @@ def site(tmp_path_factory) -> pathlib.Path:
   result = subprocess.run(
       [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
       cwd=ROOT, capture_output=True, text=True, timeout=600, check=False,
-      env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+      env={**os.environ, "NO_MKDOCS_2_WARNING": "1", "SAO_JAX_REPO_URL": REPO_URL})
   assert result.returncode == 0, result.stdout + result.stderr
   return out
 
@@ -58,6 +61,19 @@ def test_the_site_builds_strictly(site):
   # CONTRIBUTING.md is included into the site, not copied.
   contributing = (site / "contributing" / "index.html").read_text()
   assert "Adding an environment" in contributing
+
+
+def test_the_repository_link_is_the_publishers(site, monkeypatch):
+  """`repo_url` comes from SAO_JAX_REPO_URL (mkdocs.yml's `!ENV`): every page links to it
+  when a publisher sets it (the build above), and there is no link when it is unset."""
+  from mkdocs.config import load_config  # pylint: disable=import-outside-toplevel
+
+  for page in ("index.html", "guides/training-runs/index.html"):
+    assert f'href="{REPO_URL}"' in (site / page).read_text(), page
+  monkeypatch.delenv("SAO_JAX_REPO_URL", raising=False)
+  assert load_config(str(ROOT / "mkdocs.yml"))["repo_url"] is None
+  monkeypatch.setenv("SAO_JAX_REPO_URL", "https://github.com/someone/sao_jax")
+  assert load_config(str(ROOT / "mkdocs.yml"))["repo_url"] == "https://github.com/someone/sao_jax"
 
 
 def test_the_site_draws_diagrams_and_math_without_a_network(site):

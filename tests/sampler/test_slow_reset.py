@@ -75,3 +75,40 @@ def test_without_overlap_slow_resets_are_applied_too():
   assert {name: t.outcome for name, t in done.items()} == {"slow": 1.0, "fast": 1.0, "bad": 0.0}
   assert done["bad"].info["failure_kind"] == "ConnectionError" and runner.in_flight == 0
   runner.close()
+
+
+class MeetingEnv(Environment):
+  """Agent-like: each reset waits until `meeting.parties` resets wait at once (programs
+  that are all working), failing after 10 s."""
+
+  slow_reset = True
+  meeting = threading.Barrier(3)
+
+  def __init__(self):
+    super().__init__(max_turns=2, max_observation_chars=100)
+
+  def _reset(self, task):
+    MeetingEnv.meeting.wait(10)
+    return [{"role": "user", "content": task.prompt}]
+
+  def _step(self, action):
+    return StepResult.finish(1.0, "answer")
+
+
+def test_episodes_that_wait_on_the_outside_each_get_a_step_thread():
+  """sampler.env_threads=1 (or one per core) would hold two of three waiting programs
+  behind the first: the runner sizes the pool to the episodes in flight by itself."""
+  MeetingEnv.meeting.reset()
+  engine = scripted.ScriptedEngine(CHAT, lambda episode, turn: "seen")
+  runner = EpisodeRunner(engine, CHAT, MeetingEnv, max_episodes=3, env_threads=1,
+                         log=lambda text: None)
+  assert runner.env_steps.workers == 1  # nothing started yet: the configured pool
+  for k in range(3):
+    assert runner.can_start(1)  # no reset waits for a thread
+    runner.start(Task(id=f"program {k}", prompt="task 0", answer=""), prompt_id=0, seed=k)
+  assert runner.env_steps.workers == 3 and runner.env_steps.backlog == 0
+  done = []
+  while len(done) < 3:
+    done += runner.step()
+  assert sorted(t.outcome for t in done) == [1.0] * 3 and not runner.failures
+  runner.close()

@@ -123,7 +123,7 @@ class AgentEnv(Environment):
     request, session = self._request, self._session
     body, _, canonical = protocol.completion(
         request, self._turn_sampled, action, fmt=self.tool_format,
-        call_ids=f"{session.episode}_{self.turn}", prompt_tokens=0)
+        call_ids=f"{session.episode}_{self.turn}")
     expected = self._history + (canonical,)
     session.answer(200, body)
     event = self._next_event()

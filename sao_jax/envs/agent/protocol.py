@@ -240,10 +240,13 @@ def split_calls(text: str, fmt: str) -> tuple[str, list[tool_calls.ToolCall]]:
   return head.strip(), calls
 
 
-def completion(request: ChatRequest, turn: SampledTurn, text: str, *, fmt: str, call_ids: str,
-               prompt_tokens: int) -> tuple[dict[str, Any], Message, tuple]:
+def completion(request: ChatRequest, turn: SampledTurn, text: str, *, fmt: str, call_ids: str
+               ) -> tuple[dict[str, Any], Message, tuple]:
   """The `chat.completion` body for the sampled `turn` (decoded: `text`), the assistant
-  message as the client will send it back, and that message's canonical form."""
+  message as the client will send it back, and that message's canonical form. Its
+  `usage` counts tokens as OpenAI does: `prompt_tokens` the context the turn was sampled
+  from (the call's rendered conversation: kept in the KV cache, not prefilled again),
+  `completion_tokens` the turn's sampled tokens."""
   content, calls = split_calls(text, fmt)
   calls_out = [{"id": f"call_{call_ids}_{k}", "type": "function",
                 "function": {"name": call.name, "arguments": json.dumps(dict(call.arguments))}}
@@ -265,8 +268,8 @@ def completion(request: ChatRequest, turn: SampledTurn, text: str, *, fmt: str, 
           "model": request.model or "policy",
           "choices": [{"index": 0, "message": message, "logprobs": logprobs,
                        "finish_reason": finish}],
-          "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(turn.tokens),
-                    "total_tokens": prompt_tokens + len(turn.tokens)}}
+          "usage": {"prompt_tokens": turn.context_tokens, "completion_tokens": len(turn.tokens),
+                    "total_tokens": turn.context_tokens + len(turn.tokens)}}
   canonical = ("assistant", (content or "").strip(),
                tuple((call.name, json.dumps(dict(call.arguments), sort_keys=True))
                      for call in calls))

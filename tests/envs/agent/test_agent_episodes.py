@@ -80,6 +80,10 @@ def test_openai_client_episodes_are_exactly_what_was_sampled_and_rendered(policy
     assert tokens_text == [chat.tokenizer.decode([int(i)], skip_special_tokens=False)
                            for i in trajectory.tokens[on]]
     for response, run_ in zip((response1, response2), runs):
+      # usage: the context the turn was sampled from, and the turn.
+      usage = response.usage
+      assert (usage.prompt_tokens, usage.completion_tokens) == (run_[0], run_[1] - run_[0])
+      assert usage.total_tokens == run_[1]
       finish = response.choices[0].finish_reason
       ended = int(trajectory.tokens[run_[1] - 1]) == chat.end_token_id
       assert finish == ("stop" if ended else "length"), finish
@@ -113,6 +117,8 @@ def test_a_client_that_edits_its_history_starts_a_new_segment(policy):
   # The trajectory is the last segment: the edited conversation's own prompt, then a turn.
   prompt = policy.chat.prompt(calls[1][0])
   np.testing.assert_array_equal(trajectory.tokens[:len(prompt)], prompt)
+  # The second call's usage counts its own conversation, not the dropped segment's.
+  assert calls[1][1].usage.prompt_tokens == len(prompt)
   assert action_runs(trajectory.action_mask) == [(len(prompt), len(trajectory.tokens))]
   assert trajectory.outcome == 1.0
 

@@ -166,9 +166,8 @@ def test_a_tool_calling_turn_is_an_openai_completion_with_tool_calls():
   request = protocol.parse_request({"messages": USER, "logprobs": True}, max_messages=3)
   text = 'Let me add.<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
   turn = SampledTurn(tokens=(7, 8), behavior_logp=(-0.5, -1.25), finish_reason="stop_token",
-                     policy_versions=(3, 3), token_text=lambda i: f"<{i}>")
-  body, message, _ = protocol.completion(request, turn, text, fmt="hermes", call_ids="e0_1",
-                                         prompt_tokens=0)
+                     policy_versions=(3, 3), token_text=lambda i: f"<{i}>", context_tokens=40)
+  body, message, _ = protocol.completion(request, turn, text, fmt="hermes", call_ids="e0_1")
   parsed = ChatCompletion.model_validate(body)  # the client's own model of the response
   choice = parsed.choices[0]
   assert choice.finish_reason == "tool_calls" and choice.message.content == "Let me add."
@@ -176,6 +175,8 @@ def test_a_tool_calling_turn_is_an_openai_completion_with_tool_calls():
   assert (call.id, call.function.name, call.function.arguments) == (
       "call_e0_1_0", "add", '{"a": 1, "b": 2}')
   assert [(e.token, e.logprob) for e in choice.logprobs.content] == [("<7>", -0.5), ("<8>", -1.25)]
+  usage = parsed.usage
+  assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (40, 2, 42)
 
 
 def test_served_alone_a_new_name_opens_an_episode_until_max_sessions_then_429():
