@@ -38,6 +38,11 @@ class Batch(NamedTuple):
                     whole trajectory when a single one did (policy_versions[0] ==
                     policy_versions[1]), else -1; -1 on padding. The step compares
                     it with its own version to find lag-0 tokens.
+  routed_experts:   MoE only: [B, T, L, k] int8/int16, the experts each of the L MoE
+                    layers routed the token to in the sampler
+                    (`Trajectory.routed_experts`), -1 where none was recorded
+                    (padding included); None when no trajectory of the batch
+                    carries a record (dense models).
   """
 
   tokens: jax.Array | np.ndarray
@@ -47,6 +52,7 @@ class Batch(NamedTuple):
   rewards: jax.Array | np.ndarray
   prompt_ids: jax.Array | np.ndarray
   behavior_version: jax.Array | np.ndarray
+  routed_experts: jax.Array | np.ndarray | None = None
 
   @property
   def shape(self) -> tuple[int, int]:
@@ -63,6 +69,9 @@ class Trajectory:
   policy_versions: tuple[int, int]  # first and last learner version that sampled it
   env_failure: str | None = None  # the environment failed: train on none of it
   info: dict = dataclasses.field(default_factory=dict)  # JSON-able extras (task id, turns)
+  # MoE: [T, L, k] experts per MoE layer the sampler routed each token to, -1 where it
+  # recorded none (`sao_jax.sampler.engine`, Routing); None for a dense model.
+  routed_experts: np.ndarray | None = None
 
   @property
   def length(self) -> int:

@@ -15,16 +15,25 @@ trajectories with the reason counted, so they never reach the loss.
 archive) for record files that cross hosts. `from_bytes` treats its input as
 untrusted: it accepts only the archive `to_bytes` writes (the five members,
 stored or deflated, 1-D arrays of the expected kinds, metadata of the expected
-types), never decompresses more than `max_record_bytes(max_tokens)` (a
-trajectory holds at most `sampler.max_seq_len` tokens), and raises
-`RecordError` with a short `reason` ('unreadable', 'oversized', 'malformed')
-for anything else.
+types, and for an MoE policy a sixth), never decompresses more than
+`max_record_bytes(max_tokens)` (a trajectory holds at most `sampler.max_seq_len`
+tokens), and raises `RecordError` with a short `reason` ('unreadable',
+'oversized', 'malformed') for anything else.
+
+MoE routing (`routed_experts.npy`, only in records of MoE policies): a
+[T, L, k] int8 or int16 array (`moe.expert_index_dtype`: int8 up to 127 experts)
+holding, for token t and MoE layer l, the k experts the sampler routed the token
+to, -1 where it recorded none. L x k is at most `MAX_ROUTED_PER_TOKEN`, so the
+member is bounded by 2 x MAX_ROUTED_PER_TOKEN bytes per token; what a record of a
+given model costs is L x k x itemsize bytes per token (docs/explanation/moe-routing.md
+gives Qwen3-30B-A3B's).
 """
 
 from __future__ import annotations
 
 import io
 import json
+import math
 import zipfile
 import zlib
 
@@ -34,6 +43,11 @@ from sao_jax import bounded_json
 from sao_jax.types import Trajectory
 
 ARRAYS = ("tokens", "action_mask", "behavior_logp", "rewards")
+ROUTING = "routed_experts"  # the optional member of MoE policies' records
+# Most recorded experts per token (MoE layers x top-k): 752 for Qwen3-235B-A22B, 384
+# for Qwen3-30B-A3B; a larger model raises it.
+MAX_ROUTED_PER_TOKEN = 1024
+_ROUTING_ITEMSIZE = 2  # int16 at most (`moe.expert_index_dtype`)
 # The dtype kinds each array may have (integers for ids and the mask, floats for the rest).
 _KINDS = {"tokens": "iu", "action_mask": "iub", "behavior_logp": "f", "rewards": "f"}
 _MAX_ITEMSIZE = 8  # bytes per element of any array
@@ -74,15 +88,24 @@ def problems(traj: Trajectory, vocab_size: int | None = None) -> list[str]:
     found.append("bad_prompt_id")
   if not 0 <= traj.policy_versions[0] <= traj.policy_versions[1] <= _MAX_ID:
     found.append("bad_versions")
+  if traj.routed_experts is not None:
+    routed = np.asarray(traj.routed_experts)
+    if (routed.ndim != 3 or routed.shape[0] != traj.length or routed.dtype.kind != "i"
+        or routed.dtype.itemsize > _ROUTING_ITEMSIZE
+        or routed.shape[1] * routed.shape[2] > MAX_ROUTED_PER_TOKEN
+        or (routed.size and routed.min() < -1)):
+      found.append("bad_routing")
   return found
 
 
 def to_bytes(traj: Trajectory) -> bytes:
   meta = {"prompt_id": int(traj.prompt_id), "policy_versions": list(traj.policy_versions),
           "env_failure": traj.env_failure, "info": traj.info}
+  arrays = {name: np.asarray(getattr(traj, name)) for name in ARRAYS}
+  if traj.routed_experts is not None:
+    arrays[ROUTING] = np.asarray(traj.routed_experts)
   buffer = io.BytesIO()
-  np.savez(buffer, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8),
-           **{name: np.asarray(getattr(traj, name)) for name in ARRAYS})
+  np.savez(buffer, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8), **arrays)
   return buffer.getvalue()
 
 
@@ -98,14 +121,22 @@ def _member_bytes(max_tokens: int) -> int:
   return _NPY_HEADER_BYTES + _MAX_ITEMSIZE * max_tokens
 
 
+def _routing_bytes(max_tokens: int) -> int:
+  return _NPY_HEADER_BYTES + _ROUTING_ITEMSIZE * MAX_ROUTED_PER_TOKEN * max_tokens
+
+
 def max_record_bytes(max_tokens: int) -> int:
   """Most bytes a record of a trajectory of at most `max_tokens` tokens can take,
-  decompressed or not: four arrays of <= 8-byte elements, the metadata, zip framing."""
-  return len(ARRAYS) * _member_bytes(max_tokens) + _NPY_HEADER_BYTES + _META_BYTES + _ZIP_OVERHEAD
+  decompressed or not: four arrays of <= 8-byte elements, the routing of an MoE
+  policy, the metadata, zip framing."""
+  return (len(ARRAYS) * _member_bytes(max_tokens) + _routing_bytes(max_tokens)
+          + _NPY_HEADER_BYTES + _META_BYTES + _ZIP_OVERHEAD)
 
 
-def _read_npy(raw: bytes, name: str, kinds: str, max_length: int) -> np.ndarray:
-  """The 1-D array an .npy member holds, checked before any allocation."""
+def _read_npy(raw: bytes, name: str, kinds: str, max_length: int, ndim: int = 1,
+              max_itemsize: int = _MAX_ITEMSIZE, max_row: int = 1) -> np.ndarray:
+  """The `ndim`-D array an .npy member holds (at most `max_length` rows of at most
+  `max_row` elements each), checked before any allocation."""
   stream = io.BytesIO(raw)
   try:
     version = np.lib.format.read_magic(stream)
@@ -118,16 +149,20 @@ def _read_npy(raw: bytes, name: str, kinds: str, max_length: int) -> np.ndarray:
     raise
   except (ValueError, SyntaxError, TypeError) as error:  # bad magic, header or dtype
     raise RecordError("malformed", f"{name}: not an .npy array ({error})") from None
-  if dtype.hasobject or dtype.kind not in kinds or dtype.itemsize > _MAX_ITEMSIZE or (
-      len(shape) != 1):
-    raise RecordError("malformed", f"{name}: a {dtype} array of shape {shape}; expected 1-D "
-                                   f"of kind {kinds!r}")
+  if dtype.hasobject or dtype.kind not in kinds or dtype.itemsize > max_itemsize or (
+      len(shape) != ndim):
+    raise RecordError("malformed", f"{name}: a {dtype} array of shape {shape}; expected "
+                                   f"{ndim}-D of kind {kinds!r}, <= {max_itemsize} bytes each")
+  row = math.prod(shape[1:])
   if shape[0] > max_length:
     raise RecordError("oversized", f"{name}: {shape[0]} elements, more than {max_length}")
-  if len(raw) - stream.tell() != shape[0] * dtype.itemsize:
+  if row > max_row:
+    raise RecordError("oversized", f"{name}: {row} elements per token, more than {max_row}")
+  count = shape[0] * row
+  if len(raw) - stream.tell() != count * dtype.itemsize:
     raise RecordError("malformed", f"{name}: {len(raw) - stream.tell()} data bytes for "
-                                   f"{shape[0]} x {dtype}")
-  return np.frombuffer(raw, dtype, count=shape[0], offset=stream.tell()).copy()
+                                   f"{shape} x {dtype}")
+  return np.frombuffer(raw, dtype, count=count, offset=stream.tell()).reshape(shape).copy()
 
 
 def _members(data: bytes, max_tokens: int) -> dict[str, bytes]:
@@ -137,12 +172,15 @@ def _members(data: bytes, max_tokens: int) -> dict[str, bytes]:
     with zipfile.ZipFile(io.BytesIO(data)) as archive:
       infos = archive.infolist()
       names = [info.filename for info in infos]
-      if sorted(names) != sorted(expected):
-        raise RecordError("malformed", f"members {names[:8]}; expected {sorted(expected)}")
+      if sorted(set(names) - {f"{ROUTING}.npy"}) != sorted(expected) or (
+          len(names) != len(set(names))):
+        raise RecordError("malformed", f"members {names[:8]}; expected {sorted(expected)} "
+                                       f"and optionally {ROUTING}.npy")
       members = {}
       for info in infos:
-        cap = (_NPY_HEADER_BYTES + _META_BYTES if info.filename == "meta.npy"
-               else _member_bytes(max_tokens))
+        cap = {"meta.npy": _NPY_HEADER_BYTES + _META_BYTES,
+               f"{ROUTING}.npy": _routing_bytes(max_tokens)}.get(
+                   info.filename, _member_bytes(max_tokens))
         # bzip2 and lzma members decompress without a cap inside zipfile.
         if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
           raise RecordError("malformed", f"{info.filename}: compression {info.compress_type}")
@@ -186,8 +224,12 @@ def from_bytes(data: bytes, *, max_tokens: int | None = None) -> Trajectory:
       or not isinstance(meta["env_failure"], (str, type(None)))
       or not isinstance(meta["info"], dict)):
     raise RecordError("malformed", f"metadata of the wrong types: {str(meta)[:200]}")
+  routed = None
+  if ROUTING in members:
+    routed = _read_npy(members[ROUTING], ROUTING, "i", max_tokens, ndim=3,
+                       max_itemsize=_ROUTING_ITEMSIZE, max_row=MAX_ROUTED_PER_TOKEN)
   return Trajectory(**arrays, prompt_id=meta["prompt_id"], policy_versions=tuple(versions),
-                    env_failure=meta["env_failure"], info=meta["info"])
+                    env_failure=meta["env_failure"], info=meta["info"], routed_experts=routed)
 
 
 def _is_int(value) -> bool:

@@ -65,6 +65,10 @@ class LearnerConfig:
   # Which critic the advantages see: the one before this step's value updates
   # (default; advantages and value targets from the same V_old) or after them.
   advantage_values: str = "before_critic_update"
+  # MoE router replay (R3, docs/explanation/moe-routing.md): the policy forward routes
+  # each action token the sampler recorded to the sampler's experts, gates from the
+  # learner's router; prompt and observation tokens route freely. Off: free routing.
+  router_replay: bool = False
 
   @property
   def critic_lr(self) -> float:
@@ -105,6 +109,8 @@ class LearnerConfig:
       fail("learner", "grad_clip", self.grad_clip, "expected None (no clipping) or > 0")
     check_choice("learner", self, "lr_schedule", LR_SCHEDULES)
     check_choice("learner", self, "advantage_values", ADVANTAGE_VALUES)
+    if not isinstance(self.router_replay, bool):
+      fail("learner", "router_replay", self.router_replay, "expected True or False")
 
   def _validate_packing(self) -> None:
     if self.batch_tokens is None:

@@ -57,6 +57,10 @@ class Config:
       self.check_remote_samplers()
     if self.lora.enabled:
       self._check_lora()
+    if self.learner.router_replay and not self.model.num_experts:
+      fail("learner", "router_replay", True,
+           "router replay needs an MoE policy (model.num_experts > 0); set it False for a "
+           "dense model")
     return self
 
   def sampler_mesh(self) -> MeshConfig:

@@ -484,7 +484,9 @@ class BatchDataset(grain.IterDataset):
 
 def pack_rows(rows: list[list[Trajectory]], num_rows: int, length: int, pad_id: int) -> Batch:
   """`[num_rows, length]` batch: row r holds `rows[r]` back to back as segments 1, 2,
-  ..., then right padding; missing rows are empty (all masks 0, ids -1)."""
+  ..., then right padding; missing rows are empty (all masks 0, ids -1). MoE routing
+  records (`Trajectory.routed_experts`) are packed alike into `[num_rows, length, L, k]`,
+  -1 on padding and for a trajectory without one; None when no trajectory has one."""
   shape = (num_rows, length)
   tokens = np.full(shape, pad_id, np.int32)
   segment = np.zeros(shape, np.int32)
@@ -494,6 +496,10 @@ def pack_rows(rows: list[list[Trajectory]], num_rows: int, length: int, pad_id: 
   # -1 on padding: it belongs to no segment, so no consumer ever groups it.
   prompt_ids = np.full(shape, -1, np.int32)
   behavior_version = np.full(shape, -1, np.int32)
+  routed = next((t.routed_experts for trajs in rows for t in trajs
+                 if t.routed_experts is not None), None)
+  if routed is not None:
+    routed = np.full(shape + routed.shape[1:], -1, routed.dtype)
   for r, trajs in enumerate(rows):
     start = 0
     for k, traj in enumerate(trajs, start=1):
@@ -506,8 +512,15 @@ def pack_rows(rows: list[list[Trajectory]], num_rows: int, length: int, pad_id: 
       prompt_ids[r, span] = traj.prompt_id
       first, last = traj.policy_versions
       behavior_version[r, span] = first if first == last else -1
+      if routed is not None and traj.routed_experts is not None:
+        if traj.routed_experts.shape[1:] != routed.shape[2:]:
+          raise ValueError(f"trajectory of prompt {traj.prompt_id} records routing of shape "
+                           f"{traj.routed_experts.shape[1:]} (MoE layers, top-k), another of "
+                           f"its batch {routed.shape[2:]}: every sampler of a run must serve "
+                           "the learner's model")
+        routed[r, span] = traj.routed_experts
       start = span.stop
-  return Batch(tokens, segment, action, logp, rewards, prompt_ids, behavior_version)
+  return Batch(tokens, segment, action, logp, rewards, prompt_ids, behavior_version, routed)
 
 
 def pad_batch(trajs: list[Trajectory], batch_size: int, length: int, pad_id: int) -> Batch:

@@ -25,8 +25,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from sao_jax.config import Config
 from sao_jax.learner import state as state_lib
 from sao_jax.learner.step import StepConfig, train_step
-from sao_jax.models import lora
-from sao_jax.models.transformer import param_shardings
+from sao_jax.models import lora, moe
+from sao_jax.models.transformer import moe_layers, param_shardings
 from sao_jax.sharding import rules
 from sao_jax.sharding.mesh import traced_on
 from sao_jax.types import Batch
@@ -82,25 +82,33 @@ def state_shardings(cfg: Config, mesh: jax.sharding.Mesh) -> state_lib.TrainStat
 
 
 def batch_shardings(cfg: Config, mesh: jax.sharding.Mesh, length: int) -> Batch:
-  """Rows over the activation-batch mesh axes; ValueError if they do not divide."""
+  """Rows over the activation-batch mesh axes; ValueError if they do not divide. MoE
+  routing ([B, T, L, k]) splits its rows alike, its last two axes whole."""
   two_d = rules.logical_sharding(mesh, ("activation_batch", "activation_length"),
                                  (cfg.learner.batch_rows, length))
   return Batch(*[two_d] * len(Batch._fields))
 
 
 def abstract_batch(cfg: Config, mesh: jax.sharding.Mesh, length: int) -> Batch:
-  """The step's batch as sharded `jax.ShapeDtypeStruct`s, for lowering without data."""
-  dtypes = Batch(tokens=jnp.int32, segment_ids=jnp.int32, action_mask=jnp.int32,
-                 behavior_logp=jnp.float32, rewards=jnp.float32, prompt_ids=jnp.int32,
-                 behavior_version=jnp.int32)
+  """The step's batch as sharded `jax.ShapeDtypeStruct`s, for lowering without data
+  (with the sampler's routing records for an MoE model)."""
+  model = cfg.model
   shape = (cfg.learner.batch_rows, length)
-  return Batch(*[jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
-                 for dtype, sharding in zip(dtypes, batch_shardings(cfg, mesh, length))])
+  routing = ((shape + (moe_layers(model), model.num_experts_per_tok),
+              moe.expert_index_dtype(model.num_experts)) if model.num_experts else None)
+  shapes = Batch(tokens=(shape, jnp.int32), segment_ids=(shape, jnp.int32),
+                 action_mask=(shape, jnp.int32), behavior_logp=(shape, jnp.float32),
+                 rewards=(shape, jnp.float32), prompt_ids=(shape, jnp.int32),
+                 behavior_version=(shape, jnp.int32), routed_experts=routing)
+  return Batch(*[None if spec is None else jax.ShapeDtypeStruct(*spec, sharding=sharding)
+                 for spec, sharding in zip(shapes, batch_shardings(cfg, mesh, length))])
 
 
 def put_batch(batch: Batch, shardings: Batch) -> Batch:
-  """Host numpy batch -> global jax.Arrays laid out as `shardings` (single-process)."""
-  return jax.tree.map(lambda x, s: jax.device_put(np.asarray(x), s), batch, shardings)
+  """Host numpy batch -> global jax.Arrays laid out as `shardings` (single-process); a
+  field the batch leaves out (None) stays None."""
+  return jax.tree.map(lambda x, s: None if x is None else jax.device_put(np.asarray(x), s),
+                      batch, shardings, is_leaf=lambda x: x is None)
 
 
 def init_sharded_state(cfg: Config, mesh: jax.sharding.Mesh,

@@ -54,6 +54,10 @@ first action token of trajectories with one assistant turn vs several, beside
 `model.router_aux_loss_coef` x the router's load-balancing loss to the policy
 loss and report `policy/router_aux_loss` and `policy/router_balance`.
 
+MoE routing mismatch (`routing/*`, `sao_jax.learner.routing`) when the batch
+carries the sampler's routing records; with `learner.router_replay` the policy
+forward routes recorded tokens to the recorded experts (`moe.route`).
+
 The step is a plain function of the sections it reads (`StepConfig.of(cfg)`: algorithm,
 learner, model, lora and the sampler's temperature); `sao_jax.learner.compile` jits it
 with shardings.
@@ -73,6 +77,7 @@ from sao_jax.config import AlgorithmConfig, Config, LearnerConfig, LoraConfig, M
 from sao_jax.config.checks import fail
 # Defined with the learner's config (the data path's fixed-lag schedule counts them too).
 from sao_jax.config.learner import value_only_steps
+from sao_jax.learner import routing
 from sao_jax.learner import state as state_lib
 from sao_jax.models import lora, moe
 from sao_jax.models.forward import policy_forward, router_balance, value_forward
@@ -253,8 +258,9 @@ def _policy_update(cfg: StepConfig, state: state_lib.TrainState, batch: Batch, a
     # LoRA: the frozen base is a constant here, so only the adapters get gradients.
     params = (lora.merge(state.policy_params, trainable, cfg.lora, cfg.model)
               if cfg.lora.enabled else trainable)
+    replay = mb.routed_experts if cfg.learner.router_replay else None
     out = policy_forward(params, cfg.model, mb.tokens, mb.segment_ids,
-                         temperature=cfg.temperature)
+                         temperature=cfg.temperature, replay_BxTxLxK=replay)
     loss, metrics = loss_impl(out.logp_BxT, mb.behavior_logp, adv_mb, mb.action_mask,
                               eps_low=alg.eps_low, eps_high=alg.eps_high,
                               loss_agg=alg.loss_agg, denominator=denominator,
@@ -268,6 +274,9 @@ def _policy_update(cfg: StepConfig, state: state_lib.TrainState, batch: Batch, a
       loss = loss + cfg.model.router_aux_loss_coef * aux / cfg.learner.micro_batches
       metrics["router_aux_loss"] = aux
       metrics["router_balance"] = router_balance(out.router_logits, mb.segment_ids, cfg.model)
+    if mb.routed_experts is not None:
+      metrics.update({key: Total(count) for key, count in routing.counts(
+          out, mb, cfg.model, cfg.algorithm).items()})
     # Lag 0: sampled entirely by the weights this step starts from, so any
     # difference is numerics (sampler vs learner), not staleness.
     lag0 = mb.action_mask.astype(bool) & (mb.behavior_version == state.policy_version)
@@ -283,7 +292,9 @@ def _policy_update(cfg: StepConfig, state: state_lib.TrainState, batch: Batch, a
   update_norm = optax.tree.norm(jax.tree.map(
       lambda new, old: new.astype(jnp.float32) - old.astype(jnp.float32), params, trainable))
   gap_sum, lag0_tokens = metrics.pop("lag0_abs_logp_sum"), metrics.pop("lag0_tokens")
+  routing_counts = {k: metrics.pop(k) for k in list(metrics) if k.startswith("routing/")}
   metrics = {f"policy/{k}": v for k, v in metrics.items()}
+  metrics.update(routing_counts)
   metrics.update({"policy/loss": loss, "policy/grad_norm": grad_norm,
                   "policy/update_norm": update_norm,
                   "policy/updated": finite.astype(jnp.float32),
@@ -451,7 +462,7 @@ def train_step(state: state_lib.TrainState, batch: Batch, update_policy: jax.Arr
   # would read as "sampler and learner agree".
   policy_metrics["mismatch/lag0_abs_logp"] = jnp.where(
       lag0_tokens > 0, gap_sum / jnp.maximum(lag0_tokens, 1.0), jnp.nan)
-  metrics.update(policy_metrics)
+  metrics.update(routing.shares(policy_metrics))
 
   if alg.uses_critic and cfg.learner.advantage_values == "before_critic_update":
     state, value_metrics = _value_updates(cfg, state, batch, old_values, returns)

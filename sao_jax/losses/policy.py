@@ -51,6 +51,15 @@ def _log_ratio(logp, behavior_logp, mask):
       behavior_logp.astype(jnp.float32)), 0.0)
 
 
+def dis_band(logp: jax.Array, behavior_logp: jax.Array, action_mask: jax.Array, *,
+             eps_low: float, eps_high: float) -> tuple[jax.Array, jax.Array]:
+  """(below, above): `[B, T]` bool, the action tokens DIS masks because
+  ratio = exp(logp - behavior_logp) <= 1 - eps_low, or >= 1 + eps_high (no gradient)."""
+  mask = action_mask.astype(bool)
+  ratio = jax.lax.stop_gradient(jnp.exp(_log_ratio(logp, behavior_logp, mask)))
+  return mask & (ratio <= 1.0 - eps_low), mask & (ratio >= 1.0 + eps_high)
+
+
 def dis_policy_loss(logp: jax.Array, behavior_logp: jax.Array, advantages: jax.Array,
                     action_mask: jax.Array, *, eps_low: float, eps_high: float,
                     loss_agg: str = "token_mean",
@@ -76,8 +85,7 @@ def dis_policy_loss(logp: jax.Array, behavior_logp: jax.Array, advantages: jax.A
   mask = action_mask.astype(bool)
   log_ratio = _log_ratio(logp, behavior_logp, mask)
   ratio = jax.lax.stop_gradient(jnp.exp(log_ratio))
-  below = mask & (ratio <= 1.0 - eps_low)
-  above = mask & (ratio >= 1.0 + eps_high)
+  below, above = dis_band(logp, behavior_logp, mask, eps_low=eps_low, eps_high=eps_high)
   keep = mask & ~below & ~above
   # Zero ratio and advantage where not kept *before* multiplying: an overflowed
   # ratio times a zero mask would be nan, in the value and in the gradient.

@@ -2,6 +2,7 @@
 
   init_cache(cfg, batch, max_len)                    -> KVCache (empty)
   extend(params, cfg, cache, tokens_BxC, mask_BxC)   -> (logits_BxV, cache)
+  extend_routed(...same)                             -> (logits_BxV, cache, experts_BxCxLxK)
   decode_step(params, cfg, cache, tokens_B)          -> (logits_BxV, cache)
   truncate(cache, length_B)                          -> KVCache with rows cut back
 
@@ -38,6 +39,7 @@ import jax
 import jax.numpy as jnp
 
 from sao_jax.config import ModelConfig
+from sao_jax.models import moe
 from sao_jax.models.transformer import Params, model
 
 
@@ -66,6 +68,13 @@ def truncate(cache: KVCache, length_B: jax.Array) -> KVCache:
 def extend(params: Params, cfg: ModelConfig, cache: KVCache, tokens_BxC: jax.Array,
            mask_BxC: jax.Array) -> tuple[jax.Array, KVCache]:
   """Appends each row's real chunk tokens; returns next-token logits_BxV and the new cache."""
+  return extend_routed(params, cfg, cache, tokens_BxC, mask_BxC)[:2]
+
+
+def extend_routed(params: Params, cfg: ModelConfig, cache: KVCache, tokens_BxC: jax.Array,
+                  mask_BxC: jax.Array) -> tuple[jax.Array, KVCache, jax.Array | None]:
+  """`extend`, plus the experts each chunk token was routed to in each MoE layer
+  ([B, C, L, k], `moe.routed_experts`; None for a dense model)."""
   mask_BxC = mask_BxC.astype(bool)
   c = tokens_BxC.shape[1]
   s = cache.k[0].shape[2]
@@ -77,13 +86,14 @@ def extend(params: Params, cfg: ModelConfig, cache: KVCache, tokens_BxC: jax.Arr
                    <= (cache.length_B[:, None] + rank_BxC)[:, :, None])
   kv = [(k, v, slot_BxC) for k, v in zip(cache.k, cache.v)]
   net = model(params, cfg, "lm")
-  h_BxCxD, new_kv, _ = net.trunk(tokens_BxC, pos_BxC, visible_BxCxS, kv)
+  h_BxCxD, new_kv, router_logits = net.trunk(tokens_BxC, pos_BxC, visible_BxCxS, kv)
   last_B = jnp.maximum(c - 1 - jnp.argmax(mask_BxC[:, ::-1], axis=1), 0)
   h_BxD = jnp.take_along_axis(h_BxCxD, last_B[:, None, None], axis=1)[:, 0]
   logits_BxV = jnp.einsum("bd,dv->bv", h_BxD, net.lm_kernel_DxV(), preferred_element_type=jnp.float32)
   new_cache = KVCache(k=tuple(k for k, _ in new_kv), v=tuple(v for _, v in new_kv),
                       length_B=cache.length_B + jnp.sum(mask_BxC, axis=1, dtype=jnp.int32))
-  return logits_BxV, new_cache
+  experts = moe.routed_experts(router_logits, cfg.num_experts_per_tok, cfg.num_experts)
+  return logits_BxV, new_cache, experts
 
 
 def decode_step(params: Params, cfg: ModelConfig, cache: KVCache,

@@ -1,6 +1,6 @@
 """The forward pass: the only bridge from params to what the losses need.
 
-  policy_forward(params, cfg, tokens_BxT, seg_BxT, temperature=1.0)
+  policy_forward(params, cfg, tokens_BxT, seg_BxT, temperature=1.0, replay_BxTxLxK=None)
                                       -> PolicyOutput(logp_BxT, entropy_BxT, router_logits)
   value_forward(params, cfg, tokens_BxT, seg_BxT)  -> values_BxT
   logits_forward(params, cfg, tokens_BxT, seg_BxT) -> logits_BxTxV (float32; tests, evaluation)
@@ -70,12 +70,12 @@ def positions(seg_BxT: jax.Array) -> jax.Array:
   return jnp.where(real_BxT > 0, count_BxT - 1 - before_start_BxT, 0)
 
 
-def _trunk(params, cfg, head, tokens_BxT, seg_BxT):
+def _trunk(params, cfg, head, tokens_BxT, seg_BxT, replay_BxTxLxK=None):
   # Causal structure within segments, never a [B, T, T] array unless attention is dense.
   seg_BxT = seg_BxT.astype(jnp.int32)
   pos_BxT = positions(seg_BxT)
   h_BxTxD, _, router_logits = model(params, cfg, head).trunk(
-      tokens_BxT, pos_BxT, CausalMask(seg_BxT, pos_BxT))
+      tokens_BxT, pos_BxT, CausalMask(seg_BxT, pos_BxT), replay_BxTxLxK=replay_BxTxLxK)
   return h_BxTxD, router_logits
 
 
@@ -118,10 +118,16 @@ def _chunked_logp_entropy(h_BxLxD, targets_BxL, kernel_DxV, chunk, temperature):
 
 
 def policy_forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array,
-                   seg_BxT: jax.Array, temperature: float = 1.0) -> PolicyOutput:
+                   seg_BxT: jax.Array, temperature: float = 1.0,
+                   replay_BxTxLxK: jax.Array | None = None) -> PolicyOutput:
   """Per-token log-probs and entropies of softmax(logits / temperature) at
-  `tokens_BxT` (alignment: module docstring)."""
-  h_BxTxD, router_logits = _trunk(params, cfg, "lm", tokens_BxT, seg_BxT)
+  `tokens_BxT` (alignment: module docstring).
+
+  `replay_BxTxLxK` (MoE router replay): each MoE layer l routes token t to the
+  recorded experts replay[b, t, l] where they are recorded (>= 0), gated by this
+  forward's router (`sao_jax.models.moe.route`); `router_logits` stay this forward's own.
+  """
+  h_BxTxD, router_logits = _trunk(params, cfg, "lm", tokens_BxT, seg_BxT, replay_BxTxLxK)
   if tokens_BxT.shape[1] < 2:
     zeros_BxT = jnp.zeros(tokens_BxT.shape, jnp.float32)
     return PolicyOutput(zeros_BxT, zeros_BxT, router_logits)

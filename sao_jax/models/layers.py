@@ -186,6 +186,8 @@ class MoE(nnx.Module):
 
   p = softmax(x W_router) over E experts; the k largest p_e are kept and, with
   `norm_topk_prob`, renormalised to sum to one. y = sum_{e in topk} p_e * MLP_e(x).
+  Routing is `sao_jax.models.moe.route` (also the sampler's record of the choice and
+  the learner's router replay).
   The expert computation is `sao_jax.models.moe.expert_parallel_ffn`: sorted
   `ragged_dot`s (compute proportional to k, not E), expert-parallel under a mesh.
   """
@@ -198,14 +200,14 @@ class MoE(nnx.Module):
     self.down_proj = param(rngs, (e, f, d), ("expert", "mlp", "embed"), cfg)
     self.cfg = cfg
 
-  def __call__(self, x_BxTxD: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Returns (y_BxTxD, router_logits_BxTxE in float32)."""
+  def __call__(self, x_BxTxD: jax.Array, replay_BxTxK: jax.Array | None = None
+               ) -> tuple[jax.Array, jax.Array]:
+    """Returns (y_BxTxD, router_logits_BxTxE in float32). `replay_BxTxK`: recorded
+    experts to use instead of the top k (router replay, `moe.route`)."""
     cfg, dt = self.cfg, x_BxTxD.dtype
     logits_BxTxE = (x_BxTxD @ self.router[...].astype(dt)).astype(jnp.float32)
-    probs_BxTxE = jax.nn.softmax(logits_BxTxE, axis=-1)
-    weight_BxTxK, expert_BxTxK = jax.lax.top_k(probs_BxTxE, cfg.num_experts_per_tok)
-    if cfg.norm_topk_prob:
-      weight_BxTxK = weight_BxTxK / jnp.sum(weight_BxTxK, axis=-1, keepdims=True)
+    weight_BxTxK, expert_BxTxK = moe.route(logits_BxTxE, cfg.num_experts_per_tok,
+                                           cfg.norm_topk_prob, replay_BxTxK)
     y_BxTxD = moe.expert_parallel_ffn(x_BxTxD, expert_BxTxK, weight_BxTxK, self.gate_proj[...],
                                       self.up_proj[...], self.down_proj[...])
     return constrain(y_BxTxD, BTD), logits_BxTxE

@@ -38,9 +38,64 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec
 
 from sao_jax.sharding.rules import logical_to_spec
+
+
+def expert_index_dtype(num_experts: int) -> np.dtype:
+  """The dtype of recorded expert indices (`routed_experts`): int8 for at most 127
+  experts, int16 above (-1 marks "not recorded", so the range must hold it)."""
+  if num_experts > np.iinfo(np.int16).max:
+    raise ValueError(f"model.num_experts={num_experts}: recorded expert indices are int16, "
+                     f"so at most {np.iinfo(np.int16).max} experts per layer")
+  return np.dtype(np.int8 if num_experts <= np.iinfo(np.int8).max else np.int16)
+
+
+def route(logits_BxTxE: jax.Array, k: int, norm_topk_prob: bool,
+          replay_BxTxK: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+  """(weight_BxTxK, expert_BxTxK): the top-k experts of p = softmax(logits) and their
+  gates p_e, renormalised to sum to one with `norm_topk_prob`.
+
+  Router replay (R3): where a token's `replay_BxTxK` row holds k recorded experts
+  (every entry in [0, E)) those experts are used instead of the top k, with gates
+  p_e of *these* logits at the recorded experts (renormalised the same way), so the
+  router keeps its gradient; any other row (-1: not recorded) routes freely.
+  """
+  probs_BxTxE = jax.nn.softmax(logits_BxTxE.astype(jnp.float32), axis=-1)
+  weight_BxTxK, expert_BxTxK = jax.lax.top_k(probs_BxTxE, k)
+  if replay_BxTxK is not None:
+    replay_BxTxK = replay_BxTxK.astype(jnp.int32)
+    forced_BxTx1 = jnp.all((replay_BxTxK >= 0) & (replay_BxTxK < logits_BxTxE.shape[-1]),
+                           axis=-1, keepdims=True)
+    expert_BxTxK = jnp.where(forced_BxTx1, replay_BxTxK, expert_BxTxK)
+    weight_BxTxK = jnp.take_along_axis(probs_BxTxE, expert_BxTxK, axis=-1)
+  if norm_topk_prob:
+    weight_BxTxK = weight_BxTxK / jnp.sum(weight_BxTxK, axis=-1, keepdims=True)
+  return weight_BxTxK, expert_BxTxK
+
+
+def routed_experts(router_logits: tuple[jax.Array, ...], k: int,
+                   num_experts: int) -> jax.Array | None:
+  """[B, T, L, k]: the top-k experts `route` picks in each of the L MoE layers (L =
+  len(router_logits)), in `expert_index_dtype`; None for a dense model (no router)."""
+  if not router_logits:
+    return None
+  return jnp.stack([route(logits, k, False)[1] for logits in router_logits],
+                   axis=2).astype(expert_index_dtype(num_experts))
+
+
+def routing_changes(router_logits: tuple[jax.Array, ...], recorded_BxTxLxK: jax.Array,
+                    k: int) -> tuple[jax.Array, jax.Array]:
+  """(changed_BxTxL, recorded_BxT): whether MoE layer l's top-k expert *set* under
+  `router_logits` (`route`'s choice) differs from the recorded one, and whether token
+  t has a record (every entry >= 0 in every layer). Order within the k does not count."""
+  recorded_BxTxLxK = recorded_BxTxLxK.astype(jnp.int32)
+  current_BxTxLxK = jnp.stack([route(logits, k, False)[1] for logits in router_logits], axis=2)
+  changed_BxTxL = jnp.any(jnp.sort(current_BxTxLxK, axis=-1)
+                          != jnp.sort(recorded_BxTxLxK, axis=-1), axis=-1)
+  return changed_BxTxL, jnp.all(recorded_BxTxLxK >= 0, axis=(2, 3))
 
 
 def expert_ffn(x_NxD: jax.Array, expert_NxK: jax.Array, weight_NxK: jax.Array,

@@ -3,6 +3,7 @@
   init_paged_cache(cfg, num_pages, page_size, slots)        -> PagedKVCache (empty)
   extend_paged(params, cfg, cache, pages_NxM, rows_B, tokens_BxC, mask_BxC, entries, kernel)
                                                             -> (logits_BxV, cache)
+  extend_paged_routed(...same)               -> (logits_BxV, cache, experts_BxCxLxK)
   set_lengths(cache, rows_B, length_B)                      -> cache whose rows hold length_B
 
 Layout. Layer l keeps one pool kv [P, page, 2K, H]: P pages of `page` token
@@ -48,6 +49,7 @@ import jax
 import jax.numpy as jnp
 
 from sao_jax.config import ModelConfig
+from sao_jax.models import moe
 from sao_jax.models.paged_attention import PagedLayer
 from sao_jax.models.paged_mesh import traced_page_shards
 from sao_jax.models.transformer import Params, model
@@ -103,6 +105,16 @@ def extend_paged(params: Params, cfg: ModelConfig, cache: PagedKVCache, pages_Nx
                  entries: int | None = None, kernel: bool = False
                  ) -> tuple[jax.Array, PagedKVCache]:
   """Appends each row's real chunk tokens; returns next-token logits_BxV (float32) and the cache."""
+  return extend_paged_routed(params, cfg, cache, pages_NxM, rows_B, tokens_BxC, mask_BxC,
+                             entries, kernel)[:2]
+
+
+def extend_paged_routed(params: Params, cfg: ModelConfig, cache: PagedKVCache,
+                        pages_NxM: jax.Array, rows_B: jax.Array, tokens_BxC: jax.Array,
+                        mask_BxC: jax.Array, entries: int | None = None, kernel: bool = False
+                        ) -> tuple[jax.Array, PagedKVCache, jax.Array | None]:
+  """`extend_paged`, plus the experts each chunk token was routed to in each MoE layer
+  ([B, C, L, k], `moe.routed_experts`; None for a dense model)."""
   p, size, _, _ = cache.kv[0].shape
   m = pages_NxM.shape[1]
   shards = traced_page_shards()
@@ -135,10 +147,11 @@ def extend_paged(params: Params, cfg: ModelConfig, cache: PagedKVCache, pages_Nx
     plan = dict(row_L=row_L, page_L=page_L, first_L=column_L * size)
   layer_caches = [PagedLayer(kv, write_BxC, pos_BxC, **plan) for kv in cache.kv]
   net = model(params, cfg, "lm")
-  h_BxCxD, new_layers, _ = net.trunk(tokens_BxC, pos_BxC, None, layer_caches)
+  h_BxCxD, new_layers, router_logits = net.trunk(tokens_BxC, pos_BxC, None, layer_caches)
   last_B = jnp.maximum(c - 1 - jnp.argmax(mask_BxC[:, ::-1], axis=1), 0)
   h_BxD = jnp.take_along_axis(h_BxCxD, last_B[:, None, None], axis=1)[:, 0]
   logits_BxV = jnp.einsum("bd,dv->bv", h_BxD, net.lm_kernel_DxV(), preferred_element_type=jnp.float32)
   new_cache = PagedKVCache(kv=tuple(layer.kv_pages for layer in new_layers),
                            length_N=cache.length_N.at[rows_B].add(added_B, mode="drop"))
-  return logits_BxV, new_cache
+  experts = moe.routed_experts(router_logits, cfg.num_experts_per_tok, cfg.num_experts)
+  return logits_BxV, new_cache, experts

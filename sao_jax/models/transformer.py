@@ -43,6 +43,11 @@ def is_moe_layer(cfg: ModelConfig, index: int) -> bool:
           and (index + 1) % cfg.decoder_sparse_step == 0)
 
 
+def moe_layers(cfg: ModelConfig) -> int:
+  """How many decoder layers are MoE (`is_moe_layer`): L of the routing records."""
+  return sum(is_moe_layer(cfg, i) for i in range(cfg.num_hidden_layers))
+
+
 class DecoderLayer(nnx.Module):
   """x + attn(norm(x)), then h + mlp(norm(h)) (pre-norm residual block).
 
@@ -63,13 +68,16 @@ class DecoderLayer(nnx.Module):
       self.post_mlp_norm = layers.RMSNorm(d, cfg, rngs)
     self.mlp = layers.MoE(cfg, rngs) if is_moe_layer(cfg, index) else layers.MLP(cfg, rngs)
 
-  def __call__(self, x_BxTxD, pos_BxT, visible_BxTxS, kv_cache):
+  def __call__(self, x_BxTxD, pos_BxT, visible_BxTxS, kv_cache, replay_BxTxK=None):
+    """`replay_BxTxK`: recorded experts for an MoE layer (router replay), else None."""
     attn_BxTxD, new_cache = self.attn(self.input_norm(x_BxTxD), pos_BxT, visible_BxTxS, kv_cache)
     if self.gemma:
       h_BxTxD = x_BxTxD + self.post_attn_norm(attn_BxTxD)
       return h_BxTxD + self.post_mlp_norm(self.mlp(self.pre_mlp_norm(h_BxTxD))), new_cache, None
     h_BxTxD = x_BxTxD + attn_BxTxD
-    mlp_out = self.mlp(self.post_attn_norm(h_BxTxD))
+    mlp_in = self.post_attn_norm(h_BxTxD)
+    mlp_out = (self.mlp(mlp_in, replay_BxTxK) if isinstance(self.mlp, layers.MoE)
+               else self.mlp(mlp_in))
     router_logits = None
     if isinstance(mlp_out, tuple):
       mlp_out, router_logits = mlp_out
@@ -121,9 +129,13 @@ class Decoder(nnx.Module):
     self.cfg = cfg
     self.head = head
 
-  def trunk(self, tokens_BxT, pos_BxT, visible_BxTxS, kv_caches=None):
+  def trunk(self, tokens_BxT, pos_BxT, visible_BxTxS, kv_caches=None, replay_BxTxLxK=None):
     """Final-normed hidden states h_BxTxD (compute dtype), updated KV caches
-    (one (k, v) per layer, or None) and router logits (one per MoE layer)."""
+    (one (k, v) per layer, or None) and router logits (one per MoE layer).
+
+    `replay_BxTxLxK` (router replay): recorded experts of each of the L MoE layers in
+    layer order, -1 where a token routes freely (`moe.route`); None routes every token.
+    """
     cfg = self.cfg
     x_BxTxD = jnp.take(self.embed[...], tokens_BxT, axis=0)
     if FAMILIES[cfg.family].gemma:
@@ -131,20 +143,24 @@ class Decoder(nnx.Module):
     x_BxTxD = x_BxTxD.astype(cfg.compute_dtype)
     x_BxTxD = constrain(x_BxTxD, layers.BTD)
     if cfg.scan_layers and kv_caches is None:
-      x_BxTxD, router_logits = self._scanned_layers(x_BxTxD, pos_BxT, visible_BxTxS)
+      x_BxTxD, router_logits = self._scanned_layers(x_BxTxD, pos_BxT, visible_BxTxS,
+                                                    replay_BxTxLxK)
       return self.final_norm(x_BxTxD), None, router_logits
     new_caches, router_logits = [], []
     for i, layer in enumerate(self.layers):
       cache = None if kv_caches is None else kv_caches[i]
       call = (layer if cfg.remat_policy == "none"
               else functools.partial(_remat_layer(cfg.remat_policy), layer))
-      x_BxTxD, new_cache, logits = call(x_BxTxD, pos_BxT, visible_BxTxS, cache)
+      replay = None
+      if replay_BxTxLxK is not None and isinstance(layer.mlp, layers.MoE):
+        replay = replay_BxTxLxK[:, :, len(router_logits)]
+      x_BxTxD, new_cache, logits = call(x_BxTxD, pos_BxT, visible_BxTxS, cache, replay)
       new_caches.append(new_cache)
       if logits is not None:
         router_logits.append(logits)
     return self.final_norm(x_BxTxD), (new_caches if kv_caches is not None else None), tuple(router_logits)
 
-  def _scanned_layers(self, x_BxTxD, pos_BxT, visible_BxTxS):
+  def _scanned_layers(self, x_BxTxD, pos_BxT, visible_BxTxS, replay_BxTxLxK=None):
     """The decoder layers as one `lax.scan` (cfg.scan_layers).
 
     Params stay stored per layer (HF interop, checkpoints and sharding rules see
@@ -155,13 +171,18 @@ class Decoder(nnx.Module):
     graphdef = nnx.graphdef(self.layers[0])
     stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *[nnx.state(l) for l in self.layers])
 
-    def body(x_BxTxD, layer_state):
-      x_BxTxD, _, logits = nnx.merge(graphdef, layer_state)(x_BxTxD, pos_BxT, visible_BxTxS, None)
+    def body(x_BxTxD, inputs):
+      layer_state, replay_BxTxK = inputs
+      x_BxTxD, _, logits = nnx.merge(graphdef, layer_state)(x_BxTxD, pos_BxT, visible_BxTxS,
+                                                            None, replay_BxTxK)
       return x_BxTxD, logits
 
     if self.cfg.remat_policy != "none":
       body = jax.checkpoint(body, policy=REMAT_POLICIES[self.cfg.remat_policy])
-    x_BxTxD, logits_L = jax.lax.scan(body, x_BxTxD, stacked)
+    # Scanned layers are all MoE or all dense (ModelConfig.validate): layer l replays
+    # MoE layer l.
+    replay_LxBxTxK = None if replay_BxTxLxK is None else jnp.moveaxis(replay_BxTxLxK, 2, 0)
+    x_BxTxD, logits_L = jax.lax.scan(body, x_BxTxD, (stacked, replay_LxBxTxK))
     router_logits = () if logits_L is None else tuple(logits_L[i] for i in range(len(self.layers)))
     return x_BxTxD, router_logits
 

@@ -30,6 +30,8 @@ PPO = "every learner step, PPO-clip variants (grpo, ppo)"
 HOST = "every learner step, from the host's data pipeline"
 EVAL = "every held-out evaluation (run.eval_every; before and after SFT)"
 SFT = "every SFT warm-start step (negative step numbers)"
+ROUTING = ("every learner step, MoE policies whose sampler recorded routing (0 on value-only "
+           "steps, shares NaN)")
 
 
 # Patterns whose last placeholder takes the rest of the key: a drop reason
@@ -132,6 +134,27 @@ METRICS: tuple[MetricDoc, ...] = (
     MetricDoc("policy/router_balance", "ratio", "every learner step, MoE policies",
               "mean over MoE layers of E * sum_e f_e * P_e (f_e: share of routed slots, P_e: "
               "mean router probability of expert e); 1.0 when perfectly balanced"),
+    MetricDoc("routing/recorded_tokens", "tokens", ROUTING,
+              "action tokens whose experts the sampler recorded in every MoE layer (all but "
+              "each turn's last sampled token, docs/explanation/moe-routing.md)"),
+    MetricDoc("routing/changed_frac", "fraction", ROUTING,
+              "share of recorded action tokens whose top-k expert set, in any MoE layer, "
+              "differs between the learner's router (before the update) and the sampler's; "
+              "NaN without recorded tokens"),
+    MetricDoc("routing/changed_frac/layer_<l>", "fraction", ROUTING,
+              "routing/changed_frac for the l-th MoE layer alone (l counts MoE layers from 0)"),
+    MetricDoc("routing/changed_scored_tokens", "tokens", ROUTING,
+              "action tokens whose log-prob the learner computed at a position (the token "
+              "before, same trajectory) whose routing changed"),
+    MetricDoc("routing/unchanged_scored_tokens", "tokens", ROUTING,
+              "action tokens whose log-prob the learner computed at a recorded position whose "
+              "routing did not change"),
+    MetricDoc("routing/dis_masked_frac_changed", "fraction", ROUTING,
+              "share of routing/changed_scored_tokens whose ratio lies outside the DIS band "
+              "(1 - eps_low, 1 + eps_high); NaN without such tokens"),
+    MetricDoc("routing/dis_masked_frac_unchanged", "fraction", ROUTING,
+              "share of routing/unchanged_scored_tokens outside the DIS band; the gap to "
+              "routing/dis_masked_frac_changed is what routing flips cost"),
     MetricDoc("mismatch/lag0_abs_logp", "nats/token", STEP,
               "mean |learner log-prob - sampler behavior_logp| over lag-0 action tokens: the "
               "training-inference mismatch, ~0 unless numerics differ; NaN without lag-0 "

@@ -62,6 +62,14 @@ reference (its tests compare tokens and behavior_logp against it) and for runs
 whose every episode fills max_seq_len; `sao_jax.sampler.kv_layout` maps the
 config's layout to the engine class and its device programs (`programs`).
 
+Routing (MoE models): every token a decode step feeds the model (each sampled
+token but a turn's last, which enters the cache with the next prefill, if any)
+records the experts each MoE layer routed it to (`sao_jax.models.moe.route`);
+`Generation.routed_experts` holds them, -1 where nothing was recorded: prompt
+and observation tokens, which the sampler prefills and the learner routes freely
+(docs/explanation/moe-routing.md), and those last sampled tokens. A token
+re-prefilled after an eviction or preemption keeps what its decode recorded.
+
 Versions: `set_params` takes effect at the next prefill or decode call; every
 sampled token records the version that produced it, and turns and trajectories
 report the first and last.
@@ -94,7 +102,8 @@ import numpy as np
 
 from sao_jax.config import ModelConfig
 from sao_jax.config.sampler import SamplerConfig
-from sao_jax.models.transformer import Params, param_shardings
+from sao_jax.models import moe
+from sao_jax.models.transformer import Params, moe_layers, param_shardings
 from sao_jax.sampler import steps as device_steps
 from sao_jax.sampler.turn_text import TurnText
 
@@ -125,6 +134,9 @@ class Generation:
   behavior_logp: np.ndarray  # float32, 0 off the action mask
   policy_versions: tuple[int, int] | None  # None if nothing was sampled
   num_turns: int
+  # MoE: [T, L, k] experts of each MoE layer per token, -1 where not recorded (module
+  # docstring, Routing), `moe.expert_index_dtype`; None for a dense model.
+  routed_experts: np.ndarray | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +158,8 @@ class _Episode:
   action_mask: list[int] = dataclasses.field(default_factory=list)
   behavior_logp: list[float] = dataclasses.field(default_factory=list)
   versions: list[int] = dataclasses.field(default_factory=list)  # per token, -1 off the mask
+  # MoE: per token, the [L, k] experts its decode step routed it to, or None (not recorded).
+  experts: list = dataclasses.field(default_factory=list)
   state: str = "queued"  # queued -> generating -> waiting (for submit or finish)
   slot: int | None = None
   cache_len: int = 0     # tokens[:cache_len] are in the slot's cache
@@ -186,6 +200,11 @@ class Engine:
     self._stops = frozenset(int(i) for i in stop_token_ids)
     self._patterns = [re.compile(p, re.DOTALL) for p in cfg.stop_patterns]
     self._detokenize = detokenize
+    # MoE: the shape and dtype of one token's recorded experts (module docstring, Routing).
+    self._routing = None
+    if model_cfg.num_experts:
+      self._routing = ((moe_layers(model_cfg), model_cfg.num_experts_per_tok),
+                       moe.expert_index_dtype(model_cfg.num_experts))
     self._init_device(model_cfg, mesh)
     # Every params version is placed here: by the sharding rules on a mesh,
     # otherwise on the default device (arrays already on devices stay put).
@@ -288,6 +307,7 @@ class Engine:
     episode.action_mask += [0] * tokens.size
     episode.behavior_logp += [0.0] * tokens.size
     episode.versions += [-1] * tokens.size
+    episode.experts += [None] * tokens.size
     episode.state, episode.max_new_tokens = "queued", max_new
     self._queue.append(episode_id)
 
@@ -314,7 +334,8 @@ class Engine:
   @staticmethod
   def ready(step: InFlight) -> bool:
     """Whether `complete(step)` would return without waiting for the device."""
-    return step.outputs is None or all(out.is_ready() for out in step.outputs)
+    return step.outputs is None or all(out.is_ready() for out in step.outputs
+                                       if out is not None)
 
   def complete(self, step: InFlight) -> list[Turn]:
     """`step`'s second half: waits for the decode call `dispatch` launched and
@@ -345,7 +366,18 @@ class Engine:
                       action_mask=np.asarray(episode.action_mask, np.int32),
                       behavior_logp=np.asarray(episode.behavior_logp, np.float32),
                       policy_versions=(sampled[0], sampled[-1]) if sampled else None,
-                      num_turns=episode.num_turns)
+                      num_turns=episode.num_turns, routed_experts=self._routed(episode))
+
+  def _routed(self, episode: _Episode) -> np.ndarray | None:
+    """The episode's recorded experts as [T, L, k], -1 where none was recorded."""
+    if self._routing is None:
+      return None
+    shape, dtype = self._routing
+    out = np.full((len(episode.tokens), *shape), -1, dtype)
+    for t, experts in enumerate(episode.experts):
+      if experts is not None:
+        out[t] = experts
+    return out
 
   def warmup(self) -> None:
     """Compiles every prefill bucket and the decode step (before any episode)."""
@@ -442,18 +474,29 @@ class Engine:
     return tuple(outputs)
 
   def _record_decode(self, outputs: tuple, slots: np.ndarray, turns: list[Turn]) -> None:
-    tokens_KxN, logp_KxN, emitted_KxN = map(np.asarray, outputs)
+    tokens_KxN, logp_KxN, emitted_KxN = map(np.asarray, outputs[:3])
+    experts_KxNxLxk = None if outputs[3] is None else np.asarray(outputs[3])
     self.stats["decode_calls"] += 1
     self.stats["decode_steps"] += self.cfg.steps_per_call
     for slot in slots:
       emitted_K = emitted_KxN[:, slot]
       self._extend_turn(self._episodes[self._owner[slot]], tokens_KxN[emitted_K, slot],
-                        logp_KxN[emitted_K, slot], turns)
+                        logp_KxN[emitted_K, slot], turns,
+                        None if experts_KxNxLxk is None else experts_KxNxLxk[emitted_K, slot])
 
   def _extend_turn(self, episode: _Episode, tokens: np.ndarray, logps: np.ndarray,
-                   turns: list[Turn]) -> None:
-    """Records sampled tokens; ends the turn or (re)arms the slot for the next decode call."""
+                   turns: list[Turn], experts: np.ndarray | None = None) -> None:
+    """Records sampled tokens; ends the turn or (re)arms the slot for the next decode call.
+
+    `experts` ([n, L, k], from a decode call): the routing of the n tokens its steps
+    fed, the slot's armed token (the episode's last) and all new ones but the last.
+    """
     n_before = len(episode.tokens) - episode.turn_start
+    if len(tokens):
+      fed = [None] * len(tokens) if experts is None else list(experts)
+      if experts is not None:
+        episode.experts[-1] = fed[0]
+      episode.experts += fed[1:] + [None]  # the newest token is fed by the next call
     episode.tokens += tokens.tolist()
     episode.action_mask += [1] * len(tokens)
     episode.behavior_logp += logps.tolist()
@@ -466,7 +509,8 @@ class Engine:
       return
     kept, reason = end
     cut = episode.turn_start + kept
-    for field in (episode.tokens, episode.action_mask, episode.behavior_logp, episode.versions):
+    for field in (episode.tokens, episode.action_mask, episode.behavior_logp, episode.versions,
+                  episode.experts):
       del field[cut:]
     episode.cache_len = cut - 1  # the last kept token is (re)written by the next prefill
     episode.state, episode.num_turns = "waiting", episode.num_turns + 1

@@ -563,7 +563,7 @@ class EpisodeRunner:
     return Trajectory(tokens=out.tokens.astype(np.int32), action_mask=out.action_mask.astype(np.int8),
                       behavior_logp=out.behavior_logp.astype(np.float32), rewards=rewards,
                       prompt_id=live.prompt_id, policy_versions=tuple(versions),
-                      env_failure=failure, info=info)
+                      env_failure=failure, info=info, routed_experts=out.routed_experts)
 
 
 def run_to_completion(runner: EpisodeRunner, tasks: Iterator[Task], count: int, *,

@@ -327,7 +327,7 @@ class PagedEngine(Engine):
                               entries=entries)
 
   def _extend_turn(self, episode: _Episode, tokens: np.ndarray, logps: np.ndarray,
-                   turns: list[Turn]) -> None:
-    super()._extend_turn(episode, tokens, logps, turns)
+                   turns: list[Turn], experts: np.ndarray | None = None) -> None:
+    super()._extend_turn(episode, tokens, logps, turns, experts)
     if episode.state == "waiting":  # parked: keep only the pages its cache still uses
       self._pool.trim(episode.slot, episode.cache_len)

@@ -3,7 +3,7 @@
   prefill(params, cache, pages_NxM, rows_B, tokens_BxC, mask_BxC, start_B, seed_B)
       -> (cache, token_B, behavior_logp_B)
   decode(params, cache, pages_NxM, token_N, active_N, budget_N, seed_N)
-      -> (cache, tokens_KxN, behavior_logp_KxN, emitted_KxN)
+      -> (cache, tokens_KxN, behavior_logp_KxN, emitted_KxN, experts_KxNxLxk)
 
 Like `sao_jax.sampler.steps`, over a `paged.PagedKVCache` and the host's page
 tables (`sao_jax.sampler.pages`). `prefill` runs B rows at once (batched
@@ -69,12 +69,17 @@ def prefill(params: Params, cache: paged.PagedKVCache, pages_NxM: jax.Array, row
 def decode(params: Params, cache: paged.PagedKVCache, pages_NxM: jax.Array, token_N: jax.Array,
            active_N: jax.Array, budget_N: jax.Array, seed_N: jax.Array, *, entries: int,
            cfg: ModelConfig, sampling: Sampling, kernel: bool = False
-           ) -> tuple[paged.PagedKVCache, jax.Array, jax.Array, jax.Array]:
+           ) -> tuple[paged.PagedKVCache, jax.Array, jax.Array, jax.Array, jax.Array | None]:
   """steps_per_call decode steps over every slot (`steps.decode_loop`, paged attention;
   with `kernel` the Pallas TPU kernel's)."""
   rows_N = jnp.arange(token_N.shape[0], dtype=jnp.int32)
-  extend = lambda c, t_N, a_N: paged.extend_paged(params, cfg, c, pages_NxM, rows_N, t_N[:, None],
-                                                  a_N[:, None], entries=entries, kernel=kernel)
+
+  def extend(c, t_N, a_N):
+    logits_NxV, c, experts_Nx1xLxk = paged.extend_paged_routed(
+        params, cfg, c, pages_NxM, rows_N, t_N[:, None], a_N[:, None], entries=entries,
+        kernel=kernel)
+    return logits_NxV, c, None if experts_Nx1xLxk is None else experts_Nx1xLxk[:, 0]
+
   return decode_loop(extend, lambda c: c.length_N, cache, token_N, active_N, budget_N, seed_N,
                      sampling)
 

@@ -3,7 +3,7 @@
   prefill(params, cache, slot, tokens_1xC, mask_1xC, start, seed)
       -> (cache, token, behavior_logp)
   decode(params, cache, token_N, active_N, budget_N, seed_N)
-      -> (cache, tokens_KxN, behavior_logp_KxN, emitted_KxN)
+      -> (cache, tokens_KxN, behavior_logp_KxN, emitted_KxN, experts_KxNxLxk)
 
 `prefill` cuts cache row `slot` back to `start` tokens, appends the chunk's real
 tokens (chunked prefill: a prompt, or an observation after the previous turn's
@@ -17,7 +17,10 @@ does not depend on the other slots.
 active_N[n], each step appends it, samples the next token and spends one unit
 of budget_N[n]. A slot goes inactive after sampling a stop token or spending
 its budget; inactive slots write nothing and emit nothing. emitted_KxN[k, n]
-marks the steps in which slot n sampled a token.
+marks the steps in which slot n sampled a token. For an MoE model
+experts_KxNxLxk[k, n] are the experts each of the L MoE layers routed the token
+that step k appended to slot n (`moe.routed_experts`): the sampler's record for
+router replay and the routing-mismatch metrics; None for a dense model.
 
 The token at trajectory position t (the number of tokens before it, which is
 the cache length of its row when it is sampled) is drawn with key
@@ -87,33 +90,37 @@ def decode_loop(extend: Callable, positions: Callable, cache, token_N: jax.Array
                 active_N: jax.Array, budget_N: jax.Array, seed_N: jax.Array,
                 sampling: Sampling):
   """steps_per_call decode steps over every slot, for any cache layout (module
-  docstring): `extend(cache, token_N, active_N) -> (logits_NxV, cache)` appends one
-  token per active row, `positions(cache) -> [N]` is each row's length (the token
-  index its sampling key folds in). Returns (cache, tokens_KxN, logp_KxN, emitted_KxN)."""
+  docstring): `extend(cache, token_N, active_N) -> (logits_NxV, cache, experts_NxLxk)`
+  appends one token per active row (experts None for a dense model), `positions(cache)
+  -> [N]` is each row's length (the token index its sampling key folds in). Returns
+  (cache, tokens_KxN, logp_KxN, emitted_KxN, experts_KxNxLxk)."""
   # An empty stop set still needs a [M] array; -1 matches no token.
   stop_M = jnp.asarray(sampling.stop_token_ids or (-1,), jnp.int32)
 
   def one_step(carry, _):
     cache, token_N, active_N, budget_N = carry
-    logits_NxV, cache = extend(cache, token_N, active_N)
+    logits_NxV, cache, experts_NxLxk = extend(cache, token_N, active_N)
     new_N, logp_N = sample(logits_NxV, token_keys(seed_N, positions(cache)),
                            sampling.temperature, sampling.top_k, sampling.top_p)
     emitted_N = active_N
     budget_N = budget_N - emitted_N.astype(jnp.int32)
     stopped_N = jnp.any(new_N[:, None] == stop_M[None, :], axis=1) | (budget_N <= 0)
     carry = (cache, jnp.where(emitted_N, new_N, token_N), active_N & ~stopped_N, budget_N)
-    return carry, (new_N, logp_N, emitted_N)
+    return carry, (new_N, logp_N, emitted_N, experts_NxLxk)
 
-  (cache, _, _, _), (tokens_KxN, logp_KxN, emitted_KxN) = jax.lax.scan(
+  (cache, _, _, _), (tokens_KxN, logp_KxN, emitted_KxN, experts_KxNxLxk) = jax.lax.scan(
       one_step, (cache, token_N, active_N.astype(bool), budget_N), length=sampling.steps_per_call)
-  return cache, tokens_KxN, logp_KxN, emitted_KxN
+  return cache, tokens_KxN, logp_KxN, emitted_KxN, experts_KxNxLxk
 
 
 def decode(params: Params, cache: kv.KVCache, token_N: jax.Array, active_N: jax.Array,
            budget_N: jax.Array, seed_N: jax.Array, *, cfg: ModelConfig, sampling: Sampling
-           ) -> tuple[kv.KVCache, jax.Array, jax.Array, jax.Array]:
+           ) -> tuple[kv.KVCache, jax.Array, jax.Array, jax.Array, jax.Array | None]:
   """steps_per_call decode steps over every slot of the dense cache (`decode_loop`)."""
-  extend = lambda c, t_N, a_N: kv.extend(params, cfg, c, t_N[:, None], a_N[:, None])
+  def extend(c, t_N, a_N):
+    logits_NxV, c, experts_Nx1xLxk = kv.extend_routed(params, cfg, c, t_N[:, None], a_N[:, None])
+    return logits_NxV, c, None if experts_Nx1xLxk is None else experts_Nx1xLxk[:, 0]
+
   return decode_loop(extend, lambda c: c.length_B, cache, token_N, active_N, budget_N, seed_N,
                      sampling)
 

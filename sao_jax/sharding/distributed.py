@@ -36,7 +36,7 @@ from sao_jax.types import Batch
 # Right-padding per Batch field (tokens take the configured pad id): what the data
 # pipeline puts after a row's segments, so padded positions join no segment.
 _PAD = Batch(tokens=None, segment_ids=0, action_mask=0, behavior_logp=0.0, rewards=0.0,
-             prompt_ids=-1, behavior_version=-1)
+             prompt_ids=-1, behavior_version=-1, routed_experts=-1)
 
 ENV_ADDRESS = "SAO_COORDINATOR_ADDRESS"
 ENV_PROCESSES = "SAO_NUM_PROCESSES"
@@ -102,7 +102,9 @@ def global_batch(local: Batch, shardings: Batch, batch_size: int) -> Batch:
                        f"[{want.start}, {want.stop}) of the batch of {batch_size}")
     return jax.make_array_from_process_local_data(sharding, rows, shape)
 
-  return jax.tree.map(one, local, shardings)
+  # A field the batch leaves out (None: MoE routing of a dense model) stays None.
+  return jax.tree.map(lambda rows, sharding: None if rows is None else one(rows, sharding),
+                      local, shardings, is_leaf=lambda x: x is None)
 
 
 def agree_on_batch(length: int | None) -> int | None:
@@ -138,6 +140,7 @@ def pad_length(batch: Batch, length: int, pad_id: int) -> Batch:
     raise ValueError(f"cannot pad a batch of length {batch.shape[1]} to {length}")
   if extra == 0:
     return batch
-  return Batch(*[np.pad(np.asarray(x), ((0, 0), (0, extra)),
+  return Batch(*[None if x is None else
+                 np.pad(np.asarray(x), ((0, 0), (0, extra)) + ((0, 0),) * (np.ndim(x) - 2),
                         constant_values=pad_id if value is None else value)
                  for x, value in zip(batch, _PAD)])

@@ -1,6 +1,7 @@
 """Trajectory validation and the record encoding."""
 
 import io
+import zipfile
 
 import numpy as np
 import pytest
@@ -101,3 +102,66 @@ def test_utf16_metadata_nested_past_the_cap_is_malformed_not_a_crash():
            **{name: getattr(traj, name) for name in records.ARRAYS})
   with pytest.raises(records.RecordError, match="malformed"):
     records.from_bytes(buffer.getvalue(), max_tokens=64)
+
+
+def _routed(length=10, layers=3, k=2, num_experts=100, seed=0):
+  """Recorded experts of an MoE sampler: k distinct per token and layer, -1 on the prompt."""
+  rng = np.random.default_rng(seed)
+  experts = np.argsort(rng.random((length, layers, num_experts)), axis=-1)[..., :k]
+  experts = experts.astype(np.int8 if num_experts <= 127 else np.int16)
+  experts[:length // 2] = -1
+  return experts
+
+
+@pytest.mark.parametrize("num_experts,dtype", [(100, np.int8), (130, np.int16)])
+def test_routing_survives_bytes_sealing_and_pipeline_state(num_experts, dtype):
+  """MoE routing records cross the channel unchanged, values, shape and dtype: the
+  record bytes, the sealed file and the pipeline's checkpointed state (resume)."""
+  from sao_jax.channel import sealed
+  from sao_jax.data import pipeline
+  routed = _routed(num_experts=num_experts)
+  traj = make_traj(routed_experts=routed)
+  assert records.problems(traj, vocab_size=50) == []
+  secret, nonce = b"k" * 32, b"n" * 16
+  data = sealed.seal(secret, nonce, "w-0.p0.traj", records.to_bytes(traj))
+  back = records.from_bytes(sealed.unseal(secret, nonce, "w-0.p0.traj", data), max_tokens=64)
+  resumed = pipeline._decode(pipeline._encode([back]))[0]
+  for got in (back, resumed):
+    assert got.routed_experts.dtype == dtype
+    np.testing.assert_array_equal(got.routed_experts, routed)
+  dense = records.from_bytes(records.to_bytes(make_traj()), max_tokens=64)
+  assert dense.routed_experts is None
+
+
+@pytest.mark.parametrize("routed", [
+    _routed(length=9),  # not one row per token
+    _routed()[:, :, 0],  # not [T, L, k]
+    _routed(num_experts=300).astype(np.int32),  # wider than int16
+    np.full((10, 2, 2), -2, np.int8),  # below the -1 of "not recorded"
+    np.zeros((10, 33, 32), np.int8),  # more than MAX_ROUTED_PER_TOKEN per token
+])
+def test_malformed_routing_is_a_problem(routed):
+  assert records.problems(make_traj(routed_experts=routed)) == ["bad_routing"]
+
+
+@pytest.mark.parametrize("routed,reason", [
+    (np.zeros((10, 2), np.int8), "malformed"),
+    (np.zeros((10, 2, 2), np.float32), "malformed"),
+    (np.zeros((10, 2, 2), np.int32), "malformed"),
+    (np.zeros((65, 2, 2), np.int8), "oversized"),
+    (np.zeros((10, 33, 32), np.int8), "oversized"),
+])
+def test_a_record_s_routing_member_is_checked_before_use(routed, reason):
+  """A peer's routing member is read only as a [T, L, k] int8/int16 array within the
+  bounds; anything else is a RecordError with its drop reason."""
+  good = records.to_bytes(make_traj())
+  out = io.BytesIO()
+  with zipfile.ZipFile(io.BytesIO(good)) as src, zipfile.ZipFile(out, "w") as dst:
+    for info in src.infolist():
+      dst.writestr(info, src.read(info))
+    member = io.BytesIO()
+    np.save(member, routed)
+    dst.writestr(f"{records.ROUTING}.npy", member.getvalue())
+  with pytest.raises(records.RecordError) as error:
+    records.from_bytes(out.getvalue(), max_tokens=64)
+  assert error.value.reason == reason

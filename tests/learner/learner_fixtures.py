@@ -61,3 +61,14 @@ def adam_counts(opt_state) -> list[int]:
 
 def replace_model(cfg: C.Config, **changes) -> C.Config:
   return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **changes))
+
+
+def with_routing(batch: Batch, cfg: C.Config, seed: int = 0) -> Batch:
+  """`batch` with random sampler routing records: k distinct experts per token and MoE
+  layer (every layer of `cfg.model` is MoE here) on action tokens, -1 elsewhere."""
+  model = cfg.model
+  rng = np.random.default_rng(seed)
+  shape = batch.tokens.shape + (model.num_hidden_layers, model.num_experts)
+  experts = np.argsort(rng.random(shape), axis=-1)[..., :model.num_experts_per_tok]
+  experts[np.asarray(batch.action_mask) == 0] = -1
+  return batch._replace(routed_experts=experts.astype(np.int8))

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from learner_fixtures import LENGTH, make_batch, make_config, replace_model
+import dataclasses
+
+from learner_fixtures import LENGTH, make_batch, make_config, replace_model, with_routing
 from sao_jax import config as C
 from sao_jax.learner import compile as compile_lib
 from sao_jax.sharding.mesh import make_mesh
@@ -20,16 +22,19 @@ CFG = replace_model(make_config(adam_eps=1e-2), num_attention_heads=8, num_key_v
 MOE_CFG = replace_model(CFG, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)
 
 
-def run_on(mesh_cfg, devices, steps=2, cfg=CFG, program=None):
+def run_on(mesh_cfg, devices, steps=2, cfg=CFG, program=None, routed=False):
   """(mesh, state, metrics) after `steps` steps; `program(step, state, batch)`, if
-  given, sees the compiled step and the arguments of its last call."""
+  given, sees the compiled step and the arguments of its last call. `routed`: the
+  batches carry sampler routing records (`with_routing`)."""
   mesh = make_mesh(mesh_cfg, devices)
   step = compile_lib.compile_train_step(cfg, mesh, LENGTH)
   state = compile_lib.init_sharded_state(cfg, mesh, jax.random.key(0))
   metrics = []
   for i in range(steps):
-    batch = compile_lib.put_batch(make_batch(10 + i, behavior_shift=0.2),
-                                  compile_lib.batch_shardings(cfg, mesh, LENGTH))
+    batch = make_batch(10 + i, behavior_shift=0.2)
+    if routed:
+      batch = with_routing(batch, cfg, seed=i)
+    batch = compile_lib.put_batch(batch, compile_lib.batch_shardings(cfg, mesh, LENGTH))
     if program is not None and i == steps - 1:
       program(step, state, batch)
     state, m = step(state, batch, jnp.asarray(True))
@@ -66,6 +71,17 @@ def test_expert_parallel_moe_step_equals_unsharded():
                program=lambda step, state, batch: programs.append(
                    step.lower(state, batch, jnp.asarray(True)).as_text()))
   assert "reduce_scatter" in programs[0]
+  _assert_same_run(reference, run)
+
+
+def test_expert_parallel_router_replay_step_equals_unsharded():
+  """Router replay with routing records in the batch, expert parallel: the replayed
+  forward and the routing-mismatch metrics equal the single-device step's."""
+  cfg = dataclasses.replace(MOE_CFG, learner=dataclasses.replace(MOE_CFG.learner,
+                                                                 router_replay=True))
+  reference = run_on(C.MeshConfig(fsdp=1), jax.devices()[:1], cfg=cfg, routed=True)
+  run = run_on(C.MeshConfig(fsdp=2, tensor=1, expert=4), jax.devices(), cfg=cfg, routed=True)
+  assert reference[2][0]["routing/changed_frac"] > 0.5  # random records: most tokens differ
   _assert_same_run(reference, run)
 
 
