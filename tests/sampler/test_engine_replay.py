@@ -12,10 +12,8 @@ import numpy as np
 import pytest
 
 import multihost_roles as roles
-from engine_fixtures import MODEL, STOP, engine, params, prompts, with_sampler
+from engine_fixtures import SAMPLER, engine, params, prompts
 from sao_jax.sampler import multihost
-
-SAMPLER = with_sampler(slots=4)
 
 
 class Store:
@@ -110,7 +108,8 @@ def test_a_version_is_adopted_only_once_every_process_holds_it():
   follow_group.announce(2)
   led.set_params(params(1), 2)
   assert led.version == 2
-  assert follow_group.receive() == b'[["set_params", 2]]'
+  sent = iter(follow_group.receive, b'[["set_params", 2]]')  # beats (b"[]") until then
+  assert set(sent) <= {b"[]"}
 
 
 def test_a_silent_leader_ends_the_follower(monkeypatch):
