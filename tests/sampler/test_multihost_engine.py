@@ -93,6 +93,12 @@ def test_a_dead_process_ends_the_group(tmp_path, killed):
   codes = wait_all(processes, tmp_path, 4 * roles.TIMEOUT_S + 30)
   assert codes[killed] == -signal.SIGKILL
   assert codes[survivor] != 0, logs(tmp_path)
+  # Ended by the group's own checks (what ended it written down), or by the runtime,
+  # which terminates every process of a cluster whose peer is gone.
   ended = tmp_path / f"ended-{survivor}.json"
-  assert ended.exists(), logs(tmp_path)
-  print(ended.read_text())
+  by_runtime = "JAX distributed service detected fatal errors" in (
+      tmp_path / f"log-{survivor}").read_text()
+  assert ended.exists() or by_runtime, logs(tmp_path)
+  if ended.exists():
+    what = json.loads(ended.read_text())
+    assert "stall" in what or "failed" in what, what
