@@ -246,9 +246,10 @@ def test_a_multi_host_sampler_plans_the_split_pool(monkeypatch):
   assert (paged.episodes, paged.shards, paged.pages_per_shard) == (1024, 2, 8192)
   table = aot.format_plan(result)
   assert "1024 episodes (8192 pages per shard x 2 page shards) vs 128 dense" in table
-  # Honest about what runs it: one engine over two hosts is not what a sampler runs today.
+  # Says what runs it: one engine over two hosts is an engine group of two sao-samplers.
   assert ("note: the sampler topology v5p:2x2x2 spans 2 hosts; these figures are for one "
-          "engine over all of them, which no sampler process runs yet") in table
+          "engine over all of them, run as one engine group: `sao-sampler --coordinator "
+          "HOST:PORT --num-processes 2 --process-id I` on each host") in table
   # Pages that do not split evenly: the remainder is left out, episodes count per shard.
   assert estimate.paged_pool_pages(3, 32, 16, shards=4) == 4
   assert estimate.paged_episodes(3, 32, 24, 16, shards=2) == 2  # 3 pages a shard: 1 episode of 2

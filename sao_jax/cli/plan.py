@@ -80,8 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
                       "sampler.max_seq_len)")
   parser.add_argument("--sampler-topology", default=None,
                       help="the devices one sampler engine spans (default: the learner's "
-                      "topology). sao-sampler runs one engine per host, so pass one host, "
-                      "e.g. v5p:2x2x1 (4 chips)")
+                      "topology): one host, e.g. v5p:2x2x1 (4 chips), or the hosts of one "
+                      "engine group (sao-sampler --coordinator)")
   parser.add_argument("--sampler-batch", type=int, default=None,
                       help="sequences decoded at once (default: sampler.slots)")
   parser.add_argument("--sampler-mesh", type=_mesh, default=None,

@@ -2,6 +2,8 @@
 
   sao-sampler --config FILE [--set section.field=value ...] [--workers N] [--first-worker K]
   sao-sampler --config configs/demo_cpu.py --profile 20   # trace engine steps 1..20 of each worker
+  sao-sampler --config FILE --coordinator HOST:PORT --num-processes N --process-id I
+                                           # one engine over N hosts (run on each, I = 0..N-1)
 
 Reads the same config file as the learner's `sao-train` (with `run.num_samplers=0`
 there) and runs `--workers` sampler processes on this host until the learner
@@ -10,6 +12,11 @@ ends the run (`sao_jax.sampler.remote`). Weights come from `sampler.weights`
 `sampler.weights_dir`); trajectories go to `data.transport_dir`, a directory the
 learner hosts share. Give each sampler host its own `--first-worker` range:
 worker ids seed the episodes. SIGTERM or Ctrl-C stops the workers.
+
+With --coordinator the hosts' processes join one jax.distributed group and lay one
+engine over all their devices (sampler.sharded, sampler.mesh): process 0 leads
+and writes the trajectories, the others replay its engine calls
+(docs/guides/multi-host.md).
 """
 
 from __future__ import annotations
@@ -38,7 +45,27 @@ def build_parser() -> argparse.ArgumentParser:
                       help="write a jax.profiler trace of each worker's engine steps to "
                       "RUN_DIR/profile/sampler/worker_<id> on this host: N traces the N "
                       "engine steps after the first (which compiles), A:B steps A to B-1")
+  group = parser.add_argument_group("one engine over several hosts")
+  group.add_argument("--coordinator", metavar="HOST:PORT",
+                     help="process 0's host and a free port, the same on every host")
+  group.add_argument("--num-processes", type=int, help="hosts in the engine group")
+  group.add_argument("--process-id", type=int, help="this host's index, 0 (the leader) to N-1")
   return parser
+
+
+def engine_group(args: argparse.Namespace):
+  """The GroupSpec the flags name, or None; ValueError naming a missing flag."""
+  given = {"--coordinator": args.coordinator, "--num-processes": args.num_processes,
+           "--process-id": args.process_id}
+  if all(value is None for value in given.values()):
+    return None
+  missing = [flag for flag, value in given.items() if value is None]
+  if missing:
+    raise ValueError(f"one engine over several hosts needs --coordinator, --num-processes "
+                     f"and --process-id together; missing {', '.join(missing)}")
+  from sao_jax.sampler.engine_group import GroupSpec
+
+  return GroupSpec(args.coordinator, args.num_processes, args.process_id).validate()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -55,12 +82,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     # The workers open this host's devices, which this process does not count: only
     # a sampler mesh with fixed data and fsdp sizes is checked against the pool here.
     profile = None if args.profile is None else ProfileSteps.parse(args.profile, "engine steps")
+    group = engine_group(args)
     cfg = startup.load(args.config, args.overrides,
                        lambda cfg: startup.sampler_meshes(cfg, [None] * args.workers))
     from sao_jax.sampler import remote
 
     remote.run(cfg, workers=args.workers, first_worker=args.first_worker, stop=stop,
-               log=lambda line: print(line, flush=True), profile=profile)
+               log=lambda line: print(line, flush=True), profile=profile, group=group)
   except (ValueError, FileNotFoundError) as error:
     parser.exit(2, f"error: {error}\n")
   except KeyboardInterrupt:

@@ -69,24 +69,31 @@ class Config:
     plans the sampler's mesh asks here."""
     return self.sampler.mesh if self.sampler.mesh is not None else self.mesh
 
-  def sampler_mesh_shape(self, devices: int) -> dict[str, int]:
-    """The axis sizes of `sampler_mesh()` over a sampler process's `devices` devices;
-    ValueError naming the field and the fix when it does not lay out over them. A
-    sampler process lays its engine over its own devices, at most one host's: sao-plan
-    compiles a sampler mesh spanning hosts (e.g. data 2 x tensor 4 on v5p:2x2x2), but no
-    sampler process runs one yet."""
+  def sampler_mesh_shape(self, devices: int, *, processes: int = 1) -> dict[str, int]:
+    """The axis sizes of `sampler_mesh()` over a sampler's `devices` devices (those of
+    its process, or of its `processes` processes' engine group: `sao-sampler
+    --coordinator`); ValueError naming the field and the fix when it does not lay out
+    over them. sao-train's own samplers (run.num_samplers >= 1) each lay their engine
+    over their own process's devices: one spanning hosts is not built there."""
     mesh = self.sampler_mesh()
     try:
       return mesh.shape(devices)
     except ValueError as error:
       field = "sampler.mesh" if self.sampler.mesh is not None else "mesh (sampler.mesh unset)"
       fixed = {axis: size for axis, size in dataclasses.asdict(mesh).items() if size != -1}
+      if processes > 1:
+        raise ValueError(
+            f"{field}={fixed}: one engine over {processes} processes lays it over their "
+            f"{devices} devices ({error}); give it fixed axis sizes whose product is "
+            "that device count, or one -1 axis taking the rest.") from None
       raise ValueError(
           f"{field}={fixed}: a sampler process lays its engine over its own devices, "
-          f"{devices} here ({error}). A sampler spanning hosts is not built: give each "
-          "host its own sampler process, on a mesh of that host's devices: fixed axis "
-          "sizes whose product is its device count, or divides it with one -1 axis "
-          "taking the rest.") from None
+          f"{devices} here ({error}). A sampler spanning hosts is not built for sao-train's "
+          "own samplers: run it as one engine over those hosts (run.num_samplers=0 and "
+          "`sao-sampler --coordinator HOST:PORT --num-processes N --process-id I` on each), "
+          "or give each host its own sampler process, on a mesh of that host's devices: "
+          "fixed axis sizes whose product is its device count, or divides it with one -1 "
+          "axis taking the rest.") from None
 
   def _check_lora(self) -> None:
     """LoRA runs reload their frozen base from `run.init` (checkpoints hold only the

@@ -6,7 +6,7 @@ import dataclasses
 import os
 import re
 
-from sao_jax.config.checks import check_choice, check_positive, fail
+from sao_jax.config.checks import check_choice, check_positive, check_timeout, fail
 from sao_jax.config.mesh import MeshConfig
 
 WEIGHT_CHANNELS = ("shared_memory", "directory", "network")
@@ -156,6 +156,9 @@ class SamplerConfig:
   # engine's figures with it (episodes that fit, decode bound). 0: max_seq_len // 8.
   expected_episode_tokens: int = 0
   mesh: MeshConfig | None = None  # None: the top-level mesh (Config.sampler_mesh)
+  # One engine over several hosts (sao-sampler --coordinator): seconds a process of the
+  # group may be silent, or an engine call may run, before the whole group ends.
+  group_timeout_s: float = 60.0
 
   def num_env_threads(self) -> int:
     """Threads stepping environments at once: `env_threads`, or (0) this host's cores."""
@@ -185,6 +188,7 @@ class SamplerConfig:
         fail("sampler", "weights_addresses", self.weights_addresses,
              f"{address!r} is not host:port (one entry per learner host, e.g. '10.0.0.2:5617')")
     check_positive("sampler", self, "weights_max_connections")
+    check_timeout("sampler", self, "group_timeout_s")
     if self.weights_secret_file and self.weights_secret_env:
       fail("sampler", "weights_secret_env", self.weights_secret_env,
            "set one of sampler.weights_secret_file and sampler.weights_secret_env, not both")

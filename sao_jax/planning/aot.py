@@ -417,7 +417,7 @@ def format_plan(result: Plan) -> str:
   if sampler is not None and hardware.num_chips(sampler.topology) > result.device.host_chips:
     hosts = -(-hardware.num_chips(sampler.topology) // result.device.host_chips)
     lines.append(f"note: the sampler topology {sampler.topology} spans {hosts} hosts; these "
-                 "figures are for one engine over all of them, which no sampler process runs "
-                 "yet (each runs on one host's chips: plan a run's sampler with one host, e.g. "
-                 "--sampler-topology of one host)")
+                 "figures are for one engine over all of them, run as one engine group: "
+                 f"`sao-sampler --coordinator HOST:PORT --num-processes {hosts} --process-id I` "
+                 "on each host (docs/guides/multi-host.md)")
   return "\n".join(lines)

@@ -106,6 +106,7 @@ from sao_jax.models import moe
 from sao_jax.models.transformer import Params, moe_layers, param_shardings
 from sao_jax.sampler import steps as device_steps
 from sao_jax.sampler.turn_text import TurnText
+from sao_jax.sharding import distributed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,7 +264,9 @@ class Engine:
     self._params, self._version = self._place(params), int(version)
 
   def _place(self, params: Params) -> Params:
-    return jax.device_put(params, self._shardings)
+    if self._shardings is None:
+      return jax.device_put(params)
+    return distributed.place(params, self._shardings)  # on a mesh spanning processes too
 
   def room(self, episode_id: Hashable) -> int:
     """How many tokens `submit` may still append to this episode (one must stay free to sample)."""

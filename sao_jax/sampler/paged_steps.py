@@ -43,7 +43,7 @@ from sao_jax.models.paged_mesh import (check_split, page_entry, page_shards, poo
 from sao_jax.models.transformer import Params
 from sao_jax.sampler.sampling import sample, token_keys
 from sao_jax.sampler.steps import Sampling, decode_loop
-from sao_jax.sharding.mesh import traced_on
+from sao_jax.sharding.mesh import host_outputs, traced_on
 
 
 class PagedSteps(NamedTuple):
@@ -136,7 +136,7 @@ def compile_steps(cfg: ModelConfig, sampler: SamplerConfig, stop_token_ids: tupl
 def _compiled(cfg: ModelConfig, sampling: Sampling, mesh: jax.sharding.Mesh | None,
               kernel: bool) -> PagedSteps:
   def jitted(program, **static):
-    return jax.jit(program if mesh is None else traced_on(mesh, program), donate_argnums=1,
+    return jax.jit(program if mesh is None else traced_on(mesh, host_outputs(mesh, program)), donate_argnums=1,
                    **static)
 
   bind = functools.partial

@@ -13,6 +13,11 @@ episodes, so each sampler host takes its own range (`first_worker`).
 Returns when the learner closes the transport (the run ended) or `stop` is set.
 `profile` (`sao-sampler --profile`) has every worker trace those of its engine
 steps to RUN_DIR/profile/sampler/worker_<id> on this host (`sao_jax.run.profile`).
+`group` (`sao-sampler --coordinator`, an `engine_group.GroupSpec`) makes this
+host's one worker a process of one engine over several hosts: process 0 leads
+and writes the trajectories, the others replay its engine calls
+(`sao_jax.sampler.multihost`); every host runs `sao-sampler` with the same
+flags but its own `--process-id`.
 Records and markers are sealed with the run secret (`sampler.weights_secret_file`
 or `_env`, the learner's; `data.sealed`): the workers start once the learner has
 started a run (a signed RUN marker), write for the newest run it started, and
@@ -31,8 +36,22 @@ from sao_jax.channel.transport import DirectoryTransport
 from sao_jax.config import Config
 from sao_jax.models.transformer import abstract_params
 from sao_jax.run.profile import SAMPLER_WRITE_S, ProfileSignal, ProfileSteps
+from sao_jax.sampler.engine_group import GroupSpec
 from sao_jax.sampler.prompt_ids import MAX_WORKERS
 from sao_jax.sampler.worker import SamplerSupervisor, WorkerSpec
+
+
+def check_group(cfg: Config, group: GroupSpec, workers: int) -> None:
+  """ValueError unless this host can be a process of one engine over several hosts."""
+  group.validate()
+  if workers != 1:
+    raise ValueError(f"--workers={workers} with --coordinator: each host runs one process "
+                     "of the engine group; run --workers=1 (its engine spans every host's "
+                     "devices)")
+  if not cfg.sampler.sharded:
+    raise ValueError("--coordinator lays one engine over every host's devices, but "
+                     "sampler.sharded=False runs it on one device; set sampler.sharded=true "
+                     "(and sampler.mesh over all the group's devices)")
 
 
 def _wait_for(what: str, ready, stop: threading.Event, log) -> bool:
@@ -46,9 +65,12 @@ def _wait_for(what: str, ready, stop: threading.Event, log) -> bool:
 
 
 def run(cfg: Config, *, workers: int = 1, first_worker: int = 0, log=print,
-        stop: threading.Event | None = None, profile: ProfileSteps | None = None) -> int:
+        stop: threading.Event | None = None, profile: ProfileSteps | None = None,
+        group: GroupSpec | None = None) -> int:
   """Runs the sampler workers until the learner closes the transport or `stop` is
   set; returns how many times a worker was restarted."""
+  if group is not None:
+    check_group(cfg, group, workers)
   if workers < 1 or first_worker < 0:
     raise ValueError(f"--workers={workers} must be >= 1 and --first-worker={first_worker} >= 0")
   if first_worker + workers > MAX_WORKERS:
@@ -74,7 +96,8 @@ def run(cfg: Config, *, workers: int = 1, first_worker: int = 0, log=print,
                              published_template(cfg, abstract_params(cfg.model, "lm")))
   supervisor = SamplerSupervisor(
       [WorkerSpec(cfg=cfg, tokenizer_path=str(tokenizer), weights=spec, transport=transport,
-                  worker_id=first_worker + i, profile=window) for i in range(workers)], log=log)
+                  worker_id=first_worker + i, profile=window, group=group)
+       for i in range(workers)], log=log)
   supervisor.start()
   log(f"started {workers} sampler worker(s), writing to {transport.directory}")
   try:

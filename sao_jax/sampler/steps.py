@@ -49,7 +49,7 @@ from sao_jax.config.sampler import SamplerConfig
 from sao_jax.models import decode as kv
 from sao_jax.models.transformer import Params
 from sao_jax.sampler.sampling import sample, token_keys
-from sao_jax.sharding.mesh import traced_on
+from sao_jax.sharding.mesh import host_outputs, traced_on
 from sao_jax.sharding.rules import logical_to_spec
 
 
@@ -128,7 +128,8 @@ def decode(params: Params, cache: kv.KVCache, token_N: jax.Array, active_N: jax.
 def compile_steps(cfg: ModelConfig, sampler: SamplerConfig, stop_token_ids: tuple[int, ...],
                   mesh: jax.sharding.Mesh | None = None) -> Steps:
   """`prefill` and `decode` jitted with the configs bound and the cache donated
-  (traced on `mesh` when given; shardings follow the inputs').
+  (traced on `mesh` when given; shardings follow the inputs', and the outputs the
+  host reads are replicated: `sharding.mesh.host_outputs`).
 
   Shapes are static per engine (N slots, max_seq_len, one chunk size per
   prefill bucket), so each program compiles once per bucket and never again.
@@ -142,7 +143,7 @@ def compile_steps(cfg: ModelConfig, sampler: SamplerConfig, stop_token_ids: tupl
 def _compiled(cfg: ModelConfig, sampling: Sampling, mesh: jax.sharding.Mesh | None) -> Steps:
   def jitted(program):
     program = functools.partial(program, cfg=cfg, sampling=sampling)
-    return jax.jit(program if mesh is None else traced_on(mesh, program), donate_argnums=1)
+    return jax.jit(program if mesh is None else traced_on(mesh, host_outputs(mesh, program)), donate_argnums=1)
 
   return Steps(prefill=jitted(prefill), decode=jitted(decode))
 

@@ -114,6 +114,9 @@ class WorkerSpec:
   env: tuple[tuple[str, str], ...] = ()
   # The learner's profiler window (`run.profile.ProfileSignal`; None: never traced).
   profile: Any = None
+  # One engine over several hosts: where this process joins its group
+  # (`engine_group.GroupSpec`, sao-sampler --coordinator); None: its own engine.
+  group: Any = None
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -190,14 +193,17 @@ def process_main(run: Callable[[WorkerSpec, Callable[[], bool]], None], spec: Wo
 def engine_mesh(cfg: Config):
   """The mesh a sampler process's engine lays params and KV cache out over: with
   `sampler.sharded`, `cfg.sampler_mesh()` (sampler.mesh, else the top-level mesh)
-  over this process's devices; otherwise None (one device)."""
+  over this process's devices, or in an engine group (`engine_group`) over every
+  device of its processes; otherwise None (one device)."""
   if not cfg.sampler.sharded:
     return None
   import jax
 
   from sao_jax.sharding.mesh import make_mesh
-  cfg.sampler_mesh_shape(len(jax.local_devices()))  # the refusal that names the fix
-  return make_mesh(cfg.sampler_mesh(), jax.local_devices())
+  devices = jax.devices() if jax.process_count() > 1 else jax.local_devices()
+  # The refusal that names the fix.
+  cfg.sampler_mesh_shape(len(devices), processes=jax.process_count())
+  return make_mesh(cfg.sampler_mesh(), devices)
 
 
 def run_sampler(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
@@ -207,6 +213,8 @@ def run_sampler(spec: WorkerSpec, alive: Callable[[], bool]) -> None:
   from sao_jax.envs.registry import make_env
 
   cfg = spec.cfg
+  if spec.group is not None:  # before anything touches JAX
+    spec.group.join(cfg.sampler.group_timeout_s)
   chat = load_chat(spec.tokenizer_path, enable_thinking=cfg.run.enable_thinking)
   chat.require_role(make_env(cfg.env).observation_role, f"env.name={cfg.env.name!r}")
   subscriber = weights.subscribe(spec.weights)
@@ -226,7 +234,7 @@ def _sample(spec: WorkerSpec, alive: Callable[[], bool], cfg: Config, chat, poll
   from sao_jax.run.bootstrap import initial_policy
   from sao_jax.run.phases import SamplerPhases
   from sao_jax.run.profile import SamplerTrace
-  from sao_jax.sampler import paged_steps
+  from sao_jax.sampler import multihost, paged_steps
   from sao_jax.sampler.episodes import EpisodeRunner, make_engine
   from sao_jax.sampler.prompt_ids import PromptIds
 
@@ -243,6 +251,16 @@ def _sample(spec: WorkerSpec, alive: Callable[[], bool], cfg: Config, chat, poll
   engine = make_engine(cfg.sampler, cfg.model, params, chat, version=version, mesh=mesh)
   if cfg.sampler.kv_layout == "paged":  # which attention runs, and why (a TPU may not take it)
     log("paged attention: %s (%s)" % paged_steps.attention_choice(cfg.sampler, cfg.model, mesh))
+  peers = None
+  if spec.group is not None:  # one engine over several hosts: process 0 leads
+    from sao_jax.sampler import engine_group
+    peers = multihost.Group(timeout_s=cfg.sampler.group_timeout_s)
+    if not peers.leader:
+      engine_group.follow_leader(engine, peers, got, poller, to_policy, alive=alive, log=log)
+      return
+    # `runner` is read when a stall ends the group, after it is built below.
+    engine = engine_group.lead(engine, peers, got, to_policy, log=log,
+                               in_flight=lambda: runner.in_flight)
   runner = EpisodeRunner(engine, chat, lambda: make_env(cfg.env),
                          max_episodes=cfg.sampler.slots * 2,
                          env_threads=cfg.sampler.num_env_threads(),
@@ -266,9 +284,15 @@ def _sample(spec: WorkerSpec, alive: Callable[[], bool], cfg: Config, chat, poll
   seed = cfg.sampler.seed * 1_000_003 + spec.worker_id * 7919
   task_position: dict[int, int] = {}  # episode id -> its task's position in the stream
   counts = _ChannelCounts(poller)
+  pending = None  # in a group: a version not every process holds yet
   try:
     while alive():
       got = poller.take()
+      if got is not None and peers is not None:  # adopted once every process holds it
+        peers.announce(got[1])
+        got, pending = None, got
+      if pending is not None and peers.held_by_all(pending[1]):
+        got, pending = pending, None
       if got is not None:
         engine.set_params(to_policy(got[0]), got[1])
       phases.lap("adopt")
@@ -289,7 +313,13 @@ def _sample(spec: WorkerSpec, alive: Callable[[], bool], cfg: Config, chat, poll
         if not hand_over(spec.transport, traj, alive):
           return
         phases.lap("handover")
+  except multihost.GroupFailed as error:
+    log(f"engine group ended ({error}): {runner.in_flight} episodes in flight dropped")
+    peers = None  # nothing more is sent to a group that ended
+    raise
   finally:
+    if peers is not None:
+      engine.close()  # the followers return
     trace.close()
     runner.close()
 

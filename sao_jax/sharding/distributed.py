@@ -59,20 +59,29 @@ def _cluster_size(environ: Mapping[str, str], address: str) -> tuple[int, int]:
 
 
 def initialize(environ: Mapping[str, str] | None = None) -> bool:
-  """Joins the cluster the environment describes (see module docstring); returns
-  whether it did. Must run before any JAX computation.
-
-  CPU clusters (tests, CPU-only hosts) use gloo for cross-process collectives;
-  without it XLA:CPU cannot run a program whose mesh spans processes.
-  """
+  """Joins the cluster the environment describes (see module docstring, `join`);
+  returns whether it did. Must run before any JAX computation."""
   environ = os.environ if environ is None else environ
   address = environ.get(ENV_ADDRESS, "")
   if not address:
     return False
-  arguments = () if address == "auto" else (address, *_cluster_size(environ, address))
-  jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.distributed.initialize(*arguments)
+  join(*(() if address == "auto" else (address, *_cluster_size(environ, address))))
   return True
+
+
+def join(address: str | None = None, processes: int | None = None,
+         process_id: int | None = None, *, heartbeat_s: int | None = None) -> None:
+  """`jax.distributed.initialize` of the cluster at `address` (all None: Cloud TPU's
+  metadata names it). Must run before any JAX computation.
+
+  CPU clusters (tests, CPU-only hosts) use gloo for cross-process collectives;
+  without it XLA:CPU cannot run a program whose mesh spans processes.
+  `heartbeat_s` (None: jax's default, 100 s) is how long a silent process counts as
+  alive: the runtime ends every process of the cluster when one is silent longer.
+  """
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  extra = {} if heartbeat_s is None else {"heartbeat_timeout_seconds": int(heartbeat_s)}
+  jax.distributed.initialize(address, processes, process_id, **extra)
 
 
 def local_rows(sharding: jax.sharding.Sharding, global_shape: tuple[int, ...]) -> slice:
@@ -144,3 +153,17 @@ def pad_length(batch: Batch, length: int, pad_id: int) -> Batch:
                  np.pad(np.asarray(x), ((0, 0), (0, extra)) + ((0, 0),) * (np.ndim(x) - 2),
                         constant_values=pad_id if value is None else value)
                  for x, value in zip(batch, _PAD)])
+
+
+def place(tree, shardings):
+  """`jax.device_put(tree, shardings)`; a leaf whose sharding spans processes is
+  built from this process's host copy, only the shards its own devices hold. (jax's
+  device_put would first check that every process passes the same value: one
+  all-gather per leaf.) Every process must pass the same values."""
+  def one(leaf, sharding):
+    if sharding.is_fully_addressable:
+      return jax.device_put(leaf, sharding)
+    host = np.asarray(leaf)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+  return jax.tree.map(one, tree, shardings)

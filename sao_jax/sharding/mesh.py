@@ -44,3 +44,18 @@ def traced_on(mesh: jax.sharding.Mesh, fn: Callable) -> Callable:
   inner = fn.func if isinstance(fn, functools.partial) else fn
   on_mesh.__name__ = f"{getattr(inner, '__name__', 'program')}_on_mesh"
   return on_mesh
+
+
+def host_outputs(mesh: jax.sharding.Mesh, fn: Callable) -> Callable:
+  """`fn`, its outputs after the first (a cache, laid out as its inputs) replicated
+  over `mesh`: the host reads them, and a process of a mesh spanning hosts reads
+  only arrays whose every value it holds (`sao_jax.sampler.multihost`)."""
+
+  def replicated(*args, **kwargs):
+    first, *rest = fn(*args, **kwargs)
+    everywhere = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    return (first, *jax.lax.with_sharding_constraint(rest, everywhere))
+
+  inner = fn.func if isinstance(fn, functools.partial) else fn
+  replicated.__name__ = getattr(inner, "__name__", "program")
+  return replicated

@@ -127,3 +127,25 @@ def test_sao_sampler_refuses_a_fixed_sampler_mesh_that_cannot_split_its_pool(mon
   assert "a paged cache of 6 slots does not split over the 4 page shards of mesh axes ('fsdp',)" \
       in message
   assert started == []
+
+
+@pytest.mark.parametrize("flags, sets, message", [
+    (["--coordinator", "10.0.0.2:8477"], [],
+     "needs --coordinator, --num-processes and --process-id together; missing "
+     "--num-processes, --process-id"),
+    (["--coordinator", "10.0.0.2", "--num-processes", "2", "--process-id", "0"], [],
+     "--coordinator='10.0.0.2' is not HOST:PORT"),
+    (["--coordinator", "10.0.0.2:8477", "--num-processes", "2", "--process-id", "2"], [],
+     r"--process-id=2 is not in \[0, --num-processes=2\)"),
+    (["--coordinator", "10.0.0.2:8477", "--num-processes", "2", "--process-id", "1"], [],
+     "sampler.sharded=False runs it on one device; set sampler.sharded=true"),
+    (["--coordinator", "10.0.0.2:8477", "--num-processes", "2", "--process-id", "1",
+      "--workers", "2"], ["sampler.sharded=true"], "--workers=2 with --coordinator"),
+])
+def test_sao_sampler_refuses_an_engine_group_it_cannot_form(capsys, flags, sets, message):
+  """One engine over several hosts (`--coordinator`): the flags and the config are
+  checked before anything waits for the learner or joins the group."""
+  with pytest.raises(SystemExit) as exit_info:
+    sampler_cli.main(["--config", DEMO, *_sets(REMOTE), *_sets(sets), *flags])
+  assert exit_info.value.code == 2
+  assert re.search(message, capsys.readouterr().err)
