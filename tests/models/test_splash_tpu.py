@@ -88,12 +88,13 @@ def test_gemma3_local_layer_compiles(topology):
     assert name in text, name
 
 
-@pytest.mark.parametrize("block", [512, 1024, 2048])
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim, block", [(64, 512), (128, 512), (256, 512), (128, 1024),
+                                             (128, 2048)])
 @pytest.mark.parametrize("topology", TOPOLOGIES)
 def test_splash_unsupported_is_what_libtpu_compiles(topology, head_dim, block):
-  """The kernel called directly (no refusal in between) at 8K tokens on one chip: it
-  compiles exactly where `splash_unsupported` names no reason."""
+  """The kernel called directly (no refusal in between) at 8K tokens on one chip: every
+  head_dim and block `splash_unsupported` takes compiles (on v5e, under load: 89 to 201 s
+  each); blocks of 2048 run out of v5e's VMEM ("CompileTimeScopedVmemOom")."""
   mesh = _fsdp_mesh(_devices(topology)[:1])
   shapes = splash.SplashShapes(1, 8192, HEADS, 8, head_dim)
   reason = splash.splash_unsupported(block, dict(mesh.shape), shapes)
@@ -102,8 +103,9 @@ def test_splash_unsupported_is_what_libtpu_compiles(topology, head_dim, block):
   compile_it = lambda: _attention_grads(mesh, 1, 8192, 8, head_dim, None, None, attend=direct)
   if reason is None:
     assert all(name in compile_it() for name in KERNELS)
-  else:
-    with pytest.raises(Exception):
+  elif topology.startswith("v5e"):
+    assert reason.startswith(f"model.attention_block={block} is over")
+    with pytest.raises(jax.errors.JaxRuntimeError, match="CompileTimeScopedVmemOom"):
       compile_it()
 
 
