@@ -8,7 +8,7 @@ from sao_jax.config.checks import check_choice, check_positive, fail
 from sao_jax.config.families import FAMILIES
 
 DTYPES = ("float32", "bfloat16")
-ATTENTION_IMPLS = ("dense", "blocked")
+ATTENTION_IMPLS = ("dense", "blocked", "splash", "auto")
 # Which activations a rematerialised decoder layer keeps for the backward pass
 # (`sao_jax.models.transformer.REMAT_POLICIES` maps them to jax.checkpoint
 # policies): "none" no remat (keep everything), "full" keep only the layer input,
@@ -94,10 +94,15 @@ class ModelConfig:
   param_dtype: str = "float32"  # dtype the parameters are stored in
   compute_dtype: str = "float32"  # dtype of activations and matmuls
   logits_chunk: int = 1024  # tokens per LM-head chunk: bounds [B, chunk, vocab] memory
-  # "blocked": flash-style attention, O(T * block) memory; "dense": materialises
-  # [B, heads, T, T] float32 scores (the reference). Decoding is always dense.
+  # Attention of a full forward (learner, scoring): "dense" materialises [B, heads,
+  # T, T] float32 scores (the reference); "blocked" is flash-style pure JAX, O(T *
+  # block) memory; "splash" is jax's Pallas splash kernel (TPU; interpreted on CPU),
+  # an error where it cannot take the shapes; "auto" is splash on TPU where it can,
+  # else blocked, saying why (`sao_jax.models.splash.choose`). Decoding is always dense.
   attention_impl: str = "dense"
-  attention_block: int = 512  # query/key positions per block of blocked attention
+  # Query/key positions per block of blocked and splash attention (splash: a
+  # multiple of 128, at most splash.MAX_BLOCK).
+  attention_block: int = 512
   remat_policy: str = "none"  # what a layer keeps for the backward pass (REMAT_POLICIES above)
   # Run the decoder layers of a full forward (learner, evaluation) as one
   # `lax.scan` over their stacked params instead of unrolled: compile time and

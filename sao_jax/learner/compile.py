@@ -25,7 +25,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from sao_jax.config import Config
 from sao_jax.learner import state as state_lib
 from sao_jax.learner.step import StepConfig, train_step
-from sao_jax.models import lora, moe
+from sao_jax.models import lora, moe, splash
 from sao_jax.models.transformer import moe_layers, param_shardings
 from sao_jax.sharding import rules
 from sao_jax.sharding.mesh import traced_on
@@ -117,6 +117,15 @@ def init_sharded_state(cfg: Config, mesh: jax.sharding.Mesh,
   init = jax.jit(functools.partial(state_lib.init_state, cfg),
                  out_shardings=state_shardings(cfg, mesh))
   return init(rng)
+
+
+def learner_attention(cfg: Config, mesh: jax.sharding.Mesh, length: int) -> splash.Choice | None:
+  """The attention path the train step's forwards take on `mesh` for rows of `length`
+  tokens (each pass holds batch_rows / micro_batches rows), and why; None for
+  `model.attention_impl` "dense" or "blocked". What the learner logs and sao-plan
+  prints: the `splash.choose` call the traced step makes."""
+  rows = cfg.learner.batch_rows // cfg.learner.micro_batches
+  return splash.learner_choice(cfg.model, mesh, rows, length)
 
 
 def compile_train_step(cfg: Config, mesh: jax.sharding.Mesh, length: int):

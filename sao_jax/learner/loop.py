@@ -109,6 +109,9 @@ def run_learner(cfg: Config, batches: Iterator[Batch | tuple[Batch, dict]], *,
 
   def step_for(length: int):
     if length not in compiled:
+      choice = compile_lib.learner_attention(cfg, mesh, length)
+      if choice is not None:
+        log(f"learner attention at {length} tokens: {choice.describe()}")
       compiled[length] = (compile_lib.compile_train_step(cfg, mesh, length),
                           compile_lib.batch_shardings(cfg, mesh, length))
     return compiled[length]

@@ -6,7 +6,8 @@
   visible_mask(mask, t)                              -> visible_BxTxS bool (materialised)
   dense_attention(q, k, v, visible_BxTxS)            -> out_BxTxNxH   (reference; decode path)
   blocked_attention(q, k, v, segment_ids_BxS, block) -> out_BxTxNxH   (training path, O(T) memory)
-  attend(q, k, v, mask, impl, block)                 -> out_BxTxNxH   (dispatch on impl and mask)
+  attend(q, k, v, mask, impl, block)                 -> out_BxTxNxH   (dispatch on impl and mask;
+                                                     "splash"/"auto": sao_jax.models.splash)
 
 Shapes: q_BxTxNxH, k/v_BxSxKxH with N = K * G (query head n reads kv head n // G).
 `CausalMask` says query t may read key s iff s <= t and seg[b, s] == seg[b, t] != 0
@@ -55,6 +56,7 @@ import jax
 import jax.numpy as jnp
 
 from sao_jax.config.model import ATTENTION_IMPLS
+from sao_jax.models import splash
 
 # Finite instead of -inf so that a fully masked query row (a padding position)
 # softmaxes to a uniform distribution instead of NaN.
@@ -327,10 +329,18 @@ def blocked_attention(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax
 
 def attend(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax.Array,
            mask: jax.Array | CausalMask, impl: str, block: int) -> jax.Array:
-  """`blocked_attention` for a `CausalMask` when impl == "blocked"; otherwise the dense
-  reference on the materialised mask (always for an explicit [B, T, S] mask: decode)."""
+  """For a `CausalMask`: `blocked_attention` when impl == "blocked", the Pallas splash
+  kernel when impl is "splash" or "auto" and `splash.traced_choice` takes it (else
+  blocked); otherwise the dense reference on the materialised mask (always for an
+  explicit [B, T, S] mask: decode)."""
   if impl not in ATTENTION_IMPLS:
     raise ValueError(f"attention impl={impl!r} is invalid: allowed values are {ATTENTION_IMPLS}")
+  if impl in ("splash", "auto") and isinstance(mask, CausalMask):
+    choice = splash.traced_choice(impl, block, q_BxTxNxH, k_BxSxKxH)
+    if choice.impl == "splash":
+      return splash.splash_attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask.segment_ids_BxS,
+                                     mask.window, choice.blocks)
+    impl = choice.impl
   if impl == "blocked" and isinstance(mask, CausalMask):
     return blocked_attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask.segment_ids_BxS, block,
                              mask.positions_BxS, mask.window)

@@ -25,7 +25,11 @@ topology's generation runs (`sao_jax.models.paged_blocks`): the plan traces on
 the topology's devices, records them (`Plan.kernel_blocks`) and prints them, or,
 where `sampler.paged_attention` takes the reference path, why (`Plan.attention`:
 e.g. "auto" for a model whose per-device attention libtpu cannot compile the
-kernel for, `sao_jax.sampler.paged_steps.attention_choice`).
+kernel for, `sao_jax.sampler.paged_steps.attention_choice`). Likewise the train
+step's attention under `model.attention_impl` "splash" or "auto" is the path the
+learner takes on the topology's devices (`Plan.learner_attention`: the splash
+kernel and its blocks, or the blocked path and why, `sao_jax.models.splash.choose`),
+and the train FLOPs count that path's backward recompute.
 Nothing is ever allocated, so a 30B-parameter plan runs on a laptop CPU once
 libtpu is installed.
 
@@ -96,6 +100,9 @@ class Plan:
   roofline: estimate.Roofline
   kernel_blocks: tuple[KernelBlocks, ...] = ()  # the Pallas kernel's sizes in paged_decode
   attention: str = ""  # why paged_decode attends as it does (`paged_steps.attention_choice`)
+  # The train step's attention path and why (`compile.learner_attention`; "" for
+  # model.attention_impl "dense" or "blocked").
+  learner_attention: str = ""
   page_shards: int = 1  # the paged pool's shards on the sampler mesh (its data x fsdp)
   rated_as: str = ""  # a GPU whose figures rate programs compiled for a TPU proxy
   shared_device: bool = False  # learner and sampler on the same device(s): memory adds
@@ -257,8 +264,10 @@ def plan(cfg: Config, topology: str, seq_len: int, *, sampler_topology: str | No
       raise ValueError(f"rate_as={rate_as!r} is unknown: known GPUs are {', '.join(hardware.GPUS)}")
     device = hardware.GPUS[rate_as]
   train = None
+  learner_attention = None
   if with_train:
     mesh = make_mesh(cfg.mesh, devices)
+    learner_attention = compile_lib.learner_attention(cfg, mesh, seq_len)
     train = _program("train_step", topology, mesh, _compile(
         lower_train(cfg, mesh, seq_len), cfg, "train_step", mesh, device.name, seq_len))
   sampler_batch = sampler_batch or dense_rows(cfg, seq_len)
@@ -293,7 +302,8 @@ def plan(cfg: Config, topology: str, seq_len: int, *, sampler_topology: str | No
         lowered = lower_engine_decode(cfg, sampler, episodes, pages, seq_len)
       paged_program = _program(plan_program, sampler_topology, sampler, _compile(
           lowered, cfg, plan_program, sampler, device.name, seq_len))
-  model_flops, hardware_flops = estimate.step_flops(cfg, seq_len)
+  model_flops, hardware_flops = estimate.step_flops(
+      cfg, seq_len, learner_attention.impl if learner_attention else None)
   tokens = cfg.learner.batch_rows * seq_len  # token slots: packed rows count whole
   return Plan(cfg=cfg, seq_len=seq_len, device=device, devices=len(devices),
               hbm_fraction=hbm_fraction, train=train, decode=decode_program,
@@ -303,6 +313,7 @@ def plan(cfg: Config, topology: str, seq_len: int, *, sampler_topology: str | No
               roofline=estimate.roofline(model_flops, hardware_flops, tokens, len(devices),
                                          device.peak_bf16_flops),
               kernel_blocks=tuple(dict.fromkeys(kernel_blocks)), attention=attention,
+              learner_attention=learner_attention.describe() if learner_attention else "",
               page_shards=shards,
               rated_as=rate_as or "", shared_device=shared_device)
 
@@ -366,6 +377,8 @@ def format_plan(result: Plan) -> str:
                  f"{gib(m.outputs)} {gib(m.aliased)} {gib(m.generated_code)} {gib(m.total)} "
                  f"{gib(result.device.hbm_bytes)} {m.total / result.device.hbm_bytes:6.1%}")
   lines.append("(GiB per device; total = args + outputs - aliased + temps + code)")
+  if result.learner_attention:
+    lines.append(f"train_step attention on {result.device.name}: {result.learner_attention}")
   if result.rated_as:
     compiled_for = sorted({p.topology for p in result.programs()})
     lines.append(f"ESTIMATE for {result.rated_as}: compiled by the TPU compiler for "

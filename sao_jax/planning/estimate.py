@@ -83,10 +83,21 @@ def forward_flops_per_token(cfg: ModelConfig, seq_len: int, head: str) -> dict[s
   return {"trunk": trunk, "attention": attention, "head": head_flops}
 
 
-def step_flops(cfg: Config, seq_len: int) -> tuple[float, float]:
+# Attention recomputed in the backward pass, in units of the attention forward (q k^T
+# and p v, half each). A dense backward takes dv, dout v^T, dq and dk; the blocked
+# path recomputes q k^T once more (0.5); the splash kernel's dq kernel recomputes
+# q k^T and its dkv kernel q k^T and dout v^T again (1.5).
+ATTENTION_RECOMPUTE = {"dense": 0.0, "blocked": 0.5, "splash": 1.5}
+
+
+def step_flops(cfg: Config, seq_len: int, attention: str | None = None) -> tuple[float, float]:
   """(model_flops, hardware_flops) of one SAO train step that updates the policy, over
   every token slot of its `[batch_rows, seq_len]` batch (packed segments attend
-  within themselves, so attention FLOPs are an upper bound under packing)."""
+  within themselves, so attention FLOPs are an upper bound under packing).
+  `attention`: the path the forwards take ("dense", "blocked" or "splash"; None:
+  `model.attention_impl`, "auto" counted as blocked)."""
+  attention = attention or {"auto": "blocked"}.get(cfg.model.attention_impl,
+                                                   cfg.model.attention_impl)
   tokens = cfg.learner.batch_rows * seq_len
   model = hardware = 0.0
   recompute = {"none": 0.0, "dots_saveable": 0.0, "full": 1.0}
@@ -98,8 +109,7 @@ def step_flops(cfg: Config, seq_len: int) -> tuple[float, float]:
     extra += recompute.get(cfg.model.remat_policy, 0.0) * f["trunk"]
     if cfg.model.remat_policy == "dots_with_no_batch_dims_saveable":
       extra += f["attention"]
-    if cfg.model.attention_impl == "blocked":
-      extra += f["attention"] / 2  # q k^T again in the flash backward
+    extra += ATTENTION_RECOMPUTE[attention] * f["attention"]
     hardware += backwards * extra * tokens
   return model, model + hardware
 
@@ -169,7 +179,7 @@ def _advice(cfg: Config, memory: MemoryUse, program: str, seq_len: int,
                               f"(now {learner.micro_batches}: {per_micro} rows per pass)")
     if model.remat_policy != "full":
       activation_fixes.append(f"--set model.remat_policy=full (now {model.remat_policy!r})")
-    if model.attention_impl != "blocked":
+    if model.attention_impl == "dense":
       activation_fixes.append("--set model.attention_impl=blocked (now 'dense': [B, N, T, T] "
                               "float32 scores)")
     activation_fixes.append(f"a shorter sequence (--seq-len, now {seq_len})")
