@@ -34,9 +34,11 @@ acc (online softmax):
 
 `chunk_attention` runs the same loops for C queries at positions q_start ..
 q_start + C - 1 of an S-key sequence (s_ij's causal mask compares those positions);
-`blocked_attention` is its q_start = 0, C = S case. A `CausalMask` with `split`
-set (its arrays laid out over the mesh's sequence axis) dispatches to
-`sao_jax.models.sequence_attention`, which runs `chunk_attention` per device.
+`blocked_attention` is its q_start = 0, C = S case. Under a mesh whose sequence
+axis splits T (`sao_jax.sharding.sequence`), a `CausalMask` and q, k, v are in
+the balanced order there (`sao_jax.models.forward` puts them so) and `attend`
+dispatches to `sao_jax.models.sequence_attention`, which runs `chunk_attention`
+per device.
 
 A block pair is skipped when it holds no visible pair in any row: entirely above
 the causal diagonal, or no segment id in common (per row, the id ranges of the
@@ -65,6 +67,7 @@ import jax
 import jax.numpy as jnp
 
 from sao_jax.config.model import ATTENTION_IMPLS
+from sao_jax.sharding import sequence
 
 # Finite instead of -inf so that a fully masked query row (a padding position)
 # softmaxes to a uniform distribution instead of NaN.
@@ -77,15 +80,14 @@ class CausalMask(NamedTuple):
 
   `segment_ids_BxS`: int segment ids, 0 on padding (a bool padding mask works too).
   `positions_BxS`: each token's position in its segment; needed with a window.
-  `split`: the arrays (and q, k, v) are in the balanced order of
-  `sao_jax.sharding.sequence`, split over the active mesh's sequence axis; T == S
-  and the rule above still hold for the natural (unsplit) order.
+  Under a mesh that splits sequences the arrays (and q, k, v) are in the balanced
+  order of `sao_jax.sharding.sequence`; T == S and the rule above hold for the
+  natural (unsplit) order.
   """
 
   segment_ids_BxS: jax.Array
   positions_BxS: jax.Array | None = None
   window: int | None = None
-  split: bool = False
 
   def windowed(self, window: int | None) -> "CausalMask":
     """This mask restricted to a sliding window (None: unchanged)."""
@@ -366,11 +368,14 @@ def attend(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax.Array,
            mask: jax.Array | CausalMask, impl: str, block: int) -> jax.Array:
   """`blocked_attention` for a `CausalMask` when impl == "blocked"; otherwise the dense
   reference on the materialised mask (always for an explicit [B, T, S] mask: decode).
-  A split `CausalMask` runs `sequence_attention.attend` whatever the impl (the
+  Under a mesh that splits sequences a `CausalMask` runs `sequence_attention.attend`
+  whatever the impl (the
   dense path would hold [T / S, T] scores per head on each device)."""
   if impl not in ATTENTION_IMPLS:
     raise ValueError(f"attention impl={impl!r} is invalid: allowed values are {ATTENTION_IMPLS}")
-  if isinstance(mask, CausalMask) and mask.split:
+  # Decided by the mesh, not a mask field: the mask is a pytree whose leaves are
+  # traced under remat.
+  if isinstance(mask, CausalMask) and sequence.shards() > 1:
     # Imported here: sequence_attention builds on this module's chunk_attention.
     from sao_jax.models import sequence_attention
     return sequence_attention.attend(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask, block)

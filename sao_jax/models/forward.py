@@ -87,7 +87,7 @@ def _trunk(params, cfg, head, tokens_BxT, seg_BxT, shards):
   tokens_BxT, seg_BxT, pos_BxT = (sequence.to_balanced(x, shards)
                                   for x in (tokens_BxT, seg_BxT, pos_BxT))
   h_BxTxD, _, router_logits = model(params, cfg, head).trunk(
-      tokens_BxT, pos_BxT, CausalMask(seg_BxT, pos_BxT, split=shards > 1))
+      tokens_BxT, pos_BxT, CausalMask(seg_BxT, pos_BxT))
   return h_BxTxD, router_logits
 
 

@@ -4,7 +4,7 @@
 
 All arrays are global `[B, T, ...]` arrays in the balanced order of
 `sao_jax.sharding.sequence` (device d holds natural chunks d and 2S - 1 - d of
-C = T / 2S positions each) and `mask` is a `CausalMask` with `split` set. Under a
+C = T / 2S positions each), `mask` a `CausalMask` of that order. Under a
 `shard_map` manual over the sequence axes only (batch, heads and the other axes
 stay with the compiler), each device:
 
@@ -43,8 +43,8 @@ def attend(q_BxTxNxH: jax.Array, k_BxTxKxH: jax.Array, v_BxTxKxH: jax.Array,
   axes = sequence.axes()
   shards = sequence.shards()
   if not axes:
-    raise ValueError("a split CausalMask needs an active mesh with a sequence axis > 1 "
-                     "(trace under jax.sharding.use_abstract_mesh)")
+    raise ValueError("sequence_attention.attend needs an active mesh with a sequence axis "
+                     "> 1 (trace under jax.sharding.use_abstract_mesh)")
   window = mask.window
   pos_BxT = mask.positions_BxS if window is not None else jnp.zeros_like(mask.segment_ids_BxS)
   length = q_BxTxNxH.shape[1]
