@@ -62,7 +62,7 @@ def test_variant_presets_follow_the_paper():
     ("mesh", {"fsdp": -1, "tensor": -1}, r"mesh.tensor=-1.*only one axis"),
     ("mesh", {"data": 0}, r"mesh.data=0"),
     ("sampler", {"mesh": cfg.MeshConfig(fsdp=1, tensor=4)},
-     r"sampler.mesh='data=1,fsdp=1,tensor=4,expert=1'.*set sampler.sharded=true"),
+     r"sampler.mesh='data=1,fsdp=1,sequence=1,tensor=4,expert=1'.*set sampler.sharded=true"),
     ("sampler", {"sharded": True, "mesh": cfg.MeshConfig(tensor=0)}, r"sampler.mesh.tensor=0"),
     ("sampler", {"sharded": True, "mesh": cfg.MeshConfig(fsdp=-1, data=-1)},
      r"sampler.mesh.fsdp=-1.*only one axis"),
@@ -111,7 +111,7 @@ def test_samplers_elsewhere_need_a_directory_transport_a_secret_and_a_remote_wei
 
 def test_mesh_fills_the_free_axis():
   assert cfg.MeshConfig(data=2, fsdp=-1, tensor=2).shape(8) == {
-      "data": 2, "fsdp": 2, "tensor": 2, "expert": 1}
+      "data": 2, "fsdp": 2, "sequence": 1, "tensor": 2, "expert": 1}
   with pytest.raises(ValueError, match="cannot be split"):
     cfg.MeshConfig(data=3, fsdp=-1).shape(8)
   with pytest.raises(ValueError, match="use 4 devices but 8"):

@@ -241,7 +241,7 @@ def test_a_multi_host_sampler_plans_the_split_pool(monkeypatch):
   result = aot.plan(cfg, "v5p:2x2x4", cfg.sampler.max_seq_len, sampler_topology="v5p:2x2x2",
                     sampler_mesh=MeshConfig(data=2, fsdp=1, tensor=4), sampler_batch=128)
   assert result.page_shards == 2
-  assert lowered["paged"] == ({"data": 2, "fsdp": 1, "tensor": 4, "expert": 1}, 1024, 16384)
+  assert lowered["paged"] == ({"data": 2, "fsdp": 1, "sequence": 1, "tensor": 4, "expert": 1}, 1024, 16384)
   paged = aot.paged_decode(result)
   assert (paged.episodes, paged.shards, paged.pages_per_shard) == (1024, 2, 8192)
   table = aot.format_plan(result)
@@ -314,11 +314,11 @@ def test_plan_lays_the_sampler_out_on_the_configs_sampler_mesh(monkeypatch):
   cfg = dataclasses.replace(cfg, sampler=dataclasses.replace(
       cfg.sampler, sharded=True, mesh=MeshConfig(fsdp=1, tensor=2, data=2)))
   aot.plan(cfg, "v5e:2x2", 64)
-  assert lowered["train_step"][0] == {"data": 1, "fsdp": 4, "tensor": 1, "expert": 1}
+  assert lowered["train_step"][0] == {"data": 1, "fsdp": 4, "sequence": 1, "tensor": 1, "expert": 1}
   for name in ("decode_step", "paged_decode"):
-    assert lowered[name][0] == {"data": 2, "fsdp": 1, "tensor": 2, "expert": 1}
+    assert lowered[name][0] == {"data": 2, "fsdp": 1, "sequence": 1, "tensor": 2, "expert": 1}
   result = aot.plan(cfg, "v5e:2x2", 64, sampler_mesh=MeshConfig(fsdp=1, tensor=4))
-  assert lowered["decode_step"] == ({"data": 1, "fsdp": 1, "tensor": 4, "expert": 1},
+  assert lowered["decode_step"] == ({"data": 1, "fsdp": 1, "sequence": 1, "tensor": 4, "expert": 1},
                                     MeshConfig(fsdp=1, tensor=4))
   assert result.cfg.sampler_mesh() == MeshConfig(fsdp=1, tensor=4)  # advice reads this
 
@@ -375,7 +375,7 @@ def test_aot_plan_small_config_fits_v5e():
   from sao_jax.planning import aot
   result = aot.plan(_small_config(), "v5e:2x2", 64)
   assert result.devices == 4
-  assert result.train.mesh_shape == {"data": 1, "fsdp": 4, "tensor": 1, "expert": 1}
+  assert result.train.mesh_shape == {"data": 1, "fsdp": 4, "sequence": 1, "tensor": 1, "expert": 1}
   for program in result.programs():
     m = program.memory
     assert m.arguments > 0 and m.generated_code > 0
@@ -480,5 +480,5 @@ def test_the_split_pool_compiles_and_fits_on_a_two_host_sampler_slice():
   aot.check_fits(result)
   paged = aot.paged_decode(result)
   assert (paged.episodes, paged.shards, paged.pages_per_shard) == (1024, 2, 8192)
-  assert result.paged_decode.mesh_shape == {"data": 2, "fsdp": 1, "tensor": 4, "expert": 1}
+  assert result.paged_decode.mesh_shape == {"data": 2, "fsdp": 1, "sequence": 1, "tensor": 4, "expert": 1}
   assert result.paged_decode.memory.total / estimate.GiB == pytest.approx(77.99, abs=0.01)

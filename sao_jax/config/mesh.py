@@ -6,19 +6,32 @@ import dataclasses
 
 from sao_jax.config.checks import fail
 
-MESH_AXES = ("data", "fsdp", "tensor", "expert")
+MESH_AXES = ("data", "fsdp", "sequence", "tensor", "expert")
+
+
+def split_length_multiple(shards: int) -> int:
+  """What a sequence length split over `shards` devices must be a multiple of: each
+  device holds two of 2 x shards equal chunks (causal load balance,
+  `sao_jax.sharding.sequence`); 1 when nothing splits."""
+  return 2 * shards if shards > 1 else 1
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MeshConfig:
   """Device mesh shape. Exactly one axis may be -1: it takes the remaining devices.
 
-  Axis order is (data, fsdp, tensor, expert); `sao_jax.sharding` maps logical axis
-  names onto these.
+  Axis order is (data, fsdp, sequence, tensor, expert); `sao_jax.sharding` maps
+  logical axis names onto these.
   """
 
   data: int = 1  # data-parallel replicas (batch split, params replicated)
   fsdp: int = -1  # fully-sharded data parallel: batch and params split (-1: the remaining devices)
+  # Sequence (context) parallel, learner only: each sequence's tokens split over this
+  # many devices, chunk i and 2 * sequence - 1 - i on device i for causal load balance,
+  # keys/values all-gathered for attention (docs/explanation/long-episodes.md). The
+  # learner's sequence length must be a multiple of 2 * sequence; weights split over it
+  # too (ZeRO-3, like fsdp). A sampler's mesh must keep it 1.
+  sequence: int = 1
   tensor: int = 1  # tensor parallel: attention heads, MLP width and vocab split
   expert: int = 1  # expert parallel: MoE experts split (needs model.num_experts)
 
@@ -38,7 +51,7 @@ class MeshConfig:
     return cls(**sizes)
 
   def text(self) -> str:
-    """The `parse` form: 'data=1,fsdp=-1,tensor=1,expert=1'."""
+    """The `parse` form: 'data=1,fsdp=-1,sequence=1,tensor=1,expert=1'."""
     return ",".join(f"{axis}={getattr(self, axis)}" for axis in MESH_AXES)
 
   def shape(self, num_devices: int) -> dict[str, int]:

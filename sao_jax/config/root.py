@@ -10,7 +10,7 @@ from sao_jax.config.data import DataConfig
 from sao_jax.config.env import EnvConfig
 from sao_jax.config.learner import CheckpointConfig, LearnerConfig
 from sao_jax.config.lora import LoraConfig
-from sao_jax.config.mesh import MeshConfig
+from sao_jax.config.mesh import MeshConfig, split_length_multiple
 from sao_jax.config.model import ModelConfig
 from sao_jax.config.run import RunConfig
 from sao_jax.config.sampler import SECRET_CREATE_HINT
@@ -51,6 +51,17 @@ class Config:
       fail("learner", "batch_trajectories", self.learner.batch_trajectories,
             f"must be a multiple of algorithm.group_size={self.algorithm.group_size} so "
             "that whole groups fit a batch")
+    if self.sampler.sharded and self.sampler_mesh().sequence != 1:
+      # The sampler decodes whole sequences; the axis splits the learner's only.
+      if self.sampler.mesh is not None:
+        fail("sampler", "mesh", self.sampler.mesh.text(), "a sampler mesh cannot split "
+             "sequences; set its sequence axis to 1")
+      fail("mesh", "sequence", self.mesh.sequence, "the sharded sampler lays out on the "
+           "top-level mesh while sampler.mesh is unset, and a sampler cannot split "
+           "sequences; set sampler.mesh (e.g. --set sampler.mesh=fsdp=-1) or "
+           "sampler.sharded=false")
+    if self.mesh.sequence > 1:
+      self._check_split_lengths()
     if self.data.fixed_lag is not None:
       self._check_fixed_lag()
     if self.run.num_samplers == 0:
@@ -108,6 +119,19 @@ class Config:
       fail("lora", "targets", self.lora.targets,
            f"model.num_experts={self.model.num_experts}: adapters on MoE experts are not "
            f"supported; drop {mlp} (attention projections only)")
+
+  def _check_split_lengths(self) -> None:
+    """Every padded batch length the learner compiles splits over mesh.sequence."""
+    multiple = split_length_multiple(self.mesh.sequence)
+    if self.learner.batch_tokens is not None:
+      if self.learner.row_length % multiple:
+        fail("learner", "row_length", self.learner.row_length,
+             f"mesh.sequence={self.mesh.sequence} splits each row into {multiple} equal "
+             f"chunks; use a multiple of {multiple}")
+    elif any(length % multiple for length in self.data.length_buckets):
+      fail("data", "length_buckets", self.data.length_buckets,
+           f"mesh.sequence={self.mesh.sequence} splits each sequence into {multiple} equal "
+           f"chunks; use multiples of {multiple}")
 
   def _check_fixed_lag(self) -> None:
     """What a fixed-lag schedule (`sao_jax.data.fixed_lag`) needs of the other sections."""

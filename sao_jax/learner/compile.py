@@ -10,7 +10,7 @@ Params follow the model's logical-axis rules (`sao_jax.sharding.rules`);
 optimizer moments mirror their params' shardings; scalars and the running-mean
 windows are replicated; a batch splits its rows (`learner.batch_rows`: one
 trajectory each, or packed rows) over the `activation_batch` mesh axes (data,
-fsdp, expert).
+fsdp, expert) and its positions over the `sequence` axis.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from sao_jax.learner import state as state_lib
 from sao_jax.learner.step import StepConfig, train_step
 from sao_jax.models import lora, moe, splash
 from sao_jax.models.transformer import moe_layers, param_shardings
-from sao_jax.sharding import rules
+from sao_jax.sharding import rules, sequence
 from sao_jax.sharding.mesh import traced_on
 from sao_jax.types import Batch
 
@@ -82,8 +82,10 @@ def state_shardings(cfg: Config, mesh: jax.sharding.Mesh) -> state_lib.TrainStat
 
 
 def batch_shardings(cfg: Config, mesh: jax.sharding.Mesh, length: int) -> Batch:
-  """Rows over the activation-batch mesh axes; ValueError if they do not divide. MoE
+  """Rows over the activation-batch mesh axes, positions (natural order) over the
+  sequence axis; ValueError if they do not divide (`sao_jax.sharding.sequence`). MoE
   routing ([B, T, L, k]) splits its rows alike, its last two axes whole."""
+  sequence.check_length(length, sequence.shards(mesh.abstract_mesh))
   two_d = rules.logical_sharding(mesh, ("activation_batch", "activation_length"),
                                  (cfg.learner.batch_rows, length))
   return Batch(*[two_d] * len(Batch._fields))

@@ -31,6 +31,17 @@ Two implementations with identical semantics:
 - `"auto"` (default) picks per backend: on CPU a sequential loop is the cheapest
   (no parallel hardware to fill; `benchmarks/gae.py` measured scan ~3x faster
   than the associative form at 4 x 65536), on TPU/GPU the O(log T) depth wins.
+
+Split sequences (a mesh whose sequence axis splits T over S devices,
+`sao_jax.sharding.sequence`; natural order, device d holding positions
+[d T/S, (d + 1) T/S)): whatever the method, each device solves its chunk with the
+associative form under one `shard_map`. The scan's element at a chunk's first
+position is the chunk's whole affine map x_first = b + c x_in of the value its
+successor chunk carries in; devices all-gather these S maps (a few numbers per
+row), compose those of the chunks after their own to get their x_in, and finish
+with x_t = b_t + c_t x_in, the suffix map of position t applied to it. Both
+recurrences are carried so: the next action value (its x_in is also the last
+position's "next value") and the advantage.
 """
 
 from __future__ import annotations
@@ -38,8 +49,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jax.sharding import PartitionSpec
+
 from sao_jax import segments
 from sao_jax.config.algorithm import GAE_METHODS
+from sao_jax.sharding import sequence
 
 
 def length_adaptive_lam(action_mask_BxT: jax.Array, alpha: float,
@@ -73,7 +87,8 @@ def gae(rewards: jax.Array, values: jax.Array, action_mask: jax.Array, *,
     lam: GAE lambda: a scalar, per row `[B]`, or per token `[B, T]` (constant
       within a segment; `length_adaptive_lam` with `segment_ids`).
     method: "associative" (O(log T) depth), "scan" (reference) or "auto"
-      (default: scan on CPU, associative on accelerators).
+      (default: scan on CPU, associative on accelerators). Under a mesh that
+      splits sequences, the chunk-composed associative form (module docstring).
     segment_ids: `[B, T]` segment ids of packed rows (0 = padding); None: each
       row is one trajectory.
 
@@ -108,7 +123,9 @@ def gae(rewards: jax.Array, values: jax.Array, action_mask: jax.Array, *,
   values = jnp.where(mask, values.astype(jnp.float32), 0.0)
   if method == "auto":
     method = "scan" if jax.default_backend() == "cpu" else "associative"
-  if method == "scan":
+  if sequence.axes():
+    advantages = _gae_split(rewards, values, mask, end_BxT, gamma, lam_BxT)
+  elif method == "scan":
     advantages = _gae_scan(rewards, values, mask, end_BxT, gamma, lam_BxT)
   else:
     advantages = _gae_associative(rewards, values, mask, end_BxT, gamma, lam_BxT)
@@ -134,55 +151,106 @@ def _gae_scan(rewards, values, mask, end, gamma, lam):
   return adv_TxB.T
 
 
-def _reverse_affine_scan(compose, elements):
-  _, x_BxT = jax.lax.associative_scan(compose, elements, reverse=True, axis=1)
-  return x_BxT
+# Reverse affine recurrences x_t = b_t + c_t x_{t+1}: position t is the map
+# f_t(x) = b_t + c_t x, and in reverse scan order `later` is the composition of the
+# positions after `earlier`'s; f_earlier o f_later = (c_e c_l, b_e + c_e b_l).
+
+
+def _compose_exact(later, earlier):
+  """Composition of (c, b) maps whose c's are 0 or 1, so their products are exact."""
+  c_l, b_l = later
+  c_e, b_e = earlier
+  return c_e * c_l, b_e + c_e * b_l
+
+
+def _factor(n, ended, log_a):
+  """The c of a span of the advantage recurrence held as (n, ended, log a): 0 if it
+  holds a segment end, else a^n for its n action tokens."""
+  power = jnp.where(n == 0, 1.0, jnp.exp(n.astype(jnp.float32) * log_a))
+  return jnp.where(ended, 0.0, power)
+
+
+def _compose_counted(later, earlier):
+  """Composition of advantage-recurrence maps held as (n, ended, log a, b)."""
+  n_l, ended_l, log_a_l, b_l = later
+  n_e, ended_e, log_a_e, b_e = earlier
+  # A span's log a is that of its action tokens: it matters only while the span
+  # holds no end, and then all of them lie in one segment and share one lam. It
+  # must not come from a part without action tokens: a padding hole inside a
+  # segment carries lam = 0 (log a = -inf), which would cut the recurrence.
+  log_a = jnp.where(n_e > 0, log_a_e, log_a_l)
+  return n_e + n_l, ended_e | ended_l, log_a, b_e + _factor(n_e, ended_e, log_a_e) * b_l
+
+
+def _value_maps(values, mask, end):
+  """Pass 1's suffix maps (c, b) per position: the value of the first action token at
+  or after t within t's segment is b_t + c_t x_in. An action token resets the carried
+  value to its own (c = 0, b = V_t), a segment's last token to its own or 0, others
+  pass it on (c = 1, b = 0)."""
+  return jax.lax.associative_scan(_compose_exact, (jnp.where(mask | end, 0.0, 1.0), values),
+                                  reverse=True, axis=1)
+
+
+def _advantage_maps(mask, end, gamma, lam, delta):
+  """Pass 2's suffix maps (n, ended, log a, b) per position: A_t = b_t + factor A_in.
+
+  A_t = delta_t + a A_next with a = gamma * lam on action tokens, the identity
+  elsewhere and 0 after a segment's last token, so a span's factor is 0 if it holds
+  a segment end, else a^n for its n action tokens (a span without an end lies in one
+  segment: one lam). Carry (n, ended, log a) and take a^n = exp(n log a) rather than
+  multiplying the factors: a float32 product of ~10^4 factors like 0.99993 (lam near
+  1 on long traces) drifts by ~1e-5 relative, which cancellation between the terms
+  amplifies.
+  """
+  log_a_BxT = jnp.log(gamma * lam)  # -inf for a = 0: a^0 = 1 is guarded
+  return jax.lax.associative_scan(
+      _compose_counted, (mask.astype(jnp.int32), end, log_a_BxT, delta), reverse=True, axis=1)
+
+
+def _delta(rewards, values, mask, end, gamma, carried, value_in):
+  """TD errors from pass 1's carried values; `value_in` [B] is the value carried into
+  the position after the last (0 for a whole row)."""
+  next_value_BxT = jnp.where(end, 0.0, jnp.concatenate([carried[:, 1:], value_in[:, None]], 1))
+  return jnp.where(mask, rewards + gamma * next_value_BxT - values, 0.0)
 
 
 def _gae_associative(rewards, values, mask, end, gamma, lam):
   """Two reverse affine recurrences `x_t = b_t + c_t x_{t+1}` (`x_T = 0`), each
-  solved with `lax.associative_scan` in O(log T) depth.
-
-  Position t is the map f_t(x) = b_t + c_t x and x_t = (f_t o ... o f_{T-1})(0);
-  in reverse scan order `later` is the composition of the positions after
-  `earlier`'s, and f_earlier o f_later = (c_e c_l, b_e + c_e b_l). A segment's
-  last token has c = 0 (terminal), which cuts every composition across it.
-  """
-
-  # Pass 1: value of the first action token at or after t within t's segment. An
-  # action token resets the carried value to its own (c = 0, b = V_t), a segment's
-  # last token to its own or 0, others pass it on (c = 1, b = 0). The c's are 0
-  # or 1, so their products are exact.
-  def compose_exact(later, earlier):
-    c_l, b_l = later
-    c_e, b_e = earlier
-    return c_e * c_l, b_e + c_e * b_l
-
-  carried_BxT = _reverse_affine_scan(compose_exact, (jnp.where(mask | end, 0.0, 1.0), values))
-  next_value_BxT = jnp.where(end, 0.0, jnp.pad(carried_BxT[:, 1:], ((0, 0), (0, 1))))
-  delta_BxT = jnp.where(mask, rewards + gamma * next_value_BxT - values, 0.0)
-
-  # Pass 2: A_t = delta_t + a A_next with a = gamma * lam on action tokens, the
-  # identity elsewhere and 0 after a segment's last token, so a span's factor is
-  # 0 if it holds a segment end, else a^n for its n action tokens (a span without
-  # an end lies in one segment: one lam). Carry (n, ended, log a) and take
-  # a^n = exp(n log a) rather than multiplying the factors: a float32 product of
-  # ~10^4 factors like 0.99993 (lam near 1 on long traces) drifts by ~1e-5
-  # relative, which cancellation between the terms amplifies.
-  log_a_BxT = jnp.log(gamma * lam)  # -inf for a = 0: a^0 = 1 is guarded
-
-  def compose_counted(later, earlier):
-    n_l, ended_l, log_a_l, b_l = later
-    n_e, ended_e, log_a_e, b_e = earlier
-    power = jnp.where(n_e == 0, 1.0, jnp.exp(n_e.astype(jnp.float32) * log_a_e))
-    factor = jnp.where(ended_e, 0.0, power)
-    # A span's log a is that of its action tokens: it matters only while the span
-    # holds no end, and then all of them lie in one segment and share one lam. It
-    # must not come from a part without action tokens: a padding hole inside a
-    # segment carries lam = 0 (log a = -inf), which would cut the recurrence.
-    log_a = jnp.where(n_e > 0, log_a_e, log_a_l)
-    return n_e + n_l, ended_e | ended_l, log_a, b_e + factor * b_l
-
-  _, _, _, advantages = jax.lax.associative_scan(
-      compose_counted, (mask.astype(jnp.int32), end, log_a_BxT, delta_BxT), reverse=True, axis=1)
+  solved with `lax.associative_scan` in O(log T) depth; a segment's last token has
+  c = 0 (terminal), which cuts every composition across it."""
+  zeros_B = jnp.zeros(rewards.shape[:1], jnp.float32)
+  _, carried_BxT = _value_maps(values, mask, end)
+  delta_BxT = _delta(rewards, values, mask, end, gamma, carried_BxT, zeros_B)
+  advantages = _advantage_maps(mask, end, gamma, lam, delta_BxT)[-1]
   return jnp.where(mask, advantages, 0.0)
+
+
+def _carry_in(compose, first_maps, axes):
+  """[B] value carried into this device's chunk: the maps of all chunks (each
+  chunk's map is its first position's suffix map, `first_maps`, [B] per component)
+  all-gathered, those after this device's composed, applied to 0 (their b)."""
+  gathered = jax.lax.all_gather(first_maps, axes, axis=0)  # [S, B] per component
+  suffix_b_SxB = jax.lax.associative_scan(compose, gathered, reverse=True, axis=0)[-1]
+  after_SxB = jnp.concatenate([suffix_b_SxB[1:], jnp.zeros_like(suffix_b_SxB[:1])])
+  return after_SxB[jax.lax.axis_index(axes)]
+
+
+def _gae_split(rewards, values, mask, end, gamma, lam):
+  """`_gae_associative` with T split over the mesh's sequence axes (natural order),
+  chunk maps carried between devices (module docstring)."""
+  axes = sequence.axes()
+
+  def local(rewards, values, mask, end, lam, gamma):
+    c_BxL, b_BxL = _value_maps(values, mask, end)
+    value_in_B = _carry_in(_compose_exact, (c_BxL[:, 0], b_BxL[:, 0]), axes)
+    carried_BxL = b_BxL + c_BxL * value_in_B[:, None]
+    delta_BxL = _delta(rewards, values, mask, end, gamma, carried_BxL, value_in_B)
+    n, ended, log_a, b = _advantage_maps(mask, end, gamma, lam, delta_BxL)
+    adv_in_B = _carry_in(_compose_counted, (n[:, 0], ended[:, 0], log_a[:, 0], b[:, 0]), axes)
+    advantages = b + _factor(n, ended, log_a) * adv_in_B[:, None]
+    return jnp.where(mask, advantages, 0.0)
+
+  split = PartitionSpec(None, axes)
+  return jax.shard_map(local, mesh=jax.sharding.get_abstract_mesh(),
+                       in_specs=(split,) * 5 + (PartitionSpec(),), out_specs=split,
+                       axis_names=set(axes))(rewards, values, mask, end, lam, gamma)

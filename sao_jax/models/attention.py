@@ -6,6 +6,10 @@
   visible_mask(mask, t)                              -> visible_BxTxS bool (materialised)
   dense_attention(q, k, v, visible_BxTxS)            -> out_BxTxNxH   (reference; decode path)
   blocked_attention(q, k, v, segment_ids_BxS, block) -> out_BxTxNxH   (training path, O(T) memory)
+  chunk_attention(q, k, v, seg_q, seg_k, q_start, block)
+                                                     -> out_BxCxNxH   (queries: C positions of the
+                                                     keys' sequence from q_start; a device's chunk
+                                                     under a sequence-split mesh)
   attend(q, k, v, mask, impl, block)                 -> out_BxTxNxH   (dispatch on impl and mask;
                                                      "splash"/"auto": sao_jax.models.splash)
 
@@ -28,6 +32,14 @@ acc (online softmax):
     l'   = exp(m - m') l + rowsum(exp(s_ij - m'))
     acc' = exp(m - m') acc + exp(s_ij - m') v_j
     out  = acc / l,  lse = m + log(l)
+
+`chunk_attention` runs the same loops for C queries at positions q_start ..
+q_start + C - 1 of an S-key sequence (s_ij's causal mask compares those positions);
+`blocked_attention` is its q_start = 0, C = S case. Under a mesh whose sequence
+axis splits T (`sao_jax.sharding.sequence`), a `CausalMask` and q, k, v are in
+the balanced order there (`sao_jax.models.forward` puts them so) and `attend`
+dispatches to `sao_jax.models.sequence_attention`, which runs `chunk_attention`
+per device.
 
 A block pair is skipped when it holds no visible pair in any row: entirely above
 the causal diagonal, or no segment id in common (per row, the id ranges of the
@@ -57,6 +69,7 @@ import jax.numpy as jnp
 
 from sao_jax.config.model import ATTENTION_IMPLS
 from sao_jax.models import splash
+from sao_jax.sharding import sequence
 
 # Finite instead of -inf so that a fully masked query row (a padding position)
 # softmaxes to a uniform distribution instead of NaN.
@@ -69,6 +82,9 @@ class CausalMask(NamedTuple):
 
   `segment_ids_BxS`: int segment ids, 0 on padding (a bool padding mask works too).
   `positions_BxS`: each token's position in its segment; needed with a window.
+  Under a mesh that splits sequences the arrays (and q, k, v) are in the balanced
+  order of `sao_jax.sharding.sequence`; T == S and the rule above hold for the
+  natural (unsplit) order.
   """
 
   segment_ids_BxS: jax.Array
@@ -160,13 +176,14 @@ def _unblock(x: jax.Array, t: int) -> jax.Array:
 
 
 def _scores(q_BxCxKxGxH, k_BxCxKxH, seg_q_BxC, seg_k_BxC, i, j, block, pos_q_BxC, pos_k_BxC,
-            window):
-  """Masked float32 scores s_ij [B, K, G, C, C] and visibility for blocks (i, j); the
-  positions are None without a window."""
+            window, q_start):
+  """Masked float32 scores s_ij [B, K, G, C, C] and visibility for blocks (i, j), query
+  block i starting at sequence index q_start + i * block; the positions are None
+  without a window."""
   h = q_BxCxKxGxH.shape[-1]
   s = jnp.einsum("bqkgh,bskh->bkgqs", q_BxCxKxGxH, k_BxCxKxH,
                  preferred_element_type=jnp.float32) * (h ** -0.5)
-  q_pos_C = i * block + jnp.arange(block)
+  q_pos_C = q_start + i * block + jnp.arange(block)
   k_pos_C = j * block + jnp.arange(block)
   visible_BxCxC = ((k_pos_C[None, :] <= q_pos_C[:, None])[None]
                    & _same_segment(seg_q_BxC, seg_k_BxC))
@@ -176,21 +193,21 @@ def _scores(q_BxCxKxGxH, k_BxCxKxH, seg_q_BxC, seg_k_BxC, i, j, block, pos_q_BxC
   return jnp.where(visible, s, -jnp.inf), visible
 
 
-def _needed(seg_N):
-  """[nb, nb] bool: block pair (i, j) may hold a visible pair in some row: the key
-  block is not after the query block, and in some row the two blocks' nonzero
-  id ranges [lo, hi] overlap (equal ids need overlapping ranges)."""
-  nb = seg_N.shape[0]
+def _needed(seg_q_N, seg_k_N, q_start, block):
+  """[nq, nk] bool: block pair (i, j) may hold a visible pair in some row: the key
+  block does not start after the query block's last index, and in some row the two
+  blocks' nonzero id ranges [lo, hi] overlap (equal ids need overlapping ranges)."""
   big = jnp.iinfo(jnp.int32).max
-  lo_NxB = jnp.min(jnp.where(seg_N != 0, seg_N, big), axis=2)  # big: no real token
-  hi_NxB = jnp.max(seg_N, axis=2)  # 0: no real token
-  overlap_NxN = jnp.any((lo_NxB[:, None, :] <= hi_NxB[None, :, :])
-                        & (lo_NxB[None, :, :] <= hi_NxB[:, None, :]), axis=2)
-  causal_NxN = jnp.arange(nb)[None, :] <= jnp.arange(nb)[:, None]
+  lo = lambda seg_N: jnp.min(jnp.where(seg_N != 0, seg_N, big), axis=2)  # big: no real token
+  hi = lambda seg_N: jnp.max(seg_N, axis=2)  # 0: no real token
+  overlap_NxN = jnp.any((lo(seg_q_N)[:, None, :] <= hi(seg_k_N)[None, :, :])
+                        & (lo(seg_k_N)[None, :, :] <= hi(seg_q_N)[:, None, :]), axis=2)
+  q_last_N = q_start + (jnp.arange(seg_q_N.shape[0]) + 1) * block - 1
+  causal_NxN = jnp.arange(seg_k_N.shape[0])[None, :] * block <= q_last_N[:, None]
   return causal_NxN & overlap_NxN
 
 
-def _forward(q_N, k_N, v_N, seg_N, pos_N, block, window):
+def _forward(q_N, k_N, v_N, seg_q_N, seg_k_N, pos_q_N, pos_k_N, q_start, block, window):
   """Blocked forward; returns out [nb, B, C, K, G, H] (q dtype) and lse [nb, B, K, G, C]."""
   # Ties the segment ids to q/k/v. Under `lax.scan` over layers, JAX's partial
   # evaluation hoists computations that depend only on loop constants out of the
@@ -198,16 +215,20 @@ def _forward(q_N, k_N, v_N, seg_N, pos_N, block, window):
   # masks of all nb x nb block pairs were materialised up front as [nb, nb, B, K,
   # G, C, C] arrays (8 GiB each for a 32K-token row; the cause of
   # scan_layers' extra TPU memory). Through the barrier they count as per-layer.
-  q_N, k_N, v_N, seg_N, pos_N = jax.lax.optimization_barrier((q_N, k_N, v_N, seg_N, pos_N))
-  nb = q_N.shape[0]
+  q_N, k_N, v_N, seg_q_N, seg_k_N, pos_q_N, pos_k_N, q_start = jax.lax.optimization_barrier(
+      (q_N, k_N, v_N, seg_q_N, seg_k_N, pos_q_N, pos_k_N, q_start))
+  nk = k_N.shape[0]
   dt = q_N.dtype
-  needed_NxN = _needed(seg_N)
+  needed_NxN = _needed(seg_q_N, seg_k_N, q_start, block)
 
   def query_block(args):
     q_BxCxKxGxH, seg_q_BxC, pos_q_BxC, i = args
     b, c, kv, g, h = q_BxCxKxGxH.shape
-    init = (jnp.full((b, kv, g, c), -jnp.inf, jnp.float32), jnp.zeros((b, kv, g, c), jnp.float32),
-            jnp.zeros((b, kv, g, c, h), jnp.float32))
+    # `full_like` of q: under a shard_map the carry then varies over the same mesh
+    # axes as the blocks' updates (sao_jax.models.sequence_attention).
+    like_q = lambda fill, shape: jax.lax.full_like(q_BxCxKxGxH, fill, jnp.float32, shape)
+    init = (like_q(-jnp.inf, (b, kv, g, c)), like_q(0.0, (b, kv, g, c)),
+            like_q(0.0, (b, kv, g, c, h)))
 
     def key_block(carry, xs):
       k_BxCxKxH, v_BxCxKxH, seg_k_BxC, pos_k_BxC, j = xs
@@ -215,7 +236,7 @@ def _forward(q_N, k_N, v_N, seg_N, pos_N, block, window):
       def update(carry):
         m, l, acc = carry
         s, _ = _scores(q_BxCxKxGxH, k_BxCxKxH, seg_q_BxC, seg_k_BxC, i, j, block, pos_q_BxC,
-                       pos_k_BxC, window)
+                       pos_k_BxC, window, q_start)
         m_new = jnp.maximum(m, jnp.max(s, axis=-1))
         # A row with nothing visible yet keeps m = -inf; shift by 0 there to avoid inf - inf.
         m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
@@ -228,38 +249,38 @@ def _forward(q_N, k_N, v_N, seg_N, pos_N, block, window):
 
       return jax.lax.cond(needed_NxN[i, j], update, lambda c: c, carry), None
 
-    (m, l, acc), _ = jax.lax.scan(key_block, init, (k_N, v_N, seg_N, pos_N, jnp.arange(nb)))
+    (m, l, acc), _ = jax.lax.scan(key_block, init, (k_N, v_N, seg_k_N, pos_k_N, jnp.arange(nk)))
     has_key = l > 0
     out = acc / jnp.where(has_key, l, 1.0)[..., None]
     lse = jnp.where(has_key, m + jnp.log(jnp.where(has_key, l, 1.0)), 0.0)
     return jnp.einsum("bkgqh->bqkgh", out).astype(dt), lse
 
-  return jax.lax.map(query_block, (q_N, seg_N, pos_N, jnp.arange(nb)))
+  return jax.lax.map(query_block, (q_N, seg_q_N, pos_q_N, jnp.arange(q_N.shape[0])))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
-def _flash(q_N, k_N, v_N, seg_N, pos_N, block, window):
-  return _forward(q_N, k_N, v_N, seg_N, pos_N, block, window)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(8, 9))
+def _flash(q_N, k_N, v_N, seg_q_N, seg_k_N, pos_q_N, pos_k_N, q_start, block, window):
+  return _forward(q_N, k_N, v_N, seg_q_N, seg_k_N, pos_q_N, pos_k_N, q_start, block, window)[0]
 
 
-def _flash_fwd(q_N, k_N, v_N, seg_N, pos_N, block, window):
-  out_N, lse_N = _forward(q_N, k_N, v_N, seg_N, pos_N, block, window)
-  return out_N, (q_N, k_N, v_N, seg_N, pos_N, out_N, lse_N)
+def _flash_fwd(q_N, k_N, v_N, seg_q_N, seg_k_N, pos_q_N, pos_k_N, q_start, block, window):
+  out_N, lse_N = _forward(q_N, k_N, v_N, seg_q_N, seg_k_N, pos_q_N, pos_k_N, q_start, block,
+                          window)
+  return out_N, (q_N, k_N, v_N, seg_q_N, seg_k_N, pos_q_N, pos_k_N, q_start, out_N, lse_N)
 
 
 def _flash_bwd(block, window, residuals, dout_N):
-  q_N, k_N, v_N, seg_N, pos_N, out_N, lse_N = residuals
-  nb = q_N.shape[0]
+  q_N, k_N, v_N, seg_q_N, seg_k_N, pos_q_N, pos_k_N, q_start, out_N, lse_N = residuals
   h = q_N.shape[-1]
   dt = q_N.dtype
-  needed_NxN = _needed(seg_N)
+  needed_NxN = _needed(seg_q_N, seg_k_N, q_start, block)
   # D_i = rowsum(dout_i * out_i), laid out like lse: [nb, B, K, G, C].
   delta_N = jnp.einsum("nbqkgh,nbqkgh->nbkgq", dout_N.astype(jnp.float32),
                        out_N.astype(jnp.float32))
 
   def key_block(dq_N, xs):
     k_BxCxKxH, v_BxCxKxH, seg_k_BxC, pos_k_BxC, j = xs
-    zeros_kv = jnp.zeros(k_BxCxKxH.shape, jnp.float32)
+    zeros_kv = jnp.zeros_like(k_BxCxKxH, jnp.float32)  # `_like`: see _forward's carry
 
     def query_block(carry, ys):
       q_BxCxKxGxH, dout_BxCxKxGxH, lse, delta, seg_q_BxC, pos_q_BxC, i = ys
@@ -267,7 +288,7 @@ def _flash_bwd(block, window, residuals, dout_N):
       def grads(carry):
         dk, dv = carry
         s, visible = _scores(q_BxCxKxGxH, k_BxCxKxH, seg_q_BxC, seg_k_BxC, i, j, block,
-                             pos_q_BxC, pos_k_BxC, window)
+                             pos_q_BxC, pos_k_BxC, window, q_start)
         p = jnp.where(visible, jnp.exp(s - lse[..., None]), 0.0)
         dv = dv + jnp.einsum("bkgqs,bqkgh->bskh", p.astype(dt), dout_BxCxKxGxH,
                              preferred_element_type=jnp.float32)
@@ -280,18 +301,19 @@ def _flash_bwd(block, window, residuals, dout_N):
         return (dk, dv), dq
 
       def skip(carry):
-        return carry, jnp.zeros(q_BxCxKxGxH.shape, jnp.float32)
+        return carry, jnp.zeros_like(q_BxCxKxGxH, jnp.float32)
 
       return jax.lax.cond(needed_NxN[i, j], grads, skip, carry)
 
     (dk, dv), dq_parts_N = jax.lax.scan(
         query_block, (zeros_kv, zeros_kv),
-        (q_N, dout_N, lse_N, delta_N, seg_N, pos_N, jnp.arange(nb)))
+        (q_N, dout_N, lse_N, delta_N, seg_q_N, pos_q_N, jnp.arange(q_N.shape[0])))
     return dq_N + dq_parts_N, (dk, dv)
 
-  dq_N, (dk_N, dv_N) = jax.lax.scan(key_block, jnp.zeros(q_N.shape, jnp.float32),
-                                    (k_N, v_N, seg_N, pos_N, jnp.arange(nb)))
-  return (dq_N.astype(dt), dk_N.astype(k_N.dtype), dv_N.astype(v_N.dtype), None, None)
+  dq_N, (dk_N, dv_N) = jax.lax.scan(key_block, jnp.zeros_like(q_N, jnp.float32),
+                                    (k_N, v_N, seg_k_N, pos_k_N, jnp.arange(k_N.shape[0])))
+  return (dq_N.astype(dt), dk_N.astype(k_N.dtype), dv_N.astype(v_N.dtype), None, None, None,
+          None, None)
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -306,25 +328,42 @@ def blocked_attention(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax
   (`positions_BxS`) before the query are masked too; such block pairs are still
   visited, since a hole of padding inside a segment makes index and position
   distances differ."""
-  b, t, n, h = q_BxTxNxH.shape
+  t = q_BxTxNxH.shape[1]
   if k_BxSxKxH.shape[1] != t:
     raise ValueError(f"blocked_attention: key length {k_BxSxKxH.shape[1]} != query length {t}; "
                      "the causal mask needs a sequence attending to itself (use dense_attention)")
+  return chunk_attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, segment_ids_BxS, segment_ids_BxS, 0,
+                         block, positions_BxS, positions_BxS, window)
+
+
+def chunk_attention(q_BxCxNxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax.Array,
+                    seg_q_BxC: jax.Array, seg_k_BxS: jax.Array, q_start: int | jax.Array,
+                    block: int, pos_q_BxC: jax.Array | None = None,
+                    pos_k_BxS: jax.Array | None = None, window: int | None = None) -> jax.Array:
+  """Causal flash attention within segments of the C queries at sequence indices
+  q_start .. q_start + C - 1 over all S keys of that sequence (module docstring);
+  `q_start` may be traced (a device's chunk). Query c reads key s iff s <= q_start + c,
+  the segment ids agree and are nonzero, and within a `window` of positions."""
+  b, c, n, h = q_BxCxNxH.shape
+  s = k_BxSxKxH.shape[1]
   if block <= 0:
     raise ValueError(f"blocked_attention: block={block} must be a positive number of positions")
-  kv = k_BxSxKxH.shape[2]
-  dt = q_BxTxNxH.dtype
-  block = min(block, t)
-  nb = -(-t // block)
-  q_N = _blocks(q_BxTxNxH.reshape(b, t, kv, n // kv, h), nb, block)
-  k_N = _blocks(k_BxSxKxH.astype(dt), nb, block)
-  v_N = _blocks(v_BxSxKxH.astype(dt), nb, block)
-  seg_N = _blocks(segment_ids_BxS.astype(jnp.int32), nb, block)
-  if window is not None and positions_BxS is None:
+  if window is not None and (pos_q_BxC is None or pos_k_BxS is None):
     raise ValueError(f"blocked_attention: a sliding window ({window}) needs positions_BxS")
-  pos_N = None if window is None else _blocks(positions_BxS.astype(jnp.int32), nb, block)
-  out_N = _flash(q_N, k_N, v_N, seg_N, pos_N, block, window)
-  return _unblock(out_N, t).reshape(b, t, n, h)
+  kv = k_BxSxKxH.shape[2]
+  dt = q_BxCxNxH.dtype
+  block = min(block, c)
+  nq, nk = -(-c // block), -(-s // block)
+  q_N = _blocks(q_BxCxNxH.reshape(b, c, kv, n // kv, h), nq, block)
+  k_N = _blocks(k_BxSxKxH.astype(dt), nk, block)
+  v_N = _blocks(v_BxSxKxH.astype(dt), nk, block)
+  seg_q_N = _blocks(seg_q_BxC.astype(jnp.int32), nq, block)
+  seg_k_N = _blocks(seg_k_BxS.astype(jnp.int32), nk, block)
+  pos_q_N = None if window is None else _blocks(pos_q_BxC.astype(jnp.int32), nq, block)
+  pos_k_N = None if window is None else _blocks(pos_k_BxS.astype(jnp.int32), nk, block)
+  out_N = _flash(q_N, k_N, v_N, seg_q_N, seg_k_N, pos_q_N, pos_k_N,
+                 jnp.asarray(q_start, jnp.int32), block, window)
+  return _unblock(out_N, c).reshape(b, c, n, h)
 
 
 def attend(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax.Array,
@@ -332,9 +371,17 @@ def attend(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax.Array,
   """For a `CausalMask`: `blocked_attention` when impl == "blocked", the Pallas splash
   kernel when impl is "splash" or "auto" and `splash.traced_choice` takes it (else
   blocked); otherwise the dense reference on the materialised mask (always for an
-  explicit [B, T, S] mask: decode)."""
+  explicit [B, T, S] mask: decode). Under a mesh that splits sequences a `CausalMask`
+  runs `sequence_attention.attend` whatever the impl (the dense path would hold
+  [T / S, T] scores per head on each device; splash refuses a split sequence)."""
   if impl not in ATTENTION_IMPLS:
     raise ValueError(f"attention impl={impl!r} is invalid: allowed values are {ATTENTION_IMPLS}")
+  # Decided by the mesh, not a mask field: the mask is a pytree whose leaves are
+  # traced under remat.
+  if isinstance(mask, CausalMask) and sequence.shards() > 1:
+    # Imported here: sequence_attention builds on this module's chunk_attention.
+    from sao_jax.models import sequence_attention
+    return sequence_attention.attend(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask, block)
   if impl in ("splash", "auto") and isinstance(mask, CausalMask):
     choice = splash.traced_choice(impl, block, q_BxTxNxH, k_BxSxKxH)
     if choice.impl == "splash":

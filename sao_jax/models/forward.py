@@ -29,6 +29,13 @@ segments; the position (RoPE) of a token is its index among the tokens of its
 segment, and attention stays inside the segment, so a padded or packed row
 gives the same scores as each trajectory alone.
 
+Split sequences: under a mesh whose sequence axis splits T over S devices
+(`sao_jax.sharding.sequence`), positions are computed in natural order, the
+tokens, segment ids and positions are reordered into the balanced layout for the
+trunk (attention: `sao_jax.models.sequence_attention`), each device runs the LM
+head over its own positions (one `shard_map`), and the `[B, T]` outputs (and the
+router logits) come back in natural order: the same values as unsplit.
+
 Memory: the LM head runs over T in chunks of `cfg.logits_chunk` positions with
 `lax.map`, each chunk under `jax.checkpoint`, so only one chunk's float32
 [B, chunk, V] logits (and their softmax) are live at a time, in the forward
@@ -42,11 +49,13 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 
 from sao_jax import segments
 from sao_jax.config import ModelConfig
 from sao_jax.models.attention import CausalMask
 from sao_jax.models.transformer import Params, model
+from sao_jax.sharding import sequence
 
 
 class PolicyOutput(NamedTuple):
@@ -70,10 +79,16 @@ def positions(seg_BxT: jax.Array) -> jax.Array:
   return jnp.where(real_BxT > 0, count_BxT - 1 - before_start_BxT, 0)
 
 
-def _trunk(params, cfg, head, tokens_BxT, seg_BxT, replay_BxTxLxK=None):
+def _trunk(params, cfg, head, tokens_BxT, seg_BxT, shards, replay_BxTxLxK=None):
+  """Hidden states and router logits, in the balanced order when `shards` > 1 (the
+  replayed experts, `replay_BxTxLxK`, reordered alike)."""
   # Causal structure within segments, never a [B, T, T] array unless attention is dense.
   seg_BxT = seg_BxT.astype(jnp.int32)
   pos_BxT = positions(seg_BxT)
+  tokens_BxT, seg_BxT, pos_BxT = (sequence.to_balanced(x, shards)
+                                  for x in (tokens_BxT, seg_BxT, pos_BxT))
+  if replay_BxTxLxK is not None:
+    replay_BxTxLxK = sequence.to_balanced(replay_BxTxLxK, shards)
   h_BxTxD, _, router_logits = model(params, cfg, head).trunk(
       tokens_BxT, pos_BxT, CausalMask(seg_BxT, pos_BxT), replay_BxTxLxK=replay_BxTxLxK)
   return h_BxTxD, router_logits
@@ -127,26 +142,51 @@ def policy_forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array,
   recorded experts replay[b, t, l] where they are recorded (>= 0), gated by this
   forward's router (`sao_jax.models.moe.route`); `router_logits` stay this forward's own.
   """
-  h_BxTxD, router_logits = _trunk(params, cfg, "lm", tokens_BxT, seg_BxT, replay_BxTxLxK)
+  shards = sequence.shards()
+  h_BxTxD, router_logits = _trunk(params, cfg, "lm", tokens_BxT, seg_BxT, shards,
+                                  replay_BxTxLxK)
   if tokens_BxT.shape[1] < 2:
     zeros_BxT = jnp.zeros(tokens_BxT.shape, jnp.float32)
     return PolicyOutput(zeros_BxT, zeros_BxT, router_logits)
   kernel_DxV = model(params, cfg, "lm").lm_kernel_DxV()
-  logp_BxT1, entropy_BxT1 = _chunked_logp_entropy(
-      h_BxTxD[:, :-1], tokens_BxT[:, 1:], kernel_DxV, cfg.logits_chunk, temperature)
+  if shards == 1:
+    logp_BxT1, entropy_BxT1 = _chunked_logp_entropy(
+        h_BxTxD[:, :-1], tokens_BxT[:, 1:], kernel_DxV, cfg.logits_chunk, temperature)
+  else:
+    logp_BxT1, entropy_BxT1 = _split_logp_entropy(h_BxTxD, tokens_BxT, kernel_DxV, cfg,
+                                                  temperature, shards)
+    router_logits = tuple(sequence.from_balanced(r, shards) for r in router_logits)
   return PolicyOutput(_shift_in(logp_BxT1, seg_BxT), _shift_in(entropy_BxT1, seg_BxT),
                       router_logits)
+
+
+def _split_logp_entropy(h_BxTxD, tokens_BxT, kernel_DxV, cfg, temperature, shards):
+  """`_chunked_logp_entropy` of balanced-order hidden states, each device over its
+  own positions: position t scores the natural-order token t + 1 (a 0 target past
+  the end, dropped), and the results return in natural order, [B, T - 1]."""
+  next_BxT = jnp.pad(tokens_BxT[:, 1:], ((0, 0), (0, 1)))
+  axes = sequence.axes()
+  split, split3 = PartitionSpec(None, axes), PartitionSpec(None, axes, None)
+  logp_BxT, entropy_BxT = jax.shard_map(
+      lambda h, tgt, kernel: _chunked_logp_entropy(h, tgt, kernel, cfg.logits_chunk,
+                                                   temperature),
+      mesh=jax.sharding.get_abstract_mesh(), in_specs=(split3, split, PartitionSpec()),
+      out_specs=(split, split), axis_names=set(axes))(
+          h_BxTxD, sequence.to_balanced(next_BxT, shards), kernel_DxV)
+  return (sequence.from_balanced(logp_BxT, shards)[:, :-1],
+          sequence.from_balanced(entropy_BxT, shards)[:, :-1])
 
 
 def value_forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array,
                   seg_BxT: jax.Array) -> jax.Array:
   """values_BxT[b, t] = V(x[:t]) in float32 (alignment: module docstring)."""
-  h_BxTxD, _ = _trunk(params, cfg, "value", tokens_BxT, seg_BxT)
+  shards = sequence.shards()
+  h_BxTxD, _ = _trunk(params, cfg, "value", tokens_BxT, seg_BxT, shards)
   head = params["value_head"]
   values_BxT = (jnp.einsum("btd,d->bt", h_BxTxD, head["kernel"].astype(h_BxTxD.dtype),
                            preferred_element_type=jnp.float32)
                 + head["bias"].astype(jnp.float32))
-  return _shift_in(values_BxT[:, :-1], seg_BxT)
+  return _shift_in(sequence.from_balanced(values_BxT, shards)[:, :-1], seg_BxT)
 
 
 def logits_forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array,
@@ -156,9 +196,11 @@ def logits_forward(params: Params, cfg: ModelConfig, tokens_BxT: jax.Array,
 
   Materialises [B, T, V]: for tests and evaluation, not for training.
   """
-  h_BxTxD, _ = _trunk(params, cfg, "lm", tokens_BxT, seg_BxT)
+  shards = sequence.shards()
+  h_BxTxD, _ = _trunk(params, cfg, "lm", tokens_BxT, seg_BxT, shards)
   kernel_DxV = model(params, cfg, "lm").lm_kernel_DxV()
-  return jnp.einsum("btd,dv->btv", h_BxTxD, kernel_DxV, preferred_element_type=jnp.float32)
+  return sequence.from_balanced(
+      jnp.einsum("btd,dv->btv", h_BxTxD, kernel_DxV, preferred_element_type=jnp.float32), shards)
 
 
 def router_balance(router_logits: tuple[jax.Array, ...], seg_BxT: jax.Array,

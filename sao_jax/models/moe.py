@@ -152,10 +152,12 @@ def expert_parallel_ffn(x_BxTxD: jax.Array, expert_BxTxK: jax.Array, weight_BxTx
                        weight_BxTxK.reshape(b * t, -1), gate_ExDxF, up_ExDxF, down_ExFxD)
     return y_NxD.reshape(b, t, d)
   mesh_shape = dict(mesh.shape)
-  # Tokens: batch split as the activation rules allow (non-dividing axes left out,
-  # so those devices hold the same tokens); length and hidden whole.
-  batch = logical_to_spec(("activation_batch",), (b,), mesh_shape, strict=False)[0]
-  token_spec = PartitionSpec(batch, None, None)
+  # Tokens: batch and length split as the activation rules allow (non-dividing axes
+  # left out, so those devices hold the same tokens; length splits only over the
+  # sequence axis, whose devices share the experts); hidden whole.
+  batch, length = logical_to_spec(("activation_batch", "activation_length"), (b, t), mesh_shape,
+                                  strict=False)
+  token_spec = PartitionSpec(batch, length, None)
   gate_spec = logical_to_spec(("expert", "embed", "mlp"), gate_ExDxF.shape, mesh_shape,
                               strict=True, what="MoE gate_proj")
   expert_axes, _, mlp_axes = (_axes(entry) for entry in gate_spec)

@@ -23,14 +23,16 @@ import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
 # Logical axis -> mesh axes. fsdp shards the model dimension of every weight
-# (ZeRO-3 style: the compiler all-gathers a weight where it is used); tensor
+# (ZeRO-3 style: the compiler all-gathers a weight where it is used), and so does
+# sequence, whose devices would otherwise each hold a whole replica; sequence
+# also splits every sequence's positions (`sao_jax.sharding.sequence`); tensor
 # shards heads, MLP width and vocabulary (Megatron style); expert shards the
 # expert stack of MoE layers; batch-like activations split over data, fsdp and
 # expert so every device works on its own tokens.
 RULES: dict[str, tuple[str, ...]] = {
     # Parameters.
     "vocab": ("tensor",),
-    "embed": ("fsdp",),
+    "embed": ("fsdp", "sequence"),
     "mlp": ("tensor",),
     "heads": ("tensor",),
     "kv_heads": ("tensor",),
@@ -39,7 +41,7 @@ RULES: dict[str, tuple[str, ...]] = {
     "expert": ("expert",),
     # Activations.
     "activation_batch": ("data", "fsdp", "expert"),
-    "activation_length": (),
+    "activation_length": ("sequence",),
     "activation_embed": (),
     "activation_heads": ("tensor",),
     "activation_kv_heads": ("tensor",),

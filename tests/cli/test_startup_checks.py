@@ -108,7 +108,7 @@ def test_sao_train_check_refuses_a_sampler_mesh_larger_than_its_process_devices(
     with pytest.raises(SystemExit) as exit_info:
       train_cli.main(["--config", DEMO, "--check", *_sets(sets)])
     message = str(exit_info.value.code) + capsys.readouterr().err
-    assert "sampler.mesh={'data': 2, 'tensor': 4, 'expert': 1}: a sampler process " \
+    assert "sampler.mesh={'data': 2, 'sequence': 1, 'tensor': 4, 'expert': 1}: a sampler process " \
         "lays its engine over its own devices, 2 here" in message, message
     assert "A sampler spanning hosts is not built" in message
 

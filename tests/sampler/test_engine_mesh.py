@@ -44,7 +44,7 @@ def test_a_sampler_mesh_beyond_the_process_devices_names_the_fix():
 
 def test_sharded_engine_is_placed_on_the_sampler_mesh(weights):
   mesh = engine_mesh(CFG.validate())
-  assert dict(mesh.shape) == {"data": 1, "fsdp": 4, "tensor": 2, "expert": 1}
+  assert dict(mesh.shape) == {"data": 1, "fsdp": 4, "sequence": 1, "tensor": 2, "expert": 1}
   eng = engine(weights, CFG.sampler, engine_cls=PagedEngine, mesh=mesh)
   # Pools [P, page, 2K, H]: pages over fsdp (24 a device), the 2 KV heads over tensor,
   # one (k, v) pair per device.
@@ -60,7 +60,7 @@ def test_sharded_engine_is_placed_on_the_sampler_mesh(weights):
 def test_without_a_sampler_mesh_the_engine_uses_the_learners(weights):
   learner = dataclasses.replace(CFG, sampler=dataclasses.replace(CFG.sampler, mesh=None))
   mesh = engine_mesh(learner.validate())
-  assert dict(mesh.shape) == {"data": 1, "fsdp": 8, "tensor": 1, "expert": 1}
+  assert dict(mesh.shape) == {"data": 1, "fsdp": 8, "sequence": 1, "tensor": 1, "expert": 1}
   eng = engine(weights, learner.sampler, engine_cls=PagedEngine, mesh=mesh)
   assert _pool_specs(eng) == {("fsdp", None, None, None)}  # 12 pages on each chip
   one_device = dataclasses.replace(learner, sampler=dataclasses.replace(learner.sampler,

@@ -13,7 +13,7 @@ MESH = {"data": 1, "fsdp": 2, "tensor": 4, "expert": 1}
 
 def test_make_mesh_fills_free_axis_with_auto_types():
   mesh = make_mesh(MeshConfig(fsdp=-1, tensor=4))
-  assert dict(mesh.shape) == {"data": 1, "fsdp": 2, "tensor": 4, "expert": 1}
+  assert dict(mesh.shape) == {"data": 1, "fsdp": 2, "sequence": 1, "tensor": 4, "expert": 1}
   assert all(t == jax.sharding.AxisType.Auto for t in mesh.axis_types)
 
 
