@@ -95,7 +95,7 @@ def compile_step(cfg: Config, mesh: jax.sharding.Mesh, batch: Batch):
   struct = lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
   state = jax.tree.map(struct, state_lib.abstract_state(cfg),
                        compile_lib.state_shardings(cfg, mesh))
-  batch = jax.tree.map(struct, batch, compile_lib.batch_shardings(cfg, mesh, batch.shape[1]))
+  batch = compile_lib.abstract_batch(cfg, mesh, batch.shape[1])  # routing: None unless MoE
   flag = jax.ShapeDtypeStruct((), jnp.bool_, sharding=NamedSharding(mesh, PartitionSpec()))
   step = compile_lib.compile_train_step(cfg, mesh, batch.shape[1])
   return step.lower(state, batch, flag).compile()
