@@ -109,7 +109,10 @@ def main() -> None:
             "peak_gib_per_device": {k: [round(r["peak_gib"], 4) for r in v]
                                     for k, v in table.items()},
             "tokens_per_s": {k: [round(r["tokens_per_s"], 1) for r in v] for k, v in table.items()},
-            "memory_ratio": memory_ratio, "throughput_ratio": throughput_ratio}
+            "memory_ratio": memory_ratio, "throughput_ratio": throughput_ratio,
+            # The split step must train the same: |policy loss, split - unsplit| per length.
+            "policy_loss_diff": [abs(one["loss"] - split["loss"])
+                                 for one, split in zip(table["unsplit"], table["split"])]}
   print("RESULT " + json.dumps(result))
 
 

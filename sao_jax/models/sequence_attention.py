@@ -51,13 +51,13 @@ def attend(q_BxTxNxH: jax.Array, k_BxTxKxH: jax.Array, v_BxTxKxH: jax.Array,
   sequence.check_length(length, shards)
   chunk = length // (2 * shards)
 
-  def local(q_BxLxNxH, k_BxLxKxH, v_BxLxKxH, seg_BxL, pos_BxL):
+  def local(q_BxLxNxH, k_BxLxKxH, v_BxLxKxH, seg_BxL, pos_BxL, index_1):
     gather = lambda x: sequence.from_balanced(
         jax.lax.all_gather(x, axes, axis=1, tiled=True), shards)
     k_BxTxKxH, v_BxTxKxH, seg_BxT, pos_all_BxT = map(
         gather, (k_BxLxKxH, v_BxLxKxH, seg_BxL, pos_BxL))
     outs = []
-    for half, index in enumerate(sequence.device_chunks(shards)):
+    for half, index in enumerate(sequence.device_chunks(shards, index_1)):
       part = slice(half * chunk, (half + 1) * chunk)
       outs.append(attention.chunk_attention(
           q_BxLxNxH[:, part], k_BxTxKxH, v_BxTxKxH, seg_BxL[:, part], seg_BxT, index * chunk,
@@ -67,7 +67,8 @@ def attend(q_BxTxNxH: jax.Array, k_BxTxKxH: jax.Array, v_BxTxKxH: jax.Array,
   split = PartitionSpec(None, axes)
   split4 = PartitionSpec(None, axes, None, None)
   return jax.shard_map(local, mesh=jax.sharding.get_abstract_mesh(),
-                       in_specs=(split4, split4, split4, split, split), out_specs=split4,
+                       in_specs=(split4, split4, split4, split, split, PartitionSpec(axes)),
+                       out_specs=split4,
                        axis_names=set(axes))(
       q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, mask.segment_ids_BxS.astype(jnp.int32),
-      pos_BxT.astype(jnp.int32))
+      pos_BxT.astype(jnp.int32), sequence.shard_indices(shards))

@@ -20,7 +20,7 @@ never move.
   check_length(length, shards)    -> ValueError unless 2S divides length
   to_balanced(x_BxT..., shards)   -> the balanced order of a natural-order array
   from_balanced(x_BxT..., shards) -> its inverse
-  device_chunks(shards)           -> (chunk d, chunk 2S - 1 - d) of this device, inside
+  device_chunks(shards, index)    -> (chunk d, chunk 2S - 1 - d) of this device, inside
                                      a shard_map over `axes()`
 """
 
@@ -87,8 +87,18 @@ def from_balanced(x: jax.Array, num_shards: int) -> jax.Array:
   return halves.reshape(b, t, *rest)
 
 
-def device_chunks(num_shards: int) -> tuple[jax.Array, jax.Array]:
-  """Inside a shard_map over `axes()`: the natural chunk indices this device holds
-  in the balanced order, first and second half of its positions."""
-  d = jax.lax.axis_index(axes())
+def shard_indices(num_shards: int) -> jax.Array:
+  """`[S]` int32 0..S-1, for a shard_map over `axes()` to split (`PartitionSpec(axes())`):
+  each device reads its own index from its `[1]` slice. Not `lax.axis_index`: in a
+  shard_map manual over the sequence axes only, XLA's SPMD partitioner refuses the
+  PartitionId it lowers to ("the meaning is ambiguous") in some programs (a 4-layer
+  model with full remat did, benchmarks/sequence_split.py)."""
+  return jnp.arange(num_shards, dtype=jnp.int32)
+
+
+def device_chunks(num_shards: int, index_1: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Inside a shard_map over `axes()`, given this device's `[1]` slice of
+  `shard_indices`: the natural chunk indices it holds in the balanced order, first
+  and second half of its positions."""
+  d = index_1[0]
   return d, 2 * num_shards - 1 - d
