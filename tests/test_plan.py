@@ -166,7 +166,7 @@ def test_sampler_advice_reads_the_sampler_mesh_not_the_learners():
   message = estimate.compiler_oom_message(cfg, "paged_decode", "RESOURCE_EXHAUSTED: odd", "v5p",
                                           32768, 4)
   assert "fsdp=1, tensor=4; tensor a divisor of the KV heads" in message
-  assert "--set sampler.mesh=... (now data=1,fsdp=1,tensor=4,expert=1)" in message
+  assert "--set sampler.mesh=... (now data=1,fsdp=1,sequence=1,tensor=4,expert=1)" in message
 
 
 def test_paged_decode_figures_at_the_dense_cache_memory():

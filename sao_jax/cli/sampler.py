@@ -2,7 +2,7 @@
 
   sao-sampler --config FILE [--set section.field=value ...] [--workers N] [--first-worker K]
   sao-sampler --config configs/demo_cpu.py --profile 20   # trace engine steps 1..20 of each worker
-  sao-sampler --config FILE --coordinator HOST:PORT --num-processes N --process-id I
+  sao-sampler --config configs/demo_cpu.py --coordinator 10.0.0.2:8476 --num-processes 2 --process-id 0
                                            # one engine over N hosts (run on each, I = 0..N-1)
 
 Reads the same config file as the learner's `sao-train` (with `run.num_samplers=0`

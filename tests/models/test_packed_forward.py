@@ -136,9 +136,10 @@ def test_block_pairs_without_a_shared_segment_are_skipped():
   """Rows of two 4-token segments in blocks of 4: the cross-segment pair is skipped
   unless some row has a segment spanning both blocks."""
   blocks = lambda seg: attention._blocks(jnp.asarray(seg, jnp.int32), 2, 4)
-  needed = attention._needed(blocks([[1, 1, 1, 1, 2, 2, 2, 2], [1, 1, 1, 1, 2, 2, 0, 0]]))
+  needed_in = lambda seg_N: attention._needed(seg_N, seg_N, 0, 4)  # queries are the keys
+  needed = needed_in(blocks([[1, 1, 1, 1, 2, 2, 2, 2], [1, 1, 1, 1, 2, 2, 0, 0]]))
   np.testing.assert_array_equal(needed, [[True, False], [False, True]])
-  needed = attention._needed(blocks([[1, 1, 1, 1, 2, 2, 2, 2], [1, 1, 1, 1, 1, 2, 2, 2]]))
+  needed = needed_in(blocks([[1, 1, 1, 1, 2, 2, 2, 2], [1, 1, 1, 1, 1, 2, 2, 2]]))
   np.testing.assert_array_equal(needed, [[True, False], [True, True]])
-  needed = attention._needed(blocks([[1, 1, 1, 1, 0, 0, 0, 0]]))  # a padding block
+  needed = needed_in(blocks([[1, 1, 1, 1, 0, 0, 0, 0]]))  # a padding block
   np.testing.assert_array_equal(needed, [[True, False], [False, False]])
